@@ -1,0 +1,78 @@
+//! Command-line interface: argument types, dispatch, and the exit-code policy.
+//!
+//! Exit codes: 0 success, 1 a negative answer (no feasible plan, a regression found),
+//! 2 an error (bad input, I/O, backend failure), 130 interrupted by Ctrl-C after saving.
+
+mod args;
+mod device;
+mod printer;
+mod probe;
+mod train;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use args::{Cli, Command};
+use printer::Printer;
+
+/// What a command concluded, mapped to the process exit code.
+pub enum Status {
+    /// The command did what was asked.
+    Success,
+    /// A well-formed negative answer.
+    Negative,
+    /// Stopped by Ctrl-C after saving its state.
+    Interrupted,
+}
+
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            // clap's help and version are successes; usage errors are input errors (2).
+            return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
+        }
+    };
+    init_tracing(cli.global.verbose, cli.global.quiet);
+    let printer = Printer::new(cli.global.quiet, cli.command.wants_json());
+    match run(cli.command, &printer) {
+        Ok(Status::Success) => ExitCode::SUCCESS,
+        Ok(Status::Negative) => ExitCode::from(1),
+        Ok(Status::Interrupted) => ExitCode::from(130),
+        Err(err) => {
+            print_error(&err);
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(command: Command, printer: &Printer) -> anyhow::Result<Status> {
+    match command {
+        Command::Train(args) => train::run(args, printer),
+        Command::Probe(args) => probe::run(args, printer),
+    }
+}
+
+/// `error: …` then one `caused by: …` line per source, as people read chains top-down.
+fn print_error(err: &anyhow::Error) {
+    let mut text = format!("error: {err}");
+    for cause in err.chain().skip(1) {
+        text.push_str(&format!("\n  caused by: {cause}"));
+    }
+    eprintln!("{text}");
+}
+
+/// `-v` sets `autotune=debug`, `-vv` `autotune=trace`; `RUST_LOG` overrides both.
+fn init_tracing(verbose: u8, quiet: bool) {
+    let default = match (quiet, verbose) {
+        (true, _) => "error",
+        (false, 0) => "warn",
+        (false, 1) => "autotune=debug,warn",
+        (false, _) => "autotune=trace,debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}

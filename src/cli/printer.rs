@@ -1,0 +1,75 @@
+//! The one place that decides what goes where: data on stdout, people's messages on stderr.
+//!
+//! With `--json` stdout carries exactly one JSON document; progress bars appear only on an
+//! interactive stderr and never in quiet or JSON mode.
+
+use std::io::{IsTerminal, Write};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// Output policy chosen from the global flags.
+#[derive(Debug, Clone, Copy)]
+pub struct Printer {
+    quiet: bool,
+    json: bool,
+}
+
+impl Printer {
+    pub fn new(quiet: bool, json: bool) -> Self {
+        Self { quiet, json }
+    }
+
+    /// Whether stdout is reserved for one JSON document.
+    pub fn json(&self) -> bool {
+        self.json
+    }
+
+    /// A status line for people (stderr), unless quiet.
+    pub fn status(&self, message: impl AsRef<str>) {
+        if !self.quiet {
+            let _ = writeln!(std::io::stderr(), "{}", message.as_ref());
+        }
+    }
+
+    /// A warning (stderr), shown even when quiet.
+    pub fn warn(&self, message: impl AsRef<str>) {
+        let _ = writeln!(std::io::stderr(), "warning: {}", message.as_ref());
+    }
+
+    /// Human-readable result text on stdout (not in JSON mode).
+    pub fn data_text(&self, text: impl AsRef<str>) {
+        if !self.json {
+            let _ = writeln!(std::io::stdout(), "{}", text.as_ref());
+        }
+    }
+
+    /// The JSON document on stdout (only in JSON mode).
+    pub fn data_json<T: serde::Serialize>(&self, value: &T) {
+        if self.json {
+            let text = serde_json::to_string_pretty(value).expect("output types always serialise");
+            let _ = writeln!(std::io::stdout(), "{text}");
+        }
+    }
+
+    /// Whether a live progress bar can be drawn.
+    pub fn interactive(&self) -> bool {
+        !self.quiet && !self.json && std::io::stderr().is_terminal()
+    }
+
+    /// Whether periodic progress lines should be logged (stderr is not a terminal).
+    pub fn log_progress(&self) -> bool {
+        !self.quiet && !std::io::stderr().is_terminal()
+    }
+
+    /// A progress bar on stderr, hidden when output is not interactive.
+    pub fn progress(&self, len: u64, template: &str) -> ProgressBar {
+        let bar = ProgressBar::with_draw_target(
+            Some(len),
+            if self.interactive() { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() },
+        );
+        if let Ok(style) = ProgressStyle::with_template(template) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar
+    }
+}

@@ -1,0 +1,88 @@
+//! `autotune probe`: measure one setting with real steps and print the outcome.
+
+use serde::Serialize;
+
+use autotune::probe::live::{LiveProber, NoDeviceMemory};
+use autotune::probe::outcome::{Outcome, ProbeRequest, ProbeResult};
+use autotune::ModelSpec;
+
+use super::args::ProbeArgs;
+use super::printer::Printer;
+use super::{device, Status};
+
+/// The JSON line the GPU benchmark scripts read (one object, `impl` = "autotune").
+#[derive(Serialize)]
+struct ProbeLine<'a> {
+    #[serde(rename = "impl")]
+    implementation: &'static str,
+    model: &'a str,
+    precision: autotune::Precision,
+    micro_batch: usize,
+    seq_len: usize,
+    params: usize,
+    device: String,
+    #[serde(flatten)]
+    result: &'a ProbeResult,
+}
+
+pub fn run(args: ProbeArgs, printer: &Printer) -> anyhow::Result<Status> {
+    let spec = ModelSpec::resolve(&args.model.model)?;
+    let knobs = args.knobs.knobs();
+    knobs.validate("knobs", "--")?;
+    let host_budget = args
+        .host_budget
+        .as_deref()
+        .map(parse_bytes)
+        .transpose()?;
+    let device = device::open(&args.model.device)?;
+    let request = ProbeRequest { knobs, warmup_steps: args.warmup, timed_steps: args.steps };
+    printer.status(format!("probing {} at {knobs} on {}", spec.name, device::describe(&device)));
+    let mut memory = NoDeviceMemory;
+    let result = LiveProber::new(&spec, &device, host_budget, &mut memory).probe(&request)?;
+    printer.data_json(&ProbeLine {
+        implementation: "autotune",
+        model: &spec.name,
+        precision: knobs.precision,
+        micro_batch: knobs.micro_batch,
+        seq_len: spec.seq_len,
+        params: spec.parameter_count(),
+        device: device::describe(&device),
+        result: &result,
+    });
+    match &result.outcome {
+        Outcome::Fits(m) => printer.data_text(format!(
+            "fits: {:.1} ms/step, {:.0} tokens/s, peak GPU {:.2} GiB, peak host {:.2} GiB",
+            m.step_time_median_s * 1e3,
+            m.tokens_per_s,
+            m.peak_gpu_bytes as f64 / GIB,
+            m.peak_host_bytes as f64 / GIB
+        )),
+        Outcome::OutOfMemory { memory, phase } => {
+            printer.data_text(format!("out of memory: {memory:?} during {phase:?}"))
+        }
+        Outcome::Crashed { reason } => printer.data_text(format!("crashed: {reason}")),
+    }
+    Ok(match result.outcome {
+        Outcome::Fits(_) => Status::Success,
+        _ => Status::Negative,
+    })
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+fn parse_bytes(text: &str) -> anyhow::Result<u64> {
+    let lower = text.trim().to_ascii_lowercase();
+    let (number, unit) = lower.split_at(lower.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(lower.len()));
+    let scale: f64 = match unit {
+        "" | "b" => 1.0,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => GIB,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        _ => anyhow::bail!("`{text}`: unknown unit; use B, KiB, MiB, GiB, KB, MB or GB"),
+    };
+    let value: f64 = number.trim().parse().map_err(|_| anyhow::anyhow!("`{text}` is not a size like 8GiB"))?;
+    Ok((value * scale) as u64)
+}

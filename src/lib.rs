@@ -1,0 +1,23 @@
+//! autotune: finds the fastest training plan that fits a GPU and host memory budget.
+//!
+//! The pipeline, one module per stage:
+//!
+//! ```text
+//! spec (what to train) ─▶ knobs (one setting) ─▶ probe (real trial steps → Outcome)
+//!        ─▶ search (pure driver: history in, next probe out) ─▶ fit (memory/time models)
+//!        ─▶ plan (fastest feasible setting, versioned JSON) ─▶ train (full run with the plan)
+//! ```
+//!
+//! `model` is the Transformer and `train` the step that honours every knob; both run on
+//! candle's CPU device and, with the `cuda` feature, on the GPU.
+
+pub mod error;
+pub mod knobs;
+pub mod model;
+pub mod probe;
+pub mod spec;
+pub mod train;
+
+pub use error::{Error, Result};
+pub use knobs::{Checkpointing, Knobs, Offload, Precision, Regime};
+pub use spec::model::ModelSpec;

@@ -1,0 +1,13 @@
+//! The `autotune` binary: parse arguments, run the command, map the result to an exit code.
+
+mod cli;
+
+use std::process::ExitCode;
+
+/// Counts heap bytes so that probes can measure and budget host memory.
+#[global_allocator]
+static ALLOCATOR: autotune::probe::host_memory::CountingAlloc = autotune::probe::host_memory::CountingAlloc;
+
+fn main() -> ExitCode {
+    cli::main()
+}

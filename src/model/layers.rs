@@ -1,0 +1,112 @@
+//! Differentiable building blocks.
+//!
+//! candle's fused `softmax_last_dim`, `layer_norm` and `rms_norm` have no backward pass and cut
+//! gradients silently, so norms and softmax here are composed from differentiable primitives.
+//! Weights are f32 masters; [`Linear::forward`] casts them to the activations' dtype, which is
+//! how mixed precision works here (the cast's backward returns f32 gradients to the master).
+
+use candle_core::{DType, Tensor, D};
+
+use crate::model::params::{Init, ParamStore};
+use crate::Result;
+
+/// `y = x·Wᵀ + b` over the last dimension.
+pub struct Linear {
+    weight: candle_core::Var,
+    bias: Option<candle_core::Var>,
+}
+
+impl Linear {
+    /// Creates `name.weight` (`out × in`) and, if `bias`, `name.bias`.
+    pub fn new(
+        store: &mut ParamStore,
+        name: &str,
+        (d_in, d_out): (usize, usize),
+        weight_init: Init,
+        bias_init: Option<Init>,
+    ) -> Result<Self> {
+        let weight = store.param(&format!("{name}.weight"), &[d_out, d_in], weight_init)?;
+        let bias = match bias_init {
+            Some(init) => Some(store.param(&format!("{name}.bias"), &[d_out], init)?),
+            None => None,
+        };
+        Ok(Self { weight, bias })
+    }
+
+    /// Applies the layer to `x` of shape `(..., d_in)`, computing in `x`'s dtype.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dtype = x.dtype();
+        let dims = x.dims().to_vec();
+        let d_in = *dims.last().expect("activations have at least one dimension");
+        let rows = x.elem_count() / d_in;
+        let w = cast(self.weight.as_tensor(), dtype)?;
+        let y = x.reshape((rows, d_in))?.matmul(&w.t()?)?;
+        let y = match &self.bias {
+            Some(b) => y.broadcast_add(&cast(b.as_tensor(), dtype)?)?,
+            None => y,
+        };
+        let mut out_dims = dims;
+        *out_dims.last_mut().expect("non-empty") = y.dim(1)?;
+        Ok(y.reshape(out_dims)?)
+    }
+}
+
+/// Layer normalisation over the last dimension, computed in f32 whatever the input dtype.
+pub struct LayerNorm {
+    gamma: candle_core::Var,
+    beta: candle_core::Var,
+    eps: f64,
+}
+
+impl LayerNorm {
+    /// Creates `name.weight` (ones) and `name.bias` (zeros) of width `d`.
+    pub fn new(store: &mut ParamStore, name: &str, d: usize, eps: f64) -> Result<Self> {
+        Ok(Self {
+            gamma: store.param(&format!("{name}.weight"), &[d], Init::Ones)?,
+            beta: store.param(&format!("{name}.bias"), &[d], Init::Zeros)?,
+            eps,
+        })
+    }
+
+    /// Normalises `x` and returns it in `x`'s dtype.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dtype = x.dtype();
+        let x = cast(x, DType::F32)?;
+        let mean = x.mean_keepdim(D::Minus1)?;
+        let centred = x.broadcast_sub(&mean)?;
+        let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
+        let normed = centred.broadcast_div(&(var + self.eps)?.sqrt()?)?;
+        let y = normed.broadcast_mul(self.gamma.as_tensor())?.broadcast_add(self.beta.as_tensor())?;
+        cast(&y, dtype)
+    }
+}
+
+/// Softmax over the last dimension. The subtracted maximum is detached: softmax does not depend
+/// on it, so its gradient is zero and tracking it would only cost memory and time.
+pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let exp = x.broadcast_sub(&max)?.exp()?;
+    let sum = exp.sum_keepdim(D::Minus1)?;
+    Ok(exp.broadcast_div(&sum)?)
+}
+
+/// Mean cross-entropy of `logits` (`rows × classes`, any float dtype) against `targets` (`rows`,
+/// u32), computed in f32.
+pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    let logits = cast(logits, DType::F32)?;
+    let max = logits.max_keepdim(D::Minus1)?.detach();
+    let shifted = logits.broadcast_sub(&max)?;
+    let log_sum_exp = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
+    let log_probs = shifted.broadcast_sub(&log_sum_exp)?;
+    let picked = log_probs.gather(&targets.unsqueeze(1)?, 1)?;
+    Ok(picked.mean_all()?.neg()?)
+}
+
+/// Casts only when needed (a same-dtype cast would still copy).
+pub fn cast(x: &Tensor, dtype: DType) -> Result<Tensor> {
+    if x.dtype() == dtype {
+        Ok(x.clone())
+    } else {
+        Ok(x.to_dtype(dtype)?)
+    }
+}

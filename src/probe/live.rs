@@ -1,0 +1,166 @@
+//! In-process probes: real warm-up and timed training steps on a candle device.
+//!
+//! A trial builds the model and optimizer, runs warm-up steps, times the measured steps
+//! (synchronising the device before every clock read), then runs an evaluation pass and a
+//! checkpoint dry run (every tensor copied to the host, one at a time), because those are the
+//! paths where a batch size found by training steps alone runs out of memory later.
+
+use std::time::Instant;
+
+use candle_core::{Device, Tensor};
+
+use crate::knobs::Knobs;
+use crate::probe::host_memory;
+use crate::probe::outcome::{Measurement, MemoryKind, Outcome, Phase, ProbeRequest, ProbeResult};
+use crate::spec::model::ModelSpec;
+use crate::train::data::{Data, DataSpec};
+use crate::train::step::Trainer;
+use crate::{Error, Result};
+
+/// Measures device memory for probes; the CPU has none.
+pub trait DeviceMemory {
+    /// Starts a new peak measurement.
+    fn reset_peak(&mut self) -> Result<()>;
+    /// Peak device bytes since the last reset, including what the driver holds outside the pool.
+    fn peak_bytes(&mut self) -> Result<u64>;
+}
+
+/// No device memory to measure (CPU runs).
+pub struct NoDeviceMemory;
+
+impl DeviceMemory for NoDeviceMemory {
+    fn reset_peak(&mut self) -> Result<()> {
+        Ok(())
+    }
+    fn peak_bytes(&mut self) -> Result<u64> {
+        Ok(0)
+    }
+}
+
+/// Runs probes in this process.
+pub struct LiveProber<'a> {
+    spec: ModelSpec,
+    device: Device,
+    seed: u64,
+    host_budget: Option<u64>,
+    device_memory: &'a mut dyn DeviceMemory,
+}
+
+impl<'a> LiveProber<'a> {
+    /// A prober for `spec` on `device`; `host_budget` (bytes of heap) makes exceeding it an
+    /// out-of-memory outcome.
+    pub fn new(
+        spec: &ModelSpec,
+        device: &Device,
+        host_budget: Option<u64>,
+        device_memory: &'a mut dyn DeviceMemory,
+    ) -> Self {
+        Self { spec: spec.clone(), device: device.clone(), seed: 0, host_budget, device_memory }
+    }
+
+    /// Runs one trial. Out-of-memory is an outcome; only unexpected failures are errors.
+    pub fn probe(&mut self, request: &ProbeRequest) -> Result<ProbeResult> {
+        let started = Instant::now();
+        host_memory::set_soft_limit(self.host_budget);
+        host_memory::reset_peak();
+        self.device_memory.reset_peak()?;
+        let outcome = self.trial(request);
+        host_memory::set_soft_limit(None);
+        // Everything the trial allocated is dropped by now; wait for the device to finish
+        // freeing so the next trial starts from the same state.
+        self.device.synchronize()?;
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(Failure::OutOfMemory(memory, phase)) => Outcome::OutOfMemory { memory, phase },
+            Err(Failure::Error(e)) => return Err(e),
+        };
+        Ok(ProbeResult { request: *request, outcome, wall_s: started.elapsed().as_secs_f64() })
+    }
+
+    fn trial(&mut self, request: &ProbeRequest) -> std::result::Result<Outcome, Failure> {
+        let knobs = request.knobs;
+        let mut trainer = Trainer::new(&self.spec, knobs, &self.device, self.seed).map_err(in_phase(Phase::Setup))?;
+        let data = Data::open(&DataSpec::Random, &self.spec).map_err(Failure::Error)?;
+        self.check_host(Phase::Setup)?;
+        let mut times = Vec::with_capacity(request.timed_steps);
+        for i in 0..request.warmup_steps + request.timed_steps {
+            self.device.synchronize().map_err(|e| in_phase(Phase::ForwardBackward)(e.into()))?;
+            let t0 = Instant::now();
+            trainer.step(&data).map_err(in_phase(Phase::ForwardBackward))?;
+            self.device.synchronize().map_err(|e| in_phase(Phase::OptimizerStep)(e.into()))?;
+            if i >= request.warmup_steps {
+                times.push(t0.elapsed().as_secs_f64());
+            }
+            self.check_host(Phase::ForwardBackward)?;
+        }
+        let batch = data
+            .batch(0, u64::MAX, 0, knobs.micro_batch, &self.device)
+            .map_err(in_phase(Phase::Eval))?;
+        trainer.eval_loss(&batch).map_err(in_phase(Phase::Eval))?;
+        self.check_host(Phase::Eval)?;
+        checkpoint_dry_run(&trainer).map_err(in_phase(Phase::Checkpoint))?;
+        self.check_host(Phase::Checkpoint)?;
+        let peak_gpu_bytes = self.device_memory.peak_bytes().map_err(Failure::Error)?;
+        Ok(Outcome::Fits(measurement(&knobs, self.spec.seq_len, &times, peak_gpu_bytes)))
+    }
+
+    fn check_host(&self, phase: Phase) -> std::result::Result<(), Failure> {
+        if self.host_budget.is_some() && host_memory::limit_exceeded() {
+            return Err(Failure::OutOfMemory(MemoryKind::Host, phase));
+        }
+        Ok(())
+    }
+}
+
+enum Failure {
+    OutOfMemory(MemoryKind, Phase),
+    Error(Error),
+}
+
+fn in_phase(phase: Phase) -> impl Fn(Error) -> Failure {
+    move |e| if is_out_of_memory(&e) { Failure::OutOfMemory(MemoryKind::Gpu, phase) } else { Failure::Error(e) }
+}
+
+/// Whether a backend error is a device allocation failure.
+///
+/// candle has no out-of-memory variant: the driver's `CUDA_ERROR_OUT_OF_MEMORY` and cuBLAS's
+/// `CUBLAS_STATUS_ALLOC_FAILED` arrive boxed inside `Error::Cuda`, possibly wrapped in
+/// backtrace or context layers, so the whole chain's debug text is inspected.
+pub fn is_out_of_memory(error: &Error) -> bool {
+    let text = format!("{error:?}");
+    text.contains("OUT_OF_MEMORY") || text.contains("ALLOC_FAILED") || text.contains("out of memory")
+}
+
+/// Copies every weight and optimizer moment to the host one at a time, as a checkpoint save does.
+fn checkpoint_dry_run(trainer: &Trainer) -> Result<()> {
+    let params = trainer.model().params();
+    let state = trainer.optimizer().state_tensors(params.names());
+    let tensors: Vec<&Tensor> = params.vars().iter().map(|v| v.as_tensor()).chain(state.values()).collect();
+    for t in tensors {
+        drop(t.to_device(&Device::Cpu)?);
+    }
+    Ok(())
+}
+
+fn measurement(knobs: &Knobs, seq_len: usize, times: &[f64], peak_gpu_bytes: u64) -> Measurement {
+    let mut sorted = times.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let quantile = |q: f64| {
+        if sorted.is_empty() {
+            return 0.0;
+        }
+        let pos = q * (sorted.len() - 1) as f64;
+        let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+        sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
+    };
+    let median = quantile(0.5);
+    let tokens = (knobs.global_batch() * seq_len) as f64;
+    Measurement {
+        peak_gpu_bytes,
+        peak_host_bytes: host_memory::peak_bytes(),
+        step_time_median_s: median,
+        step_time_spread: if median > 0.0 { (quantile(0.9) - quantile(0.1)) / median } else { 0.0 },
+        timed_steps: times.len(),
+        tokens_per_s: if median > 0.0 { tokens / median } else { 0.0 },
+    }
+}

@@ -1,0 +1,5 @@
+//! Probes: short real training trials that measure one setting, or report that it ran out of memory.
+
+pub mod host_memory;
+pub mod live;
+pub mod outcome;

@@ -1,0 +1,3 @@
+//! Validated inputs: what to train ([`model::ModelSpec`]).
+
+pub mod model;

@@ -1,0 +1,376 @@
+//! `ModelSpec`: the shape of the Transformer to train, its presets, and loading from JSON.
+//!
+//! A spec comes from a preset name (`seed`, `gpt-124m`, ...) or a JSON file. A file may name a
+//! `preset` and override any field of it; unknown fields are rejected so that a typo is an error
+//! and not a silently ignored setting.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// Where layer normalisation sits in a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NormPlacement {
+    /// `x = norm(x + sublayer(x))`, as PyTorch's `nn.TransformerEncoderLayer` by default.
+    Post,
+    /// `x = x + sublayer(norm(x))`, as GPT-2, with a final norm before the head.
+    Pre,
+}
+
+/// Feed-forward activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Activation {
+    /// max(0, x).
+    Relu,
+    /// GELU, tanh approximation.
+    Gelu,
+}
+
+/// Position information added to token embeddings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Positions {
+    /// None (the seed model, like its PyTorch original, has no positional encoding).
+    None,
+    /// A learned table of `seq_len` vectors, as GPT-2.
+    Learned,
+}
+
+/// Which Adam variant the optimizer runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    /// Adam with L2 weight decay folded into the gradient (PyTorch `torch.optim.Adam`).
+    Adam,
+    /// Adam with decoupled weight decay (PyTorch `torch.optim.AdamW`).
+    AdamW,
+}
+
+/// Optimizer hyper-parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptimizerSpec {
+    /// Adam or AdamW.
+    pub kind: OptimizerKind,
+    /// Learning rate.
+    pub lr: f64,
+    /// First-moment decay.
+    pub beta1: f64,
+    /// Second-moment decay.
+    pub beta2: f64,
+    /// Denominator epsilon.
+    pub eps: f64,
+    /// Weight decay (L2 for Adam, decoupled for AdamW).
+    pub weight_decay: f64,
+}
+
+impl OptimizerSpec {
+    /// PyTorch's `torch.optim.Adam` defaults.
+    pub fn adam(lr: f64) -> Self {
+        Self { kind: OptimizerKind::Adam, lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 }
+    }
+
+    /// AdamW as commonly used for GPT pre-training.
+    pub fn adamw(lr: f64) -> Self {
+        Self { kind: OptimizerKind::AdamW, lr, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 }
+    }
+}
+
+/// A Transformer language model and how it is trained.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    /// Human name, used in plans and profiles.
+    pub name: String,
+    /// Token vocabulary size (input embedding rows and output classes).
+    pub vocab_size: usize,
+    /// Hidden width.
+    pub d_model: usize,
+    /// Attention heads; must divide `d_model`.
+    pub n_heads: usize,
+    /// Transformer blocks.
+    pub n_layers: usize,
+    /// Feed-forward inner width.
+    pub d_ff: usize,
+    /// Tokens per sequence.
+    pub seq_len: usize,
+    /// Causal (decoder) attention, or bidirectional (encoder).
+    pub causal: bool,
+    /// Norm placement.
+    pub norm: NormPlacement,
+    /// Feed-forward activation.
+    pub activation: Activation,
+    /// Positional encoding.
+    pub positions: Positions,
+    /// Dropout probability after attention, inside and after the feed-forward.
+    pub dropout: f32,
+    /// Layer norm epsilon.
+    pub norm_eps: f64,
+    /// Optimizer.
+    pub optimizer: OptimizerSpec,
+}
+
+/// The names accepted by [`ModelSpec::preset`].
+pub const PRESETS: [&str; 5] = ["tiny", "seed", "gpt-124m", "gpt-350m", "gpt-1.3b"];
+
+impl ModelSpec {
+    /// The model our users start from: `nn.Embedding(10000, 512)` → 6 × `nn.TransformerEncoderLayer(512, 8)`
+    /// (feed-forward 2048, ReLU, dropout 0.1, post-norm) → `nn.Linear(512, 10000)`, Adam, sequences of 128.
+    pub fn seed() -> Self {
+        Self {
+            name: "seed".into(),
+            vocab_size: 10_000,
+            d_model: 512,
+            n_heads: 8,
+            n_layers: 6,
+            d_ff: 2048,
+            seq_len: 128,
+            causal: false,
+            norm: NormPlacement::Post,
+            activation: Activation::Relu,
+            positions: Positions::None,
+            dropout: 0.1,
+            norm_eps: 1e-5,
+            optimizer: OptimizerSpec::adam(1e-3),
+        }
+    }
+
+    /// A byte-level causal model small enough for CPU tests and the CPU default run.
+    pub fn tiny() -> Self {
+        Self {
+            name: "tiny".into(),
+            vocab_size: 256,
+            d_model: 64,
+            n_heads: 4,
+            n_layers: 2,
+            d_ff: 256,
+            seq_len: 64,
+            // Small models tolerate (and need, to learn within a CPU-minute) a larger step.
+            optimizer: OptimizerSpec::adamw(3e-3),
+            ..Self::gpt("tiny", 0, 0, 0)
+        }
+    }
+
+    fn gpt(name: &str, d_model: usize, n_heads: usize, n_layers: usize) -> Self {
+        Self {
+            name: name.into(),
+            vocab_size: 50_257,
+            d_model,
+            n_heads,
+            n_layers,
+            d_ff: 4 * d_model,
+            seq_len: 1024,
+            causal: true,
+            norm: NormPlacement::Pre,
+            activation: Activation::Gelu,
+            positions: Positions::Learned,
+            dropout: 0.0,
+            norm_eps: 1e-5,
+            optimizer: OptimizerSpec::adamw(3e-4),
+        }
+    }
+
+    /// A preset by name (see [`PRESETS`]).
+    pub fn preset(name: &str) -> Result<Self> {
+        Ok(match name {
+            "tiny" => Self::tiny(),
+            "seed" => Self::seed(),
+            "gpt-124m" => Self::gpt("gpt-124m", 768, 12, 12),
+            "gpt-350m" => Self::gpt("gpt-350m", 1024, 16, 24),
+            "gpt-1.3b" => Self::gpt("gpt-1.3b", 2048, 16, 24),
+            _ => {
+                return Err(Error::UnknownName {
+                    what: "model preset",
+                    name: name.into(),
+                    known: PRESETS.join(", "),
+                })
+            }
+        })
+    }
+
+    /// A preset name, or else a path to a JSON spec file.
+    pub fn resolve(name_or_path: &str) -> Result<Self> {
+        let path = Path::new(name_or_path);
+        if PRESETS.contains(&name_or_path) || !(path.exists() || name_or_path.ends_with(".json")) {
+            return Self::preset(name_or_path);
+        }
+        Self::from_file(path)
+    }
+
+    /// Loads and validates a JSON spec file: a full spec, or `{"preset": NAME, ...overrides}`.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::file("cannot read model spec", path, e))?;
+        Self::from_json(&text).map_err(|e| match e {
+            Error::InvalidSpec { .. } | Error::UnknownName { .. } => {
+                Error::file("invalid model spec", path, Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
+            }
+            other => other,
+        })
+    }
+
+    /// Parses and validates a JSON spec (see [`ModelSpec::from_file`]).
+    pub fn from_json(text: &str) -> Result<Self> {
+        let mut value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| Error::invalid("model spec", "(document)", e.to_string()))?;
+        let object = value
+            .as_object_mut()
+            .ok_or_else(|| Error::invalid("model spec", "(document)", "must be a JSON object"))?;
+        let spec_value = match object.remove("preset") {
+            Some(preset) => {
+                let name = preset
+                    .as_str()
+                    .ok_or_else(|| Error::invalid("model spec", "preset", "must be a string"))?;
+                let mut base = serde_json::to_value(Self::preset(name)?).expect("a spec always serialises");
+                merge(&mut base, value);
+                base
+            }
+            None => value,
+        };
+        let spec: Self = serde_json::from_value(spec_value).map_err(|e| {
+            let message = e.to_string();
+            let field = field_of_serde_message(&message).unwrap_or_else(|| "(document)".into());
+            Error::invalid("model spec", field, message)
+        })?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Checks that the numbers describe a model that can be built.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |field: &str, problem: String| Err(Error::invalid("model spec", field, problem));
+        for (field, value) in [
+            ("vocab_size", self.vocab_size),
+            ("d_model", self.d_model),
+            ("n_heads", self.n_heads),
+            ("n_layers", self.n_layers),
+            ("d_ff", self.d_ff),
+            ("seq_len", self.seq_len),
+        ] {
+            if value == 0 {
+                return bad(field, "must be at least 1".into());
+            }
+        }
+        if self.d_model % self.n_heads != 0 {
+            return bad(
+                "n_heads",
+                format!("({}) must divide d_model ({}); try {}", self.n_heads, self.d_model, nearest_divisor(self.d_model, self.n_heads)),
+            );
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return bad("dropout", format!("({}) must be in [0, 1)", self.dropout));
+        }
+        if !(self.norm_eps > 0.0) {
+            return bad("norm_eps", "must be positive".into());
+        }
+        let o = &self.optimizer;
+        if !(o.lr > 0.0 && o.lr.is_finite()) {
+            return bad("optimizer.lr", format!("({}) must be positive", o.lr));
+        }
+        for (field, beta) in [("optimizer.beta1", o.beta1), ("optimizer.beta2", o.beta2)] {
+            if !(0.0..1.0).contains(&beta) {
+                return bad(field, format!("({beta}) must be in [0, 1)"));
+            }
+        }
+        if !(o.eps > 0.0) || !(o.weight_decay >= 0.0) {
+            return bad("optimizer.eps", "eps must be positive and weight_decay non-negative".into());
+        }
+        Ok(())
+    }
+
+    /// Width of one attention head.
+    pub fn head_dim(&self) -> usize {
+        self.d_model / self.n_heads
+    }
+
+    /// Trainable parameters, counted from the shapes the model builds.
+    pub fn parameter_count(&self) -> usize {
+        let d = self.d_model;
+        let block = 4 * d * d + 4 * d // attention projections and biases
+            + 2 * d * self.d_ff + self.d_ff + d // feed-forward
+            + 4 * d; // two layer norms
+        let positions = match self.positions {
+            Positions::None => 0,
+            Positions::Learned => self.seq_len * d,
+        };
+        let final_norm = match self.norm {
+            NormPlacement::Pre => 2 * d,
+            NormPlacement::Post => 0,
+        };
+        self.vocab_size * d + positions + self.n_layers * block + final_norm + d * self.vocab_size + self.vocab_size
+    }
+}
+
+/// Overlays `patch`'s fields on `base` (objects merge recursively, anything else replaces).
+fn merge(base: &mut serde_json::Value, patch: serde_json::Value) {
+    match (base, patch) {
+        (serde_json::Value::Object(base), serde_json::Value::Object(patch)) => {
+            for (key, value) in patch {
+                match base.get_mut(&key) {
+                    Some(slot) => merge(slot, value),
+                    None => {
+                        base.insert(key, value);
+                    }
+                }
+            }
+        }
+        (slot, value) => *slot = value,
+    }
+}
+
+/// serde names the field in messages like "unknown field `x`" or "missing field `x`".
+fn field_of_serde_message(message: &str) -> Option<String> {
+    let start = message.find('`')? + 1;
+    let len = message[start..].find('`')?;
+    Some(message[start..start + len].to_string())
+}
+
+fn nearest_divisor(n: usize, near: usize) -> usize {
+    (1..=n).filter(|d| n % d == 0).min_by_key(|&d| d.abs_diff(near)).unwrap_or(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_are_valid_and_sized_as_named() {
+        for name in PRESETS {
+            let spec = ModelSpec::preset(name).unwrap();
+            spec.validate().unwrap();
+            assert_eq!(spec.name, name);
+        }
+        let millions = |n: &str| ModelSpec::preset(n).unwrap().parameter_count() as f64 / 1e6;
+        // Untied heads, as the reference measurements count them.
+        assert!((millions("seed") - 29.2).abs() < 0.5, "{}", millions("seed"));
+        assert!((millions("gpt-124m") - 163.0).abs() < 2.0, "{}", millions("gpt-124m"));
+        assert!((millions("gpt-350m") - 406.0).abs() < 3.0, "{}", millions("gpt-350m"));
+        assert!((millions("gpt-1.3b") - 1420.0).abs() < 10.0, "{}", millions("gpt-1.3b"));
+    }
+
+    #[test]
+    fn file_overrides_a_preset() {
+        let spec = ModelSpec::from_json(r#"{"preset": "seed", "n_layers": 2, "optimizer": {"lr": 0.01}}"#).unwrap();
+        assert_eq!(spec.n_layers, 2);
+        assert_eq!(spec.optimizer.lr, 0.01);
+        assert_eq!(spec.optimizer.kind, OptimizerKind::Adam);
+        assert_eq!(spec.d_model, 512);
+    }
+
+    #[test]
+    fn bad_specs_name_the_field() {
+        let field = |json: &str| match ModelSpec::from_json(json) {
+            Err(Error::InvalidSpec { field, .. }) => field,
+            other => panic!("expected an invalid spec, got {other:?}"),
+        };
+        assert_eq!(field(r#"{"preset": "seed", "n_heads": 7}"#), "n_heads");
+        assert_eq!(field(r#"{"preset": "seed", "n_layers": 0}"#), "n_layers");
+        assert_eq!(field(r#"{"preset": "seed", "n_layer": 3}"#), "n_layer");
+        assert_eq!(field(r#"{"preset": "seed", "dropout": 1.5}"#), "dropout");
+        assert_eq!(field(r#"{"name": "x"}"#), "vocab_size");
+        assert!(matches!(ModelSpec::from_json(r#"{"preset": "gpt-7b"}"#), Err(Error::UnknownName { .. })));
+    }
+}

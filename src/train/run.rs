@@ -1,0 +1,168 @@
+//! The training loop: steps, periodic evaluation and checkpoints, resume, and interruption.
+//!
+//! The loop reads a shared interrupt flag once per step (set by the binary's Ctrl-C handler),
+//! saves a checkpoint and returns, so stopping a run never loses more than the current step.
+//! It reports progress as [`TrainEvent`]s; rendering them is the caller's business.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use crate::train::checkpoint;
+use crate::train::data::{Data, DataSpec};
+use crate::train::step::{StepReport, Trainer};
+use crate::Result;
+
+/// How long to train and where to keep checkpoints.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    /// Train until this many optimizer steps have been taken in total (resumed steps count).
+    pub total_steps: u64,
+    /// Checkpoint directory; `None` disables checkpoints.
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Save every this many steps (and always at the end or on interruption).
+    pub checkpoint_every: u64,
+    /// Evaluate on a held-out batch every this many steps; 0 disables.
+    pub eval_every: u64,
+}
+
+/// Progress of a run.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TrainEvent {
+    /// The loop starts at `start_step` (non-zero after resume) and will stop at `total_steps`.
+    Started {
+        /// First step to run.
+        start_step: u64,
+        /// Final step count.
+        total_steps: u64,
+    },
+    /// One optimizer step finished.
+    Step {
+        /// Steps completed.
+        step: u64,
+        /// What the step did.
+        report: StepReport,
+        /// Throughput of this step.
+        tokens_per_s: f64,
+    },
+    /// Held-out loss.
+    Eval {
+        /// Steps completed.
+        step: u64,
+        /// Mean loss without dropout.
+        loss: f64,
+    },
+    /// A checkpoint was written.
+    CheckpointSaved {
+        /// Steps completed.
+        step: u64,
+        /// Its directory.
+        path: PathBuf,
+    },
+}
+
+/// Receives [`TrainEvent`]s.
+pub trait TrainObserver {
+    /// Called for each event, in order.
+    fn on_event(&self, event: &TrainEvent);
+}
+
+/// Discards events.
+pub struct NoObserver;
+
+impl TrainObserver for NoObserver {
+    fn on_event(&self, _: &TrainEvent) {}
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunSummary {
+    /// Steps completed in total.
+    pub steps: u64,
+    /// Whether the interrupt flag stopped the run early.
+    pub interrupted: bool,
+    /// Loss of the last step run in this invocation.
+    pub last_loss: Option<f64>,
+    /// Last held-out loss.
+    pub last_eval_loss: Option<f64>,
+    /// Tokens per second over the steps run in this invocation.
+    pub tokens_per_s: f64,
+    /// Steps skipped by f16 loss scaling.
+    pub skipped_steps: u64,
+    /// The last checkpoint written.
+    pub checkpoint: Option<PathBuf>,
+}
+
+/// Trains `trainer` on `data` until `config.total_steps` or until `interrupt` is set.
+pub fn run(
+    trainer: &mut Trainer,
+    data: &Data,
+    data_spec: &DataSpec,
+    config: &RunConfig,
+    interrupt: &AtomicBool,
+    observer: &dyn TrainObserver,
+) -> Result<RunSummary> {
+    observer.on_event(&TrainEvent::Started { start_step: trainer.steps(), total_steps: config.total_steps });
+    let tokens_per_step = (trainer.knobs().global_batch() * trainer.model().spec().seq_len) as u64;
+    let mut tokens_seen = trainer.steps() * tokens_per_step;
+    let mut summary = RunSummary {
+        steps: trainer.steps(),
+        interrupted: false,
+        last_loss: None,
+        last_eval_loss: None,
+        tokens_per_s: 0.0,
+        skipped_steps: 0,
+        checkpoint: None,
+    };
+    let started = Instant::now();
+    let mut tokens_this_run = 0u64;
+    while trainer.steps() < config.total_steps {
+        if interrupt.load(Ordering::SeqCst) {
+            summary.interrupted = true;
+            break;
+        }
+        let t0 = Instant::now();
+        let report = trainer.step(data)?;
+        trainer.device().synchronize()?;
+        let dt = t0.elapsed().as_secs_f64();
+        tokens_seen += report.tokens as u64;
+        tokens_this_run += report.tokens as u64;
+        summary.last_loss = Some(report.loss);
+        let step = trainer.steps();
+        observer.on_event(&TrainEvent::Step { step, report, tokens_per_s: report.tokens as f64 / dt });
+        if config.eval_every > 0 && step % config.eval_every == 0 {
+            let loss = eval(trainer, data)?;
+            summary.last_eval_loss = Some(loss);
+            observer.on_event(&TrainEvent::Eval { step, loss });
+        }
+        let due = config.checkpoint_every > 0 && step % config.checkpoint_every == 0;
+        if due && step < config.total_steps {
+            summary.checkpoint = save(trainer, data_spec, config, tokens_seen, observer)?.or(summary.checkpoint);
+        }
+    }
+    summary.steps = trainer.steps();
+    summary.skipped_steps = trainer.scaler().skipped_steps;
+    summary.tokens_per_s = tokens_this_run as f64 / started.elapsed().as_secs_f64().max(1e-9);
+    // Always leave a checkpoint of where the run stopped, finished or interrupted.
+    summary.checkpoint = save(trainer, data_spec, config, tokens_seen, observer)?.or(summary.checkpoint);
+    Ok(summary)
+}
+
+/// Held-out loss on a batch no training step draws (step index `u64::MAX`).
+pub fn eval(trainer: &Trainer, data: &Data) -> Result<f64> {
+    let batch = data.batch(trainer.seed(), u64::MAX, 0, trainer.knobs().micro_batch, trainer.device())?;
+    trainer.eval_loss(&batch)
+}
+
+fn save(
+    trainer: &Trainer,
+    data_spec: &DataSpec,
+    config: &RunConfig,
+    tokens_seen: u64,
+    observer: &dyn TrainObserver,
+) -> Result<Option<PathBuf>> {
+    let Some(dir) = &config.checkpoint_dir else { return Ok(None) };
+    let path = checkpoint::save(dir, trainer, data_spec, tokens_seen)?;
+    observer.on_event(&TrainEvent::CheckpointSaved { step: trainer.steps(), path: path.clone() });
+    Ok(Some(path))
+}
