@@ -123,6 +123,10 @@ pub struct ProbeArgs {
     /// Host heap budget (e.g. 8GiB); exceeding it is an out-of-memory outcome.
     #[arg(long)]
     pub host_budget: Option<String>,
+    /// Make the GPU behave as one of this size (e.g. 24564MiB for an RTX 4090) by holding back
+    /// the rest, so out-of-memory happens where it would on the smaller card.
+    #[arg(long)]
+    pub gpu_capacity: Option<String>,
     /// Print one JSON object on stdout.
     #[arg(long)]
     pub json: bool,

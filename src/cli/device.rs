@@ -41,3 +41,28 @@ pub fn describe(device: &Device) -> String {
         Device::Metal(_) => "metal".into(),
     }
 }
+
+/// The device-memory meter for `device`; with `capacity`, the GPU is made to behave as one of
+/// that many bytes (the rest held back), so that out-of-memory happens where it would there.
+pub fn memory_meter(
+    device: &Device,
+    capacity: Option<u64>,
+) -> anyhow::Result<Box<dyn autotune::probe::live::DeviceMemory>> {
+    match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => {
+            let mut meter = autotune::probe::gpu_memory::PoolMemory::new(device)?;
+            if let Some(capacity) = capacity {
+                let held = meter.emulate_capacity(capacity)?;
+                tracing::info!(capacity, held, "emulating a smaller GPU");
+            }
+            Ok(Box::new(meter))
+        }
+        _ => {
+            if capacity.is_some() {
+                bail!("`--gpu-capacity` needs a CUDA device; this run is on {}", describe(device));
+            }
+            Ok(Box::new(autotune::probe::live::NoDeviceMemory))
+        }
+    }
+}

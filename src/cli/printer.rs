@@ -19,11 +19,6 @@ impl Printer {
         Self { quiet, json }
     }
 
-    /// Whether stdout is reserved for one JSON document.
-    pub fn json(&self) -> bool {
-        self.json
-    }
-
     /// A status line for people (stderr), unless quiet.
     pub fn status(&self, message: impl AsRef<str>) {
         if !self.quiet {
@@ -47,6 +42,14 @@ impl Printer {
     pub fn data_json<T: serde::Serialize>(&self, value: &T) {
         if self.json {
             let text = serde_json::to_string_pretty(value).expect("output types always serialise");
+            let _ = writeln!(std::io::stdout(), "{text}");
+        }
+    }
+
+    /// The JSON document on stdout as a single line (only in JSON mode), for JSON-lines logs.
+    pub fn data_json_line<T: serde::Serialize>(&self, value: &T) {
+        if self.json {
+            let text = serde_json::to_string(value).expect("output types always serialise");
             let _ = writeln!(std::io::stdout(), "{text}");
         }
     }

@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use autotune::probe::live::{LiveProber, NoDeviceMemory};
+use autotune::probe::live::LiveProber;
 use autotune::probe::outcome::{Outcome, ProbeRequest, ProbeResult};
 use autotune::ModelSpec;
 
@@ -37,9 +37,10 @@ pub fn run(args: ProbeArgs, printer: &Printer) -> anyhow::Result<Status> {
     let device = device::open(&args.model.device)?;
     let request = ProbeRequest { knobs, warmup_steps: args.warmup, timed_steps: args.steps };
     printer.status(format!("probing {} at {knobs} on {}", spec.name, device::describe(&device)));
-    let mut memory = NoDeviceMemory;
-    let result = LiveProber::new(&spec, &device, host_budget, &mut memory).probe(&request)?;
-    printer.data_json(&ProbeLine {
+    let gpu_capacity = args.gpu_capacity.as_deref().map(parse_bytes).transpose()?;
+    let mut memory = device::memory_meter(&device, gpu_capacity)?;
+    let result = LiveProber::new(&spec, &device, host_budget, memory.as_mut()).probe(&request)?;
+    printer.data_json_line(&ProbeLine {
         implementation: "autotune",
         model: &spec.name,
         precision: knobs.precision,

@@ -3,3 +3,5 @@
 pub mod host_memory;
 pub mod live;
 pub mod outcome;
+#[cfg(feature = "cuda")]
+pub mod gpu_memory;

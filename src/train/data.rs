@@ -69,6 +69,19 @@ pub struct Batch {
     pub targets: Tensor,
 }
 
+impl Batch {
+    /// Sequences `start..start + len` of this batch.
+    pub fn narrow(&self, start: usize, len: usize) -> Result<Batch> {
+        let seq = self.inputs.dim(1)?;
+        Ok(Batch { inputs: self.inputs.narrow(0, start, len)?, targets: self.targets.narrow(0, start * seq, len * seq)? })
+    }
+
+    /// Number of sequences.
+    pub fn sequences(&self) -> usize {
+        self.inputs.dims()[0]
+    }
+}
+
 /// An opened data source.
 pub struct Data {
     spec: DataSpec,

@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# run.sh — benchmark autotune's CUDA build against the PyTorch eager reference on
+# the GPU of this machine. See benches/gpu/README.md.
+#
+#   benches/gpu/run.sh OUTDIR [MODEL:PRECISION:BATCHES ...]
+#   benches/gpu/run.sh benches/results/h200 seed:bf16:32,128,512 gpt-124m:bf16:8,16
+#
+# Default specs: seed at fp32, bf16 and fp16 with micro-batches 32,128,512.
+# Environment (all optional):
+#   GPU_DIR           folder with the CUDA binary + bundled libcudart (default .gpu)
+#   GPU_ENV           path of gpu-env.sh (default: $GPU_DIR/gpu-env.sh, then ../shared/tools/gpu-env.sh)
+#   CAP_MIB           cap PyTorch's allocator at this many MiB (e.g. 24052 for a 24 GB card)
+#   AUTOTUNE_ARGS     extra arguments for `autotune probe` (e.g. its own memory cap)
+#   TIMEOUT_PER_RUN   seconds per process before it is killed (default 120)
+#   WARMUP, STEPS     steps per measurement (default 2 and 6)
+#   PYTHON            python with torch (default python3)
+set -euo pipefail
+
+if [[ $# -lt 1 || "$1" == -h || "$1" == --help ]]; then
+  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+  exit 2
+fi
+
+# Work from the repo root so that relative paths (.gpu/, benches/) mean the same
+# whatever directory the script is started from.
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+OUTDIR="$1"; shift
+mkdir -p "$OUTDIR"
+OUTDIR="$(cd "$OUTDIR" && pwd)"
+cd "$ROOT"
+
+GPU_DIR="${GPU_DIR:-.gpu}"
+BIN="$GPU_DIR/autotune"
+PYTHON="${PYTHON:-python3}"
+TIMEOUT_PER_RUN="${TIMEOUT_PER_RUN:-120}"
+WARMUP="${WARMUP:-2}"
+STEPS="${STEPS:-6}"
+read -r -a EXTRA_ARGS <<< "${AUTOTUNE_ARGS:-}"
+
+if [[ $# -gt 0 ]]; then
+  SPECS=("$@")
+else
+  SPECS=(seed:fp32:32,128,512 seed:bf16:32,128,512 seed:fp16:32,128,512)
+fi
+
+# Check every spec before spending GPU time on the first one.
+for spec in "${SPECS[@]}"; do
+  if [[ ! "$spec" =~ ^[a-z0-9.-]+:(fp32|bf16|fp16):[0-9]+(,[0-9]+)*$ ]]; then
+    echo "run.sh: bad spec '$spec' (want MODEL:fp32|bf16|fp16:B1,B2,...)" >&2
+    exit 2
+  fi
+done
+
+[[ -x "$BIN" ]] || { echo "run.sh: $BIN not found or not executable (build it with cuda-build.sh --out $GPU_DIR)" >&2; exit 2; }
+
+# ---- libraries ------------------------------------------------------------------------
+# The binary bundles libcudart in $GPU_DIR; cuBLAS, cuRAND etc. come from the machine
+# (usually the nvidia-* wheels that PyTorch installed).
+# PyTorch runs with the library path it was started with: its wheels pin their own
+# CUDA runtime, and the libcudart bundled for our binary must not shadow it.
+if [[ -n "${LD_LIBRARY_PATH+x}" ]]; then
+  TORCH_ENV=(env "LD_LIBRARY_PATH=$LD_LIBRARY_PATH")
+else
+  TORCH_ENV=(env -u LD_LIBRARY_PATH)
+fi
+GPU_ENV="${GPU_ENV:-}"
+if [[ -z "$GPU_ENV" ]]; then
+  for cand in "$GPU_DIR/gpu-env.sh" ../shared/tools/gpu-env.sh; do
+    [[ -f "$cand" ]] && { GPU_ENV="$cand"; break; }
+  done
+fi
+if [[ -n "$GPU_ENV" ]]; then
+  # gpu-env.sh is written for interactive shells (unset variables, grep -q in pipes):
+  # source it with strict mode off.
+  set +euo pipefail
+  # shellcheck disable=SC1090
+  source "$GPU_ENV" "$(cd "$GPU_DIR" && pwd)"
+  set -euo pipefail
+else
+  dirs="$(cd "$GPU_DIR" && pwd)"
+  while IFS= read -r d; do
+    [[ -n "$d" ]] && dirs="$dirs:$d"
+  done < <("$PYTHON" - <<'EOF' 2>/dev/null || true
+import glob, os, site, sys
+roots = set(site.getsitepackages() + [site.getusersitepackages()] + sys.path)
+for r in sorted(roots):
+    for d in sorted(glob.glob(os.path.join(r, "nvidia", "*", "lib"))):
+        print(d)
+EOF
+)
+  export LD_LIBRARY_PATH="$dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "run.sh: LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >&2
+fi
+
+# ---- environment record ---------------------------------------------------------------
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "host: $(uname -srm)"
+  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "specs: ${SPECS[*]}"
+  echo "warmup=$WARMUP steps=$STEPS timeout=$TIMEOUT_PER_RUN cap_mib=${CAP_MIB:-none} autotune_args=${AUTOTUNE_ARGS:-}"
+  echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+  echo
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,power.limit,persistence_mode \
+    --format=csv 2>&1 || true
+  echo
+  nvidia-smi 2>&1 || true
+  echo
+  "${TORCH_ENV[@]}" "$PYTHON" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 || true
+  echo
+  echo "ldd $BIN:"
+  ldd "$BIN" 2>&1 || true
+} > "$OUTDIR/env.txt"
+
+# ---- one measurement ------------------------------------------------------------------
+# run_one IMPL JSONL LOG MODEL PRECISION BATCH -- CMD...
+# Runs CMD under `timeout`, appends its JSON line to JSONL. A process that printed no
+# JSON (crash, timeout, loader error) still gets a line, so that the table shows the
+# failure rather than a silent gap, and the loop goes on.
+run_one() {
+  local impl="$1" jsonl="$2" log="$3" model="$4" precision="$5" batch="$6"
+  shift 7
+  local out rc=0 line
+  out="$(mktemp)"
+  echo "== $(date -u +%H:%M:%S) $impl $model $precision mb=$batch: $*" >> "$log"
+  timeout --kill-after=10 "$TIMEOUT_PER_RUN" "$@" > "$out" 2>> "$log" || rc=$?
+  line="$(grep '^{' "$out" | tail -n 1 || true)"
+  if [[ -n "$line" ]]; then
+    echo "$line" >> "$jsonl"
+  else
+    local outcome=error
+    [[ $rc -eq 124 || $rc -eq 137 ]] && outcome=timeout
+    printf '{"impl": "%s", "model": "%s", "precision": "%s", "micro_batch": %d, "seq_len": null, "outcome": "%s", "exit_code": %d, "step_time_median_s": null, "step_time_spread": null, "tokens_per_s": null, "peak_gpu_bytes": null, "peak_reserved_bytes": null, "timed_steps": 0, "params": null}\n' \
+      "$impl" "$model" "$precision" "$batch" "$outcome" "$rc" >> "$jsonl"
+  fi
+  echo "   $impl $model $precision mb=$batch: exit $rc${line:+, $(grep -o '"outcome": *"[a-z_]*"' <<< "$line" || true)}" >&2
+  rm -f "$out"
+}
+
+# ---- warm the PTX JIT cache -----------------------------------------------------------
+# The binary carries portable PTX that the driver compiles on first load (~15 s) and
+# caches in ~/.nv/ComputeCache. One untimed tiny run per precision keeps that cost out
+# of the first real measurement (it happens in warm-up anyway, but can eat into the
+# per-run timeout).
+declare -A seen_precision=()
+for spec in "${SPECS[@]}"; do
+  IFS=: read -r _ precision _ <<< "$spec"
+  [[ -n "${seen_precision[$precision]:-}" ]] && continue
+  seen_precision[$precision]=1
+  echo "run.sh: warming JIT cache ($precision)" >&2
+  timeout "$TIMEOUT_PER_RUN" "$BIN" probe --model tiny --precision "$precision" --micro-batch 2 \
+    --warmup 1 --steps 1 --device cuda --json "${EXTRA_ARGS[@]}" > /dev/null 2>> "$OUTDIR/autotune.log" \
+    || echo "run.sh: warning: tiny $precision warm-up run failed (see autotune.log)" >&2
+done
+
+# ---- the benchmark --------------------------------------------------------------------
+cap_args=()
+[[ -n "${CAP_MIB:-}" ]] && cap_args=(--cap-mib "$CAP_MIB")
+
+for spec in "${SPECS[@]}"; do
+  IFS=: read -r model precision batches <<< "$spec"
+  IFS=, read -r -a batch_list <<< "$batches"
+  for b in "${batch_list[@]}"; do
+    # One process per measurement for both sides: an OOM or a crash cannot leave
+    # fragmented memory behind for the next one. Ours and PyTorch alternate so that
+    # both see the same clocks, temperature and neighbours.
+    run_one autotune "$OUTDIR/autotune.jsonl" "$OUTDIR/autotune.log" "$model" "$precision" "$b" -- \
+      "$BIN" probe --model "$model" --precision "$precision" --micro-batch "$b" \
+      --warmup "$WARMUP" --steps "$STEPS" --device cuda --json "${EXTRA_ARGS[@]}"
+    run_one pytorch "$OUTDIR/pytorch.jsonl" "$OUTDIR/pytorch.log" "$model" "$precision" "$b" -- \
+      "${TORCH_ENV[@]}" "$PYTHON" benches/gpu/torch_ref.py --model "$model" --precision "$precision" --micro-batch "$b" \
+      --warmup "$WARMUP" --steps "$STEPS" "${cap_args[@]}"
+  done
+done
+
+"$PYTHON" benches/gpu/compare.py "$OUTDIR/autotune.jsonl" "$OUTDIR/pytorch.jsonl" > "$OUTDIR/table.md"
+cat "$OUTDIR/table.md"

@@ -1,0 +1,10 @@
+//! All integration tests, built as one test binary.
+
+/// Shared helpers: running the binary, temporary directories, small models.
+mod util;
+
+/// The training step: accumulation, gradients, precisions, loss scaling, learning, resume.
+mod training;
+
+/// The command line: exit codes and messages for bad input.
+mod cli;
