@@ -11,10 +11,14 @@
 //! `model` is the Transformer and `train` the step that honours every knob; both run on
 //! candle's CPU device and, with the `cuda` feature, on the GPU.
 
+pub mod backend;
 pub mod error;
+pub mod fit;
 pub mod knobs;
 pub mod model;
+pub mod plan;
 pub mod probe;
+pub mod search;
 pub mod spec;
 pub mod train;
 

@@ -33,6 +33,10 @@ pub enum Command {
     Train(TrainArgs),
     /// Measure one setting with real training steps: step time, tokens/s, peak memory.
     Probe(ProbeArgs),
+    /// Run one trial described by JSON on stdin and print its result as one JSON line
+    /// (the isolated-probe protocol; used by the search).
+    #[command(hide = true)]
+    ProbeOne,
 }
 
 impl Command {
@@ -40,6 +44,7 @@ impl Command {
         match self {
             Command::Train(a) => a.json,
             Command::Probe(a) => a.json,
+            Command::ProbeOne => true,
         }
     }
 }

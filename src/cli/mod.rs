@@ -4,7 +4,6 @@
 //! 2 an error (bad input, I/O, backend failure), 130 interrupted by Ctrl-C after saving.
 
 mod args;
-mod device;
 mod printer;
 mod probe;
 mod train;
@@ -52,6 +51,7 @@ fn run(command: Command, printer: &Printer) -> anyhow::Result<Status> {
     match command {
         Command::Train(args) => train::run(args, printer),
         Command::Probe(args) => probe::run(args, printer),
+        Command::ProbeOne => probe::run_child(printer),
     }
 }
 

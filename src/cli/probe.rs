@@ -2,13 +2,15 @@
 
 use serde::Serialize;
 
+use autotune::probe::child::ChildJob;
 use autotune::probe::live::LiveProber;
 use autotune::probe::outcome::{Outcome, ProbeRequest, ProbeResult};
 use autotune::ModelSpec;
 
 use super::args::ProbeArgs;
 use super::printer::Printer;
-use super::{device, Status};
+use super::Status;
+use autotune::backend as device;
 
 /// The JSON line the GPU benchmark scripts read (one object, `impl` = "autotune").
 #[derive(Serialize)]
@@ -47,7 +49,7 @@ pub fn run(args: ProbeArgs, printer: &Printer) -> anyhow::Result<Status> {
         micro_batch: knobs.micro_batch,
         seq_len: spec.seq_len,
         params: spec.parameter_count(),
-        device: device::describe(&device),
+        device: device::describe(&device).to_string(),
         result: &result,
     });
     match &result.outcome {
@@ -67,6 +69,17 @@ pub fn run(args: ProbeArgs, printer: &Printer) -> anyhow::Result<Status> {
         Outcome::Fits(_) => Status::Success,
         _ => Status::Negative,
     })
+}
+
+/// The child side of isolated probing: one job on stdin, one result line on stdout.
+pub fn run_child(printer: &Printer) -> anyhow::Result<Status> {
+    let job: ChildJob = serde_json::from_reader(std::io::stdin().lock())
+        .map_err(|e| anyhow::anyhow!("probe-one: the job on stdin is not valid JSON: {e}"))?;
+    let device = device::open(&job.device)?;
+    let mut memory = device::memory_meter(&device, job.gpu_capacity)?;
+    let result = LiveProber::new(&job.model, &device, job.host_budget, memory.as_mut()).probe(&job.request)?;
+    printer.data_json_line(&result);
+    Ok(Status::Success)
 }
 
 const GIB: f64 = (1u64 << 30) as f64;

@@ -14,7 +14,8 @@ use autotune::{Knobs, ModelSpec};
 
 use super::args::TrainArgs;
 use super::printer::Printer;
-use super::{device, Status};
+use super::Status;
+use autotune::backend as device;
 
 pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
     let spec = ModelSpec::resolve(&args.model.model)?;

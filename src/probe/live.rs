@@ -127,7 +127,11 @@ fn in_phase(phase: Phase) -> impl Fn(Error) -> Failure {
 /// `CUBLAS_STATUS_ALLOC_FAILED` arrive boxed inside `Error::Cuda`, possibly wrapped in
 /// backtrace or context layers, so the whole chain's debug text is inspected.
 pub fn is_out_of_memory(error: &Error) -> bool {
-    let text = format!("{error:?}");
+    is_out_of_memory_text(&format!("{error:?}"))
+}
+
+/// Whether an error text names a device allocation failure.
+pub fn is_out_of_memory_text(text: &str) -> bool {
     text.contains("OUT_OF_MEMORY") || text.contains("ALLOC_FAILED") || text.contains("out of memory")
 }
 

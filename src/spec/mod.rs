@@ -1,3 +1,5 @@
 //! Validated inputs: what to train ([`model::ModelSpec`]).
 
+pub mod budget;
+pub mod device;
 pub mod model;

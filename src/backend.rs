@@ -1,0 +1,71 @@
+//! Opening the candle device a run uses, and its device-memory meter.
+
+use candle_core::Device;
+
+use crate::probe::live::{DeviceMemory, NoDeviceMemory};
+use crate::{Error, Result};
+
+/// Opens `cpu`, `cuda` (or `cuda:N`), or `auto`: the first GPU when this build has CUDA and one
+/// is present, else the CPU.
+pub fn open(name: &str) -> Result<Device> {
+    let bad = || Error::invalid("device", "--device", format!("`{name}`: expected cpu, cuda, cuda:N or auto"));
+    match name {
+        "cpu" => Ok(Device::Cpu),
+        "auto" => Ok(cuda(0).unwrap_or(Device::Cpu)),
+        _ => {
+            let ordinal = match name.strip_prefix("cuda") {
+                Some("") => 0,
+                Some(rest) => rest.strip_prefix(':').and_then(|n| n.parse().ok()).ok_or_else(bad)?,
+                None => return Err(bad()),
+            };
+            cuda(ordinal)
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda(ordinal: usize) -> Result<Device> {
+    Ok(Device::new_cuda(ordinal)?)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda(_ordinal: usize) -> Result<Device> {
+    Err(Error::invalid(
+        "device",
+        "--device",
+        "this build has no CUDA support; rebuild with `cargo build --release --features cuda`",
+    ))
+}
+
+/// A short name for messages and JSON.
+pub fn describe(device: &Device) -> &'static str {
+    match device {
+        Device::Cpu => "cpu",
+        Device::Cuda(_) => "cuda",
+        Device::Metal(_) => "metal",
+    }
+}
+
+/// The device-memory meter for `device`. With `capacity`, the GPU is made to behave as one of
+/// that many bytes (the rest held back), so out-of-memory happens where it would on that card.
+pub fn memory_meter(device: &Device, capacity: Option<u64>) -> Result<Box<dyn DeviceMemory>> {
+    match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => {
+            let mut meter = crate::probe::gpu_memory::PoolMemory::new(device)?;
+            if let Some(capacity) = capacity {
+                let held = meter.emulate_capacity(capacity)?;
+                tracing::info!(capacity, held, "emulating a smaller GPU");
+            }
+            Ok(Box::new(meter))
+        }
+        _ => match capacity {
+            Some(_) => Err(Error::invalid(
+                "device",
+                "gpu capacity",
+                format!("emulating a GPU size needs a CUDA device; this run is on {}", describe(device)),
+            )),
+            None => Ok(Box::new(NoDeviceMemory)),
+        },
+    }
+}

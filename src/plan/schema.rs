@@ -1,0 +1,252 @@
+//! `Plan`: the chosen setting and its evidence, as a versioned JSON document.
+//!
+//! # Wire format (schema version 1)
+//!
+//! A plan file holds one JSON object. Readers reject unknown fields and any
+//! `schema_version` other than 1, so a plan is never half-understood. Byte counts are
+//! integers, times are seconds, throughputs are tokens per second, and relative errors are
+//! fractions (0.02 = 2 %). Optional values are `null`, never absent, when written by autotune.
+//!
+//! | field | type | meaning |
+//! |---|---|---|
+//! | `schema_version` | integer | Always `1` for this format. |
+//! | `tool` | object | `{"name": "autotune", "version": "0.1.0"}`: what wrote the plan. |
+//! | `created_unix_s` | integer | When the plan was made, seconds since the Unix epoch (UTC). |
+//! | `model` | object | The model spec trained (`ModelSpec` JSON: `name`, `vocab_size`, `d_model`, `n_heads`, `n_layers`, `d_ff`, `seq_len`, `causal`, `norm`, `activation`, `positions`, `dropout`, `norm_eps`, `optimizer`). |
+//! | `device` | object | The target device profile: `name`, `kind` (`"cuda"` or `"cpu"`), `gpu_memory_bytes` (`null` on a CPU), `host_memory_bytes`, `host_to_device_gbps`, `notes`. |
+//! | `budget` | object | The limits the plan was chosen under: `gpu_bytes` (`null` on a CPU), `host_bytes`, `headroom` (fraction of each limit kept free). |
+//! | `knobs` | object | The chosen setting: `micro_batch`, `grad_accum`, `precision` (`"fp32"`, `"bf16"`, `"fp16"`), `checkpointing` (`{"mode": "none"}` or `{"mode": "every_kth", "k": K}`, K = 1 recomputes every block), `offload` (`"none"` or `"optimizer"`). |
+//! | `predicted` | object | What the fitted models predict at `knobs`: `peak_gpu_bytes`, `peak_host_bytes` (integers or `null` when too few trials fitted; `peak_gpu_bytes` is `null` on a CPU), `tokens_per_s` (number or `null`). |
+//! | `measured` | object | The verification trial of `knobs`: `peak_gpu_bytes`, `peak_host_bytes`, `step_time_median_s` (one optimizer step, all micro-batches), `step_time_spread` ((p90 − p10) / median), `timed_steps`, `tokens_per_s`. |
+//! | `headroom` | object | Bytes of the budget left unused at the measured peak: `gpu_bytes` (`null` on a CPU), `host_bytes`. |
+//! | `evidence` | array | Every trial of the search, in order, the verification last. Each is `{"request": {"knobs": …, "warmup_steps": N, "timed_steps": N}, "outcome": …, "wall_s": S}` plus the outcome's fields: `"outcome": "fits"` with the `measured` fields above; `"outcome": "out_of_memory"` with `memory` (`"gpu"` or `"host"`) and `phase` (`"setup"`, `"forward_backward"`, `"optimizer_step"`, `"eval"`, `"checkpoint"`); or `"outcome": "crashed"` with `reason`. |
+//! | `model_error` | object | Worst leave-one-out relative error of the chosen regime's fits: `memory_loo_rel_error`, `time_loo_rel_error` (`null` below three trials). |
+//! | `alternatives` | array | Up to five other feasible settings, best first: `{"knobs": …, "tokens_per_s": T, "peak_gpu_bytes": B, "peak_host_bytes": B}`, measured without accumulation. The best of each other regime is always included. |
+
+use std::io::Write;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::knobs::Knobs;
+use crate::probe::outcome::{Measurement, ProbeResult};
+use crate::spec::budget::Budget;
+use crate::spec::device::{field_of_serde_message, DeviceProfile};
+use crate::spec::model::ModelSpec;
+use crate::{Error, Result};
+
+/// The plan format this version reads and writes.
+pub const SCHEMA_VERSION: u32 = 1;
+
+const WHAT: &str = "plan";
+
+/// A chosen training setting with the evidence behind it; see the module docs for the JSON.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    /// Always [`SCHEMA_VERSION`].
+    pub schema_version: u32,
+    /// What wrote the plan.
+    pub tool: Tool,
+    /// Seconds since the Unix epoch when the plan was made (supplied by the caller).
+    pub created_unix_s: u64,
+    /// The model trained.
+    pub model: ModelSpec,
+    /// The target device.
+    pub device: DeviceProfile,
+    /// The limits the plan was chosen under.
+    pub budget: Budget,
+    /// The chosen setting.
+    pub knobs: Knobs,
+    /// The fitted models' predictions at `knobs`.
+    pub predicted: Predicted,
+    /// The verification trial's measurement.
+    pub measured: Measurement,
+    /// Budget bytes left unused at the measured peak.
+    pub headroom: Headroom,
+    /// Every trial of the search, in order; the last verifies `knobs`.
+    pub evidence: Vec<ProbeResult>,
+    /// Held-out errors of the chosen regime's fits.
+    pub model_error: ModelError,
+    /// Other feasible settings, best first.
+    pub alternatives: Vec<Alternative>,
+}
+
+/// The program that wrote a plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tool {
+    /// Program name.
+    pub name: String,
+    /// Program version.
+    pub version: String,
+}
+
+impl Tool {
+    /// This library, by its package name and version.
+    pub fn current() -> Self {
+        Self {
+            name: env!("CARGO_PKG_NAME").into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+}
+
+/// Model predictions at the chosen knobs; `null` where a model could not be fitted.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Predicted {
+    /// Peak device bytes (`null` on a CPU).
+    pub peak_gpu_bytes: Option<u64>,
+    /// Peak host bytes.
+    pub peak_host_bytes: Option<u64>,
+    /// Tokens per second.
+    pub tokens_per_s: Option<f64>,
+}
+
+/// Budget bytes left unused at the measured peak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Headroom {
+    /// Device bytes (`null` on a CPU).
+    pub gpu_bytes: Option<u64>,
+    /// Host bytes.
+    pub host_bytes: u64,
+}
+
+/// Worst leave-one-out relative errors of the chosen regime's fits.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelError {
+    /// Of the memory model (the worse of device and host).
+    pub memory_loo_rel_error: Option<f64>,
+    /// Of the step-time model.
+    pub time_loo_rel_error: Option<f64>,
+}
+
+/// Another feasible setting and what its search trial measured.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Alternative {
+    /// The setting, with the accumulation a plan would use.
+    pub knobs: Knobs,
+    /// Measured tokens per second.
+    pub tokens_per_s: f64,
+    /// Measured peak device bytes.
+    pub peak_gpu_bytes: u64,
+    /// Measured peak host bytes.
+    pub peak_host_bytes: u64,
+}
+
+impl Plan {
+    /// Reads and validates a plan file; errors name the file and, when invalid, the field.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| Error::file("cannot read plan", path, e))?;
+        Self::from_json(&text).map_err(|e| match e {
+            Error::InvalidSpec { .. } => Error::file(
+                "invalid plan",
+                path,
+                Box::new(e) as Box<dyn std::error::Error + Send + Sync>,
+            ),
+            other => other,
+        })
+    }
+
+    /// Parses and validates a plan; the schema version is checked before anything else.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let value: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| Error::invalid(WHAT, "(document)", e.to_string()))?;
+        let version = value
+            .as_object()
+            .ok_or_else(|| Error::invalid(WHAT, "(document)", "must be a JSON object"))?
+            .get("schema_version")
+            .ok_or_else(|| {
+                Error::invalid(
+                    WHAT,
+                    "schema_version",
+                    "is missing; is this an autotune plan?",
+                )
+            })?;
+        if version.as_u64() != Some(u64::from(SCHEMA_VERSION)) {
+            return Err(Error::invalid(
+                WHAT,
+                "schema_version",
+                format!(
+                    "is {version}, but {} {} reads only version {SCHEMA_VERSION}; make the plan again or use the \
+                     autotune that wrote it",
+                    env!("CARGO_PKG_NAME"),
+                    env!("CARGO_PKG_VERSION")
+                ),
+            ));
+        }
+        let plan: Self = serde_json::from_value(value).map_err(|e| {
+            let message = e.to_string();
+            Error::invalid(
+                WHAT,
+                field_of_serde_message(&message).unwrap_or_else(|| "(document)".into()),
+                message,
+            )
+        })?;
+        plan.validate()?;
+        Ok(plan)
+    }
+
+    /// Checks the parts against each other: valid model, device, budget and knobs.
+    pub fn validate(&self) -> Result<()> {
+        self.model.validate()?;
+        self.device.validate()?;
+        self.budget.validate()?;
+        self.knobs.validate(WHAT, "knobs.")?;
+        if self.budget.gpu_bytes.is_some() != self.device.gpu_memory_bytes.is_some() {
+            return Err(Error::invalid(
+                WHAT,
+                "budget.gpu_bytes",
+                "must be null exactly when the device has no GPU",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The plan as pretty-printed JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a plan always serialises")
+    }
+
+    /// Writes the plan atomically: to a temporary file in the same directory, then renamed over
+    /// `path`, so a reader never sees a half-written plan.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        write_atomically(path, format!("{}\n", self.to_json()).as_bytes())
+            .map_err(|e| Error::file("cannot write plan", path, e))
+    }
+}
+
+/// Writes `bytes` to a sibling temporary file, syncs it, and renames it over `path`.
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let name = path.file_name().ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, "the path names no file")
+    })?;
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let written = (|| {
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        // Best effort: the write already failed, and that error is the one to report.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,160 @@
+//! Plan files: round trip, atomic save, and refusal of other schema versions and unknown fields.
+
+use super::*;
+use crate::plan::select::tests::sample;
+
+/// Equal JSON up to the last bit of floats: without serde_json's `float_roundtrip` feature,
+/// parsing may land one unit in the last place away from the printed value.
+fn assert_json_close(a: &serde_json::Value, b: &serde_json::Value, at: &str) {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) if x.is_f64() || y.is_f64() => {
+            let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
+            assert!(
+                (x - y).abs() <= 1e-15 * x.abs().max(y.abs()),
+                "{at}: {x} != {y}"
+            );
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            assert_eq!(x.len(), y.len(), "{at}");
+            for (i, (x, y)) in x.iter().zip(y).enumerate() {
+                assert_json_close(x, y, &format!("{at}[{i}]"));
+            }
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            assert_eq!(
+                x.keys().collect::<Vec<_>>(),
+                y.keys().collect::<Vec<_>>(),
+                "{at}"
+            );
+            for (k, x) in x {
+                assert_json_close(x, &y[k], &format!("{at}.{k}"));
+            }
+        }
+        _ => assert_eq!(a, b, "{at}"),
+    }
+}
+
+fn field_of(err: Error) -> String {
+    match err {
+        Error::InvalidSpec { field, .. } => field,
+        other => panic!("expected an invalid plan, got {other:?}"),
+    }
+}
+
+#[test]
+fn save_and_load_round_trip() {
+    let (_, _, plan) = sample();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plan.json");
+    plan.save(&path).unwrap();
+    let loaded = Plan::load(&path).unwrap();
+    assert_json_close(
+        &serde_json::to_value(&loaded).unwrap(),
+        &serde_json::to_value(&plan).unwrap(),
+        "plan",
+    );
+    // Saving again replaces the file and leaves no temporary file behind.
+    plan.save(&path).unwrap();
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from("plan.json")]);
+}
+
+#[test]
+fn other_schema_versions_are_refused_clearly() {
+    let (_, _, plan) = sample();
+    let mut value = serde_json::to_value(&plan).unwrap();
+    value["schema_version"] = 2.into();
+    let err = Plan::from_json(&value.to_string()).unwrap_err();
+    assert!(
+        err.to_string().contains("is 2") && err.to_string().contains("only version 1"),
+        "{err}"
+    );
+    assert_eq!(field_of(err), "schema_version");
+    value.as_object_mut().unwrap().remove("schema_version");
+    assert_eq!(
+        field_of(Plan::from_json(&value.to_string()).unwrap_err()),
+        "schema_version"
+    );
+    assert_eq!(field_of(Plan::from_json("[1]").unwrap_err()), "(document)");
+}
+
+#[test]
+fn unknown_and_invalid_fields_are_named() {
+    let (_, _, plan) = sample();
+    let mut value = serde_json::to_value(&plan).unwrap();
+    value["predicted"]["peak_gpu"] = 1.into();
+    assert_eq!(
+        field_of(Plan::from_json(&value.to_string()).unwrap_err()),
+        "peak_gpu"
+    );
+
+    let mut value = serde_json::to_value(&plan).unwrap();
+    value["knobs"]["micro_batch"] = 0.into();
+    assert_eq!(
+        field_of(Plan::from_json(&value.to_string()).unwrap_err()),
+        "knobs.micro_batch"
+    );
+
+    let mut value = serde_json::to_value(&plan).unwrap();
+    value["budget"]["gpu_bytes"] = serde_json::Value::Null;
+    assert_eq!(
+        field_of(Plan::from_json(&value.to_string()).unwrap_err()),
+        "budget.gpu_bytes"
+    );
+}
+
+#[test]
+fn file_errors_name_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.json");
+    assert!(matches!(Plan::load(&missing), Err(Error::File { path, .. }) if path == missing));
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, r#"{"schema_version": 1}"#).unwrap();
+    assert!(matches!(Plan::load(&bad), Err(Error::File { path, .. }) if path == bad));
+    let (_, _, plan) = sample();
+    let into_missing_dir = dir.path().join("no/such/dir/plan.json");
+    assert!(matches!(
+        plan.save(&into_missing_dir),
+        Err(Error::File { .. })
+    ));
+}
+
+#[test]
+fn json_uses_the_documented_names() {
+    let (_, _, plan) = sample();
+    let value = serde_json::to_value(&plan).unwrap();
+    let keys: Vec<&str> = value
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    for key in [
+        "schema_version",
+        "tool",
+        "created_unix_s",
+        "model",
+        "device",
+        "budget",
+        "knobs",
+        "predicted",
+        "measured",
+        "headroom",
+        "evidence",
+        "model_error",
+        "alternatives",
+    ] {
+        assert!(keys.contains(&key), "missing {key}");
+    }
+    assert_eq!(keys.len(), 13);
+    assert_eq!(value["tool"]["name"], "autotune");
+    assert_eq!(value["evidence"][0]["outcome"], "fits");
+    assert_eq!(
+        value["knobs"]["checkpointing"],
+        serde_json::json!({"mode": "every_kth", "k": 1})
+    );
+}
