@@ -19,7 +19,9 @@ fn training_step(c: &mut Criterion) {
     group.sample_size(10);
     for precision in [Precision::Fp32, Precision::Bf16] {
         let knobs = Knobs::new(8, precision);
-        group.throughput(Throughput::Elements((knobs.global_batch() * spec.seq_len) as u64));
+        group.throughput(Throughput::Elements(
+            (knobs.global_batch() * spec.seq_len) as u64,
+        ));
         let mut trainer = Trainer::new(&spec, knobs, &Device::Cpu, 0).expect("model builds");
         group.bench_function(BenchmarkId::from_parameter(precision), |b| {
             b.iter(|| trainer.step(&data).expect("step runs"))

@@ -8,14 +8,23 @@ use crate::{Error, Result};
 /// Opens `cpu`, `cuda` (or `cuda:N`), or `auto`: the first GPU when this build has CUDA and one
 /// is present, else the CPU.
 pub fn open(name: &str) -> Result<Device> {
-    let bad = || Error::invalid("device", "--device", format!("`{name}`: expected cpu, cuda, cuda:N or auto"));
+    let bad = || {
+        Error::invalid(
+            "device",
+            "--device",
+            format!("`{name}`: expected cpu, cuda, cuda:N or auto"),
+        )
+    };
     match name {
         "cpu" => Ok(Device::Cpu),
         "auto" => Ok(cuda(0).unwrap_or(Device::Cpu)),
         _ => {
             let ordinal = match name.strip_prefix("cuda") {
                 Some("") => 0,
-                Some(rest) => rest.strip_prefix(':').and_then(|n| n.parse().ok()).ok_or_else(bad)?,
+                Some(rest) => rest
+                    .strip_prefix(':')
+                    .and_then(|n| n.parse().ok())
+                    .ok_or_else(bad)?,
                 None => return Err(bad()),
             };
             cuda(ordinal)
@@ -63,7 +72,10 @@ pub fn memory_meter(device: &Device, capacity: Option<u64>) -> Result<Box<dyn De
             Some(_) => Err(Error::invalid(
                 "device",
                 "gpu capacity",
-                format!("emulating a GPU size needs a CUDA device; this run is on {}", describe(device)),
+                format!(
+                    "emulating a GPU size needs a CUDA device; this run is on {}",
+                    describe(device)
+                ),
             )),
             None => Ok(Box::new(NoDeviceMemory)),
         },

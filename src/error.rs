@@ -75,8 +75,16 @@ pub enum Error {
 
 impl Error {
     /// Shorthand for [`Error::InvalidSpec`].
-    pub fn invalid(what: &'static str, field: impl Into<String>, problem: impl Into<String>) -> Self {
-        Self::InvalidSpec { what, field: field.into(), problem: problem.into() }
+    pub fn invalid(
+        what: &'static str,
+        field: impl Into<String>,
+        problem: impl Into<String>,
+    ) -> Self {
+        Self::InvalidSpec {
+            what,
+            field: field.into(),
+            problem: problem.into(),
+        }
     }
 
     /// Shorthand for [`Error::File`].
@@ -85,7 +93,11 @@ impl Error {
         path: impl Into<PathBuf>,
         source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
     ) -> Self {
-        Self::File { action, path: path.into(), source: source.into() }
+        Self::File {
+            action,
+            path: path.into(),
+            source: source.into(),
+        }
     }
 }
 

@@ -61,7 +61,9 @@ impl FromStr for Precision {
             "fp32" | "f32" => Ok(Precision::Fp32),
             "bf16" => Ok(Precision::Bf16),
             "fp16" | "f16" => Ok(Precision::Fp16),
-            _ => Err(format!("unknown precision `{s}`; expected fp32, bf16 or fp16")),
+            _ => Err(format!(
+                "unknown precision `{s}`; expected fp32, bf16 or fp16"
+            )),
         }
     }
 }
@@ -105,7 +107,11 @@ impl FromStr for Checkpointing {
             "none" => Ok(Checkpointing::None),
             "all" => Ok(Checkpointing::EveryKth(1)),
             _ => {
-                let k: u32 = s.strip_prefix("every-").ok_or_else(err)?.parse().map_err(|_| err())?;
+                let k: u32 = s
+                    .strip_prefix("every-")
+                    .ok_or_else(err)?
+                    .parse()
+                    .map_err(|_| err())?;
                 if k == 0 {
                     return Err(err());
                 }
@@ -158,7 +164,11 @@ pub struct Regime {
 
 impl fmt::Display for Regime {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} ckpt={} offload={}", self.precision, self.checkpointing, self.offload)
+        write!(
+            f,
+            "{} ckpt={} offload={}",
+            self.precision, self.checkpointing, self.offload
+        )
     }
 }
 
@@ -207,7 +217,11 @@ impl Knobs {
 
     /// The batch-independent part.
     pub fn regime(&self) -> Regime {
-        Regime { precision: self.precision, checkpointing: self.checkpointing, offload: self.offload }
+        Regime {
+            precision: self.precision,
+            checkpointing: self.checkpointing,
+            offload: self.offload,
+        }
     }
 
     /// The same regime at another micro-batch and accumulation.
@@ -224,10 +238,18 @@ impl Knobs {
     /// Checks the knobs on their own; `field_prefix` names where they came from in error messages.
     pub fn validate(&self, what: &'static str, field_prefix: &str) -> crate::Result<()> {
         if self.micro_batch == 0 {
-            return Err(crate::Error::invalid(what, format!("{field_prefix}micro_batch"), "must be at least 1"));
+            return Err(crate::Error::invalid(
+                what,
+                format!("{field_prefix}micro_batch"),
+                "must be at least 1",
+            ));
         }
         if self.grad_accum == 0 {
-            return Err(crate::Error::invalid(what, format!("{field_prefix}grad_accum"), "must be at least 1"));
+            return Err(crate::Error::invalid(
+                what,
+                format!("{field_prefix}grad_accum"),
+                "must be at least 1",
+            ));
         }
         if self.checkpointing == Checkpointing::EveryKth(0) {
             return Err(crate::Error::invalid(
@@ -242,7 +264,13 @@ impl Knobs {
 
 impl fmt::Display for Knobs {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "mb={} accum={} {}", self.micro_batch, self.grad_accum, self.regime())
+        write!(
+            f,
+            "mb={} accum={} {}",
+            self.micro_batch,
+            self.grad_accum,
+            self.regime()
+        )
     }
 }
 
@@ -255,7 +283,11 @@ mod tests {
         for p in Precision::ALL {
             assert_eq!(p.as_str().parse::<Precision>().unwrap(), p);
         }
-        for c in [Checkpointing::None, Checkpointing::EveryKth(1), Checkpointing::EveryKth(3)] {
+        for c in [
+            Checkpointing::None,
+            Checkpointing::EveryKth(1),
+            Checkpointing::EveryKth(3),
+        ] {
             assert_eq!(c.to_string().parse::<Checkpointing>().unwrap(), c);
         }
         assert!("every-0".parse::<Checkpointing>().is_err());
@@ -264,14 +296,19 @@ mod tests {
 
     #[test]
     fn every_kth_selects_blocks() {
-        let picked: Vec<usize> = (0..6).filter(|&i| Checkpointing::EveryKth(2).recomputes(i)).collect();
+        let picked: Vec<usize> = (0..6)
+            .filter(|&i| Checkpointing::EveryKth(2).recomputes(i))
+            .collect();
         assert_eq!(picked, vec![0, 2, 4]);
         assert!(!(0..6).any(|i| Checkpointing::None.recomputes(i)));
     }
 
     #[test]
     fn knobs_json_is_stable() {
-        let k = Knobs { grad_accum: 4, ..Knobs::new(8, Precision::Bf16) };
+        let k = Knobs {
+            grad_accum: 4,
+            ..Knobs::new(8, Precision::Bf16)
+        };
         let json = serde_json::to_string(&k).unwrap();
         assert_eq!(
             json,

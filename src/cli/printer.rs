@@ -68,7 +68,11 @@ impl Printer {
     pub fn progress(&self, len: u64, template: &str) -> ProgressBar {
         let bar = ProgressBar::with_draw_target(
             Some(len),
-            if self.interactive() { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() },
+            if self.interactive() {
+                ProgressDrawTarget::stderr()
+            } else {
+                ProgressDrawTarget::hidden()
+            },
         );
         if let Ok(style) = ProgressStyle::with_template(template) {
             bar.set_style(style.progress_chars("=> "));

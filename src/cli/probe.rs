@@ -31,14 +31,18 @@ pub fn run(args: ProbeArgs, printer: &Printer) -> anyhow::Result<Status> {
     let spec = ModelSpec::resolve(&args.model.model)?;
     let knobs = args.knobs.knobs();
     knobs.validate("knobs", "--")?;
-    let host_budget = args
-        .host_budget
-        .as_deref()
-        .map(parse_bytes)
-        .transpose()?;
+    let host_budget = args.host_budget.as_deref().map(parse_bytes).transpose()?;
     let device = device::open(&args.model.device)?;
-    let request = ProbeRequest { knobs, warmup_steps: args.warmup, timed_steps: args.steps };
-    printer.status(format!("probing {} at {knobs} on {}", spec.name, device::describe(&device)));
+    let request = ProbeRequest {
+        knobs,
+        warmup_steps: args.warmup,
+        timed_steps: args.steps,
+    };
+    printer.status(format!(
+        "probing {} at {knobs} on {}",
+        spec.name,
+        device::describe(&device)
+    ));
     let gpu_capacity = args.gpu_capacity.as_deref().map(parse_bytes).transpose()?;
     let mut memory = device::memory_meter(&device, gpu_capacity)?;
     let result = LiveProber::new(&spec, &device, host_budget, memory.as_mut()).probe(&request)?;
@@ -77,7 +81,8 @@ pub fn run_child(printer: &Printer) -> anyhow::Result<Status> {
         .map_err(|e| anyhow::anyhow!("probe-one: the job on stdin is not valid JSON: {e}"))?;
     let device = device::open(&job.device)?;
     let mut memory = device::memory_meter(&device, job.gpu_capacity)?;
-    let result = LiveProber::new(&job.model, &device, job.host_budget, memory.as_mut()).probe(&job.request)?;
+    let result = LiveProber::new(&job.model, &device, job.host_budget, memory.as_mut())
+        .probe(&job.request)?;
     printer.data_json_line(&result);
     Ok(Status::Success)
 }
@@ -86,7 +91,11 @@ const GIB: f64 = (1u64 << 30) as f64;
 
 fn parse_bytes(text: &str) -> anyhow::Result<u64> {
     let lower = text.trim().to_ascii_lowercase();
-    let (number, unit) = lower.split_at(lower.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(lower.len()));
+    let (number, unit) = lower.split_at(
+        lower
+            .find(|c: char| c.is_ascii_alphabetic())
+            .unwrap_or(lower.len()),
+    );
     let scale: f64 = match unit {
         "" | "b" => 1.0,
         "kib" => 1024.0,
@@ -97,6 +106,9 @@ fn parse_bytes(text: &str) -> anyhow::Result<u64> {
         "gb" => 1e9,
         _ => anyhow::bail!("`{text}`: unknown unit; use B, KiB, MiB, GiB, KB, MB or GB"),
     };
-    let value: f64 = number.trim().parse().map_err(|_| anyhow::anyhow!("`{text}` is not a size like 8GiB"))?;
+    let value: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| anyhow::anyhow!("`{text}` is not a size like 8GiB"))?;
     Ok((value * scale) as u64)
 }

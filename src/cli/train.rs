@@ -43,16 +43,38 @@ pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
         eval_every: args.eval_every,
     };
     let progress = Progress::new(printer, args.steps);
-    let summary = run::run(&mut trainer, &data, &data_spec, &config, &interrupt, &progress)?;
+    let summary = run::run(
+        &mut trainer,
+        &data,
+        &data_spec,
+        &config,
+        &interrupt,
+        &progress,
+    )?;
     progress.bar.finish_and_clear();
     report(printer, &spec, knobs, &summary);
-    Ok(if summary.interrupted { Status::Interrupted } else { Status::Success })
+    Ok(if summary.interrupted {
+        Status::Interrupted
+    } else {
+        Status::Success
+    })
 }
 
-fn resume(args: &TrainArgs, trainer: &mut Trainer, data_spec: &DataSpec, knobs: Knobs) -> anyhow::Result<()> {
-    let dir = args.checkpoint_dir.as_deref().expect("clap requires --checkpoint-dir with --resume");
+fn resume(
+    args: &TrainArgs,
+    trainer: &mut Trainer,
+    data_spec: &DataSpec,
+    knobs: Knobs,
+) -> anyhow::Result<()> {
+    let dir = args
+        .checkpoint_dir
+        .as_deref()
+        .expect("clap requires --checkpoint-dir with --resume");
     let Some(path) = checkpoint::latest(dir)? else {
-        anyhow::bail!("`--resume`: no checkpoint in `{}` (no `latest` file); drop --resume to start afresh", dir.display());
+        anyhow::bail!(
+            "`--resume`: no checkpoint in `{}` (no `latest` file); drop --resume to start afresh",
+            dir.display()
+        );
     };
     let state = checkpoint::restore(&path, trainer)?;
     if state.knobs != knobs || &state.data != data_spec || state.seed != trainer.seed() {
@@ -75,10 +97,14 @@ fn interrupt_flag(printer: &Printer) -> Arc<AtomicBool> {
         if handler_flag.swap(true, Ordering::SeqCst) {
             std::process::exit(130);
         }
-        eprintln!("\ninterrupt: saving a checkpoint after this step (press Ctrl-C again to quit now)");
+        eprintln!(
+            "\ninterrupt: saving a checkpoint after this step (press Ctrl-C again to quit now)"
+        );
     });
     if let Err(e) = result {
-        printer.warn(format!("cannot install the Ctrl-C handler ({e}); an interrupt will not save a checkpoint"));
+        printer.warn(format!(
+            "cannot install the Ctrl-C handler ({e}); an interrupt will not save a checkpoint"
+        ));
     }
     flag
 }
@@ -92,7 +118,11 @@ struct Progress {
 impl Progress {
     fn new(printer: &Printer, total: u64) -> Self {
         let bar = printer.progress(total, "{bar:30} {pos}/{len} steps  {msg}  ETA {eta}");
-        Self { bar, printer: *printer, log_every: (total / 10).max(1) }
+        Self {
+            bar,
+            printer: *printer,
+            log_every: (total / 10).max(1),
+        }
     }
 }
 
@@ -102,12 +132,24 @@ impl TrainObserver for Progress {
             TrainEvent::Started { start_step, .. } => {
                 self.bar.set_position(*start_step);
                 if *start_step > 0 {
-                    self.printer.status(format!("resuming at step {start_step}"));
+                    self.printer
+                        .status(format!("resuming at step {start_step}"));
                 }
             }
-            TrainEvent::Step { step, report, tokens_per_s } => {
-                let skipped = if report.skipped { " (skipped: fp16 overflow)" } else { "" };
-                let msg = format!("loss {:.4}  {:.0} tok/s{skipped}", report.loss, tokens_per_s);
+            TrainEvent::Step {
+                step,
+                report,
+                tokens_per_s,
+            } => {
+                let skipped = if report.skipped {
+                    " (skipped: fp16 overflow)"
+                } else {
+                    ""
+                };
+                let msg = format!(
+                    "loss {:.4}  {:.0} tok/s{skipped}",
+                    report.loss, tokens_per_s
+                );
                 self.bar.set_position(*step);
                 self.bar.set_message(msg.clone());
                 if self.printer.log_progress() && step % self.log_every == 0 {
@@ -115,7 +157,10 @@ impl TrainObserver for Progress {
                 }
             }
             TrainEvent::Eval { step, loss } => {
-                self.bar.suspend(|| self.printer.status(format!("step {step}: eval loss {loss:.4}")));
+                self.bar.suspend(|| {
+                    self.printer
+                        .status(format!("step {step}: eval loss {loss:.4}"))
+                });
             }
             TrainEvent::CheckpointSaved { step, path } => {
                 tracing::debug!(step, path = %path.display(), "checkpoint saved");
@@ -150,12 +195,18 @@ fn report(printer: &Printer, spec: &ModelSpec, knobs: Knobs, summary: &RunSummar
         skipped_steps: summary.skipped_steps,
         checkpoint: checkpoint.clone(),
     });
-    let verb = if summary.interrupted { "interrupted at" } else { "finished" };
+    let verb = if summary.interrupted {
+        "interrupted at"
+    } else {
+        "finished"
+    };
     let loss = summary.last_loss.map_or("-".into(), |l| format!("{l:.4}"));
     printer.status(format!(
         "{verb} step {}: loss {loss}, {:.0} tokens/s{}",
         summary.steps,
         summary.tokens_per_s,
-        checkpoint.map(|c| format!(", checkpoint {c}")).unwrap_or_default()
+        checkpoint
+            .map(|c| format!(", checkpoint {c}"))
+            .unwrap_or_default()
     ));
 }

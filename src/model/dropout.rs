@@ -27,7 +27,10 @@ enum Stream {
 impl Dropout {
     /// Dropout off.
     pub fn disabled() -> Self {
-        Self { p: 0.0, stream: None }
+        Self {
+            p: 0.0,
+            stream: None,
+        }
     }
 
     /// Dropout with probability `p` for the micro-batch identified by `key`.
@@ -41,12 +44,17 @@ impl Dropout {
             device.set_seed(key)?;
             Stream::Device
         };
-        Ok(Self { p, stream: Some(RefCell::new(stream)) })
+        Ok(Self {
+            p,
+            stream: Some(RefCell::new(stream)),
+        })
     }
 
     /// Derives a per-micro-batch key from its coordinates (SplitMix64 finaliser).
     pub fn key(seed: u64, step: u64, micro: u64) -> u64 {
-        let mut z = seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ micro.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        let mut z = seed
+            ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ^ micro.wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
@@ -54,13 +62,22 @@ impl Dropout {
 
     /// Zeroes each element of `x` with probability p and scales the rest by 1/(1−p).
     pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
-        let Some(stream) = &self.stream else { return Ok(x.clone()) };
+        let Some(stream) = &self.stream else {
+            return Ok(x.clone());
+        };
         let keep = 1.0 - self.p;
         let mask = match &mut *stream.borrow_mut() {
             Stream::Host(rng) => {
                 let scale = 1.0 / keep;
-                let values: Vec<f32> =
-                    (0..x.elem_count()).map(|_| if rng.random::<f32>() < keep { scale } else { 0.0 }).collect();
+                let values: Vec<f32> = (0..x.elem_count())
+                    .map(|_| {
+                        if rng.random::<f32>() < keep {
+                            scale
+                        } else {
+                            0.0
+                        }
+                    })
+                    .collect();
                 Tensor::from_vec(values, x.shape(), x.device())?.to_dtype(x.dtype())?
             }
             Stream::Device => {

@@ -8,6 +8,7 @@
 use candle_core::{DType, Tensor, D};
 
 use crate::model::params::{Init, ParamStore};
+use crate::model::Engine;
 use crate::Result;
 
 /// `y = x·Wᵀ + b` over the last dimension.
@@ -37,7 +38,9 @@ impl Linear {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let dtype = x.dtype();
         let dims = x.dims().to_vec();
-        let d_in = *dims.last().expect("activations have at least one dimension");
+        let d_in = *dims
+            .last()
+            .expect("activations have at least one dimension");
         let rows = x.elem_count() / d_in;
         let w = cast(self.weight.as_tensor(), dtype)?;
         let y = x.reshape((rows, d_in))?.matmul(&w.t()?)?;
@@ -69,21 +72,23 @@ impl LayerNorm {
     }
 
     /// Normalises `x` and returns it in `x`'s dtype.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    pub fn forward(&self, x: &Tensor, _engine: Engine) -> Result<Tensor> {
         let dtype = x.dtype();
         let x = cast(x, DType::F32)?;
         let mean = x.mean_keepdim(D::Minus1)?;
         let centred = x.broadcast_sub(&mean)?;
         let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
         let normed = centred.broadcast_div(&(var + self.eps)?.sqrt()?)?;
-        let y = normed.broadcast_mul(self.gamma.as_tensor())?.broadcast_add(self.beta.as_tensor())?;
+        let y = normed
+            .broadcast_mul(self.gamma.as_tensor())?
+            .broadcast_add(self.beta.as_tensor())?;
         cast(&y, dtype)
     }
 }
 
 /// Softmax over the last dimension. The subtracted maximum is detached: softmax does not depend
 /// on it, so its gradient is zero and tracking it would only cost memory and time.
-pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
+pub fn softmax_last_dim(x: &Tensor, _engine: Engine) -> Result<Tensor> {
     let max = x.max_keepdim(D::Minus1)?.detach();
     let exp = x.broadcast_sub(&max)?.exp()?;
     let sum = exp.sum_keepdim(D::Minus1)?;
@@ -92,7 +97,7 @@ pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
 
 /// Mean cross-entropy of `logits` (`rows × classes`, any float dtype) against `targets` (`rows`,
 /// u32), computed in f32.
-pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+pub fn cross_entropy(logits: &Tensor, targets: &Tensor, _engine: Engine) -> Result<Tensor> {
     let logits = cast(logits, DType::F32)?;
     let max = logits.max_keepdim(D::Minus1)?.detach();
     let shifted = logits.broadcast_sub(&max)?;

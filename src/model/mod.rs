@@ -14,6 +14,26 @@ use crate::model::params::{Init, ParamStore};
 use crate::spec::model::{ModelSpec, NormPlacement, Positions};
 use crate::Result;
 
+/// Which implementation of norms, softmax and the loss a forward pass uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    /// Fused operations that save only what their backward pass needs (the default).
+    #[default]
+    Fused,
+    /// The same maths composed from candle primitives: the reference the fused path is
+    /// tested against.
+    Composite,
+}
+
+/// Per-forward-pass context: dropout masks and the engine.
+pub struct Ctx {
+    /// Dropout for this micro-batch (disabled for evaluation).
+    pub dropout: Dropout,
+    /// Implementation choice.
+    pub engine: Engine,
+}
+
 /// Embedding → blocks → (final norm) → vocabulary head.
 pub struct Transformer {
     spec: ModelSpec,
@@ -39,7 +59,9 @@ impl Transformer {
         let embed = store.param("embed.weight", &[spec.vocab_size, d], embed_init)?;
         let positions = match spec.positions {
             Positions::None => None,
-            Positions::Learned => Some(store.param("positions.weight", &[spec.seq_len, d], Init::Normal(0.01))?),
+            Positions::Learned => {
+                Some(store.param("positions.weight", &[spec.seq_len, d], Init::Normal(0.01))?)
+            }
         };
         let blocks = (0..spec.n_layers)
             .map(|i| Block::new(&mut store, &format!("blocks.{i}"), spec, &init))
@@ -49,8 +71,22 @@ impl Transformer {
             NormPlacement::Post => None,
         };
         let (head_w, head_b) = init.linear(d);
-        let head = Linear::new(&mut store, "head", (d, spec.vocab_size), head_w, Some(head_b))?;
-        Ok(Self { spec: spec.clone(), embed, positions, blocks, final_norm, head, params: store })
+        let head = Linear::new(
+            &mut store,
+            "head",
+            (d, spec.vocab_size),
+            head_w,
+            Some(head_b),
+        )?;
+        Ok(Self {
+            spec: spec.clone(),
+            embed,
+            positions,
+            blocks,
+            final_norm,
+            head,
+            params: store,
+        })
     }
 
     /// The spec this model was built from.
@@ -64,24 +100,32 @@ impl Transformer {
     }
 
     /// Logits `(batch·seq, vocab)` in `dtype` for `tokens` `(batch, seq)` (u32).
-    pub fn forward(&self, tokens: &Tensor, dtype: DType, dropout: &Dropout) -> Result<Tensor> {
+    pub fn forward(&self, tokens: &Tensor, dtype: DType, ctx: &Ctx) -> Result<Tensor> {
         let (b, s) = tokens.dims2()?;
         let d = self.spec.d_model;
-        let mut x = self.embed.as_tensor().index_select(&tokens.flatten_all()?, 0)?.reshape((b, s, d))?;
+        let mut x = self
+            .embed
+            .as_tensor()
+            .index_select(&tokens.flatten_all()?, 0)?
+            .reshape((b, s, d))?;
         if let Some(pos) = &self.positions {
             x = x.broadcast_add(&pos.as_tensor().narrow(0, 0, s)?)?;
         }
         let mut x = cast(&x, dtype)?;
         if self.spec.norm == NormPlacement::Pre {
             // GPT-2 drops embeddings; PyTorch's encoder stack (the seed) does not.
-            x = dropout.apply(&x)?;
+            x = ctx.dropout.apply(&x)?;
         }
-        let mask = if self.spec.causal { Some(causal_mask(s, dtype, tokens.device())?) } else { None };
+        let mask = if self.spec.causal {
+            Some(causal_mask(s, dtype, tokens.device())?)
+        } else {
+            None
+        };
         for block in &self.blocks {
-            x = block.forward(&x, mask.as_ref(), dropout)?;
+            x = block.forward(&x, mask.as_ref(), ctx)?;
         }
         if let Some(norm) = &self.final_norm {
-            x = norm.forward(&x)?;
+            x = norm.forward(&x, ctx.engine)?;
         }
         self.head.forward(&x.reshape((b * s, d))?)
     }
@@ -89,7 +133,8 @@ impl Transformer {
 
 /// Additive mask: 0 on and below the diagonal, −∞ above (a token sees only its past).
 fn causal_mask(s: usize, dtype: DType, device: &Device) -> Result<Tensor> {
-    let values: Vec<f32> =
-        (0..s).flat_map(|i| (0..s).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 })).collect();
+    let values: Vec<f32> = (0..s)
+        .flat_map(|i| (0..s).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 }))
+        .collect();
     Ok(Tensor::from_vec(values, (s, s), device)?.to_dtype(dtype)?)
 }

@@ -36,7 +36,12 @@ pub struct ParamStore {
 impl ParamStore {
     /// An empty store whose initial values derive from `seed`.
     pub fn new(device: &Device, seed: u64) -> Self {
-        Self { device: device.clone(), rng: ChaCha8Rng::seed_from_u64(seed), names: Vec::new(), vars: Vec::new() }
+        Self {
+            device: device.clone(),
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            names: Vec::new(),
+            vars: Vec::new(),
+        }
     }
 
     /// Creates an f32 parameter of `shape` named `name`.
@@ -45,8 +50,12 @@ impl ParamStore {
         let values: Vec<f32> = match init {
             Init::Ones => vec![1.0; n],
             Init::Zeros => vec![0.0; n],
-            Init::Uniform(bound) => (0..n).map(|_| self.rng.random_range(-bound..=bound)).collect(),
-            Init::Normal(std) => (0..n).map(|_| std * standard_normal(&mut self.rng)).collect(),
+            Init::Uniform(bound) => (0..n)
+                .map(|_| self.rng.random_range(-bound..=bound))
+                .collect(),
+            Init::Normal(std) => (0..n)
+                .map(|_| std * standard_normal(&mut self.rng))
+                .collect(),
         };
         let tensor = Tensor::from_vec(values, shape, &Device::Cpu)?.to_device(&self.device)?;
         let var = Var::from_tensor(&tensor)?;
@@ -72,17 +81,30 @@ impl ParamStore {
 
     /// The parameters as a name → tensor map (for safetensors).
     pub fn named_tensors(&self) -> HashMap<String, Tensor> {
-        self.names.iter().cloned().zip(self.vars.iter().map(|v| v.as_tensor().clone())).collect()
+        self.names
+            .iter()
+            .cloned()
+            .zip(self.vars.iter().map(|v| v.as_tensor().clone()))
+            .collect()
     }
 
     /// Overwrites every parameter from `tensors`; each must be present with the same shape.
     pub fn load_from(&self, tensors: &HashMap<String, Tensor>) -> std::result::Result<(), String> {
         for (name, var) in self.names.iter().zip(&self.vars) {
-            let t = tensors.get(name).ok_or_else(|| format!("parameter `{name}` is missing"))?;
+            let t = tensors
+                .get(name)
+                .ok_or_else(|| format!("parameter `{name}` is missing"))?;
             if t.dims() != var.dims() {
-                return Err(format!("parameter `{name}` has shape {:?}, the model wants {:?}", t.dims(), var.dims()));
+                return Err(format!(
+                    "parameter `{name}` has shape {:?}, the model wants {:?}",
+                    t.dims(),
+                    var.dims()
+                ));
             }
-            let t = t.to_dtype(DType::F32).and_then(|t| t.to_device(var.device())).map_err(|e| e.to_string())?;
+            let t = t
+                .to_dtype(DType::F32)
+                .and_then(|t| t.to_device(var.device()))
+                .map_err(|e| e.to_string())?;
             var.set(&t).map_err(|e| e.to_string())?;
         }
         Ok(())

@@ -40,13 +40,23 @@ pub struct ChildProber {
 
 impl ChildProber {
     /// A prober that re-executes `executable` (normally the running `autotune`).
-    pub fn new(executable: PathBuf, model: &ModelSpec, device: &str, gpu_capacity: Option<u64>, host_budget: Option<u64>) -> Self {
+    pub fn new(
+        executable: PathBuf,
+        model: &ModelSpec,
+        device: &str,
+        gpu_capacity: Option<u64>,
+        host_budget: Option<u64>,
+    ) -> Self {
         let job = ChildJob {
             model: model.clone(),
             device: device.to_string(),
             gpu_capacity,
             host_budget,
-            request: ProbeRequest { knobs: crate::Knobs::new(1, crate::Precision::Fp32), warmup_steps: 0, timed_steps: 0 },
+            request: ProbeRequest {
+                knobs: crate::Knobs::new(1, crate::Precision::Fp32),
+                warmup_steps: 0,
+                timed_steps: 0,
+            },
         };
         Self { executable, job }
     }
@@ -55,7 +65,8 @@ impl ChildProber {
     pub fn probe(&mut self, request: &ProbeRequest) -> Result<ProbeResult> {
         let started = Instant::now();
         self.job.request = *request;
-        let spawn_err = |e: std::io::Error| Error::file("cannot start probe child", &self.executable, e);
+        let spawn_err =
+            |e: std::io::Error| Error::file("cannot start probe child", &self.executable, e);
         let mut child = Command::new(&self.executable)
             .arg("probe-one")
             .stdin(Stdio::piped())
@@ -75,8 +86,17 @@ impl ChildProber {
             }
         }
         let stderr = String::from_utf8_lossy(&output.stderr);
-        let last_line = stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").to_string();
-        Ok(ProbeResult { request: *request, outcome: classify_exit(&output.status, last_line), wall_s: started.elapsed().as_secs_f64() })
+        let last_line = stderr
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("")
+            .to_string();
+        Ok(ProbeResult {
+            request: *request,
+            outcome: classify_exit(&output.status, last_line),
+            wall_s: started.elapsed().as_secs_f64(),
+        })
     }
 }
 
@@ -87,11 +107,19 @@ fn classify_exit(status: &std::process::ExitStatus, last_line: String) -> Outcom
     {
         use std::os::unix::process::ExitStatusExt;
         if status.signal() == Some(9) || last_line.contains("memory allocation of") {
-            return Outcome::OutOfMemory { memory: MemoryKind::Host, phase: Phase::ForwardBackward };
+            return Outcome::OutOfMemory {
+                memory: MemoryKind::Host,
+                phase: Phase::ForwardBackward,
+            };
         }
     }
     if super::live::is_out_of_memory_text(&last_line) {
-        return Outcome::OutOfMemory { memory: MemoryKind::Gpu, phase: Phase::ForwardBackward };
+        return Outcome::OutOfMemory {
+            memory: MemoryKind::Gpu,
+            phase: Phase::ForwardBackward,
+        };
     }
-    Outcome::Crashed { reason: format!("probe child exited with {status}: {last_line}") }
+    Outcome::Crashed {
+        reason: format!("probe child exited with {status}: {last_line}"),
+    }
 }

@@ -34,8 +34,14 @@ impl PoolMemory {
         let context = cuda.cuda_stream().context().clone();
         context.bind_to_thread().map_err(driver)?;
         // SAFETY: the device handle comes from a live context.
-        let pool = unsafe { result::device::get_default_mem_pool(context.cu_device()) }.map_err(driver)?;
-        Ok(Self { context, pool, held: None, held_bytes: 0 })
+        let pool =
+            unsafe { result::device::get_default_mem_pool(context.cu_device()) }.map_err(driver)?;
+        Ok(Self {
+            context,
+            pool,
+            held: None,
+            held_bytes: 0,
+        })
     }
 
     /// Total and free device bytes as the driver sees them.
@@ -94,8 +100,10 @@ impl PoolMemory {
     fn attribute(&self, attr: sys::CUmemPool_attribute) -> Result<u64> {
         let mut value: u64 = 0;
         // SAFETY: the size attributes are `cuuint64_t`, written into `value`.
-        unsafe { result::mem_pool::get_attribute(self.pool, attr, (&mut value as *mut u64).cast()) }
-            .map_err(driver)?;
+        unsafe {
+            result::mem_pool::get_attribute(self.pool, attr, (&mut value as *mut u64).cast())
+        }
+        .map_err(driver)?;
         Ok(value)
     }
 
@@ -103,7 +111,8 @@ impl PoolMemory {
     /// cuBLAS workspaces, modules (and any other process's memory).
     pub fn outside_pool_bytes(&self) -> Result<u64> {
         let (total, free) = self.device_totals()?;
-        let reserved = self.attribute(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?;
+        let reserved =
+            self.attribute(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?;
         Ok((total - free).saturating_sub(reserved + self.held_bytes))
     }
 }

@@ -55,7 +55,13 @@ impl<'a> LiveProber<'a> {
         host_budget: Option<u64>,
         device_memory: &'a mut dyn DeviceMemory,
     ) -> Self {
-        Self { spec: spec.clone(), device: device.clone(), seed: 0, host_budget, device_memory }
+        Self {
+            spec: spec.clone(),
+            device: device.clone(),
+            seed: 0,
+            host_budget,
+            device_memory,
+        }
     }
 
     /// Runs one trial. Out-of-memory is an outcome; only unexpected failures are errors.
@@ -74,20 +80,31 @@ impl<'a> LiveProber<'a> {
             Err(Failure::OutOfMemory(memory, phase)) => Outcome::OutOfMemory { memory, phase },
             Err(Failure::Error(e)) => return Err(e),
         };
-        Ok(ProbeResult { request: *request, outcome, wall_s: started.elapsed().as_secs_f64() })
+        Ok(ProbeResult {
+            request: *request,
+            outcome,
+            wall_s: started.elapsed().as_secs_f64(),
+        })
     }
 
     fn trial(&mut self, request: &ProbeRequest) -> std::result::Result<Outcome, Failure> {
         let knobs = request.knobs;
-        let mut trainer = Trainer::new(&self.spec, knobs, &self.device, self.seed).map_err(in_phase(Phase::Setup))?;
+        let mut trainer = Trainer::new(&self.spec, knobs, &self.device, self.seed)
+            .map_err(in_phase(Phase::Setup))?;
         let data = Data::open(&DataSpec::Random, &self.spec).map_err(Failure::Error)?;
         self.check_host(Phase::Setup)?;
         let mut times = Vec::with_capacity(request.timed_steps);
         for i in 0..request.warmup_steps + request.timed_steps {
-            self.device.synchronize().map_err(|e| in_phase(Phase::ForwardBackward)(e.into()))?;
+            self.device
+                .synchronize()
+                .map_err(|e| in_phase(Phase::ForwardBackward)(e.into()))?;
             let t0 = Instant::now();
-            trainer.step(&data).map_err(in_phase(Phase::ForwardBackward))?;
-            self.device.synchronize().map_err(|e| in_phase(Phase::OptimizerStep)(e.into()))?;
+            trainer
+                .step(&data)
+                .map_err(in_phase(Phase::ForwardBackward))?;
+            self.device
+                .synchronize()
+                .map_err(|e| in_phase(Phase::OptimizerStep)(e.into()))?;
             if i >= request.warmup_steps {
                 times.push(t0.elapsed().as_secs_f64());
             }
@@ -101,7 +118,12 @@ impl<'a> LiveProber<'a> {
         checkpoint_dry_run(&trainer).map_err(in_phase(Phase::Checkpoint))?;
         self.check_host(Phase::Checkpoint)?;
         let peak_gpu_bytes = self.device_memory.peak_bytes().map_err(Failure::Error)?;
-        Ok(Outcome::Fits(measurement(&knobs, self.spec.seq_len, &times, peak_gpu_bytes)))
+        Ok(Outcome::Fits(measurement(
+            &knobs,
+            self.spec.seq_len,
+            &times,
+            peak_gpu_bytes,
+        )))
     }
 
     fn check_host(&self, phase: Phase) -> std::result::Result<(), Failure> {
@@ -118,7 +140,13 @@ enum Failure {
 }
 
 fn in_phase(phase: Phase) -> impl Fn(Error) -> Failure {
-    move |e| if is_out_of_memory(&e) { Failure::OutOfMemory(MemoryKind::Gpu, phase) } else { Failure::Error(e) }
+    move |e| {
+        if is_out_of_memory(&e) {
+            Failure::OutOfMemory(MemoryKind::Gpu, phase)
+        } else {
+            Failure::Error(e)
+        }
+    }
 }
 
 /// Whether a backend error is a device allocation failure.
@@ -132,14 +160,21 @@ pub fn is_out_of_memory(error: &Error) -> bool {
 
 /// Whether an error text names a device allocation failure.
 pub fn is_out_of_memory_text(text: &str) -> bool {
-    text.contains("OUT_OF_MEMORY") || text.contains("ALLOC_FAILED") || text.contains("out of memory")
+    text.contains("OUT_OF_MEMORY")
+        || text.contains("ALLOC_FAILED")
+        || text.contains("out of memory")
 }
 
 /// Copies every weight and optimizer moment to the host one at a time, as a checkpoint save does.
 fn checkpoint_dry_run(trainer: &Trainer) -> Result<()> {
     let params = trainer.model().params();
     let state = trainer.optimizer().state_tensors(params.names());
-    let tensors: Vec<&Tensor> = params.vars().iter().map(|v| v.as_tensor()).chain(state.values()).collect();
+    let tensors: Vec<&Tensor> = params
+        .vars()
+        .iter()
+        .map(|v| v.as_tensor())
+        .chain(state.values())
+        .collect();
     for t in tensors {
         drop(t.to_device(&Device::Cpu)?);
     }
@@ -163,7 +198,11 @@ fn measurement(knobs: &Knobs, seq_len: usize, times: &[f64], peak_gpu_bytes: u64
         peak_gpu_bytes,
         peak_host_bytes: host_memory::peak_bytes(),
         step_time_median_s: median,
-        step_time_spread: if median > 0.0 { (quantile(0.9) - quantile(0.1)) / median } else { 0.0 },
+        step_time_spread: if median > 0.0 {
+            (quantile(0.9) - quantile(0.1)) / median
+        } else {
+            0.0
+        },
         timed_steps: times.len(),
         tokens_per_s: if median > 0.0 { tokens / median } else { 0.0 },
     }

@@ -71,12 +71,26 @@ pub struct OptimizerSpec {
 impl OptimizerSpec {
     /// PyTorch's `torch.optim.Adam` defaults.
     pub fn adam(lr: f64) -> Self {
-        Self { kind: OptimizerKind::Adam, lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 }
+        Self {
+            kind: OptimizerKind::Adam,
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        }
     }
 
     /// AdamW as commonly used for GPT pre-training.
     pub fn adamw(lr: f64) -> Self {
-        Self { kind: OptimizerKind::AdamW, lr, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 }
+        Self {
+            kind: OptimizerKind::AdamW,
+            lr,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+        }
     }
 }
 
@@ -203,19 +217,22 @@ impl ModelSpec {
 
     /// Loads and validates a JSON spec file: a full spec, or `{"preset": NAME, ...overrides}`.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::file("cannot read model spec", path, e))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::file("cannot read model spec", path, e))?;
         Self::from_json(&text).map_err(|e| match e {
-            Error::InvalidSpec { .. } | Error::UnknownName { .. } => {
-                Error::file("invalid model spec", path, Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
-            }
+            Error::InvalidSpec { .. } | Error::UnknownName { .. } => Error::file(
+                "invalid model spec",
+                path,
+                Box::new(e) as Box<dyn std::error::Error + Send + Sync>,
+            ),
             other => other,
         })
     }
 
     /// Parses and validates a JSON spec (see [`ModelSpec::from_file`]).
     pub fn from_json(text: &str) -> Result<Self> {
-        let mut value: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| Error::invalid("model spec", "(document)", e.to_string()))?;
+        let mut value: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| Error::invalid("model spec", "(document)", e.to_string()))?;
         let object = value
             .as_object_mut()
             .ok_or_else(|| Error::invalid("model spec", "(document)", "must be a JSON object"))?;
@@ -224,7 +241,8 @@ impl ModelSpec {
                 let name = preset
                     .as_str()
                     .ok_or_else(|| Error::invalid("model spec", "preset", "must be a string"))?;
-                let mut base = serde_json::to_value(Self::preset(name)?).expect("a spec always serialises");
+                let mut base =
+                    serde_json::to_value(Self::preset(name)?).expect("a spec always serialises");
                 merge(&mut base, value);
                 base
             }
@@ -257,7 +275,12 @@ impl ModelSpec {
         if self.d_model % self.n_heads != 0 {
             return bad(
                 "n_heads",
-                format!("({}) must divide d_model ({}); try {}", self.n_heads, self.d_model, nearest_divisor(self.d_model, self.n_heads)),
+                format!(
+                    "({}) must divide d_model ({}); try {}",
+                    self.n_heads,
+                    self.d_model,
+                    nearest_divisor(self.d_model, self.n_heads)
+                ),
             );
         }
         if !(0.0..1.0).contains(&self.dropout) {
@@ -276,7 +299,10 @@ impl ModelSpec {
             }
         }
         if !(o.eps > 0.0) || !(o.weight_decay >= 0.0) {
-            return bad("optimizer.eps", "eps must be positive and weight_decay non-negative".into());
+            return bad(
+                "optimizer.eps",
+                "eps must be positive and weight_decay non-negative".into(),
+            );
         }
         Ok(())
     }
@@ -300,7 +326,12 @@ impl ModelSpec {
             NormPlacement::Pre => 2 * d,
             NormPlacement::Post => 0,
         };
-        self.vocab_size * d + positions + self.n_layers * block + final_norm + d * self.vocab_size + self.vocab_size
+        self.vocab_size * d
+            + positions
+            + self.n_layers * block
+            + final_norm
+            + d * self.vocab_size
+            + self.vocab_size
     }
 }
 
@@ -329,7 +360,10 @@ fn field_of_serde_message(message: &str) -> Option<String> {
 }
 
 fn nearest_divisor(n: usize, near: usize) -> usize {
-    (1..=n).filter(|d| n % d == 0).min_by_key(|&d| d.abs_diff(near)).unwrap_or(1)
+    (1..=n)
+        .filter(|d| n % d == 0)
+        .min_by_key(|&d| d.abs_diff(near))
+        .unwrap_or(1)
 }
 
 #[cfg(test)]
@@ -345,15 +379,33 @@ mod tests {
         }
         let millions = |n: &str| ModelSpec::preset(n).unwrap().parameter_count() as f64 / 1e6;
         // Untied heads, as the reference measurements count them.
-        assert!((millions("seed") - 29.2).abs() < 0.5, "{}", millions("seed"));
-        assert!((millions("gpt-124m") - 163.0).abs() < 2.0, "{}", millions("gpt-124m"));
-        assert!((millions("gpt-350m") - 406.0).abs() < 3.0, "{}", millions("gpt-350m"));
-        assert!((millions("gpt-1.3b") - 1420.0).abs() < 10.0, "{}", millions("gpt-1.3b"));
+        assert!(
+            (millions("seed") - 29.2).abs() < 0.5,
+            "{}",
+            millions("seed")
+        );
+        assert!(
+            (millions("gpt-124m") - 163.0).abs() < 2.0,
+            "{}",
+            millions("gpt-124m")
+        );
+        assert!(
+            (millions("gpt-350m") - 406.0).abs() < 3.0,
+            "{}",
+            millions("gpt-350m")
+        );
+        assert!(
+            (millions("gpt-1.3b") - 1420.0).abs() < 10.0,
+            "{}",
+            millions("gpt-1.3b")
+        );
     }
 
     #[test]
     fn file_overrides_a_preset() {
-        let spec = ModelSpec::from_json(r#"{"preset": "seed", "n_layers": 2, "optimizer": {"lr": 0.01}}"#).unwrap();
+        let spec =
+            ModelSpec::from_json(r#"{"preset": "seed", "n_layers": 2, "optimizer": {"lr": 0.01}}"#)
+                .unwrap();
         assert_eq!(spec.n_layers, 2);
         assert_eq!(spec.optimizer.lr, 0.01);
         assert_eq!(spec.optimizer.kind, OptimizerKind::Adam);
@@ -371,6 +423,9 @@ mod tests {
         assert_eq!(field(r#"{"preset": "seed", "n_layer": 3}"#), "n_layer");
         assert_eq!(field(r#"{"preset": "seed", "dropout": 1.5}"#), "dropout");
         assert_eq!(field(r#"{"name": "x"}"#), "vocab_size");
-        assert!(matches!(ModelSpec::from_json(r#"{"preset": "gpt-7b"}"#), Err(Error::UnknownName { .. })));
+        assert!(matches!(
+            ModelSpec::from_json(r#"{"preset": "gpt-7b"}"#),
+            Err(Error::UnknownName { .. })
+        ));
     }
 }

@@ -46,22 +46,28 @@ pub struct RunState {
 
 /// Writes a checkpoint of `trainer` under `dir` and points `dir/latest` at it.
 pub fn save(dir: &Path, trainer: &Trainer, data: &DataSpec, tokens_seen: u64) -> Result<PathBuf> {
-    std::fs::create_dir_all(dir).map_err(|e| Error::file("cannot create checkpoint directory", dir, e))?;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::file("cannot create checkpoint directory", dir, e))?;
     let name = format!("step-{:06}", trainer.steps());
     let final_path = dir.join(&name);
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(|e| Error::file("cannot clear stale temporary checkpoint", &tmp, e))?;
+        std::fs::remove_dir_all(&tmp)
+            .map_err(|e| Error::file("cannot clear stale temporary checkpoint", &tmp, e))?;
     }
-    std::fs::create_dir_all(&tmp).map_err(|e| Error::file("cannot create checkpoint directory", &tmp, e))?;
+    std::fs::create_dir_all(&tmp)
+        .map_err(|e| Error::file("cannot create checkpoint directory", &tmp, e))?;
 
     let params = trainer.model().params();
     let model_file = tmp.join("model.safetensors");
     candle_core::safetensors::save(&params.named_tensors(), &model_file)
         .map_err(|e| Error::file("cannot write checkpoint", &model_file, e))?;
     let optim_file = tmp.join("optimizer.safetensors");
-    candle_core::safetensors::save(&trainer.optimizer().state_tensors(params.names()), &optim_file)
-        .map_err(|e| Error::file("cannot write checkpoint", &optim_file, e))?;
+    candle_core::safetensors::save(
+        &trainer.optimizer().state_tensors(params.names()),
+        &optim_file,
+    )
+    .map_err(|e| Error::file("cannot write checkpoint", &optim_file, e))?;
     let state = RunState {
         version: CHECKPOINT_VERSION,
         step: trainer.steps(),
@@ -80,7 +86,8 @@ pub fn save(dir: &Path, trainer: &Trainer, data: &DataSpec, tokens_seen: u64) ->
         std::fs::remove_dir_all(&final_path)
             .map_err(|e| Error::file("cannot replace old checkpoint", &final_path, e))?;
     }
-    std::fs::rename(&tmp, &final_path).map_err(|e| Error::file("cannot move checkpoint into place", &final_path, e))?;
+    std::fs::rename(&tmp, &final_path)
+        .map_err(|e| Error::file("cannot move checkpoint into place", &final_path, e))?;
     write_atomic(&dir.join("latest"), name.as_bytes())?;
     Ok(final_path)
 }
@@ -91,20 +98,25 @@ pub fn latest(dir: &Path) -> Result<Option<PathBuf>> {
     if !pointer.exists() {
         return Ok(None);
     }
-    let name = std::fs::read_to_string(&pointer).map_err(|e| Error::file("cannot read checkpoint pointer", &pointer, e))?;
+    let name = std::fs::read_to_string(&pointer)
+        .map_err(|e| Error::file("cannot read checkpoint pointer", &pointer, e))?;
     Ok(Some(dir.join(name.trim())))
 }
 
 /// Reads a checkpoint's run state.
 pub fn read_state(checkpoint: &Path) -> Result<RunState> {
     let path = checkpoint.join("state.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::file("cannot read checkpoint state", &path, e))?;
-    let state: RunState =
-        serde_json::from_str(&text).map_err(|e| Error::file("corrupt checkpoint state", &path, e))?;
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| Error::file("cannot read checkpoint state", &path, e))?;
+    let state: RunState = serde_json::from_str(&text)
+        .map_err(|e| Error::file("corrupt checkpoint state", &path, e))?;
     if state.version != CHECKPOINT_VERSION {
         return Err(Error::CheckpointMismatch {
             path: checkpoint.to_path_buf(),
-            problem: format!("layout version {} is not the supported {CHECKPOINT_VERSION}", state.version),
+            problem: format!(
+                "layout version {} is not the supported {CHECKPOINT_VERSION}",
+                state.version
+            ),
         });
     }
     Ok(state)
@@ -113,20 +125,33 @@ pub fn read_state(checkpoint: &Path) -> Result<RunState> {
 /// Loads weights, optimizer moments and counters from `checkpoint` into `trainer`.
 pub fn restore(checkpoint: &Path, trainer: &mut Trainer) -> Result<RunState> {
     let state = read_state(checkpoint)?;
-    let mismatch = |problem: String| Error::CheckpointMismatch { path: checkpoint.to_path_buf(), problem };
+    let mismatch = |problem: String| Error::CheckpointMismatch {
+        path: checkpoint.to_path_buf(),
+        problem,
+    };
     if &state.model != trainer.model().spec() {
-        return Err(mismatch(format!("it was written for model `{}` with a different shape", state.model.name)));
+        return Err(mismatch(format!(
+            "it was written for model `{}` with a different shape",
+            state.model.name
+        )));
     }
     let device = trainer.device().clone();
     let model_file = checkpoint.join("model.safetensors");
     let weights = candle_core::safetensors::load(&model_file, &device)
         .map_err(|e| Error::file("corrupt checkpoint weights", &model_file, e))?;
-    trainer.model().params().load_from(&weights).map_err(mismatch)?;
+    trainer
+        .model()
+        .params()
+        .load_from(&weights)
+        .map_err(mismatch)?;
     let optim_file = checkpoint.join("optimizer.safetensors");
     let moments = candle_core::safetensors::load(&optim_file, &device)
         .map_err(|e| Error::file("corrupt checkpoint optimizer state", &optim_file, e))?;
     let names = trainer.model().params().names().to_vec();
-    trainer.optimizer_mut().load_state(&names, &moments, state.optimizer_steps).map_err(mismatch)?;
+    trainer
+        .optimizer_mut()
+        .load_state(&names, &moments, state.optimizer_steps)
+        .map_err(mismatch)?;
     *trainer.scaler_mut() = state.scaler;
     trainer.set_steps(state.step);
     Ok(state)
@@ -135,7 +160,10 @@ pub fn restore(checkpoint: &Path, trainer: &mut Trainer) -> Result<RunState> {
 /// Writes `bytes` to `path` through a temporary file and a rename, so readers never see a
 /// partial file.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let tmp = path.with_file_name(format!(".{file_name}.tmp-{}", std::process::id()));
     write_synced(&tmp, bytes)?;
     std::fs::rename(&tmp, path).map_err(|e| Error::file("cannot move file into place", path, e))
@@ -143,6 +171,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
-    let mut file = std::fs::File::create(path).map_err(|e| Error::file("cannot create", path, e))?;
-    file.write_all(bytes).and_then(|_| file.sync_all()).map_err(|e| Error::file("cannot write", path, e))
+    let mut file =
+        std::fs::File::create(path).map_err(|e| Error::file("cannot create", path, e))?;
+    file.write_all(bytes)
+        .and_then(|_| file.sync_all())
+        .map_err(|e| Error::file("cannot write", path, e))
 }

@@ -56,7 +56,9 @@ impl fmt::Display for DataSpec {
         match self {
             DataSpec::Random => f.write_str("random"),
             DataSpec::Pattern => f.write_str("pattern"),
-            DataSpec::Text(p) | DataSpec::TokensU16(p) | DataSpec::TokensU32(p) => write!(f, "{}", p.display()),
+            DataSpec::Text(p) | DataSpec::TokensU16(p) | DataSpec::TokensU32(p) => {
+                write!(f, "{}", p.display())
+            }
         }
     }
 }
@@ -73,7 +75,10 @@ impl Batch {
     /// Sequences `start..start + len` of this batch.
     pub fn narrow(&self, start: usize, len: usize) -> Result<Batch> {
         let seq = self.inputs.dim(1)?;
-        Ok(Batch { inputs: self.inputs.narrow(0, start, len)?, targets: self.targets.narrow(0, start * seq, len * seq)? })
+        Ok(Batch {
+            inputs: self.inputs.narrow(0, start, len)?,
+            targets: self.targets.narrow(0, start * seq, len * seq)?,
+        })
     }
 
     /// Number of sequences.
@@ -94,7 +99,10 @@ impl Data {
     /// Opens `spec` for `model`, checking that the data can feed it.
     pub fn open(spec: &DataSpec, model: &ModelSpec) -> Result<Self> {
         let name = spec.to_string();
-        let data_err = |problem: String| Error::Data { source_name: name.clone(), problem };
+        let data_err = |problem: String| Error::Data {
+            source_name: name.clone(),
+            problem,
+        };
         let tokens = match spec {
             DataSpec::Random | DataSpec::Pattern => None,
             DataSpec::Text(path) => {
@@ -126,7 +134,12 @@ impl Data {
                 }
             }
         }
-        Ok(Self { spec: spec.clone(), vocab: model.vocab_size, seq_len: model.seq_len, tokens })
+        Ok(Self {
+            spec: spec.clone(),
+            vocab: model.vocab_size,
+            seq_len: model.seq_len,
+            tokens,
+        })
     }
 
     /// Number of tokens in a file source (`None` for synthetic sources, which never run out).
@@ -140,7 +153,14 @@ impl Data {
     }
 
     /// The micro-batch at `(step, micro)` of a run seeded with `seed`.
-    pub fn batch(&self, seed: u64, step: u64, micro: u64, batch: usize, device: &Device) -> Result<Batch> {
+    pub fn batch(
+        &self,
+        seed: u64,
+        step: u64,
+        micro: u64,
+        batch: usize,
+        device: &Device,
+    ) -> Result<Batch> {
         let mut rng = ChaCha8Rng::seed_from_u64(Dropout::key(seed ^ 0xDA7A, step, micro));
         let s = self.seq_len;
         let mut inputs = Vec::with_capacity(batch * s);
@@ -182,11 +202,20 @@ fn decode(path: &Path, width: usize) -> Result<Vec<u32>> {
     if bytes.len() % width != 0 {
         return Err(Error::Data {
             source_name: path.display().to_string(),
-            problem: format!("size {} is not a multiple of {width} bytes per token; is the token width right?", bytes.len()),
+            problem: format!(
+                "size {} is not a multiple of {width} bytes per token; is the token width right?",
+                bytes.len()
+            ),
         });
     }
     Ok(bytes
         .chunks_exact(width)
-        .map(|c| if width == 2 { u16::from_le_bytes([c[0], c[1]]) as u32 } else { u32::from_le_bytes([c[0], c[1], c[2], c[3]]) })
+        .map(|c| {
+            if width == 2 {
+                u16::from_le_bytes([c[0], c[1]]) as u32
+            } else {
+                u32::from_le_bytes([c[0], c[1], c[2], c[3]])
+            }
+        })
         .collect())
 }

@@ -52,7 +52,9 @@ impl Adam {
         for (i, var) in self.vars.iter().enumerate() {
             let theta = var.as_tensor();
             let g = match o.kind {
-                OptimizerKind::Adam if o.weight_decay > 0.0 => (&grads[i] + (theta * o.weight_decay)?)?,
+                OptimizerKind::Adam if o.weight_decay > 0.0 => {
+                    (&grads[i] + (theta * o.weight_decay)?)?
+                }
                 _ => grads[i].clone(),
             };
             let m = ((&self.first[i] * o.beta1)? + (&g * (1.0 - o.beta1))?)?;
@@ -61,7 +63,9 @@ impl Adam {
             let denom = ((v.sqrt()? / bias2.sqrt())? + o.eps)?;
             let update = ((&m / denom)? * (o.lr / bias1))?;
             let decayed = match o.kind {
-                OptimizerKind::AdamW if o.weight_decay > 0.0 => (theta * (1.0 - o.lr * o.weight_decay))?,
+                OptimizerKind::AdamW if o.weight_decay > 0.0 => {
+                    (theta * (1.0 - o.lr * o.weight_decay))?
+                }
                 _ => theta.clone(),
             };
             var.set(&(decayed - update)?)?;
@@ -91,9 +95,15 @@ impl Adam {
         for (i, name) in names.iter().enumerate() {
             for (prefix, slot) in [("m", &mut self.first[i]), ("v", &mut self.second[i])] {
                 let key = format!("{prefix}.{name}");
-                let t = tensors.get(&key).ok_or_else(|| format!("optimizer state `{key}` is missing"))?;
+                let t = tensors
+                    .get(&key)
+                    .ok_or_else(|| format!("optimizer state `{key}` is missing"))?;
                 if t.dims() != slot.dims() {
-                    return Err(format!("optimizer state `{key}` has shape {:?}, expected {:?}", t.dims(), slot.dims()));
+                    return Err(format!(
+                        "optimizer state `{key}` has shape {:?}, expected {:?}",
+                        t.dims(),
+                        slot.dims()
+                    ));
                 }
                 *slot = t.to_device(slot.device()).map_err(|e| e.to_string())?;
             }

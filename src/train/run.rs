@@ -102,7 +102,10 @@ pub fn run(
     interrupt: &AtomicBool,
     observer: &dyn TrainObserver,
 ) -> Result<RunSummary> {
-    observer.on_event(&TrainEvent::Started { start_step: trainer.steps(), total_steps: config.total_steps });
+    observer.on_event(&TrainEvent::Started {
+        start_step: trainer.steps(),
+        total_steps: config.total_steps,
+    });
     let tokens_per_step = (trainer.knobs().global_batch() * trainer.model().spec().seq_len) as u64;
     let mut tokens_seen = trainer.steps() * tokens_per_step;
     let mut summary = RunSummary {
@@ -129,7 +132,11 @@ pub fn run(
         tokens_this_run += report.tokens as u64;
         summary.last_loss = Some(report.loss);
         let step = trainer.steps();
-        observer.on_event(&TrainEvent::Step { step, report, tokens_per_s: report.tokens as f64 / dt });
+        observer.on_event(&TrainEvent::Step {
+            step,
+            report,
+            tokens_per_s: report.tokens as f64 / dt,
+        });
         if config.eval_every > 0 && step % config.eval_every == 0 {
             let loss = eval(trainer, data)?;
             summary.last_eval_loss = Some(loss);
@@ -137,20 +144,28 @@ pub fn run(
         }
         let due = config.checkpoint_every > 0 && step % config.checkpoint_every == 0;
         if due && step < config.total_steps {
-            summary.checkpoint = save(trainer, data_spec, config, tokens_seen, observer)?.or(summary.checkpoint);
+            summary.checkpoint =
+                save(trainer, data_spec, config, tokens_seen, observer)?.or(summary.checkpoint);
         }
     }
     summary.steps = trainer.steps();
     summary.skipped_steps = trainer.scaler().skipped_steps;
     summary.tokens_per_s = tokens_this_run as f64 / started.elapsed().as_secs_f64().max(1e-9);
     // Always leave a checkpoint of where the run stopped, finished or interrupted.
-    summary.checkpoint = save(trainer, data_spec, config, tokens_seen, observer)?.or(summary.checkpoint);
+    summary.checkpoint =
+        save(trainer, data_spec, config, tokens_seen, observer)?.or(summary.checkpoint);
     Ok(summary)
 }
 
 /// Held-out loss on a batch no training step draws (step index `u64::MAX`).
 pub fn eval(trainer: &Trainer, data: &Data) -> Result<f64> {
-    let batch = data.batch(trainer.seed(), u64::MAX, 0, trainer.knobs().micro_batch, trainer.device())?;
+    let batch = data.batch(
+        trainer.seed(),
+        u64::MAX,
+        0,
+        trainer.knobs().micro_batch,
+        trainer.device(),
+    )?;
     trainer.eval_loss(&batch)
 }
 
@@ -161,8 +176,13 @@ fn save(
     tokens_seen: u64,
     observer: &dyn TrainObserver,
 ) -> Result<Option<PathBuf>> {
-    let Some(dir) = &config.checkpoint_dir else { return Ok(None) };
+    let Some(dir) = &config.checkpoint_dir else {
+        return Ok(None);
+    };
     let path = checkpoint::save(dir, trainer, data_spec, tokens_seen)?;
-    observer.on_event(&TrainEvent::CheckpointSaved { step: trainer.steps(), path: path.clone() });
+    observer.on_event(&TrainEvent::CheckpointSaved {
+        step: trainer.steps(),
+        path: path.clone(),
+    });
     Ok(Some(path))
 }

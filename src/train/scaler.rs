@@ -30,14 +30,23 @@ pub enum ScaleDecision {
 
 impl Default for LossScaler {
     fn default() -> Self {
-        Self { scale: 65536.0, clean_steps: 0, growth_interval: 2000, skipped_steps: 0 }
+        Self {
+            scale: 65536.0,
+            clean_steps: 0,
+            growth_interval: 2000,
+            skipped_steps: 0,
+        }
     }
 }
 
 impl LossScaler {
     /// A scaler that never scales (fp32 and bf16 steps).
     pub fn identity() -> Self {
-        Self { scale: 1.0, growth_interval: u64::MAX, ..Self::default() }
+        Self {
+            scale: 1.0,
+            growth_interval: u64::MAX,
+            ..Self::default()
+        }
     }
 
     /// Records whether this step's gradients were finite and updates the scale.
@@ -63,7 +72,10 @@ mod tests {
 
     #[test]
     fn halves_on_overflow_and_grows_after_clean_interval() {
-        let mut s = LossScaler { growth_interval: 3, ..LossScaler::default() };
+        let mut s = LossScaler {
+            growth_interval: 3,
+            ..LossScaler::default()
+        };
         assert_eq!(s.update(false), ScaleDecision::Skip);
         assert_eq!(s.scale, 32768.0);
         for _ in 0..2 {

@@ -10,7 +10,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::knobs::Knobs;
 use crate::model::dropout::Dropout;
 use crate::model::layers::cross_entropy;
-use crate::model::Transformer;
+use crate::model::{Ctx, Engine, Transformer};
 use crate::spec::model::ModelSpec;
 use crate::train::data::{Batch, Data};
 use crate::train::optim::Adam;
@@ -39,6 +39,7 @@ pub struct Trainer {
     device: Device,
     seed: u64,
     steps: u64,
+    engine: Engine,
 }
 
 impl Trainer {
@@ -47,8 +48,31 @@ impl Trainer {
         knobs.validate("knobs", "")?;
         let model = Transformer::new(spec, device, seed)?;
         let optimizer = Adam::new(model.params().vars(), spec.optimizer)?;
-        let scaler = if knobs.precision.needs_loss_scaling() { LossScaler::default() } else { LossScaler::identity() };
-        Ok(Self { model, optimizer, scaler, knobs, device: device.clone(), seed, steps: 0 })
+        let scaler = if knobs.precision.needs_loss_scaling() {
+            LossScaler::default()
+        } else {
+            LossScaler::identity()
+        };
+        Ok(Self {
+            model,
+            optimizer,
+            scaler,
+            knobs,
+            device: device.clone(),
+            seed,
+            steps: 0,
+            engine: Engine::default(),
+        })
+    }
+
+    /// Chooses the fused or the composite (reference) implementation of norms, softmax and loss.
+    pub fn set_engine(&mut self, engine: Engine) {
+        self.engine = engine;
+    }
+
+    /// The engine in use.
+    pub fn engine(&self) -> Engine {
+        self.engine
     }
 
     /// The model being trained.
@@ -104,7 +128,15 @@ impl Trainer {
     /// Runs one optimizer step on the next `grad_accum` micro-batches of `data`.
     pub fn step(&mut self, data: &Data) -> Result<StepReport> {
         let batches = (0..self.knobs.grad_accum as u64)
-            .map(|micro| data.batch(self.seed, self.steps, micro, self.knobs.micro_batch, &self.device))
+            .map(|micro| {
+                data.batch(
+                    self.seed,
+                    self.steps,
+                    micro,
+                    self.knobs.micro_batch,
+                    &self.device,
+                )
+            })
             .collect::<Result<Vec<_>>>()?;
         self.step_on(&batches)
     }
@@ -112,14 +144,23 @@ impl Trainer {
     /// Runs one optimizer step on explicit micro-batches.
     pub fn step_on(&mut self, batches: &[Batch]) -> Result<StepReport> {
         let (grads, loss) = self.gradients(batches)?;
-        let finite = if self.knobs.precision.needs_loss_scaling() { all_finite(&grads)? } else { true };
+        let finite = if self.knobs.precision.needs_loss_scaling() {
+            all_finite(&grads)?
+        } else {
+            true
+        };
         let decision = self.scaler.update(finite);
         if decision == ScaleDecision::Apply {
             self.optimizer.step(&grads)?;
         }
         self.steps += 1;
         let tokens = batches.iter().map(|b| b.targets.elem_count()).sum();
-        Ok(StepReport { loss, skipped: decision == ScaleDecision::Skip, loss_scale: self.scaler.scale, tokens })
+        Ok(StepReport {
+            loss,
+            skipped: decision == ScaleDecision::Skip,
+            loss_scale: self.scaler.scale,
+            tokens,
+        })
     }
 
     /// Gradients of the mean loss over `batches` (one per parameter, f32, unscaled) and that loss.
@@ -133,17 +174,19 @@ impl Trainer {
         let mut sums: Vec<Option<Tensor>> = vec![None; vars.len()];
         let mut loss_total = 0.0;
         for (micro, batch) in batches.iter().enumerate() {
-            let dropout = Dropout::new(
-                self.model.spec().dropout,
-                &self.device,
-                Dropout::key(self.seed, self.steps, micro as u64),
-            )?;
-            let logits = self.model.forward(&batch.inputs, dtype, &dropout)?;
-            let loss = cross_entropy(&logits, &batch.targets)?;
+            let key = Dropout::key(self.seed, self.steps, micro as u64);
+            let ctx = Ctx {
+                dropout: Dropout::new(self.model.spec().dropout, &self.device, key)?,
+                engine: self.engine,
+            };
+            let logits = self.model.forward(&batch.inputs, dtype, &ctx)?;
+            let loss = cross_entropy(&logits, &batch.targets, self.engine)?;
             loss_total += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
             let mut grads = (loss * (scale / batches.len() as f64))?.backward()?;
             for (i, var) in vars.iter().enumerate() {
-                let g = grads.remove(var).ok_or_else(|| missing_gradient(&self.model.params().names()[i]))?;
+                let g = grads
+                    .remove(var)
+                    .ok_or_else(|| missing_gradient(&self.model.params().names()[i]))?;
                 sums[i] = Some(match sums[i].take() {
                     Some(acc) => (acc + g)?,
                     None => g,
@@ -167,8 +210,12 @@ impl Trainer {
     /// Mean loss on `batch` without dropout or gradients.
     pub fn eval_loss(&self, batch: &Batch) -> Result<f64> {
         let dtype = self.knobs.precision.compute_dtype();
-        let logits = self.model.forward(&batch.inputs.detach(), dtype, &Dropout::disabled())?;
-        let loss = cross_entropy(&logits.detach(), &batch.targets)?;
+        let ctx = Ctx {
+            dropout: Dropout::disabled(),
+            engine: self.engine,
+        };
+        let logits = self.model.forward(&batch.inputs.detach(), dtype, &ctx)?;
+        let loss = cross_entropy(&logits.detach(), &batch.targets, self.engine)?;
         Ok(loss.to_dtype(DType::F64)?.to_scalar::<f64>()?)
     }
 }
@@ -176,11 +223,16 @@ impl Trainer {
 /// One device reduction and one host read for all gradients: inf or NaN anywhere makes the sum
 /// non-finite.
 fn all_finite(grads: &[Tensor]) -> Result<bool> {
-    let sums = grads.iter().map(|g| g.sum_all()).collect::<candle_core::Result<Vec<_>>>()?;
+    let sums = grads
+        .iter()
+        .map(|g| g.sum_all())
+        .collect::<candle_core::Result<Vec<_>>>()?;
     let total = Tensor::stack(&sums, 0)?.sum_all()?.to_scalar::<f32>()?;
     Ok(total.is_finite())
 }
 
 fn missing_gradient(name: &str) -> Error {
-    Error::MissingGradient { parameter: name.to_string() }
+    Error::MissingGradient {
+        parameter: name.to_string(),
+    }
 }

@@ -2,7 +2,15 @@ use crate::util::{autotune, autotune_in, stderr};
 
 #[test]
 fn missing_data_file_exits_2_naming_the_file() {
-    let out = autotune(&["train", "--model", "tiny", "--steps", "1", "--data", "/nonexistent/corpus.txt"]);
+    let out = autotune(&[
+        "train",
+        "--model",
+        "tiny",
+        "--steps",
+        "1",
+        "--data",
+        "/nonexistent/corpus.txt",
+    ]);
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
     assert!(err.contains("/nonexistent/corpus.txt"), "{err}");
@@ -11,8 +19,15 @@ fn missing_data_file_exits_2_naming_the_file() {
 #[test]
 fn impossible_spec_exits_2_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("bad.json"), r#"{"preset": "tiny", "n_heads": 3}"#).unwrap();
-    let out = autotune_in(dir.path(), &["train", "--model", "bad.json", "--steps", "1"]);
+    std::fs::write(
+        dir.path().join("bad.json"),
+        r#"{"preset": "tiny", "n_heads": 3}"#,
+    )
+    .unwrap();
+    let out = autotune_in(
+        dir.path(),
+        &["train", "--model", "bad.json", "--steps", "1"],
+    );
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
     assert!(err.contains("bad.json") && err.contains("n_heads"), "{err}");
@@ -22,7 +37,18 @@ fn impossible_spec_exits_2_naming_the_field() {
 fn corrupt_checkpoint_exits_2_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
-    let args = ["train", "--model", "tiny", "--steps", "2", "--micro-batch", "2", "--data", "pattern", "--checkpoint-dir"];
+    let args = [
+        "train",
+        "--model",
+        "tiny",
+        "--steps",
+        "2",
+        "--micro-batch",
+        "2",
+        "--data",
+        "pattern",
+        "--checkpoint-dir",
+    ];
     let out = autotune_in(dir.path(), &[&args[..], &["ckpt"]].concat());
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let weights = ckpt.join("step-000002").join("model.safetensors");
@@ -37,18 +63,44 @@ fn corrupt_checkpoint_exits_2_naming_the_file() {
 #[test]
 fn resume_continues_and_reports_json() {
     let dir = tempfile::tempdir().unwrap();
-    let base = ["train", "--model", "tiny", "--micro-batch", "2", "--data", "pattern", "--checkpoint-dir", "ck", "--json"];
+    let base = [
+        "train",
+        "--model",
+        "tiny",
+        "--micro-batch",
+        "2",
+        "--data",
+        "pattern",
+        "--checkpoint-dir",
+        "ck",
+        "--json",
+    ];
     let out = autotune_in(dir.path(), &[&base[..], &["--steps", "2"]].concat());
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let out = autotune_in(dir.path(), &[&base[..], &["--steps", "4", "--resume"]].concat());
+    let out = autotune_in(
+        dir.path(),
+        &[&base[..], &["--steps", "4", "--resume"]].concat(),
+    );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is one JSON document");
+    let report: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("stdout is one JSON document");
     assert_eq!(report["steps"], 4);
     assert!(stderr(&out).contains("resuming at step 2"));
     // Changing the knobs on resume is refused rather than silently mixing runs.
-    let out = autotune_in(dir.path(), &[&base[..], &["--steps", "6", "--resume", "--precision", "bf16"]].concat());
+    let out = autotune_in(
+        dir.path(),
+        &[
+            &base[..],
+            &["--steps", "6", "--resume", "--precision", "bf16"],
+        ]
+        .concat(),
+    );
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("pass the same knobs"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("pass the same knobs"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]

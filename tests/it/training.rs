@@ -9,17 +9,30 @@ use autotune::train::step::Trainer;
 use crate::util::{small_gpt, small_seed};
 
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap()
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
 }
 
 fn max_abs(a: &Tensor) -> f32 {
-    a.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap()
+    a.abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
 }
 
 #[test]
 fn accumulating_four_micro_batches_of_eight_equals_one_batch_of_32() {
     for spec in [small_seed(0.0), small_gpt()] {
-        let trainer = Trainer::new(&spec, Knobs::new(32, Precision::Fp32), &Device::Cpu, 7).unwrap();
+        let trainer =
+            Trainer::new(&spec, Knobs::new(32, Precision::Fp32), &Device::Cpu, 7).unwrap();
         let data = Data::open(&DataSpec::Random, &spec).unwrap();
         let whole = data.batch(7, 0, 0, 32, &Device::Cpu).unwrap();
         let parts: Vec<_> = (0..4).map(|i| whole.narrow(i * 8, 8).unwrap()).collect();
@@ -27,20 +40,35 @@ fn accumulating_four_micro_batches_of_eight_equals_one_batch_of_32() {
         let (g_whole, loss_whole) = trainer.gradients(std::slice::from_ref(&whole)).unwrap();
         let (g_parts, loss_parts) = trainer.gradients(&parts).unwrap();
 
-        assert!((loss_whole - loss_parts).abs() < 1e-5, "{loss_whole} vs {loss_parts}");
-        for (name, (a, b)) in trainer.model().params().names().iter().zip(g_whole.iter().zip(&g_parts)) {
+        assert!(
+            (loss_whole - loss_parts).abs() < 1e-5,
+            "{loss_whole} vs {loss_parts}"
+        );
+        for (name, (a, b)) in trainer
+            .model()
+            .params()
+            .names()
+            .iter()
+            .zip(g_whole.iter().zip(&g_parts))
+        {
             let scale = max_abs(a).max(1e-6);
             let rel = max_abs_diff(a, b) / scale;
-            assert!(rel < 1e-4, "{}: gradient differs by {rel:e} (relative to its largest entry)", name);
+            assert!(
+                rel < 1e-4,
+                "{}: gradient differs by {rel:e} (relative to its largest entry)",
+                name
+            );
         }
     }
 }
 
 #[test]
 fn every_parameter_receives_a_nonzero_gradient_on_the_first_step() {
-    for (spec, precision) in
-        [(small_seed(0.1), Precision::Fp32), (small_gpt(), Precision::Fp32), (small_seed(0.1), Precision::Bf16)]
-    {
+    for (spec, precision) in [
+        (small_seed(0.1), Precision::Fp32),
+        (small_gpt(), Precision::Fp32),
+        (small_seed(0.1), Precision::Bf16),
+    ] {
         let trainer = Trainer::new(&spec, Knobs::new(4, precision), &Device::Cpu, 1).unwrap();
         let data = Data::open(&DataSpec::Random, &spec).unwrap();
         let batch = data.batch(1, 0, 0, 4, &Device::Cpu).unwrap();
@@ -49,7 +77,11 @@ fn every_parameter_receives_a_nonzero_gradient_on_the_first_step() {
         assert_eq!(grads.len(), names.len());
         for (name, g) in names.iter().zip(&grads) {
             assert_eq!(g.dtype(), DType::F32, "{name}: master gradients are f32");
-            assert!(max_abs(g) > 0.0, "{} ({precision}): gradient is all zeros", name);
+            assert!(
+                max_abs(g) > 0.0,
+                "{} ({precision}): gradient is all zeros",
+                name
+            );
         }
     }
 }
@@ -60,11 +92,16 @@ fn bf16_and_fp32_losses_agree_over_several_steps() {
     let data = Data::open(&DataSpec::Pattern, &spec).unwrap();
     let losses = |precision| {
         let mut t = Trainer::new(&spec, Knobs::new(8, precision), &Device::Cpu, 3).unwrap();
-        (0..5).map(|_| t.step(&data).unwrap().loss).collect::<Vec<_>>()
+        (0..5)
+            .map(|_| t.step(&data).unwrap().loss)
+            .collect::<Vec<_>>()
     };
     let (fp32, bf16) = (losses(Precision::Fp32), losses(Precision::Bf16));
     for (step, (a, b)) in fp32.iter().zip(&bf16).enumerate() {
-        assert!((a - b).abs() / a < 0.02, "step {step}: fp32 {a} vs bf16 {b}");
+        assert!(
+            (a - b).abs() / a < 0.02,
+            "step {step}: fp32 {a} vs bf16 {b}"
+        );
     }
     // Training moved the loss: the comparison is not between two untouched models.
     assert!(fp32[4] < fp32[0], "{fp32:?}");
@@ -77,13 +114,27 @@ fn fp16_loss_scaling_skips_overflowing_steps_and_recovers() {
     let mut trainer = Trainer::new(&spec, Knobs::new(4, Precision::Fp16), &Device::Cpu, 5).unwrap();
     // A scale of 2^40 overflows f16 (max 65504) in the backward pass for certain.
     trainer.scaler_mut().scale = 2f64.powi(40);
-    let before: Vec<Tensor> = trainer.model().params().vars().iter().map(|v| v.as_tensor().copy().unwrap()).collect();
+    let before: Vec<Tensor> = trainer
+        .model()
+        .params()
+        .vars()
+        .iter()
+        .map(|v| v.as_tensor().copy().unwrap())
+        .collect();
 
     let first = trainer.step(&data).unwrap();
     assert!(first.skipped, "an overflowing step must be skipped");
-    assert_eq!(first.loss_scale, 2f64.powi(39), "the scale halves on overflow");
+    assert_eq!(
+        first.loss_scale,
+        2f64.powi(39),
+        "the scale halves on overflow"
+    );
     for (a, b) in before.iter().zip(trainer.model().params().vars()) {
-        assert_eq!(max_abs_diff(a, b.as_tensor()), 0.0, "a skipped step leaves weights untouched");
+        assert_eq!(
+            max_abs_diff(a, b.as_tensor()),
+            0.0,
+            "a skipped step leaves weights untouched"
+        );
     }
 
     let mut applied = 0;
@@ -92,9 +143,16 @@ fn fp16_loss_scaling_skips_overflowing_steps_and_recovers() {
             applied += 1;
         }
     }
-    assert!(applied > 0, "the scaler never recovered: scale {}", trainer.scaler().scale);
+    assert!(
+        applied > 0,
+        "the scaler never recovered: scale {}",
+        trainer.scaler().scale
+    );
     assert!(trainer.scaler().scale < 2f64.powi(39));
-    let moved = before.iter().zip(trainer.model().params().vars()).any(|(a, b)| max_abs_diff(a, b.as_tensor()) > 0.0);
+    let moved = before
+        .iter()
+        .zip(trainer.model().params().vars())
+        .any(|(a, b)| max_abs_diff(a, b.as_tensor()) > 0.0);
     assert!(moved, "applied steps update the weights");
 }
 
@@ -102,21 +160,31 @@ fn fp16_loss_scaling_skips_overflowing_steps_and_recovers() {
 fn loss_falls_well_below_uniform_entropy_on_learnable_data() {
     let spec = ModelSpec::tiny();
     let data = Data::open(&DataSpec::Pattern, &spec).unwrap();
-    let mut trainer = Trainer::new(&spec, Knobs::new(16, Precision::Fp32), &Device::Cpu, 11).unwrap();
+    let mut trainer =
+        Trainer::new(&spec, Knobs::new(16, Precision::Fp32), &Device::Cpu, 11).unwrap();
     let uniform = (spec.vocab_size as f64).ln();
     let mut last = f64::INFINITY;
     for _ in 0..120 {
         last = trainer.step(&data).unwrap().loss;
     }
     let eval = autotune::train::run::eval(&trainer, &data).unwrap();
-    assert!(last < 0.5 * uniform, "train loss {last} vs uniform {uniform}");
-    assert!(eval < 0.5 * uniform, "eval loss {eval} vs uniform {uniform}");
+    assert!(
+        last < 0.5 * uniform,
+        "train loss {last} vs uniform {uniform}"
+    );
+    assert!(
+        eval < 0.5 * uniform,
+        "eval loss {eval} vs uniform {uniform}"
+    );
 }
 
 #[test]
 fn resuming_from_a_checkpoint_continues_bit_identically() {
     let spec = small_seed(0.1);
-    let knobs = Knobs { grad_accum: 2, ..Knobs::new(4, Precision::Fp32) };
+    let knobs = Knobs {
+        grad_accum: 2,
+        ..Knobs::new(4, Precision::Fp32)
+    };
     let data_spec = DataSpec::Random;
     let data = Data::open(&data_spec, &spec).unwrap();
 
@@ -133,7 +201,9 @@ fn resuming_from_a_checkpoint_continues_bit_identically() {
     checkpoint::save(dir.path(), &first, &data_spec, 0).unwrap();
     drop(first);
     let mut resumed = Trainer::new(&spec, knobs, &Device::Cpu, 9).unwrap();
-    let latest = checkpoint::latest(dir.path()).unwrap().expect("a checkpoint was written");
+    let latest = checkpoint::latest(dir.path())
+        .unwrap()
+        .expect("a checkpoint was written");
     checkpoint::restore(&latest, &mut resumed).unwrap();
     assert_eq!(resumed.steps(), 3);
     for _ in 0..3 {
@@ -141,9 +211,20 @@ fn resuming_from_a_checkpoint_continues_bit_identically() {
     }
 
     let names = straight.model().params().names();
-    for (i, (a, b)) in straight.model().params().vars().iter().zip(resumed.model().params().vars()).enumerate() {
+    for (i, (a, b)) in straight
+        .model()
+        .params()
+        .vars()
+        .iter()
+        .zip(resumed.model().params().vars())
+        .enumerate()
+    {
         let a: Vec<f32> = a.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
         let b: Vec<f32> = b.as_tensor().flatten_all().unwrap().to_vec1().unwrap();
-        assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "{} differs after resume", names[i]);
+        assert!(
+            a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{} differs after resume",
+            names[i]
+        );
     }
 }

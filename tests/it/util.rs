@@ -5,12 +5,19 @@ use autotune::spec::model::ModelSpec;
 
 /// Runs the `autotune` binary with `args`.
 pub fn autotune(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_autotune")).args(args).output().expect("the test binary runs")
+    Command::new(env!("CARGO_BIN_EXE_autotune"))
+        .args(args)
+        .output()
+        .expect("the test binary runs")
 }
 
 /// Runs the binary in `dir`.
 pub fn autotune_in(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_autotune")).current_dir(dir).args(args).output().expect("the test binary runs")
+    Command::new(env!("CARGO_BIN_EXE_autotune"))
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("the test binary runs")
 }
 
 pub fn stderr(out: &Output) -> String {
@@ -38,5 +45,12 @@ pub fn small_seed(dropout: f32) -> ModelSpec {
 
 /// A GPT-shaped model (pre-norm, GELU, causal, learned positions, AdamW) for CPU tests.
 pub fn small_gpt() -> ModelSpec {
-    ModelSpec { name: "small-gpt".into(), vocab_size: 97, seq_len: 16, d_model: 32, d_ff: 64, ..ModelSpec::tiny() }
+    ModelSpec {
+        name: "small-gpt".into(),
+        vocab_size: 97,
+        seq_len: 16,
+        d_model: 32,
+        d_ff: 64,
+        ..ModelSpec::tiny()
+    }
 }
