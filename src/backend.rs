@@ -3,6 +3,7 @@
 use candle_core::Device;
 
 use crate::probe::live::{DeviceMemory, NoDeviceMemory};
+use crate::spec::device::DeviceProfile;
 use crate::{Error, Result};
 
 /// Opens `cpu`, `cuda` (or `cuda:N`), or `auto`: the first GPU when this build has CUDA and one
@@ -80,4 +81,49 @@ pub fn memory_meter(device: &Device, capacity: Option<u64>) -> Result<Box<dyn De
             None => Ok(Box::new(NoDeviceMemory)),
         },
     }
+}
+
+/// A profile of this machine's first GPU, read through NVML; `None` when this build has no
+/// CUDA, NVML is unavailable, or there is no GPU.
+pub fn detect_gpu_profile() -> Result<Option<DeviceProfile>> {
+    #[cfg(feature = "cuda")]
+    {
+        let Ok(nvml) = nvml_wrapper::Nvml::init() else {
+            tracing::warn!("NVML is unavailable; planning for the CPU");
+            return Ok(None);
+        };
+        let Ok(gpu) = nvml.device_by_index(0) else {
+            return Ok(None);
+        };
+        let name = gpu.name().unwrap_or_else(|_| "cuda".into());
+        let memory = gpu.memory_info().map_err(|e| {
+            Error::invalid(
+                "device",
+                "--device auto",
+                format!("NVML cannot read GPU memory: {e}"),
+            )
+        })?;
+        let driver = nvml.sys_driver_version().ok();
+        Ok(Some(DeviceProfile {
+            name,
+            kind: crate::spec::device::DeviceKind::Cuda,
+            gpu_memory_bytes: Some(memory.total),
+            host_memory_bytes: host_memory_bytes().unwrap_or(32 << 30),
+            host_to_device_gbps: None,
+            notes: Some(format!(
+                "detected through NVML{}",
+                driver.map(|d| format!(", driver {d}")).unwrap_or_default()
+            )),
+        }))
+    }
+    #[cfg(not(feature = "cuda"))]
+    Ok(None)
+}
+
+/// Total host memory from `/proc/meminfo`, where the platform has it.
+pub fn host_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }

@@ -29,6 +29,13 @@ pub struct GlobalArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Tune, then train with the plan: the whole job in one command. With no flags it tunes and
+    /// trains the tiny preset on learnable synthetic data, on the GPU if there is one.
+    Run(RunArgs),
+    /// Search for the fastest setting that fits the target device and write it as a plan.
+    Tune(TuneArgs),
+    /// Print a plan's setting as a DeepSpeed config or as Trainer/Accelerate arguments.
+    Export(ExportArgs),
     /// Train a model with explicit knobs, with progress, checkpoints and resume.
     Train(TrainArgs),
     /// Measure one setting with real training steps: step time, tokens/s, peak memory.
@@ -45,6 +52,9 @@ impl Command {
             Command::Train(a) => a.json,
             Command::Probe(a) => a.json,
             Command::ProbeOne => true,
+            Command::Tune(a) => a.json,
+            Command::Run(a) => a.tune.json,
+            Command::Export(_) => true,
         }
     }
 }
@@ -83,12 +93,114 @@ pub struct KnobArgs {
     pub offload: Offload,
 }
 
+/// How search trials are isolated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProbeIsolation {
+    /// In this process: fastest; an out-of-memory is caught and the device reused.
+    InProcess,
+    /// One child process per trial: survives sticky device errors and host allocation aborts.
+    Child,
+}
+
+#[derive(Debug, Args)]
+pub struct TuneArgs {
+    /// Model preset (tiny, seed, gpt-124m, gpt-350m, gpt-1.3b) or a JSON spec file.
+    #[arg(long, default_value = "tiny")]
+    pub model: String,
+    /// Target machine: auto (this machine's GPU, else the CPU), a built-in profile
+    /// (rtx4090-32g, h200, cpu) or a JSON profile file. A smaller GPU is emulated on a larger one.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+    /// Sequences per optimizer step; the plan's micro-batch × accumulation equals it.
+    #[arg(long)]
+    pub global_batch: Option<usize>,
+    /// Largest micro-batch to try.
+    #[arg(long, default_value_t = 1024)]
+    pub max_micro_batch: usize,
+    /// Precisions to consider (repeatable); default bf16 on a GPU, fp32 on a CPU.
+    #[arg(long)]
+    pub precision: Vec<autotune::Precision>,
+    /// Fraction of each memory budget kept free (default 0.05).
+    #[arg(long)]
+    pub headroom: Option<f64>,
+    /// Stop after this many search trials and choose among what was measured.
+    #[arg(long)]
+    pub max_probes: Option<usize>,
+    /// Stop growing a micro-batch once doubling it gains less than this fraction of throughput
+    /// (0 = grow to the memory boundary).
+    #[arg(long, default_value_t = autotune::search::space::SearchSpace::DEFAULT_SATURATION_GAIN)]
+    pub saturation_gain: f64,
+    /// Untimed steps per trial (default 2 on a GPU, 1 on a CPU).
+    #[arg(long)]
+    pub warmup_steps: Option<usize>,
+    /// Timed steps per trial (default 5 on a GPU, 3 on a CPU).
+    #[arg(long)]
+    pub timed_steps: Option<usize>,
+    /// How trials are isolated.
+    #[arg(long, value_enum, default_value_t = ProbeIsolation::InProcess)]
+    pub isolation: ProbeIsolation,
+    /// Write the plan here (atomically).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print the plan as one JSON document on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub tune: TuneArgs,
+    #[command(flatten)]
+    pub train: RunTrainArgs,
+}
+
+/// The training half of `run`.
+#[derive(Debug, Args)]
+pub struct RunTrainArgs {
+    /// Optimizer steps to train.
+    #[arg(long, default_value_t = 300)]
+    pub steps: u64,
+    /// Training data (see `train --data`).
+    #[arg(long, default_value = "pattern")]
+    pub data: String,
+    /// Directory for the plan and checkpoints.
+    #[arg(long, default_value = "autotune-run")]
+    pub run_dir: PathBuf,
+    /// Save a checkpoint every N steps.
+    #[arg(long, default_value_t = 100)]
+    pub checkpoint_every: u64,
+    /// Evaluate on a held-out batch every N steps (0 = never).
+    #[arg(long, default_value_t = 100)]
+    pub eval_every: u64,
+    /// Seed for weights, data order and dropout.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// The plan file.
+    #[arg(long)]
+    pub plan: PathBuf,
+    /// deepspeed (a ds_config.json) or trainer (Hugging Face Trainer / Accelerate arguments).
+    #[arg(long, value_parser = ["deepspeed", "trainer"])]
+    pub format: String,
+    /// Data-parallel processes (DeepSpeed's train_batch_size = micro × accum × world size).
+    #[arg(long, default_value_t = 1)]
+    pub world_size: usize,
+}
+
 #[derive(Debug, Args)]
 pub struct TrainArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
     pub knobs: KnobArgs,
+    /// Train with a plan from `autotune tune`: its model, knobs and device limits (knob and
+    /// model flags are then ignored).
+    #[arg(long)]
+    pub plan: Option<PathBuf>,
     /// Optimizer steps to train (in total, counting resumed steps).
     #[arg(long, default_value_t = 100)]
     pub steps: u64,
@@ -146,5 +258,14 @@ impl KnobArgs {
             checkpointing: self.checkpointing,
             offload: self.offload,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
     }
 }

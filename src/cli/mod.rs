@@ -4,9 +4,12 @@
 //! 2 an error (bad input, I/O, backend failure), 130 interrupted by Ctrl-C after saving.
 
 mod args;
+mod export;
 mod printer;
 mod probe;
+mod run;
 mod train;
+mod tune;
 
 use std::process::ExitCode;
 
@@ -39,7 +42,11 @@ pub fn main() -> ExitCode {
         }
     };
     init_tracing(cli.global.verbose, cli.global.quiet);
-    let printer = Printer::new(cli.global.quiet, cli.command.wants_json());
+    let printer = Printer::new(
+        cli.global.quiet,
+        cli.global.verbose > 0,
+        cli.command.wants_json(),
+    );
     match run(cli.command, &printer) {
         Ok(Status::Success) => ExitCode::SUCCESS,
         Ok(Status::Negative) => ExitCode::from(1),
@@ -56,6 +63,9 @@ fn run(command: Command, printer: &Printer) -> anyhow::Result<Status> {
         Command::Train(args) => train::run(args, printer),
         Command::Probe(args) => probe::run(args, printer),
         Command::ProbeOne => probe::run_child(printer),
+        Command::Tune(args) => tune::run(args, printer),
+        Command::Run(args) => run::run(args, printer),
+        Command::Export(args) => export::run(args, printer),
     }
 }
 

@@ -11,17 +11,29 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 #[derive(Debug, Clone, Copy)]
 pub struct Printer {
     quiet: bool,
+    verbose: bool,
     json: bool,
 }
 
 impl Printer {
-    pub fn new(quiet: bool, json: bool) -> Self {
-        Self { quiet, json }
+    pub fn new(quiet: bool, verbose: bool, json: bool) -> Self {
+        Self {
+            quiet,
+            verbose,
+            json,
+        }
     }
 
     /// A status line for people (stderr), unless quiet.
     pub fn status(&self, message: impl AsRef<str>) {
         if !self.quiet {
+            let _ = writeln!(std::io::stderr(), "{}", message.as_ref());
+        }
+    }
+
+    /// A secondary status line (stderr), shown only with `-v`.
+    pub fn detail(&self, message: impl AsRef<str>) {
+        if self.verbose && !self.quiet {
             let _ = writeln!(std::io::stderr(), "{}", message.as_ref());
         }
     }
@@ -54,6 +66,11 @@ impl Printer {
         }
     }
 
+    /// Whether stdout is reserved for one JSON document.
+    pub fn is_json(&self) -> bool {
+        self.json
+    }
+
     /// Whether a live progress bar can be drawn.
     pub fn interactive(&self) -> bool {
         !self.quiet && !self.json && std::io::stderr().is_terminal()
@@ -62,6 +79,23 @@ impl Printer {
     /// Whether periodic progress lines should be logged (stderr is not a terminal).
     pub fn log_progress(&self) -> bool {
         !self.quiet && !std::io::stderr().is_terminal()
+    }
+
+    /// A spinner with a message on stderr, hidden when output is not interactive.
+    pub fn spinner(&self) -> ProgressBar {
+        let bar = ProgressBar::with_draw_target(
+            None,
+            if self.interactive() {
+                ProgressDrawTarget::stderr()
+            } else {
+                ProgressDrawTarget::hidden()
+            },
+        );
+        if let Ok(style) = ProgressStyle::with_template("{spinner} {elapsed} {msg}") {
+            bar.set_style(style);
+        }
+        bar.enable_steady_tick(std::time::Duration::from_millis(120));
+        bar
     }
 
     /// A progress bar on stderr, hidden when output is not interactive.

@@ -90,25 +90,5 @@ pub fn run_child(printer: &Printer) -> anyhow::Result<Status> {
 const GIB: f64 = (1u64 << 30) as f64;
 
 fn parse_bytes(text: &str) -> anyhow::Result<u64> {
-    let lower = text.trim().to_ascii_lowercase();
-    let (number, unit) = lower.split_at(
-        lower
-            .find(|c: char| c.is_ascii_alphabetic())
-            .unwrap_or(lower.len()),
-    );
-    let scale: f64 = match unit {
-        "" | "b" => 1.0,
-        "kib" => 1024.0,
-        "mib" => 1024.0 * 1024.0,
-        "gib" => GIB,
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        _ => anyhow::bail!("`{text}`: unknown unit; use B, KiB, MiB, GiB, KB, MB or GB"),
-    };
-    let value: f64 = number
-        .trim()
-        .parse()
-        .map_err(|_| anyhow::anyhow!("`{text}` is not a size like 8GiB"))?;
-    Ok((value * scale) as u64)
+    autotune::spec::budget::parse_bytes(text).map_err(|e| anyhow::anyhow!(e))
 }

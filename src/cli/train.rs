@@ -1,11 +1,17 @@
-//! `autotune train`: train with explicit knobs, rendering progress and handling Ctrl-C.
+//! `autotune train`: train with explicit knobs or a plan, rendering progress and handling Ctrl-C.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use candle_core::Device;
 use indicatif::ProgressBar;
 use serde::Serialize;
 
+use autotune::backend as device;
+use autotune::plan::schema::Plan;
+use autotune::probe::host_memory;
+use autotune::spec::device::DeviceKind;
 use autotune::train::checkpoint;
 use autotune::train::data::{Data, DataSpec};
 use autotune::train::run::{self, RunConfig, RunSummary, TrainEvent, TrainObserver};
@@ -14,62 +20,163 @@ use autotune::{Knobs, ModelSpec};
 
 use super::args::TrainArgs;
 use super::printer::Printer;
+use super::tune::gib;
 use super::Status;
-use autotune::backend as device;
 
 pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
+    if let Some(path) = &args.plan {
+        let plan = Plan::load(path)?;
+        let training = PlanTraining {
+            plan: &plan,
+            steps: args.steps,
+            data: &args.data,
+            checkpoint_dir: args.checkpoint_dir.clone(),
+            checkpoint_every: args.checkpoint_every,
+            eval_every: args.eval_every,
+            seed: args.model.seed,
+            resume: args.resume,
+        };
+        let (summary, status) = train_with_plan(&training, printer)?;
+        printer.data_json(&TrainReport::new(&plan.model, plan.knobs, &summary));
+        return Ok(status);
+    }
     let spec = ModelSpec::resolve(&args.model.model)?;
     let knobs = args.knobs.knobs();
     knobs.validate("knobs", "--")?;
-    let data_spec = DataSpec::parse(&args.data);
-    let data = Data::open(&data_spec, &spec)?;
     let device = device::open(&args.model.device)?;
-    let mut trainer = Trainer::new(&spec, knobs, &device, args.model.seed)?;
-    if args.resume {
-        resume(&args, &mut trainer, &data_spec, knobs)?;
-    }
-    printer.status(format!(
-        "training {} ({:.1}M parameters) on {} with {knobs}, data {data_spec}",
-        spec.name,
-        trainer.model().params().element_count() as f64 / 1e6,
-        device::describe(&device),
-    ));
-
-    let interrupt = interrupt_flag(printer);
-    let config = RunConfig {
-        total_steps: args.steps,
-        checkpoint_dir: args.checkpoint_dir.clone(),
-        checkpoint_every: args.checkpoint_every,
-        eval_every: args.eval_every,
+    let job = Job {
+        spec: &spec,
+        knobs,
+        device,
+        data: &args.data,
+        config: RunConfig {
+            total_steps: args.steps,
+            checkpoint_dir: args.checkpoint_dir.clone(),
+            checkpoint_every: args.checkpoint_every,
+            eval_every: args.eval_every,
+        },
+        seed: args.model.seed,
+        resume: args.resume,
     };
-    let progress = Progress::new(printer, args.steps);
-    let summary = run::run(
-        &mut trainer,
-        &data,
-        &data_spec,
-        &config,
-        &interrupt,
-        &progress,
-    )?;
-    progress.bar.finish_and_clear();
-    report(printer, &spec, knobs, &summary);
-    Ok(if summary.interrupted {
+    let summary = job.run(printer)?;
+    printer.data_json(&TrainReport::new(&spec, knobs, &summary));
+    Ok(status_of(&summary))
+}
+
+/// Training with a plan: its model and knobs, on the kind of device it was made for, inside
+/// its memory limits (a smaller GPU emulated exactly as during tuning).
+pub struct PlanTraining<'a> {
+    pub plan: &'a Plan,
+    pub steps: u64,
+    pub data: &'a str,
+    pub checkpoint_dir: Option<PathBuf>,
+    pub checkpoint_every: u64,
+    pub eval_every: u64,
+    pub seed: u64,
+    pub resume: bool,
+}
+
+pub fn train_with_plan(
+    t: &PlanTraining,
+    printer: &Printer,
+) -> anyhow::Result<(RunSummary, Status)> {
+    let plan = t.plan;
+    let device = match plan.device.kind {
+        DeviceKind::Cpu => Device::Cpu,
+        DeviceKind::Cuda => device::open("cuda")?,
+    };
+    // Holding back memory makes the run see the plan's card, so "fits in the plan" means
+    // "fits on that card"; the meter must live as long as training does.
+    let _emulation = device::memory_meter(&device, plan.device.gpu_memory_bytes)?;
+    host_memory::set_soft_limit(Some(plan.budget.host_bytes));
+    let job = Job {
+        spec: &plan.model,
+        knobs: plan.knobs,
+        device,
+        data: t.data,
+        config: RunConfig {
+            total_steps: t.steps,
+            checkpoint_dir: t.checkpoint_dir.clone(),
+            checkpoint_every: t.checkpoint_every,
+            eval_every: t.eval_every,
+        },
+        seed: t.seed,
+        resume: t.resume,
+    };
+    let summary = job.run(printer)?;
+    if host_memory::is_counting() && host_memory::limit_exceeded() {
+        anyhow::bail!(
+            "training reached {} of host heap, over the plan's host budget of {}; re-tune with a larger --headroom",
+            gib(host_memory::peak_bytes()),
+            gib(plan.budget.host_bytes)
+        );
+    }
+    host_memory::set_soft_limit(None);
+    let status = status_of(&summary);
+    Ok((summary, status))
+}
+
+fn status_of(summary: &RunSummary) -> Status {
+    if summary.interrupted {
         Status::Interrupted
     } else {
         Status::Success
-    })
+    }
+}
+
+/// One training run, however its knobs were chosen.
+struct Job<'a> {
+    spec: &'a ModelSpec,
+    knobs: Knobs,
+    device: Device,
+    data: &'a str,
+    config: RunConfig,
+    seed: u64,
+    resume: bool,
+}
+
+impl Job<'_> {
+    fn run(self, printer: &Printer) -> anyhow::Result<RunSummary> {
+        let data_spec = DataSpec::parse(self.data);
+        let data = Data::open(&data_spec, self.spec)?;
+        let mut trainer = Trainer::new(self.spec, self.knobs, &self.device, self.seed)?;
+        if self.resume {
+            let dir = self
+                .config
+                .checkpoint_dir
+                .as_deref()
+                .ok_or_else(|| anyhow::anyhow!("`--resume` needs `--checkpoint-dir`"))?;
+            resume(dir, &mut trainer, &data_spec, self.knobs)?;
+        }
+        printer.status(format!(
+            "training {} ({:.1}M parameters) on {} with {}, data {data_spec}",
+            self.spec.name,
+            trainer.model().params().element_count() as f64 / 1e6,
+            device::describe(&self.device),
+            self.knobs,
+        ));
+        let interrupt = interrupt_flag(printer);
+        let progress = Progress::new(printer, self.config.total_steps);
+        let summary = run::run(
+            &mut trainer,
+            &data,
+            &data_spec,
+            &self.config,
+            &interrupt,
+            &progress,
+        )?;
+        progress.bar.finish_and_clear();
+        report(printer, &summary);
+        Ok(summary)
+    }
 }
 
 fn resume(
-    args: &TrainArgs,
+    dir: &std::path::Path,
     trainer: &mut Trainer,
     data_spec: &DataSpec,
     knobs: Knobs,
 ) -> anyhow::Result<()> {
-    let dir = args
-        .checkpoint_dir
-        .as_deref()
-        .expect("clap requires --checkpoint-dir with --resume");
     let Some(path) = checkpoint::latest(dir)? else {
         anyhow::bail!(
             "`--resume`: no checkpoint in `{}` (no `latest` file); drop --resume to start afresh",
@@ -91,22 +198,26 @@ fn resume(
 
 /// First Ctrl-C asks the loop to checkpoint and stop; a second one exits at once.
 fn interrupt_flag(printer: &Printer) -> Arc<AtomicBool> {
-    let flag = Arc::new(AtomicBool::new(false));
-    let handler_flag = flag.clone();
-    let result = ctrlc::set_handler(move || {
-        if handler_flag.swap(true, Ordering::SeqCst) {
-            std::process::exit(130);
+    static FLAG: std::sync::OnceLock<Arc<AtomicBool>> = std::sync::OnceLock::new();
+    let flag = FLAG.get_or_init(|| {
+        let flag = Arc::new(AtomicBool::new(false));
+        let handler_flag = flag.clone();
+        let result = ctrlc::set_handler(move || {
+            if handler_flag.swap(true, Ordering::SeqCst) {
+                std::process::exit(130);
+            }
+            eprintln!(
+                "\ninterrupt: saving a checkpoint after this step (press Ctrl-C again to quit now)"
+            );
+        });
+        if let Err(e) = result {
+            printer.warn(format!(
+                "cannot install the Ctrl-C handler ({e}); an interrupt will not save a checkpoint"
+            ));
         }
-        eprintln!(
-            "\ninterrupt: saving a checkpoint after this step (press Ctrl-C again to quit now)"
-        );
+        flag
     });
-    if let Err(e) = result {
-        printer.warn(format!(
-            "cannot install the Ctrl-C handler ({e}); an interrupt will not save a checkpoint"
-        ));
-    }
-    flag
+    flag.clone()
 }
 
 struct Progress {
@@ -169,8 +280,9 @@ impl TrainObserver for Progress {
     }
 }
 
+/// The JSON summary of a training run.
 #[derive(Serialize)]
-struct TrainReport<'a> {
+pub struct TrainReport<'a> {
     model: &'a str,
     knobs: Knobs,
     steps: u64,
@@ -182,31 +294,40 @@ struct TrainReport<'a> {
     checkpoint: Option<String>,
 }
 
-fn report(printer: &Printer, spec: &ModelSpec, knobs: Knobs, summary: &RunSummary) {
-    let checkpoint = summary.checkpoint.as_ref().map(|p| p.display().to_string());
-    printer.data_json(&TrainReport {
-        model: &spec.name,
-        knobs,
-        steps: summary.steps,
-        interrupted: summary.interrupted,
-        last_loss: summary.last_loss,
-        last_eval_loss: summary.last_eval_loss,
-        tokens_per_s: summary.tokens_per_s,
-        skipped_steps: summary.skipped_steps,
-        checkpoint: checkpoint.clone(),
-    });
+impl<'a> TrainReport<'a> {
+    pub fn new(spec: &'a ModelSpec, knobs: Knobs, summary: &RunSummary) -> Self {
+        Self {
+            model: &spec.name,
+            knobs,
+            steps: summary.steps,
+            interrupted: summary.interrupted,
+            last_loss: summary.last_loss,
+            last_eval_loss: summary.last_eval_loss,
+            tokens_per_s: summary.tokens_per_s,
+            skipped_steps: summary.skipped_steps,
+            checkpoint: summary.checkpoint.as_ref().map(|p| p.display().to_string()),
+        }
+    }
+}
+
+fn report(printer: &Printer, summary: &RunSummary) {
     let verb = if summary.interrupted {
         "interrupted at"
     } else {
         "finished"
     };
     let loss = summary.last_loss.map_or("-".into(), |l| format!("{l:.4}"));
+    let eval = summary
+        .last_eval_loss
+        .map(|l| format!(", eval loss {l:.4}"))
+        .unwrap_or_default();
+    let checkpoint = summary
+        .checkpoint
+        .as_ref()
+        .map(|c| format!(", checkpoint {}", c.display()))
+        .unwrap_or_default();
     printer.status(format!(
-        "{verb} step {}: loss {loss}, {:.0} tokens/s{}",
-        summary.steps,
-        summary.tokens_per_s,
-        checkpoint
-            .map(|c| format!(", checkpoint {c}"))
-            .unwrap_or_default()
+        "{verb} step {}: loss {loss}{eval}, {:.0} tokens/s{checkpoint}",
+        summary.steps, summary.tokens_per_s
     ));
 }

@@ -56,14 +56,8 @@ impl PoolMemory {
         self.release_hold()?;
         self.trim()?;
         let (total, free) = self.device_totals()?;
-        if capacity > total {
-            return Err(Error::invalid(
-                "device profile",
-                "gpu_memory_bytes",
-                format!("({capacity}) is larger than this GPU ({total} bytes); it cannot be emulated here"),
-            ));
-        }
-        let hold = total - capacity;
+        // A target as large as this GPU (or larger: the card itself is the limit) needs no hold.
+        let hold = total.saturating_sub(capacity);
         if hold > 0 {
             if hold > free {
                 return Err(Error::invalid(

@@ -54,6 +54,14 @@ pub enum RegimeEnd {
     },
     /// Not even the smallest candidate is feasible.
     NothingFits,
+    /// Growth stopped: doubling the micro-batch raised throughput by less than the space's
+    /// `saturation_gain`, so larger batches would only cost memory.
+    Saturated {
+        /// The largest micro-batch probed.
+        largest: usize,
+        /// Relative throughput gain of the last doubling (negative when it got slower).
+        gain: f64,
+    },
     /// Stopped early: an optimistic bound on its throughput is below the best found earlier.
     Pruned {
         /// Largest feasible micro-batch when pruned (0 if none).

@@ -19,6 +19,10 @@
 //! Feasibility is assumed monotone in the micro-batch, so the bracket's lower edge ends as the
 //! **exact** largest feasible candidate.
 //!
+//! Growth also stops when the last doubling raised throughput by less than the space's
+//! `saturation_gain` (the regime is *saturated*): past that point a larger batch buys memory
+//! pressure, not speed, and the boundary need not be found.
+//!
 //! A regime stops early (is *pruned*) when even an optimistic bound on its throughput cannot
 //! beat the best setting measured in an earlier regime: step time does not fall as the batch
 //! grows, so every unprobed micro-batch `b` above the largest feasible one `lo` runs at most
@@ -303,6 +307,11 @@ impl SearchDriver {
             }
         }
         let Some(hi) = hi else {
+            if let Some(gain) = self.last_doubling_gain(probes, lo) {
+                if gain < self.space.saturation_gain {
+                    return RegimeProgress::Finished(RegimeEnd::Saturated { largest: lo, gain });
+                }
+            }
             // Growth: at least double.
             return explore(open[open.partition_point(|&b| b < 2 * lo).min(open.len() - 1)]);
         };
@@ -317,6 +326,24 @@ impl SearchDriver {
             }
         }
         explore(open[open.len() / 2])
+    }
+
+    /// Relative throughput gain from the second-largest to the largest feasible micro-batch.
+    fn last_doubling_gain(&self, probes: &[(usize, &ProbeResult)], lo: usize) -> Option<f64> {
+        let tokens = |b: usize| {
+            probes
+                .iter()
+                .filter(|(_, r)| r.request.knobs.micro_batch == b && self.is_feasible(r))
+                .find_map(|(_, r)| r.outcome.measurement().map(|m| m.tokens_per_s))
+        };
+        let previous = probes
+            .iter()
+            .filter(|(_, r)| self.is_feasible(r))
+            .map(|(_, r)| r.request.knobs.micro_batch)
+            .filter(|&b| b < lo)
+            .max()?;
+        let (now, before) = (tokens(lo)?, tokens(previous)?);
+        (before > 0.0).then(|| now / before - 1.0)
     }
 
     /// The memory model's largest fitting candidate, kept inside the open bracket.

@@ -246,3 +246,40 @@ fn events_follow_the_search() {
     let json = serde_json::to_string(&events[0]).unwrap();
     assert!(json.starts_with(r#"{"event":"probe_started""#), "{json}");
 }
+
+#[test]
+fn stops_growing_once_throughput_saturates() {
+    // Step time 50 ms + 1 ms per sequence: throughput b/(0.05 + 0.001 b) gains 96 %, 91 %, …
+    // per doubling and only ~2.4 % from 1024 on; memory would allow 5000+ sequences.
+    let b = budget(200 * GIB, 0.05);
+    let sim = Simulator::with_budget(
+        &b,
+        128,
+        vec![laws(bf16(), (1024.0, 37.0, 0.0), (0.05, 0.001))],
+    );
+    let s = SearchSpace {
+        max_micro_batch: 8192,
+        ..SearchSpace::new(vec![bf16()])
+    };
+    let driver = SearchDriver::new(s, b).unwrap();
+    let outcome = search(&driver, &sim);
+    let states = driver.regime_states(&outcome.history);
+    let RegimeProgress::Finished(RegimeEnd::Saturated { largest, gain }) = states[0].progress
+    else {
+        panic!("expected saturation, got {:?}", states[0]);
+    };
+    assert!(gain < SearchSpace::DEFAULT_SATURATION_GAIN, "{gain}");
+    assert!(largest <= 2048, "grew to {largest}");
+    // No probe ran into the memory boundary, and the choice is within 3 % of the best possible
+    // throughput at any feasible batch (the law's asymptote is 1000 sequences/s).
+    assert!(outcome
+        .history
+        .iter()
+        .all(|r| r.outcome.measurement().is_some()));
+    let chosen = outcome.chosen().unwrap().micro_batch as f64;
+    let rate = chosen / (0.05 + 0.001 * chosen);
+    assert!(
+        rate > 0.95 * 1000.0,
+        "chosen {chosen} runs {rate} sequences/s"
+    );
+}

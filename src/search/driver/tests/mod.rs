@@ -59,9 +59,12 @@ fn budget(gpu: u64, headroom: f64) -> Budget {
     }
 }
 
+/// A space that grows to the memory boundary (no saturation stop), so that boundary finding is
+/// what these tables test; `choice::stops_growing_once_throughput_saturates` tests the stop.
 fn space(regimes: Vec<Regime>, max_micro_batch: usize) -> SearchSpace {
     SearchSpace {
         max_micro_batch,
+        saturation_gain: 0.0,
         ..SearchSpace::new(regimes)
     }
 }

@@ -1,0 +1,306 @@
+//! `autotune tune`: search for the fastest feasible plan and write it.
+//!
+//! The pieces are the library's: a [`SearchDriver`] decides, a prober measures, the plan is
+//! built from the history. This file only chooses the prober for the target device, renders
+//! search events for people, and writes the outputs.
+
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use candle_core::Device;
+use serde::Serialize;
+
+use autotune::backend;
+use autotune::plan::schema::Plan;
+use autotune::probe::child::ChildProber;
+use autotune::probe::live::LiveProber;
+use autotune::probe::outcome::{Outcome, ProbeRequest, ProbeResult};
+use autotune::search::decision::Decision;
+use autotune::search::driver::SearchDriver;
+use autotune::search::report::{Event, Purpose};
+use autotune::search::run::{run_search, SearchOutcome};
+use autotune::search::space::SearchSpace;
+use autotune::spec::budget::Budget;
+use autotune::spec::device::{DeviceKind, DeviceProfile};
+use autotune::ModelSpec;
+
+use super::args::{ProbeIsolation, TuneArgs};
+use super::printer::Printer;
+use super::Status;
+
+/// What a finished search produced.
+pub struct Tuned {
+    pub spec: ModelSpec,
+    pub profile: DeviceProfile,
+    pub plan: Option<Plan>,
+    pub outcome: SearchOutcome,
+}
+
+pub fn run(args: TuneArgs, printer: &Printer) -> anyhow::Result<Status> {
+    let tuned = tune(&args, printer)?;
+    Ok(emit(&tuned, args.out.as_ref(), printer)?)
+}
+
+/// Runs the search described by `args`.
+pub fn tune(args: &TuneArgs, printer: &Printer) -> anyhow::Result<Tuned> {
+    let spec = ModelSpec::resolve(&args.model)?;
+    let profile = target_profile(&args.device)?;
+    let mut budget = Budget::from_device(&profile);
+    if let Some(h) = args.headroom {
+        budget.headroom = h;
+    }
+    budget.validate()?;
+    let space = search_space(args, &profile)?;
+    let driver = SearchDriver::new(space, budget)?;
+    let device = match profile.kind {
+        DeviceKind::Cpu => Device::Cpu,
+        DeviceKind::Cuda => backend::open("cuda")?,
+    };
+    printer.status(format!(
+        "tuning {} ({:.1}M parameters, seq {}) for {} ({}), probing on {}",
+        spec.name,
+        spec.parameter_count() as f64 / 1e6,
+        spec.seq_len,
+        profile.name,
+        describe_budget(&budget),
+        backend::describe(&device),
+    ));
+    let progress = SearchProgress::new(printer);
+    let outcome = match args.isolation {
+        ProbeIsolation::InProcess => {
+            let mut meter = backend::memory_meter(&device, profile.gpu_memory_bytes)?;
+            let mut prober = LiveProber::new(
+                &spec,
+                &device,
+                Some(profile.host_memory_bytes),
+                meter.as_mut(),
+            );
+            run_search(&driver, &mut |r: &ProbeRequest| prober.probe(r), &progress)?
+        }
+        ProbeIsolation::Child => {
+            let exe = std::env::current_exe().context("cannot locate the autotune executable")?;
+            let device_name = match profile.kind {
+                DeviceKind::Cpu => "cpu",
+                DeviceKind::Cuda => "cuda",
+            };
+            let mut prober = ChildProber::new(
+                exe,
+                &spec,
+                device_name,
+                profile.gpu_memory_bytes,
+                Some(profile.host_memory_bytes),
+            );
+            run_search(&driver, &mut |r: &ProbeRequest| prober.probe(r), &progress)?
+        }
+    };
+    progress.finish();
+    let created = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let plan = Plan::from_search(&driver, &outcome, &spec, &profile, created);
+    Ok(Tuned {
+        spec,
+        profile,
+        plan,
+        outcome,
+    })
+}
+
+/// Writes the plan (or the negative answer) and maps it to an exit status.
+pub fn emit(tuned: &Tuned, out: Option<&PathBuf>, printer: &Printer) -> anyhow::Result<Status> {
+    let Some(plan) = &tuned.plan else {
+        let hint = match &tuned.outcome.decision {
+            Decision::NoFeasible { hint } => hint.clone(),
+            other => format!("the search ended without a verified plan ({other:?})"),
+        };
+        printer.data_json(&NoPlan {
+            feasible: false,
+            hint: &hint,
+            evidence: &tuned.outcome.history,
+        });
+        printer.data_text(format!(
+            "no feasible plan for {} on {}\nhint: {hint}",
+            tuned.spec.name, tuned.profile.name
+        ));
+        return Ok(Status::Negative);
+    };
+    if let Some(path) = out {
+        plan.save(path)?;
+        printer.status(format!("plan written to {}", path.display()));
+    }
+    printer.data_json(plan);
+    printer.data_text(summary(plan));
+    Ok(Status::Success)
+}
+
+#[derive(Serialize)]
+struct NoPlan<'a> {
+    feasible: bool,
+    hint: &'a str,
+    evidence: &'a [ProbeResult],
+}
+
+fn summary(plan: &Plan) -> String {
+    let m = &plan.measured;
+    let mut text = format!(
+        "plan: {}\n  measured {:.0} tokens/s ({:.1} ms/step), peak GPU {}, peak host {}\n  {} trials",
+        plan.knobs,
+        m.tokens_per_s,
+        m.step_time_median_s * 1e3,
+        gib(m.peak_gpu_bytes),
+        gib(m.peak_host_bytes),
+        plan.evidence.len(),
+    );
+    if let Some(e) = plan.model_error.memory_loo_rel_error {
+        text.push_str(&format!(", memory model held-out error {:.1}%", e * 100.0));
+    }
+    text
+}
+
+/// `auto` (the local GPU, or the built-in CPU profile), a built-in name, or a JSON file.
+pub fn target_profile(name: &str) -> anyhow::Result<DeviceProfile> {
+    if name != "auto" {
+        return Ok(DeviceProfile::resolve(name)?);
+    }
+    match backend::detect_gpu_profile()? {
+        Some(profile) => Ok(profile),
+        None => Ok(DeviceProfile::builtin("cpu")?),
+    }
+}
+
+fn search_space(args: &TuneArgs, profile: &DeviceProfile) -> anyhow::Result<SearchSpace> {
+    let regimes = if args.precision.is_empty() {
+        SearchSpace::default_regimes(profile.kind)
+    } else {
+        let mut r = SearchSpace::default_regimes(profile.kind);
+        r.retain(|g| args.precision.contains(&g.precision));
+        for &p in &args.precision {
+            if !r.iter().any(|g| g.precision == p) {
+                r.push(autotune::Regime {
+                    precision: p,
+                    checkpointing: autotune::Checkpointing::None,
+                    offload: autotune::Offload::None,
+                });
+            }
+        }
+        r
+    };
+    // CPU trials are slow and quiet: fewer timed steps give the same ranking.
+    let (warmup, timed, verify) = match profile.kind {
+        DeviceKind::Cpu => (1, 3, 5),
+        DeviceKind::Cuda => (2, 5, 10),
+    };
+    let space = SearchSpace {
+        max_micro_batch: args.max_micro_batch,
+        global_batch: args.global_batch,
+        warmup_steps: args.warmup_steps.unwrap_or(warmup),
+        timed_steps: args.timed_steps.unwrap_or(timed),
+        verify_timed_steps: verify,
+        max_probes: args.max_probes,
+        saturation_gain: args.saturation_gain,
+        ..SearchSpace::new(regimes)
+    };
+    space.validate()?;
+    Ok(space)
+}
+
+fn describe_budget(budget: &Budget) -> String {
+    let host = format!("host {}", gib(budget.host_bytes));
+    match budget.gpu_bytes {
+        Some(g) => format!(
+            "GPU {}, {host}, headroom {:.0}%",
+            gib(g),
+            budget.headroom * 100.0
+        ),
+        None => format!("{host}, headroom {:.0}%", budget.headroom * 100.0),
+    }
+}
+
+pub fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// Renders search events on stderr: a spinner while a trial runs, one line when it ends.
+struct SearchProgress {
+    printer: Printer,
+    bar: indicatif::ProgressBar,
+}
+
+impl SearchProgress {
+    fn new(printer: &Printer) -> Self {
+        let bar = printer.spinner();
+        Self {
+            printer: *printer,
+            bar,
+        }
+    }
+
+    fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+impl autotune::search::report::Reporter for SearchProgress {
+    fn report(&self, event: &Event) {
+        match event {
+            Event::ProbeStarted {
+                index,
+                request,
+                purpose,
+            } => {
+                let what = if *purpose == Purpose::Verify {
+                    "verifying"
+                } else {
+                    "probing"
+                };
+                self.bar
+                    .set_message(format!("[{}] {what} {}", index + 1, request.knobs));
+            }
+            Event::ProbeFinished {
+                index,
+                result,
+                feasible,
+                ..
+            } => {
+                let line = format!(
+                    "[{}] {}: {}",
+                    index + 1,
+                    result.request.knobs,
+                    describe(result, *feasible)
+                );
+                self.bar.suspend(|| self.printer.status(line));
+            }
+            Event::RegimeDone {
+                regime,
+                end,
+                probes,
+                ..
+            } => {
+                let line = format!("  {regime}: {end:?} after {probes} trials");
+                self.bar.suspend(|| self.printer.detail(line));
+            }
+            Event::Verified { .. } | Event::Finished { .. } => {}
+        }
+    }
+}
+
+fn describe(result: &ProbeResult, feasible: bool) -> String {
+    match &result.outcome {
+        Outcome::Fits(m) => format!(
+            "{} {:.0} tokens/s, peak GPU {}, host {}",
+            if feasible {
+                "fits,"
+            } else {
+                "fits but above the headroom,"
+            },
+            m.tokens_per_s,
+            gib(m.peak_gpu_bytes),
+            gib(m.peak_host_bytes)
+        ),
+        Outcome::OutOfMemory { memory, phase } => {
+            format!("out of {memory:?} memory during {phase:?}")
+        }
+        Outcome::Crashed { reason } => format!("crashed: {reason}"),
+    }
+}

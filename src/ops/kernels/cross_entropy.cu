@@ -1,0 +1,51 @@
+// Softmax cross-entropy from logits. One block per row; T is the logits dtype, all arithmetic
+// in f32.
+#include "common.cuh"
+
+// loss[row] = logsumexp(logits[row]) - logits[row][target]; NaN for an out-of-range target
+// (a kernel cannot return an error, and NaN makes the bad batch visible in the loss).
+template <typename T>
+__device__ void ce_fwd(const T *logits, const uint32_t *targets, float *loss, int cols) {
+    const size_t row = blockIdx.x;
+    const T *x = logits + row * cols;
+    float m = -INFINITY, s = 0.f;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) lse_add(m, s, to_f32(x[j]));
+    block_lse(m, s);
+    if (threadIdx.x == 0) {
+        const uint32_t t = targets[row];
+        loss[row] = t < (uint32_t)cols ? (m + logf(s)) - to_f32(x[t]) : NAN;
+    }
+}
+
+// dlogits[row][j] = (softmax(logits[row])[j] - [j == target]) * grad[row], with the row's
+// log-sum-exp rebuilt from the saved loss: lse = loss + logits[target]. `loss_grad` holds the
+// per-row losses followed by the per-row upstream gradients (2 * rows floats).
+template <typename T>
+__device__ void ce_bwd(const T *logits, const uint32_t *targets, const float *loss_grad,
+                       T *dlogits, int rows, int cols) {
+    const size_t row = blockIdx.x;
+    const T *x = logits + row * cols;
+    T *dx = dlogits + row * cols;
+    const uint32_t t = targets[row];
+    const float g = loss_grad[rows + row];
+    const float lse = t < (uint32_t)cols ? loss_grad[row] + to_f32(x[t]) : NAN;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+        const float p = expf(to_f32(x[j]) - lse);
+        dx[j] = from_f32<T>((p - (j == (int)t ? 1.f : 0.f)) * g);
+    }
+}
+
+#define CE_KERNELS(T, NAME)                                                                    \
+    extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                  \
+        ce_fwd_##NAME(const T *logits, const uint32_t *targets, float *loss, int cols) {       \
+        ce_fwd<T>(logits, targets, loss, cols);                                                \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                  \
+        ce_bwd_##NAME(const T *logits, const uint32_t *targets, const float *loss_grad,        \
+                      T *dlogits, int rows, int cols) {                                        \
+        ce_bwd<T>(logits, targets, loss_grad, dlogits, rows, cols);                            \
+    }
+
+CE_KERNELS(float, f32)
+CE_KERNELS(__nv_bfloat16, bf16)
+CE_KERNELS(__half, f16)

@@ -1,0 +1,46 @@
+// Softmax over the last dimension and its backward. One block per row; f32 arithmetic.
+#include "common.cuh"
+
+// y = exp(x - max) / sum(exp(x - max)); the row is read twice (online max/sum, then write).
+template <typename T>
+__device__ void softmax_fwd(const T *xs, T *ys, int cols) {
+    const size_t row = blockIdx.x;
+    const T *x = xs + row * cols;
+    T *y = ys + row * cols;
+    float m = -INFINITY, s = 0.f;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) lse_add(m, s, to_f32(x[j]));
+    block_lse(m, s);
+    const float inv = 1.f / s;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+        y[j] = from_f32<T>(expf(to_f32(x[j]) - m) * inv);
+    }
+}
+
+// dx = y * (dy - sum(dy * y)): needs only the output y, not the input.
+template <typename T>
+__device__ void softmax_bwd(const T *ys, const T *dys, T *dxs, int cols) {
+    const size_t row = blockIdx.x;
+    const T *y = ys + row * cols;
+    const T *dy = dys + row * cols;
+    T *dx = dxs + row * cols;
+    float dot = 0.f;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) dot += to_f32(dy[j]) * to_f32(y[j]);
+    dot = block_sum(dot);
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+        dx[j] = from_f32<T>(to_f32(y[j]) * (to_f32(dy[j]) - dot));
+    }
+}
+
+#define SOFTMAX_KERNELS(T, NAME)                                                               \
+    extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                  \
+        softmax_fwd_##NAME(const T *x, T *y, int cols) {                                       \
+        softmax_fwd<T>(x, y, cols);                                                            \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                  \
+        softmax_bwd_##NAME(const T *y, const T *dy, T *dx, int cols) {                         \
+        softmax_bwd<T>(y, dy, dx, cols);                                                       \
+    }
+
+SOFTMAX_KERNELS(float, f32)
+SOFTMAX_KERNELS(__nv_bfloat16, bf16)
+SOFTMAX_KERNELS(__half, f16)
