@@ -18,6 +18,7 @@ pub mod knobs;
 pub mod model;
 pub mod plan;
 pub mod probe;
+pub mod profile;
 pub mod search;
 pub mod spec;
 pub mod train;

@@ -108,6 +108,29 @@ impl AffineBytes {
     }
 }
 
+/// The points whose micro-batch is at least 1/[`UPPER_RANGE_DIVISOR`] of the largest one, or the
+/// three largest micro-batches' points if fewer qualify (all points when there are fewer).
+pub fn upper_range(samples: &[(usize, Measurement)]) -> Vec<(usize, Measurement)> {
+    let Some(largest) = samples.iter().map(|(b, _)| *b).max() else {
+        return Vec::new();
+    };
+    let upper: Vec<_> = samples
+        .iter()
+        .filter(|(b, _)| b * UPPER_RANGE_DIVISOR >= largest)
+        .copied()
+        .collect();
+    if upper.len() >= 3 {
+        return upper;
+    }
+    let mut sorted = samples.to_vec();
+    sorted.sort_by_key(|(b, _)| std::cmp::Reverse(*b));
+    sorted.truncate(3.max(upper.len()));
+    sorted
+}
+
+/// See [`upper_range`]: an eighth of the largest micro-batch keeps three doublings of data.
+pub const UPPER_RANGE_DIVISOR: usize = 8;
+
 /// Predicted peaks at one micro-batch.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -137,7 +160,14 @@ pub struct MemoryModel {
 impl MemoryModel {
     /// Fits both laws to `(micro_batch, measurement)` points; `None` unless at least two
     /// distinct micro-batches are present.
+    ///
+    /// Only the upper range of micro-batches enters the fit (see [`upper_range`]): the model is
+    /// used near the memory boundary, and at very small batches fixed-size workspaces (thread
+    /// pool buffers on a CPU, cuBLAS workspace choices on a GPU) switch on and off, which bends
+    /// the law there without saying anything about large batches.
     pub fn fit(samples: &[(usize, Measurement)]) -> Option<Self> {
+        let samples = upper_range(samples);
+        let samples = samples.as_slice();
         let gpu: Vec<(usize, u64)> = samples
             .iter()
             .map(|(b, m)| (*b, m.peak_gpu_bytes))

@@ -307,7 +307,10 @@ impl SearchDriver {
             }
         }
         let Some(hi) = hi else {
-            if let Some(gain) = self.last_doubling_gain(probes, lo) {
+            let gain = (self.space.saturation_gain > 0.0)
+                .then(|| self.last_doubling_gain(probes, lo))
+                .flatten();
+            if let Some(gain) = gain {
                 if gain < self.space.saturation_gain {
                     return RegimeProgress::Finished(RegimeEnd::Saturated { largest: lo, gain });
                 }

@@ -8,3 +8,6 @@ mod training;
 
 /// The command line: exit codes and messages for bad input.
 mod cli;
+
+/// Tuning on the CPU: exact boundaries, model error, plans that train, bad input.
+mod tune;

@@ -2,8 +2,9 @@
 // in f32.
 #include "common.cuh"
 
-// loss[row] = logsumexp(logits[row]) - logits[row][target]; NaN for an out-of-range target
-// (a kernel cannot return an error, and NaN makes the bad batch visible in the loss).
+// loss[row] = logsumexp(logits[row]) - logits[row][target], computed as
+// log(sum) - (logit[target] - max) so large logits do not cancel; NaN for an out-of-range
+// target (a kernel cannot return an error, and NaN makes the bad batch visible in the loss).
 template <typename T>
 __device__ void ce_fwd(const T *logits, const uint32_t *targets, float *loss, int cols) {
     const size_t row = blockIdx.x;
@@ -13,7 +14,7 @@ __device__ void ce_fwd(const T *logits, const uint32_t *targets, float *loss, in
     block_lse(m, s);
     if (threadIdx.x == 0) {
         const uint32_t t = targets[row];
-        loss[row] = t < (uint32_t)cols ? (m + logf(s)) - to_f32(x[t]) : NAN;
+        loss[row] = t < (uint32_t)cols ? logf(s) - (to_f32(x[t]) - m) : NAN;
     }
 }
 

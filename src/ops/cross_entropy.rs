@@ -1,0 +1,240 @@
+//! Softmax cross-entropy from logits as one differentiable op.
+//!
+//! Memory: the graph keeps the logits (the op's input, in their own dtype) and the per-row f32
+//! loss; nothing else. Backward rebuilds each row's log-sum-exp as `loss + logit[target]` and
+//! writes `(softmax − onehot) · upstream` straight into a logits-dtype buffer, so no f32 copy,
+//! probability or log-probability tensor ever exists. The composite reference keeps an f32
+//! copy (for bf16/f16 logits), the shifted logits, their exponentials and the log-probabilities.
+
+#![allow(unsafe_code)]
+
+use candle_core::{
+    bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType,
+};
+
+use super::{check_input, contiguous, float_storage, from_f32, rows_cols, to_f32};
+
+const NAME: &str = "fused-cross-entropy";
+
+/// Mean softmax cross-entropy of `logits` (`rows × classes`; f32, bf16 or f16; any layout)
+/// against `targets` (`rows` u32 class indices), as an f32 scalar. Accumulates in f32.
+///
+/// Memory saved for backward: the logits and one f32 per row (see the module doc).
+pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    cross_entropy_rows(logits, targets)?.mean_all()
+}
+
+/// Per-row softmax cross-entropy (`rows`, f32): `logsumexp(logits[r]) − logits[r][targets[r]]`.
+///
+/// Differentiable with respect to `logits` (the gradient has the logits' dtype); `targets` get
+/// none. An out-of-range target is an error on the CPU and a NaN loss on the GPU, where a
+/// kernel cannot report errors. Memory saved for backward: the logits and the returned losses.
+pub fn cross_entropy_rows(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    check_input(logits, NAME)?;
+    let (rows, _) = logits.dims2()?;
+    let targets = targets.flatten_all()?;
+    if targets.dtype() != DType::U32 || targets.elem_count() != rows {
+        bail!(
+            "{NAME}: targets must be {rows} u32 class indices, got {:?} {:?}",
+            targets.dtype(),
+            targets.shape()
+        );
+    }
+    logits
+        .contiguous()?
+        .apply_op2(&targets.contiguous()?, CrossEntropy)
+}
+
+/// Forward: `(logits, targets) → per-row loss`.
+struct CrossEntropy;
+
+/// Backward: `(logits, targets, [loss; grad]) → grad_logits`. The third input packs the
+/// per-row losses and upstream gradients into one `2·rows` f32 tensor because custom ops take
+/// at most three inputs.
+struct CrossEntropyGrad;
+
+impl CustomOp2 for CrossEntropy {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (rows, cols) = rows_cols(l1);
+        let targets = contiguous(u32::cpu_storage_as_slice(s2)?, l2, NAME)?;
+        let loss = float_storage!(NAME, s1, v => fwd_cpu(contiguous(v, l1, NAME)?, targets, cols)?);
+        Ok((CpuStorage::F32(loss), Shape::from(rows)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (rows, _) = rows_cols(l1);
+        let loss = super::cuda::float_slice!(NAME, s1, v => gpu::fwd(v, l1, s2, l2, &s1.device)?);
+        Ok((loss, Shape::from(rows)))
+    }
+
+    fn bwd(
+        &self,
+        logits: &Tensor,
+        targets: &Tensor,
+        loss: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let grad = grad.detach().to_dtype(DType::F32)?;
+        let loss_grad = Tensor::cat(&[&loss.detach(), &grad], 0)?;
+        let dlogits = logits.apply_op3_no_bwd(targets, &loss_grad, &CrossEntropyGrad)?;
+        Ok((Some(dlogits), None))
+    }
+}
+
+impl CustomOp3 for CrossEntropyGrad {
+    fn name(&self) -> &'static str {
+        "fused-cross-entropy-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (_, cols) = rows_cols(l1);
+        let targets = contiguous(u32::cpu_storage_as_slice(s2)?, l2, NAME)?;
+        let loss_grad = contiguous(f32::cpu_storage_as_slice(s3)?, l3, NAME)?;
+        let out = float_storage!(NAME, s1, v => bwd_cpu(contiguous(v, l1, NAME)?, targets, loss_grad, cols));
+        Ok((out, l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let out = super::cuda::float_slice!(NAME, s1, v => gpu::bwd(v, l1, s2, l2, s3, l3, &s1.device)?);
+        Ok((out, l1.shape().clone()))
+    }
+}
+
+fn fwd_cpu<T: WithDType>(logits: &[T], targets: &[u32], cols: usize) -> Result<Vec<f32>> {
+    let mut loss = Vec::with_capacity(targets.len());
+    for (row, &target) in logits.chunks_exact(cols).zip(targets) {
+        let t = target as usize;
+        if t >= cols {
+            bail!("{NAME}: target {t} out of range for {cols} classes");
+        }
+        let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(to_f32(v)));
+        let sum: f64 = row
+            .iter()
+            .map(|&v| f64::from((to_f32(v) - max).exp()))
+            .sum();
+        // log(sum) − (x_t − max) rather than max + log(sum) − x_t: no cancellation between
+        // large logits.
+        loss.push((sum as f32).ln() - (to_f32(row[t]) - max));
+    }
+    Ok(loss)
+}
+
+fn bwd_cpu<T: WithDType>(
+    logits: &[T],
+    targets: &[u32],
+    loss_grad: &[f32],
+    cols: usize,
+) -> CpuStorage {
+    let (loss, grad) = loss_grad.split_at(targets.len());
+    let mut out = Vec::with_capacity(logits.len());
+    for (r, row) in logits.chunks_exact(cols).enumerate() {
+        let t = targets[r] as usize;
+        // Forward already rejected out-of-range targets on this device.
+        let lse = loss[r] + to_f32(row[t]);
+        let g = grad[r];
+        out.extend(row.iter().enumerate().map(|(j, &v)| {
+            let p = (to_f32(v) - lse).exp();
+            from_f32::<T>((p - if j == t { 1.0 } else { 0.0 }) * g)
+        }));
+    }
+    T::to_cpu_storage_owned(out)
+}
+
+#[cfg(feature = "cuda")]
+mod gpu {
+    //! Launch configs: one block per row, `row_config` threads (64..=1024, ~4 classes each).
+
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, PushKernelArg};
+    use candle_core::cuda_backend::WrapErr;
+    use candle_core::{CudaDevice, CudaStorage, Layout, Result};
+
+    use super::NAME;
+    use crate::ops::cuda::{self, Elem};
+    use crate::ops::rows_cols;
+
+    pub(super) fn fwd<T: Elem>(
+        logits: &CudaSlice<T>,
+        l1: &Layout,
+        targets: &CudaStorage,
+        l2: &Layout,
+        dev: &CudaDevice,
+    ) -> Result<CudaStorage> {
+        let (rows, cols) = rows_cols(l1);
+        let x = cuda::slice_view(logits, l1, NAME)?;
+        let t = cuda::view::<u32>(targets, l2, NAME)?;
+        let func = cuda::kernel(dev, &cuda::CROSS_ENTROPY, "ce_fwd", T::DTYPE)?;
+        let mut loss = cuda::output::<f32>(dev, rows)?;
+        let n_cols = cuda::dim(cols, "classes")?;
+        let stream = dev.cuda_stream();
+        let mut args = stream.launch_builder(&func);
+        args.arg(&x).arg(&t).arg(&mut loss).arg(&n_cols);
+        // SAFETY: the arguments match `ce_fwd_<T>(const T*, const uint32_t*, float*, int)`;
+        // `x` holds rows·cols elements, `t` and `loss` rows, and the grid has one block per row.
+        unsafe { args.launch(cuda::row_config(rows, cols)?) }.w()?;
+        Ok(CudaStorage::wrap_cuda_slice(loss, dev.clone()))
+    }
+
+    pub(super) fn bwd<T: Elem>(
+        logits: &CudaSlice<T>,
+        l1: &Layout,
+        targets: &CudaStorage,
+        l2: &Layout,
+        loss_grad: &CudaStorage,
+        l3: &Layout,
+        dev: &CudaDevice,
+    ) -> Result<CudaStorage> {
+        let (rows, cols) = rows_cols(l1);
+        let x = cuda::slice_view(logits, l1, NAME)?;
+        let t = cuda::view::<u32>(targets, l2, NAME)?;
+        let lg = cuda::view::<f32>(loss_grad, l3, NAME)?;
+        let func = cuda::kernel(dev, &cuda::CROSS_ENTROPY, "ce_bwd", T::DTYPE)?;
+        let mut dx = cuda::output::<T>(dev, rows * cols)?;
+        let (n_rows, n_cols) = (cuda::dim(rows, "rows")?, cuda::dim(cols, "classes")?);
+        let stream = dev.cuda_stream();
+        let mut args = stream.launch_builder(&func);
+        args.arg(&x)
+            .arg(&t)
+            .arg(&lg)
+            .arg(&mut dx)
+            .arg(&n_rows)
+            .arg(&n_cols);
+        // SAFETY: the arguments match `ce_bwd_<T>(const T*, const uint32_t*, const float*, T*,
+        // int, int)`; `lg` holds 2·rows floats, `x` and `dx` rows·cols elements.
+        unsafe { args.launch(cuda::row_config(rows, cols)?) }.w()?;
+        Ok(CudaStorage::wrap_cuda_slice(dx, dev.clone()))
+    }
+}

@@ -1,0 +1,137 @@
+//! Shared CUDA plumbing for the fused ops: embedded PTX, kernel lookup, launch shapes.
+//!
+//! Kernels are PTX compiled by `build.rs` (see the module doc of [`crate::ops`]). Each `.cu` file
+//! is one CUDA module, loaded once per device by candle's custom-module cache and looked up by
+//! `<kernel>_<dtype>` name.
+
+#![allow(unsafe_code)]
+
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig,
+};
+use candle_core::cuda_backend::CudaDType;
+use candle_core::{bail, CudaDevice, CudaStorage, DType, Layout, Result, WithDType};
+
+/// One PTX module: its cache key in candle's custom-module table and its text.
+pub(crate) struct Module {
+    name: &'static str,
+    ptx: &'static str,
+}
+
+pub(crate) const CROSS_ENTROPY: Module = Module {
+    name: "autotune_cross_entropy",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/cross_entropy.ptx")),
+};
+
+pub(crate) const SOFTMAX: Module = Module {
+    name: "autotune_softmax",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/softmax.ptx")),
+};
+
+pub(crate) const LAYER_NORM: Module = Module {
+    name: "autotune_layer_norm",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/layer_norm.ptx")),
+};
+
+/// Element types a kernel argument can have (the float dtypes, and u32 for targets).
+pub(crate) trait Elem: WithDType + CudaDType + DeviceRepr {}
+impl<T: WithDType + CudaDType + DeviceRepr> Elem for T {}
+
+/// Matches a float `CudaStorage`, binding its `&CudaSlice<T>` to `$v` in `$body`; the body is
+/// monomorphised per dtype, so it can call generic launch functions.
+macro_rules! float_slice {
+    ($op:expr, $storage:expr, $v:ident => $body:expr) => {{
+        use candle_core::cuda_backend::CudaStorageSlice as Slice;
+        match &$storage.slice {
+            Slice::F32($v) => $body,
+            Slice::BF16($v) => $body,
+            Slice::F16($v) => $body,
+            _ => candle_core::bail!(
+                "{}: expected f32, bf16 or f16 input, got {:?}",
+                $op,
+                candle_core::backend::BackendStorage::dtype($storage)
+            ),
+        }
+    }};
+}
+pub(crate) use float_slice;
+
+/// Loads (once) and returns kernel `<base>_<dtype>` of `module`; launch it on
+/// `dev.cuda_stream()`, the stream candle runs everything else on.
+pub(crate) fn kernel(
+    dev: &CudaDevice,
+    module: &Module,
+    base: &str,
+    dtype: DType,
+) -> Result<CudaFunction> {
+    let suffix = match dtype {
+        DType::F32 => "f32",
+        DType::BF16 => "bf16",
+        DType::F16 => "f16",
+        other => bail!("{base}: no CUDA kernel for {other:?}"),
+    };
+    let func = dev.get_or_load_custom_func(&format!("{base}_{suffix}"), module.name, module.ptx)?;
+    Ok(func.into_cuda_function())
+}
+
+/// Loads a kernel that has no dtype variants.
+pub(crate) fn kernel_untyped(
+    dev: &CudaDevice,
+    module: &Module,
+    name: &str,
+) -> Result<CudaFunction> {
+    let func = dev.get_or_load_custom_func(name, module.name, module.ptx)?;
+    Ok(func.into_cuda_function())
+}
+
+/// One block per row. Each thread handles about four elements of the row (enough work to hide
+/// latency, few enough threads to keep several blocks per SM for short rows); the block size is
+/// a power of two in 64..=1024 because the block reductions assume whole warps.
+pub(crate) fn row_config(rows: usize, cols: usize) -> Result<LaunchConfig> {
+    let threads = cols.div_ceil(4).next_power_of_two().clamp(64, 1024);
+    Ok(LaunchConfig {
+        grid_dim: (dim(rows, "rows")? as u32, 1, 1),
+        block_dim: (threads as u32, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// A size as the kernels' `int` parameter.
+pub(crate) fn dim(n: usize, what: &str) -> Result<i32> {
+    match i32::try_from(n) {
+        Ok(v) => Ok(v),
+        Err(_) => bail!("{what} = {n} exceeds the kernels' 32-bit index range"),
+    }
+}
+
+/// The contiguous view of a storage that `layout` addresses, as element type `T` (an error if
+/// the storage holds another dtype).
+pub(crate) fn view<'a, T: Elem>(
+    storage: &'a CudaStorage,
+    layout: &Layout,
+    op: &str,
+) -> Result<CudaView<'a, T>> {
+    slice_view(T::as_cuda_slice(storage)?, layout, op)
+}
+
+/// The contiguous part of `slice` that `layout` addresses.
+pub(crate) fn slice_view<'a, T>(
+    slice: &'a CudaSlice<T>,
+    layout: &Layout,
+    op: &str,
+) -> Result<CudaView<'a, T>> {
+    match layout.contiguous_offsets() {
+        Some((start, end)) => Ok(slice.slice(start..end)),
+        None => bail!("{op}: input must be contiguous"),
+    }
+}
+
+/// An output buffer of `len` elements.
+///
+/// SAFETY (of the callers' use): the memory is uninitialised; every caller launches a kernel
+/// that writes all `len` elements before the buffer is read.
+pub(crate) fn output<T: DeviceRepr>(dev: &CudaDevice, len: usize) -> Result<CudaSlice<T>> {
+    // SAFETY: see the function doc: the buffer is fully written by the next kernel on the
+    // same stream before any read.
+    unsafe { dev.alloc::<T>(len) }
+}

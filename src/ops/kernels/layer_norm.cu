@@ -1,0 +1,151 @@
+// Layer norm over the last dimension with f32 gamma/beta; T is the activation dtype, statistics
+// and arithmetic in f32. Row kernels run one block per row; the parameter-gradient reduction
+// runs over column tiles (see ln_params_partial).
+#include "common.cuh"
+
+// Mean and 1/sqrt(var + eps) of one row, two-pass (mean first, then squared deviations) so a
+// large mean does not cancel the variance.
+template <typename T>
+__device__ void row_stats(const T *x, int cols, float eps, float &mean, float &rstd) {
+    float s = 0.f;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) s += to_f32(x[j]);
+    mean = block_sum(s) / (float)cols;
+    float v = 0.f;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+        const float d = to_f32(x[j]) - mean;
+        v += d * d;
+    }
+    const float var = block_sum(v) / (float)cols;
+    rstd = 1.f / sqrtf(var + eps);
+}
+
+template <typename T>
+__device__ void ln_fwd(const T *xs, const float *gamma, const float *beta, T *ys, int cols,
+                       float eps) {
+    const size_t row = blockIdx.x;
+    const T *x = xs + row * cols;
+    T *y = ys + row * cols;
+    float mean, rstd;
+    row_stats(x, cols, eps, mean, rstd);
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+        y[j] = from_f32<T>((to_f32(x[j]) - mean) * rstd * gamma[j] + beta[j]);
+    }
+}
+
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma. Statistics are recomputed
+// from x (the row is read from L1/L2 again) instead of being saved by the forward pass.
+template <typename T>
+__device__ void ln_bwd_input(const T *xs, const T *dys, const float *gamma, T *dxs, int cols,
+                             float eps) {
+    const size_t row = blockIdx.x;
+    const T *x = xs + row * cols;
+    const T *dy = dys + row * cols;
+    T *dx = dxs + row * cols;
+    float mean, rstd;
+    row_stats(x, cols, eps, mean, rstd);
+    float sum_g = 0.f, sum_gx = 0.f;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+        const float g = to_f32(dy[j]) * gamma[j];
+        sum_g += g;
+        sum_gx += g * (to_f32(x[j]) - mean) * rstd;
+    }
+    block_sum2(sum_g, sum_gx);
+    const float mean_g = sum_g / (float)cols;
+    const float mean_gx = sum_gx / (float)cols;
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+        const float g = to_f32(dy[j]) * gamma[j];
+        const float xhat = (to_f32(x[j]) - mean) * rstd;
+        dx[j] = from_f32<T>(rstd * (g - mean_g - xhat * mean_gx));
+    }
+}
+
+// stats[2 * row] = mean, stats[2 * row + 1] = rstd.
+template <typename T>
+__device__ void ln_stats(const T *xs, float *stats, int cols, float eps) {
+    const size_t row = blockIdx.x;
+    float mean, rstd;
+    row_stats(xs + row * cols, cols, eps, mean, rstd);
+    if (threadIdx.x == 0) {
+        stats[2 * row] = mean;
+        stats[2 * row + 1] = rstd;
+    }
+}
+
+// First pass of dgamma = sum_rows dy * xhat and dbeta = sum_rows dy. Block (32, 8): threadIdx.x
+// picks a column (coalesced loads), threadIdx.y strides over the block's chunk of rows; the 8
+// partial sums are added in a fixed order and written to partial[0|1][chunk][col]. The chunking
+// depends only on the shape, so the result is reproducible run to run.
+#define TILE_COLS 32
+#define TILE_ROWS 8
+template <typename T>
+__device__ void ln_params_partial(const T *xs, const T *dys, const float *stats, float *partial,
+                                  int rows, int cols, int rows_per_chunk) {
+    __shared__ float sg[TILE_ROWS][TILE_COLS + 1];
+    __shared__ float sb[TILE_ROWS][TILE_COLS + 1];
+    const int col = blockIdx.x * TILE_COLS + threadIdx.x;
+    const int chunk = blockIdx.y;
+    const int chunks = gridDim.y;
+    const int r0 = chunk * rows_per_chunk;
+    const int r1 = min(rows, r0 + rows_per_chunk);
+    float dg = 0.f, db = 0.f;
+    if (col < cols) {
+        for (int r = r0 + threadIdx.y; r < r1; r += TILE_ROWS) {
+            const size_t i = (size_t)r * cols + col;
+            const float d = to_f32(dys[i]);
+            dg += d * (to_f32(xs[i]) - stats[2 * r]) * stats[2 * r + 1];
+            db += d;
+        }
+    }
+    sg[threadIdx.y][threadIdx.x] = dg;
+    sb[threadIdx.y][threadIdx.x] = db;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < cols) {
+        float g = 0.f, b = 0.f;
+#pragma unroll
+        for (int k = 0; k < TILE_ROWS; ++k) {
+            g += sg[k][threadIdx.x];
+            b += sb[k][threadIdx.x];
+        }
+        partial[(size_t)chunk * cols + col] = g;
+        partial[((size_t)chunks + chunk) * cols + col] = b;
+    }
+}
+
+// Second pass: out[col] = dgamma, out[cols + col] = dbeta, summing the chunks in order.
+extern "C" __global__ void ln_params_final(const float *partial, float *out, int chunks,
+                                           int cols) {
+    const int col = blockIdx.x * blockDim.x + threadIdx.x;
+    if (col >= cols) return;
+    float g = 0.f, b = 0.f;
+    for (int c = 0; c < chunks; ++c) {
+        g += partial[(size_t)c * cols + col];
+        b += partial[((size_t)chunks + c) * cols + col];
+    }
+    out[col] = g;
+    out[cols + col] = b;
+}
+
+#define LN_KERNELS(T, NAME)                                                                    \
+    extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                  \
+        ln_fwd_##NAME(const T *x, const float *gamma, const float *beta, T *y, int cols,       \
+                      float eps) {                                                             \
+        ln_fwd<T>(x, gamma, beta, y, cols, eps);                                               \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                  \
+        ln_bwd_input_##NAME(const T *x, const T *dy, const float *gamma, T *dx, int cols,      \
+                            float eps) {                                                       \
+        ln_bwd_input<T>(x, dy, gamma, dx, cols, eps);                                          \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                  \
+        ln_stats_##NAME(const T *x, float *stats, int cols, float eps) {                       \
+        ln_stats<T>(x, stats, cols, eps);                                                      \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(TILE_COLS * TILE_ROWS)                        \
+        ln_params_partial_##NAME(const T *x, const T *dy, const float *stats, float *partial,  \
+                                 int rows, int cols, int rows_per_chunk) {                     \
+        ln_params_partial<T>(x, dy, stats, partial, rows, cols, rows_per_chunk);               \
+    }
+
+LN_KERNELS(float, f32)
+LN_KERNELS(__nv_bfloat16, bf16)
+LN_KERNELS(__half, f16)

@@ -1,0 +1,214 @@
+//! Regression verdicts: noise passes, real changes fail, and re-runs cover every recorded trial.
+
+use std::cell::RefCell;
+
+use super::*;
+use crate::probe::outcome::{Measurement, MemoryKind, Outcome, Phase, ProbeResult};
+use crate::profile::check::{check, recheck, Tolerance, Verdict};
+use crate::search::{Event, Purpose};
+
+fn fixture() -> Profile {
+    recorded(spaces().remove(1)).3
+}
+
+/// The profile's trials with `f` applied to every measurement.
+fn edited(profile: &Profile, f: impl Fn(&mut Measurement)) -> Vec<ProbeResult> {
+    let mut fresh = profile.probes.clone();
+    for r in &mut fresh {
+        if let Outcome::Fits(m) = &mut r.outcome {
+            f(m);
+        }
+    }
+    fresh
+}
+
+fn fitting(profile: &Profile) -> usize {
+    profile
+        .probes
+        .iter()
+        .filter(|r| r.outcome.measurement().is_some())
+        .count()
+}
+
+#[test]
+fn an_unchanged_rerun_passes() {
+    let profile = fixture();
+    let report = check(&profile, &profile.probes, Tolerance::default());
+    assert!(report.passed());
+    assert_eq!((report.regressions, report.improvements, report.missing), (0, 0, 0));
+    assert_eq!(report.settings.len(), profile.probes.len());
+    assert!(report
+        .settings
+        .iter()
+        .all(|s| s.verdicts == vec![Verdict::Unchanged]));
+}
+
+#[test]
+fn ten_percent_more_memory_everywhere_fails() {
+    let profile = fixture();
+    let fresh = edited(&profile, |m| {
+        m.peak_gpu_bytes = m.peak_gpu_bytes * 11 / 10;
+    });
+    let report = check(&profile, &fresh, Tolerance::default());
+    assert!(!report.passed());
+    assert_eq!(report.regressions, fitting(&profile));
+    for s in report.settings.iter().filter(|s| s.regression) {
+        match s.verdicts.as_slice() {
+            [Verdict::MoreMemory {
+                memory: MemoryKind::Gpu,
+                change,
+                ..
+            }] => assert!((change - 0.1).abs() < 1e-6),
+            other => panic!("expected more device memory, got {other:?}"),
+        }
+    }
+    // 1 % (or under 16 MiB) is within the memory tolerance.
+    let fresh = edited(&profile, |m| {
+        m.peak_gpu_bytes += m.peak_gpu_bytes / 100;
+        m.peak_host_bytes += 15 << 20;
+    });
+    assert!(check(&profile, &fresh, Tolerance::default()).passed());
+}
+
+#[test]
+fn time_noise_within_the_band_passes_and_a_real_slowdown_fails() {
+    let profile = fixture();
+    let tolerance = Tolerance::default();
+    // Noisy trials (spread 30 %, five steps): an 8 % difference is within the band of
+    // 3 · √2 · 1.2533 · 0.3 / 2.5631 / √5 ≈ 28 %.
+    let noisy = |m: &mut Measurement| {
+        m.step_time_spread = 0.3;
+        m.timed_steps = 5;
+    };
+    let mut recorded = profile.clone();
+    recorded.probes = edited(&profile, noisy);
+    let fresh = edited(&recorded, |m| m.step_time_median_s *= 1.08);
+    assert!(check(&recorded, &fresh, tolerance).passed());
+    // Quiet trials: 4 % is below the 5 % floor, 30 % is a regression.
+    let mut quiet = profile.clone();
+    quiet.probes = edited(&profile, |m| {
+        m.step_time_spread = 0.01;
+        m.timed_steps = 5;
+    });
+    let fresh = edited(&quiet, |m| m.step_time_median_s *= 1.04);
+    assert!(check(&quiet, &fresh, tolerance).passed());
+    let fresh = edited(&quiet, |m| m.step_time_median_s *= 1.3);
+    let report = check(&quiet, &fresh, tolerance);
+    assert_eq!(report.regressions, fitting(&profile));
+    let slower = &report.settings.iter().find(|s| s.regression).unwrap().verdicts;
+    assert!(
+        matches!(slower.as_slice(), [Verdict::Slower { change, band, .. }]
+            if (change - 0.3).abs() < 1e-9 && (band - 0.05).abs() < 1e-12),
+        "{slower:?}"
+    );
+    // The same 30 % faster is an improvement, not a failure.
+    let fresh = edited(&quiet, |m| m.step_time_median_s /= 1.3);
+    let report = check(&quiet, &fresh, tolerance);
+    assert!(report.passed());
+    assert_eq!(report.improvements, fitting(&profile));
+}
+
+#[test]
+fn outcome_changes_and_missing_trials() {
+    let profile = fixture();
+    let fits = profile
+        .probes
+        .iter()
+        .position(|r| r.outcome.measurement().is_some())
+        .unwrap();
+    let oom = profile
+        .probes
+        .iter()
+        .position(|r| matches!(r.outcome, Outcome::OutOfMemory { .. }))
+        .unwrap();
+    let mut fresh = profile.probes.clone();
+    fresh[fits].outcome = Outcome::OutOfMemory {
+        memory: MemoryKind::Gpu,
+        phase: Phase::Checkpoint,
+    };
+    fresh[oom].outcome = profile.probes[fits].outcome.clone();
+    let dropped = fresh.pop().unwrap();
+    let report = check(&profile, &fresh, Tolerance::default());
+    assert_eq!(report.regressions, 1);
+    assert!(matches!(
+        report.settings[fits].verdicts.as_slice(),
+        [Verdict::NewlyOom {
+            phase: Phase::Checkpoint,
+            ..
+        }]
+    ));
+    assert!(matches!(
+        report.settings[oom].verdicts.as_slice(),
+        [Verdict::NoLongerOom { .. }]
+    ));
+    assert_eq!(report.improvements, 1);
+    let last = report.settings.last().unwrap();
+    assert_eq!(last.request, dropped.request);
+    assert_eq!(last.verdicts, vec![Verdict::Missing]);
+    assert_eq!(report.missing, 1);
+
+    // A crash where it ran before fails the check.
+    let mut crashed = profile.probes.clone();
+    crashed[fits].outcome = Outcome::Crashed {
+        reason: "illegal address".into(),
+    };
+    assert_eq!(
+        check(&profile, &crashed, Tolerance::default()).regressions,
+        1
+    );
+}
+
+#[test]
+fn recheck_reruns_every_recorded_trial() {
+    let (_, sim, _, profile) = recorded(spaces().remove(1));
+    let events = RefCell::new(Vec::new());
+    let reporter = |e: &Event| events.borrow_mut().push(e.clone());
+    let fresh = recheck(&profile, &mut |r| Ok(sim.probe(r)), &reporter).unwrap();
+    let requests = |rs: &[ProbeResult]| rs.iter().map(|r| r.request).collect::<Vec<_>>();
+    assert_eq!(requests(&fresh), requests(&profile.probes));
+    let events = events.into_inner();
+    assert_eq!(events.len(), 2 * profile.probes.len());
+    let verifications = events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                Event::ProbeStarted {
+                    purpose: Purpose::Verify,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(verifications, 1);
+    // The simulator is deterministic, so the re-run passes the check.
+    let report = check(&profile, &fresh, Tolerance::default());
+    assert!(report.passed());
+    // Errors abort the re-run.
+    let failing = recheck(
+        &profile,
+        &mut |_| Err(crate::Error::invalid("probe", "x", "fails")),
+        &NoReporter,
+    );
+    assert!(failing.is_err());
+}
+
+#[test]
+fn reports_and_tolerances_serialise() {
+    let profile = fixture();
+    let fresh = edited(&profile, |m| m.peak_host_bytes *= 2);
+    let report = check(&profile, &fresh, Tolerance::default());
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["regressions"], report.regressions);
+    let first = &json["settings"][0];
+    assert_eq!(first["verdicts"][0]["verdict"], "more_memory");
+    assert_eq!(first["verdicts"][0]["memory"], "host");
+    assert_eq!(json["tolerance"]["memory_floor_bytes"], 16 << 20);
+
+    let bad = Tolerance {
+        time_threshold: -0.1,
+        ..Tolerance::default()
+    };
+    assert!(bad.validate().is_err());
+    Tolerance::default().validate().unwrap();
+}

@@ -1,0 +1,196 @@
+//! Planning from a recorded profile: the recorded plan comes back, and unrecorded trials are
+//! predicted or refused by the stated rule.
+
+use super::*;
+use crate::knobs::Knobs;
+use crate::plan::Plan;
+use crate::probe::outcome::{MemoryKind, Outcome, ProbeRequest};
+use crate::profile::replay::{Answer, ReplayProber};
+
+#[test]
+fn replaying_a_recording_yields_the_recorded_plan() {
+    for space in spaces() {
+        let (driver, _, outcome, profile) = recorded(space.clone());
+        // Through a file, as `tune --backend replay:P` reads it.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("profile.json");
+        profile.save(&path).unwrap();
+        let mut replay = ReplayProber::new(Profile::load(&path).unwrap());
+
+        let fresh = SearchDriver::new(space.clone(), *driver.budget()).unwrap();
+        let mut answers = Vec::new();
+        let replayed = run_search(
+            &fresh,
+            &mut |r| {
+                let replayed = replay.replay(r);
+                answers.push(replayed.answer);
+                Ok(replayed.result)
+            },
+            &NoReporter,
+        )
+        .unwrap();
+        assert_eq!(replayed.decision, outcome.decision, "{space:?}");
+        assert!(answers.iter().all(|a| *a == Answer::Recorded), "{answers:?}");
+        let requests = |o: &SearchOutcome| o.history.iter().map(|r| r.request).collect::<Vec<_>>();
+        assert_eq!(requests(&replayed), requests(&outcome));
+
+        let plan = |o| Plan::from_search(&driver, o, &model(), &device_profile(), CREATED);
+        let (was, now) = (plan(&outcome).unwrap(), plan(&replayed).unwrap());
+        assert_eq!(now.knobs, was.knobs);
+        assert_eq!(Some(now.knobs), profile.chosen);
+        assert_eq!(now.measured.peak_gpu_bytes, was.measured.peak_gpu_bytes);
+    }
+}
+
+#[test]
+fn repeated_requests_are_answered_in_recorded_order() {
+    let (_, _, _, mut profile) = recorded(spaces().remove(0));
+    let first = profile.probes[0].clone();
+    let mut second = first.clone();
+    second.outcome = Outcome::OutOfMemory {
+        memory: MemoryKind::Gpu,
+        phase: crate::probe::outcome::Phase::Eval,
+    };
+    profile.probes.push(second.clone());
+    let mut replay = ReplayProber::new(profile);
+    assert_eq!(replay.probe(&first.request), first);
+    assert_eq!(replay.probe(&first.request), second);
+    // Past the recorded ones, the last recorded answers again.
+    assert_eq!(replay.probe(&first.request), second);
+}
+
+#[test]
+fn unrecorded_micro_batches_are_predicted_from_the_fits() {
+    // Recorded from micro-batch 1; replayed from 3, which asks other micro-batches. The laws
+    // are affine, so the fits are exact and the replay plans as the simulator itself does.
+    let (driver, sim, _, profile) = recorded(spaces().remove(0));
+    let space = SearchSpace {
+        start_micro_batch: 3,
+        ..profile.space.clone()
+    };
+    let other = SearchDriver::new(space, *driver.budget()).unwrap();
+    let direct = run_search(&other, &mut |r| Ok(sim.probe(r)), &NoReporter).unwrap();
+    let mut replay = ReplayProber::new(profile);
+    let mut answers = Vec::new();
+    let replayed = run_search(
+        &other,
+        &mut |r| {
+            let replayed = replay.replay(r);
+            answers.push(replayed.answer);
+            Ok(replayed.result)
+        },
+        &NoReporter,
+    )
+    .unwrap();
+    assert!(answers.contains(&Answer::Predicted), "{answers:?}");
+    assert_eq!(replayed.decision, direct.decision);
+    for (r, d) in replayed.history.iter().zip(&direct.history) {
+        assert_eq!(r.request, d.request);
+        assert_eq!(r.outcome.measurement().is_some(), d.outcome.measurement().is_some());
+    }
+}
+
+#[test]
+fn predictions_respect_recorded_ooms_and_the_budget() {
+    let (_, _, _, profile) = recorded(spaces().remove(0));
+    let smallest_oom = profile
+        .probes
+        .iter()
+        .filter(|r| r.request.knobs.regime() == bf16())
+        .filter(|r| matches!(r.outcome, Outcome::OutOfMemory { .. }))
+        .map(|r| r.request.knobs.micro_batch)
+        .min()
+        .expect("bf16 runs out of memory in the fixture");
+    let ask = |replay: &mut ReplayProber, micro_batch, grad_accum| {
+        let knobs = Knobs {
+            grad_accum,
+            ..Knobs::with_batch(bf16(), micro_batch, 1)
+        };
+        replay.replay(&ProbeRequest {
+            knobs,
+            warmup_steps: 1,
+            timed_steps: 4,
+        })
+    };
+    let mut replay = ReplayProber::new(profile.clone());
+    // Above a recorded out-of-memory: out of memory, whatever the model says.
+    let above = ask(&mut replay, smallest_oom + 1, 1);
+    assert_eq!(above.answer, Answer::Predicted);
+    assert!(matches!(above.result.outcome, Outcome::OutOfMemory { .. }));
+    // Below it, not recorded: predicted from the fit, with the asked lengths and accumulation.
+    let fits = ask(&mut replay, 3, 2);
+    assert_eq!(fits.answer, Answer::Predicted);
+    let m = fits.result.outcome.measurement().expect("3 sequences fit");
+    assert_eq!(m.timed_steps, 4);
+    let expected_gpu = 3000.0 * MIB + 3.0 * 1500.0 * MIB;
+    assert!((m.peak_gpu_bytes as f64 - expected_gpu).abs() < 2.0);
+    assert!((m.step_time_median_s - 2.0 * (0.02 + 3.0 * 0.0045)).abs() < 1e-9);
+    // The same knobs with other trial lengths: the recorded trial.
+    let recorded = profile.probes[0].request;
+    let again = replay.replay(&ProbeRequest {
+        timed_steps: 99,
+        ..recorded
+    });
+    assert_eq!(again.answer, Answer::SameKnobs);
+    assert_eq!(again.result.request.timed_steps, 99);
+    assert_eq!(again.result.outcome, profile.probes[0].outcome);
+}
+
+#[test]
+fn unrecorded_regimes_are_not_in_the_profile() {
+    let (_, _, _, profile) = recorded(spaces().remove(0));
+    let mut replay = ReplayProber::new(profile);
+    let offload = Regime {
+        offload: Offload::Optimizer,
+        ..bf16()
+    };
+    let replayed = replay.replay(&ProbeRequest {
+        knobs: Knobs::with_batch(offload, 4, 1),
+        warmup_steps: 2,
+        timed_steps: 5,
+    });
+    assert_eq!(replayed.answer, Answer::NotInProfile);
+    match replayed.result.outcome {
+        Outcome::Crashed { reason } => assert!(reason.contains("not in the recorded profile")),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_failed_verification_replays_as_failed() {
+    // Verification trials as long as search trials repeat the search trial's request; here the
+    // first verification fails (its peak lands above the usable bytes), so the recording goes
+    // on to another choice. Answering a repeat with the first recorded result would pass it.
+    let space = spaces().remove(2);
+    let budget = Budget::from_device(&device_profile());
+    let sim = simulator(&budget);
+    let driver = SearchDriver::new(space.clone(), budget).unwrap();
+    let usable = budget.usable_gpu_bytes().unwrap();
+    let mut seen = std::collections::HashSet::new();
+    let mut failed_once = false;
+    let outcome = run_search(
+        &driver,
+        &mut |r| {
+            let mut result = sim.probe(r);
+            if !seen.insert(r.knobs) && !failed_once {
+                failed_once = true;
+                if let Outcome::Fits(m) = &mut result.outcome {
+                    m.peak_gpu_bytes = usable + 1;
+                }
+            }
+            Ok(result)
+        },
+        &NoReporter,
+    )
+    .unwrap();
+    assert!(failed_once);
+    let first_choice = recorded(space.clone()).2.chosen();
+    assert_ne!(outcome.chosen(), first_choice);
+    let device = RecordedDevice::new(device_profile(), "NVIDIA GeForce RTX 4090");
+    let profile = Profile::from_search(&driver, &outcome, &model(), device, CREATED);
+    let mut replay = ReplayProber::new(profile);
+    let fresh = SearchDriver::new(space, budget).unwrap();
+    let replayed = run_search(&fresh, &mut |r| Ok(replay.probe(r)), &NoReporter).unwrap();
+    assert_eq!(replayed.decision, outcome.decision);
+    assert_eq!(replayed.history, outcome.history);
+}
