@@ -4,6 +4,9 @@
 //! (results under `benches/results/`); this bench tracks the CPU path that tests and the
 //! default run use.
 
+// criterion_main! generates an undocumented `main`.
+#![allow(missing_docs)]
+
 use candle_core::Device;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 

@@ -127,3 +127,28 @@ pub fn host_memory_bytes() -> Option<u64> {
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }
+
+/// The machine trials run on, for recorded profiles: the target profile plus what is detected.
+pub fn recorded_device(
+    device: &Device,
+    target: &DeviceProfile,
+) -> crate::profile::record::RecordedDevice {
+    #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
+    let mut recorded =
+        crate::profile::record::RecordedDevice::new(target.clone(), describe(device));
+    #[cfg(feature = "cuda")]
+    if device.is_cuda() {
+        if let Ok(nvml) = nvml_wrapper::Nvml::init() {
+            if let Ok(gpu) = nvml.device_by_index(0) {
+                recorded.name = gpu.name().unwrap_or_else(|_| "cuda".into());
+                recorded.memory_bytes = gpu.memory_info().ok().map(|m| m.total);
+            }
+            recorded.driver = nvml.sys_driver_version().ok();
+            recorded.cuda = nvml
+                .sys_cuda_driver_version()
+                .ok()
+                .map(|v| format!("{}.{}", v / 1000, (v % 1000) / 10));
+        }
+    }
+    recorded
+}

@@ -16,6 +16,7 @@ pub mod error;
 pub mod fit;
 pub mod knobs;
 pub mod model;
+pub mod ops;
 pub mod plan;
 pub mod probe;
 pub mod profile;

@@ -36,6 +36,8 @@ pub enum Command {
     Tune(TuneArgs),
     /// Print a plan's setting as a DeepSpeed config or as Trainer/Accelerate arguments.
     Export(ExportArgs),
+    /// Re-measure a recorded profile's settings and report regressions (exit 1 on any).
+    Check(super::check::CheckArgs),
     /// Train a model with explicit knobs, with progress, checkpoints and resume.
     Train(TrainArgs),
     /// Measure one setting with real training steps: step time, tokens/s, peak memory.
@@ -55,6 +57,7 @@ impl Command {
             Command::Tune(a) => a.json,
             Command::Run(a) => a.tune.json,
             Command::Export(_) => true,
+            Command::Check(a) => a.json,
         }
     }
 }
@@ -139,6 +142,13 @@ pub struct TuneArgs {
     /// How trials are isolated.
     #[arg(long, value_enum, default_value_t = ProbeIsolation::InProcess)]
     pub isolation: ProbeIsolation,
+    /// Where trials run: `live` (this machine) or `replay:PROFILE` (answered from a recorded
+    /// profile, offline and deterministic; the profile's model, device and space are used).
+    #[arg(long, default_value = "live")]
+    pub backend: String,
+    /// Record every trial into a profile file (for `autotune check` and replays).
+    #[arg(long)]
+    pub record: Option<PathBuf>,
     /// Write the plan here (atomically).
     #[arg(long)]
     pub out: Option<PathBuf>,

@@ -4,6 +4,7 @@
 //! 2 an error (bad input, I/O, backend failure), 130 interrupted by Ctrl-C after saving.
 
 mod args;
+mod check;
 mod export;
 mod printer;
 mod probe;
@@ -66,6 +67,7 @@ fn run(command: Command, printer: &Printer) -> anyhow::Result<Status> {
         Command::Tune(args) => tune::run(args, printer),
         Command::Run(args) => run::run(args, printer),
         Command::Export(args) => export::run(args, printer),
+        Command::Check(args) => check::run(args, printer),
     }
 }
 

@@ -4,7 +4,7 @@
 //! built from the history. This file only chooses the prober for the target device, renders
 //! search events for people, and writes the outputs.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
@@ -16,6 +16,8 @@ use autotune::plan::schema::Plan;
 use autotune::probe::child::ChildProber;
 use autotune::probe::live::LiveProber;
 use autotune::probe::outcome::{Outcome, ProbeRequest, ProbeResult};
+use autotune::profile::record::{Profile, RecordedDevice};
+use autotune::profile::replay::ReplayProber;
 use autotune::search::decision::Decision;
 use autotune::search::driver::SearchDriver;
 use autotune::search::report::{Event, Purpose};
@@ -33,17 +35,81 @@ use super::Status;
 pub struct Tuned {
     pub spec: ModelSpec,
     pub profile: DeviceProfile,
+    pub recorded: RecordedDevice,
+    pub driver: SearchDriver,
     pub plan: Option<Plan>,
     pub outcome: SearchOutcome,
 }
 
+impl Tuned {
+    /// The search as a recorded profile.
+    fn record(&self) -> Profile {
+        Profile::from_search(
+            &self.driver,
+            &self.outcome,
+            &self.spec,
+            self.recorded.clone(),
+            now(),
+        )
+    }
+}
+
 pub fn run(args: TuneArgs, printer: &Printer) -> anyhow::Result<Status> {
     let tuned = tune(&args, printer)?;
-    Ok(emit(&tuned, args.out.as_ref(), printer)?)
+    emit(&tuned, args.out.as_ref(), printer)
 }
 
 /// Runs the search described by `args`.
 pub fn tune(args: &TuneArgs, printer: &Printer) -> anyhow::Result<Tuned> {
+    let tuned = match args.backend.strip_prefix("replay:") {
+        Some(path) => replay(Path::new(path), printer)?,
+        None if args.backend == "live" => live(args, printer)?,
+        None => anyhow::bail!(
+            "unknown `--backend {}`; expected live or replay:PROFILE",
+            args.backend
+        ),
+    };
+    if let Some(path) = &args.record {
+        tuned.record().save(path)?;
+        printer.status(format!("profile recorded to {}", path.display()));
+    }
+    Ok(tuned)
+}
+
+/// Plans offline from a recorded profile: the recorded model, target and search space, with
+/// every trial answered from the recording.
+fn replay(path: &Path, printer: &Printer) -> anyhow::Result<Tuned> {
+    let profile = Profile::load(path)?;
+    let driver = profile.driver()?;
+    let spec = profile.model.clone();
+    let device = profile.device.clone();
+    printer.status(format!(
+        "replaying {} on {} from {} ({} recorded trials)",
+        spec.name,
+        device.profile.name,
+        path.display(),
+        profile.probes.len()
+    ));
+    let mut prober = ReplayProber::new(profile);
+    let progress = SearchProgress::new(printer);
+    let outcome = run_search(
+        &driver,
+        &mut |r: &ProbeRequest| Ok(prober.probe(r)),
+        &progress,
+    )?;
+    progress.finish();
+    let plan = Plan::from_search(&driver, &outcome, &spec, &device.profile, now());
+    Ok(Tuned {
+        spec,
+        profile: device.profile.clone(),
+        recorded: device,
+        driver,
+        plan,
+        outcome,
+    })
+}
+
+fn live(args: &TuneArgs, printer: &Printer) -> anyhow::Result<Tuned> {
     let spec = ModelSpec::resolve(&args.model)?;
     let profile = target_profile(&args.device)?;
     let mut budget = Budget::from_device(&profile);
@@ -95,16 +161,22 @@ pub fn tune(args: &TuneArgs, printer: &Printer) -> anyhow::Result<Tuned> {
         }
     };
     progress.finish();
-    let created = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let plan = Plan::from_search(&driver, &outcome, &spec, &profile, created);
+    let plan = Plan::from_search(&driver, &outcome, &spec, &profile, now());
+    let recorded = backend::recorded_device(&device, &profile);
     Ok(Tuned {
         spec,
         profile,
+        recorded,
+        driver,
         plan,
         outcome,
     })
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// Writes the plan (or the negative answer) and maps it to an exit status.

@@ -1,9 +1,14 @@
-//! Dropout masks that are a pure function of (run seed, step, micro-batch, call order).
+//! Dropout masks that are a pure function of (run seed, step, micro-batch, block, call order).
 //!
 //! candle's CPU RNG cannot be seeded, so `candle_nn::ops::dropout` would make CPU runs
 //! irreproducible and a resumed run would diverge from an uninterrupted one. Here each
 //! micro-batch gets its own stream: on the CPU a ChaCha generator, on a GPU the device's
 //! generator reseeded with the same derived seed, so masks never depend on what ran before.
+//!
+//! Each Transformer block draws from its own sub-stream ([`Dropout::sub_stream`]), keyed by the
+//! micro-batch key and the block index. Activation checkpointing relies on this: a block that is
+//! recomputed in the backward pass opens its sub-stream again and gets exactly the masks its
+//! forward pass used, whatever ran in between.
 
 use std::cell::RefCell;
 
@@ -16,13 +21,24 @@ use crate::Result;
 /// A source of dropout masks for one forward pass; `None` disables dropout (evaluation).
 pub struct Dropout {
     p: f32,
-    stream: Option<RefCell<Stream>>,
+    stream: Option<Enabled>,
+}
+
+/// An active stream and what is needed to derive sub-streams from it.
+struct Enabled {
+    key: u64,
+    device: Device,
+    rng: RefCell<Stream>,
 }
 
 enum Stream {
-    Host(ChaCha8Rng),
+    // Boxed: the generator is 320 bytes, the other variant none.
+    Host(Box<ChaCha8Rng>),
     Device,
 }
+
+/// Mixed into sub-stream keys so that they never coincide with a micro-batch key.
+const SUB_STREAM_TAG: u64 = 0xB10C_5EED;
 
 impl Dropout {
     /// Dropout off.
@@ -34,20 +50,36 @@ impl Dropout {
     }
 
     /// Dropout with probability `p` for the micro-batch identified by `key`.
+    ///
+    /// On a GPU this reseeds the device's generator, so the stream must be opened right before
+    /// its masks are drawn.
     pub fn new(p: f32, device: &Device, key: u64) -> Result<Self> {
         if p == 0.0 {
             return Ok(Self::disabled());
         }
-        let stream = if device.is_cpu() {
-            Stream::Host(ChaCha8Rng::seed_from_u64(key))
+        let rng = if device.is_cpu() {
+            Stream::Host(Box::new(ChaCha8Rng::seed_from_u64(key)))
         } else {
             device.set_seed(key)?;
             Stream::Device
         };
         Ok(Self {
             p,
-            stream: Some(RefCell::new(stream)),
+            stream: Some(Enabled {
+                key,
+                device: device.clone(),
+                rng: RefCell::new(rng),
+            }),
         })
+    }
+
+    /// An independent stream for part `index` of this pass (a Transformer block), opened afresh:
+    /// calling it twice with the same index gives the same masks, on the CPU and on a GPU.
+    pub fn sub_stream(&self, index: u64) -> Result<Self> {
+        match &self.stream {
+            None => Ok(Self::disabled()),
+            Some(s) => Self::new(self.p, &s.device, Self::key(s.key, SUB_STREAM_TAG, index)),
+        }
     }
 
     /// Derives a per-micro-batch key from its coordinates (SplitMix64 finaliser).
@@ -66,7 +98,7 @@ impl Dropout {
             return Ok(x.clone());
         };
         let keep = 1.0 - self.p;
-        let mask = match &mut *stream.borrow_mut() {
+        let mask = match &mut *stream.rng.borrow_mut() {
             Stream::Host(rng) => {
                 let scale = 1.0 / keep;
                 let values: Vec<f32> = (0..x.elem_count())

@@ -72,7 +72,15 @@ impl LayerNorm {
     }
 
     /// Normalises `x` and returns it in `x`'s dtype.
-    pub fn forward(&self, x: &Tensor, _engine: Engine) -> Result<Tensor> {
+    pub fn forward(&self, x: &Tensor, engine: Engine) -> Result<Tensor> {
+        if engine == Engine::Fused {
+            return Ok(crate::ops::layer_norm(
+                x,
+                self.gamma.as_tensor(),
+                self.beta.as_tensor(),
+                self.eps,
+            )?);
+        }
         let dtype = x.dtype();
         let x = cast(x, DType::F32)?;
         let mean = x.mean_keepdim(D::Minus1)?;
@@ -88,7 +96,10 @@ impl LayerNorm {
 
 /// Softmax over the last dimension. The subtracted maximum is detached: softmax does not depend
 /// on it, so its gradient is zero and tracking it would only cost memory and time.
-pub fn softmax_last_dim(x: &Tensor, _engine: Engine) -> Result<Tensor> {
+pub fn softmax_last_dim(x: &Tensor, engine: Engine) -> Result<Tensor> {
+    if engine == Engine::Fused {
+        return Ok(crate::ops::softmax_last_dim(x)?);
+    }
     let max = x.max_keepdim(D::Minus1)?.detach();
     let exp = x.broadcast_sub(&max)?.exp()?;
     let sum = exp.sum_keepdim(D::Minus1)?;
@@ -97,7 +108,10 @@ pub fn softmax_last_dim(x: &Tensor, _engine: Engine) -> Result<Tensor> {
 
 /// Mean cross-entropy of `logits` (`rows × classes`, any float dtype) against `targets` (`rows`,
 /// u32), computed in f32.
-pub fn cross_entropy(logits: &Tensor, targets: &Tensor, _engine: Engine) -> Result<Tensor> {
+pub fn cross_entropy(logits: &Tensor, targets: &Tensor, engine: Engine) -> Result<Tensor> {
+    if engine == Engine::Fused {
+        return Ok(crate::ops::cross_entropy(logits, targets)?);
+    }
     let logits = cast(logits, DType::F32)?;
     let max = logits.max_keepdim(D::Minus1)?.detach();
     let shifted = logits.broadcast_sub(&max)?;

@@ -28,10 +28,35 @@ pub enum Engine {
 
 /// Per-forward-pass context: dropout masks and the engine.
 pub struct Ctx {
-    /// Dropout for this micro-batch (disabled for evaluation).
+    /// Dropout for this micro-batch (disabled for evaluation). Blocks draw from sub-streams of
+    /// it ([`Ctx::block`]); the embedding dropout draws from it directly.
     pub dropout: Dropout,
     /// Implementation choice.
     pub engine: Engine,
+}
+
+impl Ctx {
+    /// The context of block `index`: its own dropout sub-stream, opened afresh, so that running
+    /// the block again (activation checkpointing) draws the same masks.
+    pub fn block(&self, index: usize) -> Result<Ctx> {
+        Ok(Ctx {
+            dropout: self.dropout.sub_stream(index as u64)?,
+            engine: self.engine,
+        })
+    }
+}
+
+/// Where a model's f32 master weights live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Masters {
+    /// The model's `Var`s are the f32 masters, on the training device.
+    Device,
+    /// The masters live in a host buffer (taken by the offloaded optimizer); the device holds
+    /// working copies in [`params::working_dtype`] for this compute dtype.
+    Host {
+        /// The dtype activations run in.
+        compute: DType,
+    },
 }
 
 /// Embedding → blocks → (final norm) → vocabulary head.
@@ -48,7 +73,23 @@ pub struct Transformer {
 impl Transformer {
     /// Builds the model with f32 master weights on `device`, initialised from `seed`.
     pub fn new(spec: &ModelSpec, device: &Device, seed: u64) -> Result<Self> {
-        let mut store = ParamStore::new(device, seed);
+        Self::with_masters(spec, device, seed, Masters::Device)
+    }
+
+    /// Builds the model with its master weights where `masters` says; the initial values are
+    /// the same either way.
+    pub fn with_masters(
+        spec: &ModelSpec,
+        device: &Device,
+        seed: u64,
+        masters: Masters,
+    ) -> Result<Self> {
+        let mut store = match masters {
+            Masters::Device => ParamStore::new(device, seed),
+            Masters::Host { compute } => {
+                ParamStore::with_host_masters(device, seed, compute, spec.parameter_count())
+            }
+        };
         let init = InitScheme::for_spec(spec);
         let d = spec.d_model;
         let embed_init = match spec.positions {
@@ -99,8 +140,41 @@ impl Transformer {
         &self.params
     }
 
+    /// Mutable access to the parameters (to take the host masters).
+    pub fn params_mut(&mut self) -> &mut ParamStore {
+        &mut self.params
+    }
+
+    /// The Transformer blocks, in order.
+    pub fn blocks(&self) -> &[Block] {
+        &self.blocks
+    }
+
     /// Logits `(batch·seq, vocab)` in `dtype` for `tokens` `(batch, seq)` (u32).
     pub fn forward(&self, tokens: &Tensor, dtype: DType, ctx: &Ctx) -> Result<Tensor> {
+        let mask = self.attention_mask(tokens.dim(1)?, dtype, tokens.device())?;
+        let mut x = self.embed(tokens, dtype, ctx)?;
+        for (i, block) in self.blocks.iter().enumerate() {
+            x = block.forward(&x, mask.as_ref(), &ctx.block(i)?)?;
+        }
+        self.head(&x, ctx)
+    }
+
+    /// The same logits as [`Transformer::forward`] without keeping the graph beyond one block:
+    /// each block's output is detached, so memory holds one block's activations at a time
+    /// (evaluation, where no gradient is wanted).
+    pub fn forward_detached(&self, tokens: &Tensor, dtype: DType, ctx: &Ctx) -> Result<Tensor> {
+        let mask = self.attention_mask(tokens.dim(1)?, dtype, tokens.device())?;
+        let mut x = self.embed(tokens, dtype, ctx)?.detach();
+        for (i, block) in self.blocks.iter().enumerate() {
+            x = block.forward(&x, mask.as_ref(), &ctx.block(i)?)?.detach();
+        }
+        Ok(self.head(&x, ctx)?.detach())
+    }
+
+    /// Token (and position) embeddings `(batch, seq, d_model)` in `dtype`, with the embedding
+    /// dropout of pre-norm models.
+    pub fn embed(&self, tokens: &Tensor, dtype: DType, ctx: &Ctx) -> Result<Tensor> {
         let (b, s) = tokens.dims2()?;
         let d = self.spec.d_model;
         let mut x = self
@@ -116,17 +190,31 @@ impl Transformer {
             // GPT-2 drops embeddings; PyTorch's encoder stack (the seed) does not.
             x = ctx.dropout.apply(&x)?;
         }
-        let mask = if self.spec.causal {
-            Some(causal_mask(s, dtype, tokens.device())?)
+        Ok(x)
+    }
+
+    /// The additive attention mask for sequences of `seq` tokens (`None` when not causal).
+    pub fn attention_mask(
+        &self,
+        seq: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Option<Tensor>> {
+        if self.spec.causal {
+            Ok(Some(causal_mask(seq, dtype, device)?))
         } else {
-            None
+            Ok(None)
+        }
+    }
+
+    /// Final norm (pre-norm models) and vocabulary head: `(batch, seq, d_model)` → logits
+    /// `(batch·seq, vocab)`.
+    pub fn head(&self, x: &Tensor, ctx: &Ctx) -> Result<Tensor> {
+        let (b, s, d) = x.dims3()?;
+        let x = match &self.final_norm {
+            Some(norm) => norm.forward(x, ctx.engine)?,
+            None => x.clone(),
         };
-        for block in &self.blocks {
-            x = block.forward(&x, mask.as_ref(), ctx)?;
-        }
-        if let Some(norm) = &self.final_norm {
-            x = norm.forward(&x, ctx.engine)?;
-        }
         self.head.forward(&x.reshape((b * s, d))?)
     }
 }

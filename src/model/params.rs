@@ -1,8 +1,13 @@
-//! `ParamStore`: the model's trainable f32 master weights, named and in a fixed order.
+//! `ParamStore`: the model's trainable parameters, named and in a fixed order.
 //!
 //! Order matters: the optimizer state and checkpoints are aligned with it, and a fixed order
 //! makes runs reproducible. Initial values come from a seeded host RNG, so the same seed gives
-//! the same model on the CPU and on the GPU.
+//! the same model on the CPU and on the GPU, wherever its master weights live.
+//!
+//! By default the store's `Var`s *are* the f32 master weights. With host masters (optimizer
+//! offload) the store also fills one flat f32 buffer in host memory with every parameter's initial
+//! value, in order, and the `Var`s become device working copies: matrices in the compute dtype,
+//! vectors in f32 (see [`working_dtype`]).
 
 use std::collections::HashMap;
 
@@ -25,26 +30,62 @@ pub enum Init {
     Uniform(f32),
 }
 
+/// The dtype of a parameter's device working copy when its f32 master lives in host memory.
+///
+/// Matrices (linear weights, embeddings) run in the compute dtype, so storing them in it halves
+/// their device memory at bf16/f16 and makes the per-use cast a no-op. Vectors (biases, norm
+/// scales and shifts) stay f32: norms compute in f32, and vectors are a negligible share of the
+/// parameters.
+pub fn working_dtype(shape: &[usize], compute: DType) -> DType {
+    if shape.len() >= 2 {
+        compute
+    } else {
+        DType::F32
+    }
+}
+
 /// Named trainable parameters, in creation order.
 pub struct ParamStore {
     device: Device,
     rng: ChaCha8Rng,
     names: Vec<String>,
     vars: Vec<Var>,
+    host: Option<HostMasters>,
+}
+
+/// f32 master values kept in host memory while the `Var`s are working copies.
+struct HostMasters {
+    compute: DType,
+    values: Vec<f32>,
 }
 
 impl ParamStore {
-    /// An empty store whose initial values derive from `seed`.
+    /// An empty store whose initial values derive from `seed`; its `Var`s are f32 masters.
     pub fn new(device: &Device, seed: u64) -> Self {
         Self {
             device: device.clone(),
             rng: ChaCha8Rng::seed_from_u64(seed),
             names: Vec::new(),
             vars: Vec::new(),
+            host: None,
         }
     }
 
-    /// Creates an f32 parameter of `shape` named `name`.
+    /// An empty store that keeps f32 masters in host memory and creates device working copies
+    /// in [`working_dtype`]`(shape, compute)`. `capacity` (total elements expected) sizes the
+    /// host buffer once, so that building the model never holds two copies of it.
+    pub fn with_host_masters(device: &Device, seed: u64, compute: DType, capacity: usize) -> Self {
+        Self {
+            host: Some(HostMasters {
+                compute,
+                values: Vec::with_capacity(capacity),
+            }),
+            ..Self::new(device, seed)
+        }
+    }
+
+    /// Creates a parameter of `shape` named `name`: an f32 master, or with host masters an f32
+    /// host value plus a device working copy.
     pub fn param(&mut self, name: &str, shape: &[usize], init: Init) -> Result<Var> {
         let n: usize = shape.iter().product();
         let values: Vec<f32> = match init {
@@ -57,11 +98,25 @@ impl ParamStore {
                 .map(|_| std * standard_normal(&mut self.rng))
                 .collect(),
         };
-        let tensor = Tensor::from_vec(values, shape, &Device::Cpu)?.to_device(&self.device)?;
+        let dtype = match &mut self.host {
+            None => DType::F32,
+            Some(host) => {
+                host.values.extend_from_slice(&values);
+                working_dtype(shape, host.compute)
+            }
+        };
+        let tensor = Tensor::from_vec(values, shape, &Device::Cpu)?
+            .to_dtype(dtype)?
+            .to_device(&self.device)?;
         let var = Var::from_tensor(&tensor)?;
         self.names.push(name.to_string());
         self.vars.push(var.clone());
         Ok(var)
+    }
+
+    /// Hands over the flat host master buffer (creation order), if this store keeps one.
+    pub fn take_host_masters(&mut self) -> Option<Vec<f32>> {
+        self.host.take().map(|h| h.values)
     }
 
     /// The parameters in creation order.
@@ -79,7 +134,8 @@ impl ParamStore {
         self.vars.iter().map(|v| v.elem_count()).sum()
     }
 
-    /// The parameters as a name → tensor map (for safetensors).
+    /// The parameters as a name → tensor map (for safetensors); with host masters these are the
+    /// working copies, not the masters.
     pub fn named_tensors(&self) -> HashMap<String, Tensor> {
         self.names
             .iter()
@@ -88,7 +144,8 @@ impl ParamStore {
             .collect()
     }
 
-    /// Overwrites every parameter from `tensors`; each must be present with the same shape.
+    /// Overwrites every parameter from `tensors`; each must be present with the same shape. Values
+    /// are cast to each parameter's dtype.
     pub fn load_from(&self, tensors: &HashMap<String, Tensor>) -> std::result::Result<(), String> {
         for (name, var) in self.names.iter().zip(&self.vars) {
             let t = tensors
@@ -102,7 +159,7 @@ impl ParamStore {
                 ));
             }
             let t = t
-                .to_dtype(DType::F32)
+                .to_dtype(var.dtype())
                 .and_then(|t| t.to_device(var.device()))
                 .map_err(|e| e.to_string())?;
             var.set(&t).map_err(|e| e.to_string())?;

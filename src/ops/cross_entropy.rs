@@ -129,7 +129,8 @@ impl CustomOp3 for CrossEntropyGrad {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let out = super::cuda::float_slice!(NAME, s1, v => gpu::bwd(v, l1, s2, l2, s3, l3, &s1.device)?);
+        let out =
+            super::cuda::float_slice!(NAME, s1, v => gpu::bwd(v, l1, s2, l2, s3, l3, &s1.device)?);
         Ok((out, l1.shape().clone()))
     }
 }

@@ -37,7 +37,7 @@ macro_rules! float_storage {
             other => candle_core::bail!(
                 "{}: expected f32, bf16 or f16 input, got {:?}",
                 $op,
-                other.dtype()
+                candle_core::backend::BackendStorage::dtype(other)
             ),
         }
     };
@@ -65,7 +65,10 @@ fn check_input(x: &Tensor, op: &str) -> Result<()> {
         bail!("{op}: expected f32, bf16 or f16 input, got {:?}", x.dtype());
     }
     if x.rank() == 0 || x.elem_count() == 0 {
-        bail!("{op}: expected a non-empty input with at least one dimension, got {:?}", x.shape());
+        bail!(
+            "{op}: expected a non-empty input with at least one dimension, got {:?}",
+            x.shape()
+        );
     }
     Ok(())
 }

@@ -14,6 +14,7 @@ use crate::probe::host_memory;
 use crate::probe::outcome::{Measurement, MemoryKind, Outcome, Phase, ProbeRequest, ProbeResult};
 use crate::spec::model::ModelSpec;
 use crate::train::data::{Data, DataSpec};
+use crate::train::optim::Optimizer;
 use crate::train::step::Trainer;
 use crate::{Error, Result};
 
@@ -165,18 +166,30 @@ pub fn is_out_of_memory_text(text: &str) -> bool {
         || text.contains("out of memory")
 }
 
-/// Copies every weight and optimizer moment to the host one at a time, as a checkpoint save does.
+/// Does what a checkpoint save does with memory, without writing: on-device weights and moments
+/// are copied to the host one at a time; offloaded ones are streamed from host memory through
+/// the same small buffer the save uses.
 fn checkpoint_dry_run(trainer: &Trainer) -> Result<()> {
     let params = trainer.model().params();
-    let state = trainer.optimizer().state_tensors(params.names());
-    let tensors: Vec<&Tensor> = params
-        .vars()
-        .iter()
-        .map(|v| v.as_tensor())
-        .chain(state.values())
-        .collect();
-    for t in tensors {
-        drop(t.to_device(&Device::Cpu)?);
+    match trainer.optimizer() {
+        Optimizer::OnDevice(adam) => {
+            let state = adam.state_tensors(params.names());
+            let tensors: Vec<&Tensor> = params
+                .vars()
+                .iter()
+                .map(|v| v.as_tensor())
+                .chain(state.values())
+                .collect();
+            for t in tensors {
+                drop(t.to_device(&Device::Cpu)?);
+            }
+        }
+        Optimizer::Offloaded(offload) => {
+            offload
+                .write_masters(std::io::sink(), params.names())
+                .and_then(|()| offload.write_moments(std::io::sink(), params.names()))
+                .map_err(candle_core::Error::wrap)?;
+        }
     }
     Ok(())
 }

@@ -266,7 +266,10 @@ pub fn check(profile: &Profile, fresh: &[ProbeResult], tolerance: Tolerance) -> 
             Some(i) => {
                 used[i] = true;
                 let now = &fresh[i].outcome;
-                (Some(now.clone()), compare(&recorded.outcome, now, &tolerance))
+                (
+                    Some(now.clone()),
+                    compare(&recorded.outcome, now, &tolerance),
+                )
             }
             None => (None, vec![Verdict::Missing]),
         };

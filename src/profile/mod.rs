@@ -4,8 +4,8 @@
 //! - [`record`]: the [`Profile`] document (`profiles/recorded/…`), its loading and atomic save.
 //! - [`replay`]: [`ReplayProber`] answers trials from a profile, so `tune --backend replay:P`
 //!   plans without a device and reproduces the recorded plan.
-//! - [`check`]: compares fresh trials with the recorded ones under stated noise tolerances
-//!   ([`check::check`]), and re-runs a profile's trials ([`check::recheck`]).
+//! - [`check`](mod@check): compares fresh trials with the recorded ones under stated noise
+//!   tolerances ([`check::check`]), and re-runs a profile's trials ([`check::recheck`]).
 
 pub mod check;
 pub mod record;

@@ -134,6 +134,12 @@ impl Profile {
         }
     }
 
+    /// A search driver over the recorded space and budget: the driver a replay needs to ask
+    /// the recorded trials again (see [`ReplayProber`](super::replay::ReplayProber)).
+    pub fn driver(&self) -> Result<SearchDriver> {
+        SearchDriver::new(self.space.clone(), self.budget)
+    }
+
     /// The conventional file of this profile: `RECORDED_DIR/<device profile>/<model>.json`
     /// under `root`, with names reduced to characters safe in a path.
     pub fn default_path(&self, root: &Path) -> PathBuf {
@@ -184,7 +190,8 @@ impl Profile {
             Some(kind) if kind.as_str() == Some(PROFILE_KIND) => {}
             found => {
                 // A plan is the JSON file most likely to be passed by mistake: say so.
-                let looks_like_plan = object.contains_key("evidence") && object.contains_key("knobs");
+                let looks_like_plan =
+                    object.contains_key("evidence") && object.contains_key("knobs");
                 let what = if looks_like_plan {
                     "; this looks like an autotune plan, not a recorded profile".to_string()
                 } else {

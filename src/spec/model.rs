@@ -286,7 +286,9 @@ impl ModelSpec {
         if !(0.0..1.0).contains(&self.dropout) {
             return bad("dropout", format!("({}) must be in [0, 1)", self.dropout));
         }
-        if !(self.norm_eps > 0.0) {
+        // Written as `is_positive` so that NaN is rejected too.
+        let is_positive = |x: f64| x > 0.0;
+        if !is_positive(self.norm_eps) {
             return bad("norm_eps", "must be positive".into());
         }
         let o = &self.optimizer;
@@ -298,10 +300,13 @@ impl ModelSpec {
                 return bad(field, format!("({beta}) must be in [0, 1)"));
             }
         }
-        if !(o.eps > 0.0) || !(o.weight_decay >= 0.0) {
+        if !is_positive(o.eps) {
+            return bad("optimizer.eps", "must be positive".into());
+        }
+        if o.weight_decay.is_nan() || o.weight_decay < 0.0 {
             return bad(
-                "optimizer.eps",
-                "eps must be positive and weight_decay non-negative".into(),
+                "optimizer.weight_decay",
+                format!("({}) must be zero or positive", o.weight_decay),
             );
         }
         Ok(())

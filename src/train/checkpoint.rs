@@ -2,17 +2,21 @@
 //!
 //! Layout of a checkpoint directory `DIR/step-000120/`:
 //! `model.safetensors` (f32 master weights), `optimizer.safetensors` (`m.*`, `v.*`), and
-//! `state.json` ([`RunState`]). A checkpoint is written into a hidden temporary directory and
+//! `state.json` ([`RunState`]). With optimizer offload the masters and moments are streamed from
+//! host memory; the files are the same, so a checkpoint resumes under either placement. A checkpoint is written into a hidden temporary directory and
 //! renamed into place, then `DIR/latest` is replaced atomically, so an interrupted save never
 //! leaves a half-written checkpoint behind `latest`.
 
 use std::path::{Path, PathBuf};
+
+use candle_core::Device;
 
 use serde::{Deserialize, Serialize};
 
 use crate::knobs::Knobs;
 use crate::spec::model::ModelSpec;
 use crate::train::data::DataSpec;
+use crate::train::optim::Optimizer;
 use crate::train::scaler::LossScaler;
 use crate::train::step::Trainer;
 use crate::{Error, Result};
@@ -60,14 +64,22 @@ pub fn save(dir: &Path, trainer: &Trainer, data: &DataSpec, tokens_seen: u64) ->
 
     let params = trainer.model().params();
     let model_file = tmp.join("model.safetensors");
-    candle_core::safetensors::save(&params.named_tensors(), &model_file)
-        .map_err(|e| Error::file("cannot write checkpoint", &model_file, e))?;
     let optim_file = tmp.join("optimizer.safetensors");
-    candle_core::safetensors::save(
-        &trainer.optimizer().state_tensors(params.names()),
-        &optim_file,
-    )
-    .map_err(|e| Error::file("cannot write checkpoint", &optim_file, e))?;
+    let cannot = "cannot write checkpoint";
+    match trainer.optimizer() {
+        Optimizer::OnDevice(adam) => {
+            candle_core::safetensors::save(&params.named_tensors(), &model_file)
+                .map_err(|e| Error::file(cannot, &model_file, e))?;
+            candle_core::safetensors::save(&adam.state_tensors(params.names()), &optim_file)
+                .map_err(|e| Error::file(cannot, &optim_file, e))?;
+        }
+        Optimizer::Offloaded(offload) => {
+            write_streamed(&model_file, |w| offload.write_masters(w, params.names()))
+                .map_err(|e| Error::file(cannot, &model_file, e))?;
+            write_streamed(&optim_file, |w| offload.write_moments(w, params.names()))
+                .map_err(|e| Error::file(cannot, &optim_file, e))?;
+        }
+    }
     let state = RunState {
         version: CHECKPOINT_VERSION,
         step: trainer.steps(),
@@ -135,15 +147,17 @@ pub fn restore(checkpoint: &Path, trainer: &mut Trainer) -> Result<RunState> {
             state.model.name
         )));
     }
-    let device = trainer.device().clone();
+    // Offloaded masters and moments live in host memory: load them there.
+    let device = if trainer.optimizer().is_offloaded() {
+        Device::Cpu
+    } else {
+        trainer.device().clone()
+    };
     let model_file = checkpoint.join("model.safetensors");
     let weights = candle_core::safetensors::load(&model_file, &device)
         .map_err(|e| Error::file("corrupt checkpoint weights", &model_file, e))?;
-    trainer
-        .model()
-        .params()
-        .load_from(&weights)
-        .map_err(mismatch)?;
+    trainer.load_master_weights(&weights).map_err(mismatch)?;
+    drop(weights);
     let optim_file = checkpoint.join("optimizer.safetensors");
     let moments = candle_core::safetensors::load(&optim_file, &device)
         .map_err(|e| Error::file("corrupt checkpoint optimizer state", &optim_file, e))?;
@@ -167,6 +181,18 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_file_name(format!(".{file_name}.tmp-{}", std::process::id()));
     write_synced(&tmp, bytes)?;
     std::fs::rename(&tmp, path).map_err(|e| Error::file("cannot move file into place", path, e))
+}
+
+/// Creates `path`, lets `write` stream into it and syncs it to disk.
+fn write_streamed(
+    path: &Path,
+    write: impl FnOnce(&mut std::io::BufWriter<&std::fs::File>) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let file = std::fs::File::create(path)?;
+    let mut out = std::io::BufWriter::new(&file);
+    write(&mut out)?;
+    out.into_inner().map_err(|e| e.into_error())?;
+    file.sync_all()
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {

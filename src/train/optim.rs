@@ -1,4 +1,5 @@
-//! Adam and AdamW over f32 master weights, with state that checkpoints can save and restore.
+//! Adam and AdamW over f32 master weights, with state that checkpoints can save and restore,
+//! and [`Optimizer`], the choice between running it on the device or offloaded to the host.
 //!
 //! candle-nn's `AdamW` keeps its moments private, so a resumed run could not continue
 //! bit-identically; and Adam with L2 decay (the seed's `torch.optim.Adam`) is missing.
@@ -8,6 +9,7 @@ use std::collections::HashMap;
 use candle_core::{Tensor, Var};
 
 use crate::spec::model::{OptimizerKind, OptimizerSpec};
+use crate::train::offload::OffloadAdam;
 use crate::Result;
 
 /// Adam / AdamW with per-parameter first and second moments.
@@ -110,5 +112,49 @@ impl Adam {
         }
         self.steps = steps;
         Ok(())
+    }
+}
+
+/// Where the optimizer runs: on the training device, or offloaded to the host.
+pub enum Optimizer {
+    /// f32 master weights (the model's `Var`s) and moments on the training device.
+    OnDevice(Adam),
+    /// f32 masters and moments in host memory; the device holds working copies.
+    Offloaded(OffloadAdam),
+}
+
+impl Optimizer {
+    /// Optimizer updates applied so far.
+    pub fn steps(&self) -> u64 {
+        match self {
+            Optimizer::OnDevice(o) => o.steps(),
+            Optimizer::Offloaded(o) => o.steps(),
+        }
+    }
+
+    /// The learning rate.
+    pub fn learning_rate(&self) -> f64 {
+        match self {
+            Optimizer::OnDevice(o) => o.learning_rate(),
+            Optimizer::Offloaded(o) => o.learning_rate(),
+        }
+    }
+
+    /// Whether the masters and moments live in host memory.
+    pub fn is_offloaded(&self) -> bool {
+        matches!(self, Optimizer::Offloaded(_))
+    }
+
+    /// Restores moments and the step count from a checkpoint.
+    pub fn load_state(
+        &mut self,
+        names: &[String],
+        tensors: &HashMap<String, Tensor>,
+        steps: u64,
+    ) -> std::result::Result<(), String> {
+        match self {
+            Optimizer::OnDevice(o) => o.load_state(names, tensors, steps),
+            Optimizer::Offloaded(o) => o.load_state(names, tensors, steps),
+        }
     }
 }

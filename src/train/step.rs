@@ -1,21 +1,28 @@
-//! `Trainer`: one optimizer step that honours the knobs (micro-batch, accumulation, precision).
+//! `Trainer`: one optimizer step that honours the knobs (micro-batch, accumulation, precision,
+//! activation checkpointing, optimizer offload).
 //!
 //! Accumulation sums the gradients of `grad_accum` micro-batches, each loss scaled by
 //! `1/grad_accum`, so 4 × 8 sequences give the gradient of one batch of 32 up to float rounding.
 //! Mixed precision keeps f32 master weights and optimizer state; activations and matrix products
-//! run in bf16 or f16, and f16 adds dynamic loss scaling.
+//! run in bf16 or f16, and f16 adds dynamic loss scaling. Checkpointed blocks are recomputed in
+//! the backward pass ([`crate::train::recompute`]); with offload the gradient sums, masters and
+//! moments live in host memory and the update runs there ([`crate::train::offload`]).
+
+use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::knobs::Knobs;
+use crate::knobs::{Knobs, Offload};
 use crate::model::dropout::Dropout;
-use crate::model::layers::cross_entropy;
-use crate::model::{Ctx, Engine, Transformer};
+use crate::model::layers::{cast, cross_entropy};
+use crate::model::{Ctx, Engine, Masters, Transformer};
 use crate::spec::model::ModelSpec;
 use crate::train::data::{Batch, Data};
-use crate::train::optim::Adam;
+use crate::train::offload::OffloadAdam;
+use crate::train::optim::{Adam, Optimizer};
+use crate::train::recompute::{forward_backward, SegmentPlan};
 use crate::train::scaler::{LossScaler, ScaleDecision};
-use crate::{Error, Result};
+use crate::Result;
 
 /// What one optimizer step did.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -32,62 +39,88 @@ pub struct StepReport {
 
 /// A model, its optimizer and the knobs it trains with.
 pub struct Trainer {
-    model: Transformer,
-    optimizer: Adam,
+    setup: Setup,
+    optimizer: Optimizer,
     scaler: LossScaler,
+    steps: u64,
+}
+
+/// What forward and backward passes read; kept apart from the optimizer so that a step can
+/// run passes while it updates the optimizer's state.
+struct Setup {
+    model: Transformer,
+    plan: SegmentPlan,
     knobs: Knobs,
     device: Device,
     seed: u64,
-    steps: u64,
     engine: Engine,
 }
 
 impl Trainer {
     /// Builds the model and optimizer on `device`; `seed` fixes initial weights, data and dropout.
+    ///
+    /// With `Offload::Optimizer` the f32 masters and moments are allocated in host memory and
+    /// the model's parameters on `device` are working copies.
     pub fn new(spec: &ModelSpec, knobs: Knobs, device: &Device, seed: u64) -> Result<Self> {
         knobs.validate("knobs", "")?;
-        let model = Transformer::new(spec, device, seed)?;
-        let optimizer = Adam::new(model.params().vars(), spec.optimizer)?;
+        let masters = match knobs.offload {
+            Offload::None => Masters::Device,
+            Offload::Optimizer => Masters::Host {
+                compute: knobs.precision.compute_dtype(),
+            },
+        };
+        let mut model = Transformer::with_masters(spec, device, seed, masters)?;
+        let optimizer = match model.params_mut().take_host_masters() {
+            None => Optimizer::OnDevice(Adam::new(model.params().vars(), spec.optimizer)?),
+            Some(master) => Optimizer::Offloaded(OffloadAdam::new(
+                model.params().vars(),
+                master,
+                spec.optimizer,
+            )?),
+        };
         let scaler = if knobs.precision.needs_loss_scaling() {
             LossScaler::default()
         } else {
             LossScaler::identity()
         };
         Ok(Self {
-            model,
+            setup: Setup {
+                plan: SegmentPlan::new(knobs.checkpointing, spec.n_layers),
+                model,
+                knobs,
+                device: device.clone(),
+                seed,
+                engine: Engine::default(),
+            },
             optimizer,
             scaler,
-            knobs,
-            device: device.clone(),
-            seed,
             steps: 0,
-            engine: Engine::default(),
         })
     }
 
     /// Chooses the fused or the composite (reference) implementation of norms, softmax and loss.
     pub fn set_engine(&mut self, engine: Engine) {
-        self.engine = engine;
+        self.setup.engine = engine;
     }
 
     /// The engine in use.
     pub fn engine(&self) -> Engine {
-        self.engine
+        self.setup.engine
     }
 
-    /// The model being trained.
+    /// The model being trained (with offload, its parameters are the device working copies).
     pub fn model(&self) -> &Transformer {
-        &self.model
+        &self.setup.model
     }
 
     /// The knobs in force.
     pub fn knobs(&self) -> Knobs {
-        self.knobs
+        self.setup.knobs
     }
 
     /// The device the step runs on.
     pub fn device(&self) -> &Device {
-        &self.device
+        &self.setup.device
     }
 
     /// Optimizer steps taken (including skipped ones).
@@ -97,7 +130,7 @@ impl Trainer {
 
     /// The run seed.
     pub fn seed(&self) -> u64 {
-        self.seed
+        self.setup.seed
     }
 
     /// The loss scaler (identity unless fp16).
@@ -111,12 +144,12 @@ impl Trainer {
     }
 
     /// The optimizer.
-    pub fn optimizer(&self) -> &Adam {
+    pub fn optimizer(&self) -> &Optimizer {
         &self.optimizer
     }
 
     /// Mutable access to the optimizer (checkpoint restore).
-    pub fn optimizer_mut(&mut self) -> &mut Adam {
+    pub fn optimizer_mut(&mut self) -> &mut Optimizer {
         &mut self.optimizer
     }
 
@@ -125,16 +158,43 @@ impl Trainer {
         self.steps = steps;
     }
 
+    /// The f32 master weights in parameter order: the model's parameters, or with offload
+    /// host copies of the masters.
+    pub fn master_weights(&self) -> Result<Vec<Tensor>> {
+        match &self.optimizer {
+            Optimizer::OnDevice(_) => Ok(self
+                .model()
+                .params()
+                .vars()
+                .iter()
+                .map(|v| v.as_tensor().clone())
+                .collect()),
+            Optimizer::Offloaded(o) => o.master_tensors(),
+        }
+    }
+
+    /// Overwrites the master weights (and with offload the working copies) from `tensors`.
+    pub fn load_master_weights(
+        &mut self,
+        tensors: &HashMap<String, Tensor>,
+    ) -> std::result::Result<(), String> {
+        match &mut self.optimizer {
+            Optimizer::OnDevice(_) => self.setup.model.params().load_from(tensors),
+            Optimizer::Offloaded(o) => o.load_masters(self.setup.model.params().names(), tensors),
+        }
+    }
+
     /// Runs one optimizer step on the next `grad_accum` micro-batches of `data`.
     pub fn step(&mut self, data: &Data) -> Result<StepReport> {
-        let batches = (0..self.knobs.grad_accum as u64)
+        let knobs = self.setup.knobs;
+        let batches = (0..knobs.grad_accum as u64)
             .map(|micro| {
                 data.batch(
-                    self.seed,
+                    self.setup.seed,
                     self.steps,
                     micro,
-                    self.knobs.micro_batch,
-                    &self.device,
+                    knobs.micro_batch,
+                    &self.setup.device,
                 )
             })
             .collect::<Result<Vec<_>>>()?;
@@ -143,16 +203,34 @@ impl Trainer {
 
     /// Runs one optimizer step on explicit micro-batches.
     pub fn step_on(&mut self, batches: &[Batch]) -> Result<StepReport> {
-        let (grads, loss) = self.gradients(batches)?;
-        let finite = if self.knobs.precision.needs_loss_scaling() {
-            all_finite(&grads)?
-        } else {
-            true
+        let check = self.setup.knobs.precision.needs_loss_scaling();
+        let scale = self.scaler.scale;
+        let (loss, decision) = match &mut self.optimizer {
+            Optimizer::OnDevice(adam) => {
+                let (grads, loss) = self.setup.device_gradients(self.steps, scale, batches)?;
+                let finite = !check || all_finite(&grads)?;
+                let decision = self.scaler.update(finite);
+                if decision == ScaleDecision::Apply {
+                    adam.step(&grads)?;
+                }
+                (loss, decision)
+            }
+            Optimizer::Offloaded(offload) => {
+                let loss = self.setup.for_each_gradient(
+                    self.steps,
+                    scale,
+                    batches,
+                    &mut |micro, i, g| offload.accumulate(i, &g, micro == 0),
+                )?;
+                // Without loss scaling the scale is 1 and there is nothing to unscale or check.
+                let finite = !check || offload.unscale_and_check(scale);
+                let decision = self.scaler.update(finite);
+                if decision == ScaleDecision::Apply {
+                    offload.step()?;
+                }
+                (loss, decision)
+            }
         };
-        let decision = self.scaler.update(finite);
-        if decision == ScaleDecision::Apply {
-            self.optimizer.step(&grads)?;
-        }
         self.steps += 1;
         let tokens = batches.iter().map(|b| b.targets.elem_count()).sum();
         Ok(StepReport {
@@ -163,36 +241,84 @@ impl Trainer {
         })
     }
 
-    /// Gradients of the mean loss over `batches` (one per parameter, f32, unscaled) and that loss.
+    /// Gradients of the mean loss over `batches` (one per parameter, f32, unscaled, on the
+    /// training device) and that loss, honouring the checkpointing knob.
     ///
     /// Every parameter must receive a gradient: a missing one means an op in the graph has no
     /// backward pass, which would otherwise freeze that parameter silently.
     pub fn gradients(&self, batches: &[Batch]) -> Result<(Vec<Tensor>, f64)> {
+        self.setup
+            .device_gradients(self.steps, self.scaler.scale, batches)
+    }
+
+    /// Mean loss on `batch` without dropout or gradients.
+    pub fn eval_loss(&self, batch: &Batch) -> Result<f64> {
+        let dtype = self.setup.knobs.precision.compute_dtype();
+        let ctx = Ctx {
+            dropout: Dropout::disabled(),
+            engine: self.setup.engine,
+        };
+        // Detached block by block: evaluation holds one block's activations at a time, so it
+        // never needs more memory than a (checkpointed) training step.
+        let logits = self
+            .setup
+            .model
+            .forward_detached(&batch.inputs, dtype, &ctx)?;
+        let loss = cross_entropy(&logits, &batch.targets, self.setup.engine)?;
+        Ok(loss.to_dtype(DType::F64)?.to_scalar::<f64>()?)
+    }
+}
+
+impl Setup {
+    /// Forward and backward passes of every micro-batch of optimizer step `step`, each loss
+    /// scaled by `scale / batches`; hands `(micro-batch, parameter index, gradient)` to `sink`
+    /// and returns the mean unscaled loss.
+    fn for_each_gradient(
+        &self,
+        step: u64,
+        scale: f64,
+        batches: &[Batch],
+        sink: &mut dyn FnMut(usize, usize, Tensor) -> Result<()>,
+    ) -> Result<f64> {
         let dtype = self.knobs.precision.compute_dtype();
-        let vars = self.model.params().vars();
-        let scale = self.scaler.scale;
-        let mut sums: Vec<Option<Tensor>> = vec![None; vars.len()];
+        let factor = scale / batches.len() as f64;
         let mut loss_total = 0.0;
         for (micro, batch) in batches.iter().enumerate() {
-            let key = Dropout::key(self.seed, self.steps, micro as u64);
+            let key = Dropout::key(self.seed, step, micro as u64);
             let ctx = Ctx {
                 dropout: Dropout::new(self.model.spec().dropout, &self.device, key)?,
                 engine: self.engine,
             };
-            let logits = self.model.forward(&batch.inputs, dtype, &ctx)?;
-            let loss = cross_entropy(&logits, &batch.targets, self.engine)?;
-            loss_total += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-            let mut grads = (loss * (scale / batches.len() as f64))?.backward()?;
-            for (i, var) in vars.iter().enumerate() {
-                let g = grads
-                    .remove(var)
-                    .ok_or_else(|| missing_gradient(&self.model.params().names()[i]))?;
-                sums[i] = Some(match sums[i].take() {
-                    Some(acc) => (acc + g)?,
-                    None => g,
-                });
-            }
+            loss_total += forward_backward(
+                &self.model,
+                &self.plan,
+                batch,
+                dtype,
+                &ctx,
+                factor,
+                &mut |i, g| sink(micro, i, g),
+            )?;
         }
+        Ok(loss_total / batches.len() as f64)
+    }
+
+    /// Per-parameter f32 sums of the micro-batch gradients on the device, unscaled.
+    fn device_gradients(
+        &self,
+        step: u64,
+        scale: f64,
+        batches: &[Batch],
+    ) -> Result<(Vec<Tensor>, f64)> {
+        let mut sums: Vec<Option<Tensor>> = vec![None; self.model.params().vars().len()];
+        let loss = self.for_each_gradient(step, scale, batches, &mut |_, i, g| {
+            // Working copies in half precision (offload) have half-precision gradients.
+            let g = cast(&g, DType::F32)?;
+            sums[i] = Some(match sums[i].take() {
+                Some(acc) => (acc + g)?,
+                None => g,
+            });
+            Ok(())
+        })?;
         let grads = sums
             .into_iter()
             .map(|g| {
@@ -204,19 +330,7 @@ impl Trainer {
                 }
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok((grads, loss_total / batches.len() as f64))
-    }
-
-    /// Mean loss on `batch` without dropout or gradients.
-    pub fn eval_loss(&self, batch: &Batch) -> Result<f64> {
-        let dtype = self.knobs.precision.compute_dtype();
-        let ctx = Ctx {
-            dropout: Dropout::disabled(),
-            engine: self.engine,
-        };
-        let logits = self.model.forward(&batch.inputs.detach(), dtype, &ctx)?;
-        let loss = cross_entropy(&logits.detach(), &batch.targets, self.engine)?;
-        Ok(loss.to_dtype(DType::F64)?.to_scalar::<f64>()?)
+        Ok((grads, loss))
     }
 }
 
@@ -229,10 +343,4 @@ fn all_finite(grads: &[Tensor]) -> Result<bool> {
         .collect::<candle_core::Result<Vec<_>>>()?;
     let total = Tensor::stack(&sums, 0)?.sum_all()?.to_scalar::<f32>()?;
     Ok(total.is_finite())
-}
-
-fn missing_gradient(name: &str) -> Error {
-    Error::MissingGradient {
-        parameter: name.to_string(),
-    }
 }

@@ -11,3 +11,16 @@ mod cli;
 
 /// Tuning on the CPU: exact boundaries, model error, plans that train, bad input.
 mod tune;
+
+/// Fused operations against their composite references.
+mod ops;
+
+/// Fused operations on the GPU against their CPU implementations (needs a CUDA device).
+#[cfg(feature = "cuda")]
+mod cuda_ops;
+
+/// Recorded profiles: check against live re-runs and replays.
+mod check;
+
+/// Activation checkpointing and optimizer offload against the plain step.
+mod regimes;

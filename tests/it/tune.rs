@@ -22,8 +22,20 @@ fn tune_to_boundary(dir: &Path) -> Value {
     let out = autotune_in(
         dir,
         &[
-            "tune", "--model", "micro.json", "--device", "small-cpu.json", "--precision", "fp32",
-            "--saturation-gain", "0", "--max-micro-batch", "256", "--out", "plan.json", "--json",
+            "tune",
+            "--model",
+            "micro.json",
+            "--device",
+            "small-cpu.json",
+            "--precision",
+            "fp32",
+            "--saturation-gain",
+            "0",
+            "--max-micro-batch",
+            "256",
+            "--out",
+            "plan.json",
+            "--json",
         ],
     );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
@@ -35,7 +47,20 @@ fn probe_fits(dir: &Path, micro_batch: usize, host_budget: u64) -> bool {
     let budget = host_budget.to_string();
     let out = autotune_in(
         dir,
-        &["probe", "--model", "micro.json", "--micro-batch", &mb, "--warmup", "1", "--steps", "3", "--host-budget", &budget, "--json"],
+        &[
+            "probe",
+            "--model",
+            "micro.json",
+            "--micro-batch",
+            &mb,
+            "--warmup",
+            "1",
+            "--steps",
+            "3",
+            "--host-budget",
+            &budget,
+            "--json",
+        ],
     );
     let line: Value = serde_json::from_str(&stdout(&out)).expect("probe prints one JSON line");
     match line["outcome"].as_str() {
@@ -52,7 +77,8 @@ fn probe_fits(dir: &Path, micro_batch: usize, host_budget: u64) -> bool {
 fn tune_finds_the_exact_host_memory_boundary_within_the_stated_probe_count() {
     let dir = workdir();
     let plan = tune_to_boundary(dir.path());
-    let usable = (plan["budget"]["host_bytes"].as_f64().unwrap() * (1.0 - plan["budget"]["headroom"].as_f64().unwrap())) as u64;
+    let usable = (plan["budget"]["host_bytes"].as_f64().unwrap()
+        * (1.0 - plan["budget"]["headroom"].as_f64().unwrap())) as u64;
     // The first regime's search trials: plain fp32, no accumulation.
     let trials: Vec<&Value> = plan["evidence"]
         .as_array()
@@ -60,16 +86,34 @@ fn tune_finds_the_exact_host_memory_boundary_within_the_stated_probe_count() {
         .iter()
         .filter(|t| t["request"]["knobs"]["checkpointing"]["mode"] == "none")
         .collect();
-    let feasible = |t: &Value| t["outcome"] == "fits" && t["peak_host_bytes"].as_u64().unwrap() <= usable;
-    let largest = trials.iter().filter(|t| feasible(t)).map(|t| t["request"]["knobs"]["micro_batch"].as_u64().unwrap()).max().unwrap();
-    let next = trials.iter().find(|t| t["request"]["knobs"]["micro_batch"].as_u64() == Some(largest + 1));
-    assert!(next.is_some_and(|t| !feasible(t)), "the search must pin the boundary: {largest} fits and {} does not", largest + 1);
+    let feasible =
+        |t: &Value| t["outcome"] == "fits" && t["peak_host_bytes"].as_u64().unwrap() <= usable;
+    let largest = trials
+        .iter()
+        .filter(|t| feasible(t))
+        .map(|t| t["request"]["knobs"]["micro_batch"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    let next = trials
+        .iter()
+        .find(|t| t["request"]["knobs"]["micro_batch"].as_u64() == Some(largest + 1));
+    assert!(
+        next.is_some_and(|t| !feasible(t)),
+        "the search must pin the boundary: {largest} fits and {} does not",
+        largest + 1
+    );
 
     // The documented bound: at most 2k + 4 search trials for a boundary B with 2^k ≤ B.
     let k = 63 - largest.leading_zeros() as usize;
-    let distinct: std::collections::HashSet<u64> =
-        trials.iter().map(|t| t["request"]["knobs"]["micro_batch"].as_u64().unwrap()).collect();
-    assert!(distinct.len() <= 2 * k + 4, "{} trials for boundary {largest}", distinct.len());
+    let distinct: std::collections::HashSet<u64> = trials
+        .iter()
+        .map(|t| t["request"]["knobs"]["micro_batch"].as_u64().unwrap())
+        .collect();
+    assert!(
+        distinct.len() <= 2 * k + 4,
+        "{} trials for boundary {largest}",
+        distinct.len()
+    );
 
     // Independently of the search: a fresh probe at the boundary fits the usable bytes, one past it does not.
     assert!(probe_fits(dir.path(), largest as usize, usable));
@@ -80,11 +124,16 @@ fn tune_finds_the_exact_host_memory_boundary_within_the_stated_probe_count() {
 fn the_fitted_memory_model_predicts_held_out_trials_within_three_percent() {
     let dir = workdir();
     let plan = tune_to_boundary(dir.path());
-    let error = plan["model_error"]["memory_loo_rel_error"].as_f64().expect("enough trials to hold one out");
+    let error = plan["model_error"]["memory_loo_rel_error"]
+        .as_f64()
+        .expect("enough trials to hold one out");
     assert!(error <= 0.03, "leave-one-out relative error {error}");
     let predicted = plan["predicted"]["peak_host_bytes"].as_f64().unwrap();
     let measured = plan["measured"]["peak_host_bytes"].as_f64().unwrap();
-    assert!((predicted - measured).abs() / measured <= 0.03, "predicted {predicted} vs measured {measured}");
+    assert!(
+        (predicted - measured).abs() / measured <= 0.03,
+        "predicted {predicted} vs measured {measured}"
+    );
 }
 
 #[test]
@@ -93,7 +142,19 @@ fn a_tuned_plan_trains_without_running_out_of_memory() {
     let plan = tune_to_boundary(dir.path());
     assert!(plan["measured"]["peak_host_bytes"].as_u64().unwrap() > 0);
     // `train --plan` enforces the plan's host budget and fails if training exceeds it.
-    let out = autotune_in(dir.path(), &["train", "--plan", "plan.json", "--steps", "4", "--data", "pattern", "--json"]);
+    let out = autotune_in(
+        dir.path(),
+        &[
+            "train",
+            "--plan",
+            "plan.json",
+            "--steps",
+            "4",
+            "--data",
+            "pattern",
+            "--json",
+        ],
+    );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let report: Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(report["steps"], 4);
@@ -105,7 +166,18 @@ fn run_tunes_then_trains_and_leaves_plan_and_checkpoint() {
     let dir = workdir();
     let out = autotune_in(
         dir.path(),
-        &["run", "--model", "micro.json", "--device", "cpu", "--steps", "6", "--run-dir", "job", "--json"],
+        &[
+            "run",
+            "--model",
+            "micro.json",
+            "--device",
+            "cpu",
+            "--steps",
+            "6",
+            "--run-dir",
+            "job",
+            "--json",
+        ],
     );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let report: Value = serde_json::from_str(&stdout(&out)).expect("one JSON document");
@@ -120,11 +192,25 @@ fn global_batch_is_honoured_with_accumulation() {
     let dir = workdir();
     let out = autotune_in(
         dir.path(),
-        &["tune", "--model", "micro.json", "--device", "small-cpu.json", "--precision", "fp32", "--global-batch", "96", "--json"],
+        &[
+            "tune",
+            "--model",
+            "micro.json",
+            "--device",
+            "small-cpu.json",
+            "--precision",
+            "fp32",
+            "--global-batch",
+            "96",
+            "--json",
+        ],
     );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let plan: Value = serde_json::from_str(&stdout(&out)).unwrap();
-    let (mb, accum) = (plan["knobs"]["micro_batch"].as_u64().unwrap(), plan["knobs"]["grad_accum"].as_u64().unwrap());
+    let (mb, accum) = (
+        plan["knobs"]["micro_batch"].as_u64().unwrap(),
+        plan["knobs"]["grad_accum"].as_u64().unwrap(),
+    );
     assert_eq!(mb * accum, 96, "{}", plan["knobs"]);
     // 96 sequences at once need ~45 MB, over the 40 MiB budget: accumulation is required.
     assert!(accum > 1);
@@ -138,18 +224,40 @@ fn no_feasible_plan_is_an_answer_with_a_hint() {
         r#"{"name": "tiny-host", "kind": "cpu", "gpu_memory_bytes": null, "host_memory_bytes": 2000000}"#,
     )
     .unwrap();
-    let out = autotune_in(dir.path(), &["tune", "--model", "micro.json", "--device", "tiny-host.json"]);
+    let out = autotune_in(
+        dir.path(),
+        &[
+            "tune",
+            "--model",
+            "micro.json",
+            "--device",
+            "tiny-host.json",
+        ],
+    );
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let text = stdout(&out);
-    assert!(text.contains("no feasible plan") && text.contains("hint:"), "{text}");
+    assert!(
+        text.contains("no feasible plan") && text.contains("hint:"),
+        "{text}"
+    );
 }
 
 #[test]
 fn malformed_plans_profiles_and_budgets_exit_2_with_the_problem_named() {
     let dir = workdir();
     let cases: [(&str, &str, &[&str], &[&str]); 5] = [
-        ("truncated.json", r#"{"schema_version": 1, "tool": {"#, &["train", "--plan", "truncated.json"], &["truncated.json"]),
-        ("future.json", r#"{"schema_version": 7}"#, &["train", "--plan", "future.json"], &["future.json", "schema_version"]),
+        (
+            "truncated.json",
+            r#"{"schema_version": 1, "tool": {"#,
+            &["train", "--plan", "truncated.json"],
+            &["truncated.json"],
+        ),
+        (
+            "future.json",
+            r#"{"schema_version": 7}"#,
+            &["train", "--plan", "future.json"],
+            &["future.json", "schema_version"],
+        ),
         (
             "gpu-cpu.json",
             r#"{"name": "x", "kind": "cpu", "gpu_memory_bytes": 100, "host_memory_bytes": 1000000000}"#,
@@ -159,10 +267,29 @@ fn malformed_plans_profiles_and_budgets_exit_2_with_the_problem_named() {
         (
             "zero-host.json",
             r#"{"name": "x", "kind": "cpu", "gpu_memory_bytes": null, "host_memory_bytes": 0}"#,
-            &["tune", "--model", "micro.json", "--device", "zero-host.json"],
+            &[
+                "tune",
+                "--model",
+                "micro.json",
+                "--device",
+                "zero-host.json",
+            ],
             &["zero-host.json", "host_memory_bytes"],
         ),
-        ("unused.json", "{}", &["tune", "--model", "micro.json", "--device", "cpu", "--headroom", "1.5"], &["headroom"]),
+        (
+            "unused.json",
+            "{}",
+            &[
+                "tune",
+                "--model",
+                "micro.json",
+                "--device",
+                "cpu",
+                "--headroom",
+                "1.5",
+            ],
+            &["headroom"],
+        ),
     ];
     for (file, content, args, needles) in cases {
         std::fs::write(dir.path().join(file), content).unwrap();
@@ -170,7 +297,26 @@ fn malformed_plans_profiles_and_budgets_exit_2_with_the_problem_named() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
         let err = stderr(&out);
         for needle in needles {
-            assert!(err.contains(needle), "{args:?}: `{needle}` not named in: {err}");
+            assert!(
+                err.contains(needle),
+                "{args:?}: `{needle}` not named in: {err}"
+            );
         }
     }
+}
+
+#[test]
+fn a_recorded_search_replays_offline_to_the_same_plan() {
+    let dir = workdir();
+    let out = autotune_in(
+        dir.path(),
+        &["tune", "--model", "micro.json", "--device", "small-cpu.json", "--record", "rec/micro.json", "--json"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let live: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let out = autotune_in(dir.path(), &["tune", "--backend", "replay:rec/micro.json", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let replayed: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(replayed["knobs"], live["knobs"]);
+    assert_eq!(replayed["evidence"], live["evidence"], "the replay asks the recorded trials in the same order");
 }

@@ -35,7 +35,10 @@ fn an_unchanged_rerun_passes() {
     let profile = fixture();
     let report = check(&profile, &profile.probes, Tolerance::default());
     assert!(report.passed());
-    assert_eq!((report.regressions, report.improvements, report.missing), (0, 0, 0));
+    assert_eq!(
+        (report.regressions, report.improvements, report.missing),
+        (0, 0, 0)
+    );
     assert_eq!(report.settings.len(), profile.probes.len());
     assert!(report
         .settings
@@ -95,7 +98,12 @@ fn time_noise_within_the_band_passes_and_a_real_slowdown_fails() {
     let fresh = edited(&quiet, |m| m.step_time_median_s *= 1.3);
     let report = check(&quiet, &fresh, tolerance);
     assert_eq!(report.regressions, fitting(&profile));
-    let slower = &report.settings.iter().find(|s| s.regression).unwrap().verdicts;
+    let slower = &report
+        .settings
+        .iter()
+        .find(|s| s.regression)
+        .unwrap()
+        .verdicts;
     assert!(
         matches!(slower.as_slice(), [Verdict::Slower { change, band, .. }]
             if (change - 0.3).abs() < 1e-9 && (band - 0.05).abs() < 1e-12),

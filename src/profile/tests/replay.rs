@@ -15,9 +15,10 @@ fn replaying_a_recording_yields_the_recorded_plan() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("profile.json");
         profile.save(&path).unwrap();
-        let mut replay = ReplayProber::new(Profile::load(&path).unwrap());
+        let loaded = Profile::load(&path).unwrap();
+        let fresh = loaded.driver().unwrap();
+        let mut replay = ReplayProber::new(loaded);
 
-        let fresh = SearchDriver::new(space.clone(), *driver.budget()).unwrap();
         let mut answers = Vec::new();
         let replayed = run_search(
             &fresh,
@@ -30,7 +31,10 @@ fn replaying_a_recording_yields_the_recorded_plan() {
         )
         .unwrap();
         assert_eq!(replayed.decision, outcome.decision, "{space:?}");
-        assert!(answers.iter().all(|a| *a == Answer::Recorded), "{answers:?}");
+        assert!(
+            answers.iter().all(|a| *a == Answer::Recorded),
+            "{answers:?}"
+        );
         let requests = |o: &SearchOutcome| o.history.iter().map(|r| r.request).collect::<Vec<_>>();
         assert_eq!(requests(&replayed), requests(&outcome));
 
@@ -86,7 +90,10 @@ fn unrecorded_micro_batches_are_predicted_from_the_fits() {
     assert_eq!(replayed.decision, direct.decision);
     for (r, d) in replayed.history.iter().zip(&direct.history) {
         assert_eq!(r.request, d.request);
-        assert_eq!(r.outcome.measurement().is_some(), d.outcome.measurement().is_some());
+        assert_eq!(
+            r.outcome.measurement().is_some(),
+            d.outcome.measurement().is_some()
+        );
     }
 }
 

@@ -1,0 +1,361 @@
+//! `autotune check`: re-run a recorded profile's trials and report regressions.
+//!
+//! The verdicts and their tolerances are the library's ([`autotune::profile::check`]); this
+//! file chooses where fresh trials come from, renders progress on stderr, and prints the
+//! table (or one JSON document) on stdout. Exit code 1 when any setting regressed.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use candle_core::Device;
+use serde::Serialize;
+
+use autotune::backend;
+use autotune::probe::live::LiveProber;
+use autotune::probe::outcome::{MemoryKind, Outcome, Phase, ProbeRequest};
+use autotune::profile::check::{check, recheck, CheckReport, SettingCheck, Tolerance, Verdict};
+use autotune::profile::record::{Profile, CANDLE_VERSION};
+use autotune::profile::replay::ReplayProber;
+use autotune::search::report::Event;
+use autotune::spec::device::DeviceKind;
+
+use super::printer::Printer;
+use super::Status;
+
+/// Arguments of `autotune check`.
+#[derive(Debug, clap::Args)]
+pub struct CheckArgs {
+    /// The recorded profile to check (e.g. profiles/recorded/<device>/<model>.json).
+    #[arg(long)]
+    pub profile: PathBuf,
+    /// Where fresh trials come from: `live` runs them on this machine, emulating the profile's
+    /// device (its GPU capacity and host budget); `replay:PATH` answers them from another
+    /// recorded profile, to compare two recordings.
+    #[arg(long, default_value = "live")]
+    pub backend: CheckBackend,
+    /// Device for live trials: auto (the kind the profile was recorded on), cpu, cuda, cuda:N.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+    /// Print the report as one JSON document on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Smallest relative step-time change that counts (the floor of the noise band; wider
+    /// when the trials' spreads are).
+    #[arg(long, default_value_t = Tolerance::DEFAULT_TIME_THRESHOLD)]
+    pub time_tolerance: f64,
+    /// Smallest relative peak-memory change that counts (changes under 16 MiB never count).
+    #[arg(long, default_value_t = Tolerance::DEFAULT_MEMORY_THRESHOLD)]
+    pub memory_tolerance: f64,
+}
+
+/// Where `check` gets fresh trials.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckBackend {
+    /// Real trials on this machine.
+    Live,
+    /// Answers from another recorded profile.
+    Replay(PathBuf),
+}
+
+impl FromStr for CheckBackend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split_once(':') {
+            None if s == "live" => Ok(Self::Live),
+            Some(("replay", path)) if !path.is_empty() => Ok(Self::Replay(path.into())),
+            _ => Err(format!(
+                "unknown backend `{s}`; expected live or replay:PATH (a recorded profile)"
+            )),
+        }
+    }
+}
+
+/// The JSON document of `check --json`.
+#[derive(Serialize)]
+struct CheckOutput<'a> {
+    profile: &'a Path,
+    backend: String,
+    passed: bool,
+    #[serde(flatten)]
+    report: &'a CheckReport,
+}
+
+/// Runs `autotune check`.
+pub fn run(args: CheckArgs, printer: &Printer) -> anyhow::Result<Status> {
+    for (flag, value) in [
+        ("--time-tolerance", args.time_tolerance),
+        ("--memory-tolerance", args.memory_tolerance),
+    ] {
+        if !(value.is_finite() && value >= 0.0) {
+            anyhow::bail!("{flag} ({value}) must be a non-negative fraction, e.g. 0.05 for 5%");
+        }
+    }
+    let tolerance = Tolerance {
+        time_threshold: args.time_tolerance,
+        memory_threshold: args.memory_tolerance,
+        ..Tolerance::default()
+    };
+    tolerance.validate()?;
+    let profile = Profile::load(&args.profile)?;
+    let recorded_on = &profile.device;
+    printer.status(format!(
+        "checking {} trials of {} recorded on {} ({}) with autotune {} and candle {}",
+        profile.probes.len(),
+        profile.model.name,
+        recorded_on.name,
+        recorded_on.profile.name,
+        profile.tool.version,
+        profile.candle_version,
+    ));
+    if profile.candle_version != CANDLE_VERSION {
+        printer.status(format!(
+            "note: this build uses candle {CANDLE_VERSION}; differences may come from the upgrade"
+        ));
+    }
+    let gpu = profile.budget.gpu_bytes.is_some();
+    let reporter = progress(*printer, profile.probes.len(), gpu);
+    let (fresh, backend_name) = match &args.backend {
+        CheckBackend::Replay(path) => {
+            let mut replay = ReplayProber::new(Profile::load(path)?);
+            let fresh = recheck(&profile, &mut |r| Ok(replay.probe(r)), &reporter)?;
+            (fresh, format!("replay:{}", path.display()))
+        }
+        CheckBackend::Live => {
+            let device = open_device(&args.device, &profile, printer)?;
+            let mut meter = backend::memory_meter(&device, profile.budget.gpu_bytes)?;
+            let mut prober = LiveProber::new(
+                &profile.model,
+                &device,
+                Some(profile.budget.host_bytes),
+                meter.as_mut(),
+            );
+            let fresh = recheck(&profile, &mut |r: &ProbeRequest| prober.probe(r), &reporter)?;
+            (fresh, format!("live:{}", backend::describe(&device)))
+        }
+    };
+    let report = check(&profile, &fresh, tolerance);
+    printer.data_json(&CheckOutput {
+        profile: &args.profile,
+        backend: backend_name,
+        passed: report.passed(),
+        report: &report,
+    });
+    printer.data_text(table(&report, gpu));
+    if report.passed() {
+        printer.status("check passed: no regression beyond the tolerances");
+        Ok(Status::Success)
+    } else {
+        printer.status(format!(
+            "check failed: {} of {} settings regressed",
+            report.regressions,
+            report.settings.len()
+        ));
+        Ok(Status::Negative)
+    }
+}
+
+/// Opens the device for live trials; `auto` means the kind the profile was recorded on, and a
+/// device of another kind is refused (its numbers would not be comparable).
+fn open_device(name: &str, profile: &Profile, printer: &Printer) -> anyhow::Result<Device> {
+    let kind = profile.device.profile.kind;
+    let name = match (name, kind) {
+        ("auto", DeviceKind::Cpu) => "cpu",
+        ("auto", DeviceKind::Cuda) => "cuda",
+        (name, _) => name,
+    };
+    let device = backend::open(name)?;
+    let now = match &device {
+        Device::Cpu => DeviceKind::Cpu,
+        _ => DeviceKind::Cuda,
+    };
+    if now != kind {
+        anyhow::bail!(
+            "the profile was recorded on a {} device ({}), but --device {name} is a {}: their \
+             trials are not comparable; pass --device {}",
+            kind_name(kind),
+            profile.device.name,
+            kind_name(now),
+            kind_name(kind)
+        );
+    }
+    if kind == DeviceKind::Cuda {
+        // Only for a warning: a GPU that cannot be named does not stop the check.
+        if let Ok(Some(here)) = backend::detect_gpu_profile() {
+            if here.name != profile.device.name {
+                printer.warn(format!(
+                    "recorded on {}, checking on {}: differences may be the hardware's",
+                    profile.device.name, here.name
+                ));
+            }
+        }
+    }
+    Ok(device)
+}
+
+fn kind_name(kind: DeviceKind) -> &'static str {
+    match kind {
+        DeviceKind::Cpu => "cpu",
+        DeviceKind::Cuda => "cuda",
+    }
+}
+
+/// One stderr line per finished trial.
+fn progress(printer: Printer, total: usize, gpu: bool) -> impl Fn(&Event) {
+    move |event: &Event| match event {
+        Event::ProbeStarted { index, request, .. } => {
+            printer.detail(format!("[{}/{total}] running {}", index + 1, request.knobs))
+        }
+        Event::ProbeFinished { index, result, .. } => printer.status(format!(
+            "[{}/{total}] {}: {}",
+            index + 1,
+            result.request.knobs,
+            outcome_text(&result.outcome, gpu)
+        )),
+        _ => {}
+    }
+}
+
+/// GiB for device-sized numbers, MiB for the small peaks of CPU test models.
+fn bytes_text(bytes: u64) -> String {
+    let b = bytes as f64;
+    if bytes >= 1 << 30 {
+        format!("{:.2} GiB", b / (1u64 << 30) as f64)
+    } else {
+        format!("{:.1} MiB", b / (1u64 << 20) as f64)
+    }
+}
+
+/// The snake-case name a phase has in JSON.
+fn phase_name(phase: Phase) -> String {
+    serde_json::to_value(phase)
+        .ok()
+        .and_then(|v| v.as_str().map(String::from))
+        .unwrap_or_else(|| format!("{phase:?}"))
+}
+
+fn outcome_text(outcome: &Outcome, gpu: bool) -> String {
+    match outcome {
+        Outcome::Fits(m) if gpu => format!(
+            "{:.1} ms, GPU {}, host {}",
+            m.step_time_median_s * 1e3,
+            bytes_text(m.peak_gpu_bytes),
+            bytes_text(m.peak_host_bytes)
+        ),
+        Outcome::Fits(m) => format!(
+            "{:.1} ms, host {}",
+            m.step_time_median_s * 1e3,
+            bytes_text(m.peak_host_bytes)
+        ),
+        Outcome::OutOfMemory { memory, .. } => format!("out of {} memory", memory_name(*memory)),
+        Outcome::Crashed { .. } => "crashed".into(),
+    }
+}
+
+fn memory_name(memory: MemoryKind) -> &'static str {
+    match memory {
+        MemoryKind::Gpu => "GPU",
+        MemoryKind::Host => "host",
+    }
+}
+
+fn verdict_text(verdict: &Verdict) -> String {
+    let pct = |change: f64| format!("{:+.1}%", change * 100.0);
+    match verdict {
+        Verdict::Unchanged => "unchanged".into(),
+        Verdict::MoreMemory { memory, change, .. } => {
+            format!(
+                "MORE {} MEMORY {}",
+                memory_name(*memory).to_uppercase(),
+                pct(*change)
+            )
+        }
+        Verdict::LessMemory { memory, change, .. } => {
+            format!("less {} memory {}", memory_name(*memory), pct(*change))
+        }
+        Verdict::Slower { change, band, .. } => {
+            format!("SLOWER {} (band ±{:.1}%)", pct(*change), band * 100.0)
+        }
+        Verdict::Faster { change, band, .. } => {
+            format!("faster {} (band ±{:.1}%)", pct(*change), band * 100.0)
+        }
+        Verdict::NewlyOom { memory, phase } => {
+            format!(
+                "NEWLY OUT OF {} MEMORY (in {})",
+                memory_name(*memory).to_uppercase(),
+                phase_name(*phase)
+            )
+        }
+        Verdict::NoLongerOom { .. } => "fits now (was out of memory)".into(),
+        Verdict::Crashed { reason } => format!("CRASHED: {reason}"),
+        Verdict::Missing => "missing".into(),
+    }
+}
+
+/// The human report: one row per recorded trial, then a summary line.
+fn table(report: &CheckReport, gpu: bool) -> String {
+    let row = |i: usize, s: &SettingCheck| {
+        [
+            format!("{}", i + 1),
+            s.request.knobs.to_string(),
+            outcome_text(&s.recorded, gpu),
+            s.now
+                .as_ref()
+                .map_or("-".into(), |now| outcome_text(now, gpu)),
+            s.verdicts
+                .iter()
+                .map(verdict_text)
+                .collect::<Vec<_>>()
+                .join("; "),
+        ]
+    };
+    let header = ["#", "setting", "recorded", "now", "verdict"].map(String::from);
+    let rows: Vec<[String; 5]> = std::iter::once(header)
+        .chain(report.settings.iter().enumerate().map(|(i, s)| row(i, s)))
+        .collect();
+    let mut widths = [0usize; 5];
+    for r in &rows {
+        for (w, cell) in widths.iter_mut().zip(r) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut text = String::new();
+    for r in &rows {
+        let cells: Vec<String> = r
+            .iter()
+            .zip(widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        text.push_str(cells.join("  ").trim_end());
+        text.push('\n');
+    }
+    let t = &report.tolerance;
+    text.push_str(&format!(
+        "{} settings: {} regressed, {} improved, {} missing (tolerance: time {:.0}% or {} standard \
+         errors of the medians, whichever is larger; memory {:.0}% or {} MiB)",
+        report.settings.len(),
+        report.regressions,
+        report.improvements,
+        report.missing,
+        t.time_threshold * 100.0,
+        t.significance_z,
+        t.memory_threshold * 100.0,
+        t.memory_floor_bytes >> 20,
+    ));
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backends_parse() {
+        assert_eq!("live".parse::<CheckBackend>(), Ok(CheckBackend::Live));
+        assert_eq!(
+            "replay:p/x.json".parse::<CheckBackend>(),
+            Ok(CheckBackend::Replay("p/x.json".into()))
+        );
+        assert!("replay:".parse::<CheckBackend>().is_err());
+        assert!("sim".parse::<CheckBackend>().is_err());
+    }
+}

@@ -1,0 +1,250 @@
+//! Layer norm over the last dimension with affine f32 parameters, as one differentiable op.
+//!
+//! Memory: the graph keeps the input `x` (the op's argument) and the output; the per-row mean
+//! and 1/std are *recomputed* from `x` in the backward kernels rather than saved. Saving them
+//! would cost only 8 bytes per row, but a candle custom op has a single output, and the
+//! recomputation re-reads a row that is being read anyway. The composite reference keeps an
+//! f32 copy of `x` (for bf16/f16), the centred input, its square, the normalised input and
+//! the scaled output: five full-size f32 tensors per norm.
+//!
+//! Backward runs two ops: one for `dx` (one block per row) and one for `dgamma`/`dbeta`, a
+//! deterministic two-pass column reduction (per-chunk partial sums, then a fixed-order sum over
+//! chunks; no float atomics), so gradients are bitwise reproducible.
+
+#![allow(unsafe_code)]
+
+use candle_core::{
+    bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType,
+};
+
+use super::{check_input, contiguous, float_storage, from_f32, row_stats, rows_cols, to_f32};
+
+const NAME: &str = "fused-layer-norm";
+
+/// `(x − mean) / sqrt(var + eps) · gamma + beta` over the last dimension of `x` (f32, bf16 or
+/// f16; any layout), returned in `x`'s dtype. `gamma` and `beta` are f32 vectors of the last
+/// dimension's size (other dtypes are cast, differentiably). Statistics are computed in f32.
+///
+/// Gradients flow to `x`, `gamma` and `beta`. Memory saved for backward: `x` and the output;
+/// mean and 1/std are recomputed.
+pub fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f64) -> Result<Tensor> {
+    check_input(x, NAME)?;
+    let d = x.dim(candle_core::D::Minus1)?;
+    for (name, p) in [("gamma", gamma), ("beta", beta)] {
+        if p.dims() != [d] {
+            bail!("{NAME}: {name} must have shape [{d}], got {:?}", p.shape());
+        }
+    }
+    let gamma = gamma.to_dtype(DType::F32)?.contiguous()?;
+    let beta = beta.to_dtype(DType::F32)?.contiguous()?;
+    x.contiguous()?.apply_op3(&gamma, &beta, LayerNorm { eps })
+}
+
+/// Forward: `(x, gamma, beta) → y`.
+struct LayerNorm {
+    eps: f64,
+}
+
+/// Backward for the input: `(x, dy, gamma) → dx`.
+struct LayerNormGradInput {
+    eps: f64,
+}
+
+/// Backward for the parameters: `(x, dy) → [dgamma; dbeta]` as a `2 × d` f32 tensor.
+struct LayerNormGradParams {
+    eps: f64,
+}
+
+impl CustomOp3 for LayerNorm {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (_, cols) = rows_cols(l1);
+        let gamma = contiguous(f32::cpu_storage_as_slice(s2)?, l2, NAME)?;
+        let beta = contiguous(f32::cpu_storage_as_slice(s3)?, l3, NAME)?;
+        let out = float_storage!(NAME, s1, v => {
+            fwd_cpu(contiguous(v, l1, NAME)?, gamma, beta, cols, self.eps)
+        });
+        Ok((out, l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let out = super::cuda::float_slice!(NAME, s1, v => {
+            gpu::fwd(v, l1, (s2, l2), (s3, l3), self.eps, &s1.device)?
+        });
+        Ok((out, l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        gamma: &Tensor,
+        _beta: &Tensor,
+        y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let dy = dy.to_dtype(y.dtype())?.contiguous()?;
+        let eps = self.eps;
+        let dx = x.apply_op3_no_bwd(&dy, gamma, &LayerNormGradInput { eps })?;
+        let params = x.apply_op2_no_bwd(&dy, &LayerNormGradParams { eps })?;
+        Ok((Some(dx), Some(params.get(0)?), Some(params.get(1)?)))
+    }
+}
+
+impl CustomOp3 for LayerNormGradInput {
+    fn name(&self) -> &'static str {
+        "fused-layer-norm-grad-input"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (_, cols) = rows_cols(l1);
+        let gamma = contiguous(f32::cpu_storage_as_slice(s3)?, l3, NAME)?;
+        let out = float_storage!(NAME, s1, v => {
+            let dy = contiguous(WithDType::cpu_storage_as_slice(s2)?, l2, NAME)?;
+            bwd_input_cpu(contiguous(v, l1, NAME)?, dy, gamma, cols, self.eps)
+        });
+        Ok((out, l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let out = super::cuda::float_slice!(NAME, s1, v => {
+            gpu::bwd_input(v, l1, (s2, l2), (s3, l3), self.eps, &s1.device)?
+        });
+        Ok((out, l1.shape().clone()))
+    }
+}
+
+impl CustomOp2 for LayerNormGradParams {
+    fn name(&self) -> &'static str {
+        "fused-layer-norm-grad-params"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (_, cols) = rows_cols(l1);
+        let out = float_storage!(NAME, s1, v => {
+            let dy = contiguous(WithDType::cpu_storage_as_slice(s2)?, l2, NAME)?;
+            bwd_params_cpu(contiguous(v, l1, NAME)?, dy, cols, self.eps)
+        });
+        Ok((CpuStorage::F32(out), Shape::from((2, cols))))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (_, cols) = rows_cols(l1);
+        let out = super::cuda::float_slice!(NAME, s1, v => {
+            gpu::bwd_params(v, l1, (s2, l2), self.eps, &s1.device)?
+        });
+        Ok((out, Shape::from((2, cols))))
+    }
+}
+
+fn fwd_cpu<T: WithDType>(
+    x: &[T],
+    gamma: &[f32],
+    beta: &[f32],
+    cols: usize,
+    eps: f64,
+) -> CpuStorage {
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.chunks_exact(cols) {
+        let (mean, rstd) = row_stats(row, eps);
+        out.extend(
+            row.iter()
+                .zip(gamma.iter().zip(beta))
+                .map(|(&v, (&g, &b))| from_f32::<T>((to_f32(v) - mean) * rstd * g + b)),
+        );
+    }
+    T::to_cpu_storage_owned(out)
+}
+
+fn bwd_input_cpu<T: WithDType>(
+    x: &[T],
+    dy: &[T],
+    gamma: &[f32],
+    cols: usize,
+    eps: f64,
+) -> CpuStorage {
+    let mut out = Vec::with_capacity(x.len());
+    for (row, drow) in x.chunks_exact(cols).zip(dy.chunks_exact(cols)) {
+        let (mean, rstd) = row_stats(row, eps);
+        let (mut sum_g, mut sum_gx) = (0f64, 0f64);
+        for ((&v, &d), &w) in row.iter().zip(drow).zip(gamma) {
+            let g = to_f32(d) * w;
+            sum_g += f64::from(g);
+            sum_gx += f64::from(g * (to_f32(v) - mean) * rstd);
+        }
+        let mean_g = (sum_g / cols as f64) as f32;
+        let mean_gx = (sum_gx / cols as f64) as f32;
+        out.extend(row.iter().zip(drow).zip(gamma).map(|((&v, &d), &w)| {
+            let xhat = (to_f32(v) - mean) * rstd;
+            from_f32::<T>(rstd * (to_f32(d) * w - mean_g - xhat * mean_gx))
+        }));
+    }
+    T::to_cpu_storage_owned(out)
+}
+
+/// `[dgamma; dbeta]` (2·cols f32), summed over rows in f64.
+fn bwd_params_cpu<T: WithDType>(x: &[T], dy: &[T], cols: usize, eps: f64) -> Vec<f32> {
+    let mut dgamma = vec![0f64; cols];
+    let mut dbeta = vec![0f64; cols];
+    for (row, drow) in x.chunks_exact(cols).zip(dy.chunks_exact(cols)) {
+        let (mean, rstd) = row_stats(row, eps);
+        for (j, (&v, &d)) in row.iter().zip(drow).enumerate() {
+            let d = to_f32(d);
+            dgamma[j] += f64::from(d * (to_f32(v) - mean) * rstd);
+            dbeta[j] += f64::from(d);
+        }
+    }
+    dgamma.iter().chain(&dbeta).map(|&v| v as f32).collect()
+}
+
+#[cfg(feature = "cuda")]
+mod gpu;

@@ -1,0 +1,148 @@
+//! CUDA launches for the layer-norm ops.
+//!
+//! Launch configs: forward, `dx` and the statistics kernel run one block per row with
+//! `row_config` threads (64..=1024, ~4 columns each). The parameter gradients use 32 × 8 thread
+//! blocks on a `(ceil(d / 32), chunks)` grid, each block summing one 32-column tile over one
+//! chunk of rows, then one thread per column sums the chunks in order.
+
+#![allow(unsafe_code)]
+
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::WrapErr;
+use candle_core::{CudaDevice, CudaStorage, Layout, Result};
+
+use super::NAME;
+use crate::ops::cuda::{self, Elem};
+use crate::ops::rows_cols;
+
+/// Rows per chunk of the parameter-gradient reduction: at least 64 (so each of a block's 8 row
+/// threads sums ≥ 8 rows) and at most 512 chunks (bounding the partial-sum buffer at
+/// 2·512·d floats). It depends only on the shape, which keeps results reproducible.
+fn rows_per_chunk(rows: usize) -> usize {
+    rows.div_ceil(512).max(64)
+}
+
+pub(super) fn fwd<T: Elem>(
+    x: &CudaSlice<T>,
+    l: &Layout,
+    (gamma, lg): (&CudaStorage, &Layout),
+    (beta, lb): (&CudaStorage, &Layout),
+    eps: f64,
+    dev: &CudaDevice,
+) -> Result<CudaStorage> {
+    let (rows, cols) = rows_cols(l);
+    let x = cuda::slice_view(x, l, NAME)?;
+    let gamma = cuda::view::<f32>(gamma, lg, NAME)?;
+    let beta = cuda::view::<f32>(beta, lb, NAME)?;
+    let func = cuda::kernel(dev, &cuda::LAYER_NORM, "ln_fwd", T::DTYPE)?;
+    let mut y = cuda::output::<T>(dev, rows * cols)?;
+    let (n_cols, eps) = (cuda::dim(cols, "columns")?, eps as f32);
+    let stream = dev.cuda_stream();
+    let mut args = stream.launch_builder(&func);
+    args.arg(&x)
+        .arg(&gamma)
+        .arg(&beta)
+        .arg(&mut y)
+        .arg(&n_cols)
+        .arg(&eps);
+    // SAFETY: the arguments match `ln_fwd_<T>(const T*, const float*, const float*, T*, int,
+    // float)`; `x`/`y` hold rows·cols elements, `gamma`/`beta` cols; one block per row.
+    unsafe { args.launch(cuda::row_config(rows, cols)?) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
+}
+
+pub(super) fn bwd_input<T: Elem>(
+    x: &CudaSlice<T>,
+    l: &Layout,
+    (dy, ldy): (&CudaStorage, &Layout),
+    (gamma, lg): (&CudaStorage, &Layout),
+    eps: f64,
+    dev: &CudaDevice,
+) -> Result<CudaStorage> {
+    let (rows, cols) = rows_cols(l);
+    let x = cuda::slice_view(x, l, NAME)?;
+    let dy = cuda::view::<T>(dy, ldy, NAME)?;
+    let gamma = cuda::view::<f32>(gamma, lg, NAME)?;
+    let func = cuda::kernel(dev, &cuda::LAYER_NORM, "ln_bwd_input", T::DTYPE)?;
+    let mut dx = cuda::output::<T>(dev, rows * cols)?;
+    let (n_cols, eps) = (cuda::dim(cols, "columns")?, eps as f32);
+    let stream = dev.cuda_stream();
+    let mut args = stream.launch_builder(&func);
+    args.arg(&x)
+        .arg(&dy)
+        .arg(&gamma)
+        .arg(&mut dx)
+        .arg(&n_cols)
+        .arg(&eps);
+    // SAFETY: the arguments match `ln_bwd_input_<T>(const T*, const T*, const float*, T*, int,
+    // float)`; `x`/`dy`/`dx` hold rows·cols elements, `gamma` cols; one block per row.
+    unsafe { args.launch(cuda::row_config(rows, cols)?) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(dx, dev.clone()))
+}
+
+/// `[dgamma; dbeta]` (2·cols f32) in three launches: row statistics, per-chunk column
+/// partial sums, fixed-order sum over chunks. The temporaries (8 bytes per row plus the
+/// partials) are freed on return.
+pub(super) fn bwd_params<T: Elem>(
+    x: &CudaSlice<T>,
+    l: &Layout,
+    (dy, ldy): (&CudaStorage, &Layout),
+    eps: f64,
+    dev: &CudaDevice,
+) -> Result<CudaStorage> {
+    let (rows, cols) = rows_cols(l);
+    let x = cuda::slice_view(x, l, NAME)?;
+    let dy = cuda::view::<T>(dy, ldy, NAME)?;
+    let (n_rows, n_cols, eps) = (
+        cuda::dim(rows, "rows")?,
+        cuda::dim(cols, "columns")?,
+        eps as f32,
+    );
+    let stream = dev.cuda_stream();
+
+    let mut stats = cuda::output::<f32>(dev, 2 * rows)?;
+    let func = cuda::kernel(dev, &cuda::LAYER_NORM, "ln_stats", T::DTYPE)?;
+    let mut args = stream.launch_builder(&func);
+    args.arg(&x).arg(&mut stats).arg(&n_cols).arg(&eps);
+    // SAFETY: the arguments match `ln_stats_<T>(const T*, float*, int, float)`; `x` holds
+    // rows·cols elements, `stats` 2·rows; one block per row writes its two entries.
+    unsafe { args.launch(cuda::row_config(rows, cols)?) }.w()?;
+
+    let per_chunk = rows_per_chunk(rows);
+    let chunks = rows.div_ceil(per_chunk);
+    let mut partial = cuda::output::<f32>(dev, 2 * chunks * cols)?;
+    let func = cuda::kernel(dev, &cuda::LAYER_NORM, "ln_params_partial", T::DTYPE)?;
+    let n_per_chunk = cuda::dim(per_chunk, "rows per chunk")?;
+    let mut args = stream.launch_builder(&func);
+    args.arg(&x)
+        .arg(&dy)
+        .arg(&stats)
+        .arg(&mut partial)
+        .arg(&n_rows)
+        .arg(&n_cols)
+        .arg(&n_per_chunk);
+    let cfg = LaunchConfig {
+        grid_dim: (cols.div_ceil(32) as u32, chunks as u32, 1),
+        block_dim: (32, 8, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the arguments match `ln_params_partial_<T>(const T*, const T*, const float*,
+    // float*, int, int, int)`; the grid covers every (32-column tile, chunk) pair and each
+    // in-range column of each chunk writes its two entries of `partial` (2·chunks·cols).
+    unsafe { args.launch(cfg) }.w()?;
+
+    let mut out = cuda::output::<f32>(dev, 2 * cols)?;
+    let func = cuda::kernel_untyped(dev, &cuda::LAYER_NORM, "ln_params_final")?;
+    let n_chunks = cuda::dim(chunks, "chunks")?;
+    let mut args = stream.launch_builder(&func);
+    args.arg(&partial).arg(&mut out).arg(&n_chunks).arg(&n_cols);
+    let cfg = LaunchConfig {
+        grid_dim: (cols.div_ceil(256) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the arguments match `ln_params_final(const float*, float*, int, int)`; one thread
+    // per column (out-of-range threads return) writes `out[col]` and `out[cols + col]`.
+    unsafe { args.launch(cfg) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+}

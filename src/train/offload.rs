@@ -1,0 +1,383 @@
+//! Optimizer offload (ZeRO-Offload style): f32 master weights and Adam moments in host memory.
+//!
+//! The device holds only working copies of the parameters (matrices in the compute dtype,
+//! vectors in f32, see [`crate::model::params::working_dtype`]), which the forward pass uses as
+//! they are. Per micro-batch each gradient is copied to the host and summed in f32 there, so
+//! accumulation costs no device memory and loses no precision; the Adam update then runs on
+//! the host over flat buffers with every core ([`crate::train::host_math`]), writing the new
+//! half-precision working copies in the same pass, and those are uploaded.
+//!
+//! On a CPU device the placement changes nothing, but the same code runs, so tests cover it.
+//! All host state is ordinary heap memory, which the probe's counting allocator measures.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::ops::Range;
+
+use candle_core::backend::BackendDevice;
+use candle_core::cpu_backend::CpuDevice;
+use candle_core::{CpuStorage, DType, Device, Shape, Storage, Tensor, Var};
+
+use crate::knobs::{Knobs, Offload};
+use crate::spec::model::{ModelSpec, OptimizerSpec};
+use crate::train::host_math::{self, AdamConsts, HostState};
+use crate::train::tensor_file::{self, Entry};
+use crate::Result;
+
+/// Adam / AdamW whose masters, moments and gradient sums live in host memory.
+pub struct OffloadAdam {
+    spec: OptimizerSpec,
+    /// Device working copies, updated after every applied step.
+    vars: Vec<Var>,
+    /// Each parameter's span in the flat buffers.
+    ranges: Vec<Range<usize>>,
+    master: Vec<f32>,
+    first: Vec<f32>,
+    second: Vec<f32>,
+    grads: Vec<f32>,
+    /// Half-precision working copies, laid out like `master`; only when some working copy is
+    /// not f32 (f32 ones upload straight from `master`).
+    staging: Option<CpuStorage>,
+    steps: u64,
+    threads: usize,
+}
+
+impl OffloadAdam {
+    /// Zero moments for the working copies `vars` whose f32 masters are `master` (flat, in
+    /// `vars` order).
+    pub fn new(vars: &[Var], master: Vec<f32>, spec: OptimizerSpec) -> Result<Self> {
+        let mut ranges = Vec::with_capacity(vars.len());
+        let mut end = 0;
+        for v in vars {
+            ranges.push(end..end + v.elem_count());
+            end += v.elem_count();
+        }
+        if end != master.len() {
+            return Err(broken(format!(
+                "{} master values for {end} parameters",
+                master.len()
+            )));
+        }
+        let half: Vec<DType> = vars
+            .iter()
+            .map(|v| v.dtype())
+            .filter(|&d| d != DType::F32)
+            .collect();
+        let staging = match half.first() {
+            None => None,
+            Some(&dtype) => {
+                if half.iter().any(|&d| d != dtype) {
+                    return Err(broken(format!("working copies mix {half:?}")));
+                }
+                Some(CpuDevice.zeros_impl(&Shape::from(end), dtype)?)
+            }
+        };
+        let state = Self {
+            spec,
+            vars: vars.to_vec(),
+            ranges,
+            first: vec![0.0; end],
+            second: vec![0.0; end],
+            grads: vec![0.0; end],
+            master,
+            staging,
+            steps: 0,
+            threads: host_math::default_threads(),
+        };
+        Ok(state)
+    }
+
+    /// Optimizer updates applied so far.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// The learning rate.
+    pub fn learning_rate(&self) -> f64 {
+        self.spec.lr
+    }
+
+    /// Adds parameter `index`'s gradient of one micro-batch (any float dtype, any device) to
+    /// the host sum; `first` starts a new sum.
+    pub fn accumulate(&mut self, index: usize, grad: &Tensor, first: bool) -> Result<()> {
+        // One device-to-host copy per gradient; on the CPU this is the tensor itself.
+        let host = grad.to_device(&Device::Cpu)?.contiguous()?;
+        let (storage, layout) = host.storage_and_layout();
+        let (Storage::Cpu(cpu), Some((start, end))) = (&*storage, layout.contiguous_offsets())
+        else {
+            return Err(broken(format!(
+                "gradient {index} did not arrive as a contiguous host tensor"
+            )));
+        };
+        let dst = &mut self.grads[self.ranges[index].clone()];
+        let t = self.threads;
+        match cpu {
+            CpuStorage::F32(v) => host_math::accumulate(dst, &v[start..end], first, t),
+            CpuStorage::BF16(v) => host_math::accumulate(dst, &v[start..end], first, t),
+            CpuStorage::F16(v) => host_math::accumulate(dst, &v[start..end], first, t),
+            _ => {
+                return Err(broken(format!(
+                    "gradient {index} has dtype {:?}",
+                    grad.dtype()
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    /// Divides the summed gradients by the loss scale and reports whether all are finite.
+    pub fn unscale_and_check(&mut self, scale: f64) -> bool {
+        let inv = (scale != 1.0).then_some((1.0 / scale) as f32);
+        host_math::unscale_and_check(&mut self.grads, inv, self.threads)
+    }
+
+    /// Applies one update with the summed gradients and uploads the new working copies.
+    pub fn step(&mut self) -> Result<()> {
+        self.steps += 1;
+        let c = AdamConsts::new(&self.spec, self.steps);
+        let state = HostState {
+            master: &mut self.master,
+            first: &mut self.first,
+            second: &mut self.second,
+            grads: &self.grads,
+        };
+        let t = self.threads;
+        match &mut self.staging {
+            None => host_math::adam_step::<f32>(&c, state, None, t),
+            Some(CpuStorage::BF16(w)) => host_math::adam_step(&c, state, Some(w), t),
+            Some(CpuStorage::F16(w)) => host_math::adam_step(&c, state, Some(w), t),
+            Some(_) => {
+                return Err(broken(
+                    "working copies must be f32, bf16 or f16".to_string(),
+                ))
+            }
+        }
+        self.upload()
+    }
+
+    /// Copies every working copy to its device `Var` from the host buffers.
+    fn upload(&self) -> Result<()> {
+        for (var, r) in self.vars.iter().zip(&self.ranges) {
+            let (dims, dev) = (var.dims(), var.device());
+            let t = match (&self.staging, var.dtype()) {
+                (_, DType::F32) => Tensor::from_slice(&self.master[r.clone()], dims, dev)?,
+                (Some(CpuStorage::BF16(w)), _) => Tensor::from_slice(&w[r.clone()], dims, dev)?,
+                (Some(CpuStorage::F16(w)), _) => Tensor::from_slice(&w[r.clone()], dims, dev)?,
+                (_, dtype) => {
+                    return Err(broken(format!(
+                        "no host staging for a {dtype:?} working copy"
+                    )))
+                }
+            };
+            var.set(&t)?;
+        }
+        Ok(())
+    }
+
+    /// Rewrites the half-precision staging from the masters and uploads every working copy.
+    fn refresh_working(&mut self) -> Result<()> {
+        let t = self.threads;
+        match &mut self.staging {
+            Some(CpuStorage::BF16(w)) => host_math::fill_working(&self.master, w, t),
+            Some(CpuStorage::F16(w)) => host_math::fill_working(&self.master, w, t),
+            _ => {}
+        }
+        self.upload()
+    }
+
+    /// Copies of the f32 masters as host tensors, in parameter order.
+    pub fn master_tensors(&self) -> Result<Vec<Tensor>> {
+        self.vars
+            .iter()
+            .zip(&self.ranges)
+            .map(|(v, r)| {
+                Ok(Tensor::from_slice(
+                    &self.master[r.clone()],
+                    v.dims(),
+                    &Device::Cpu,
+                )?)
+            })
+            .collect()
+    }
+
+    /// Streams the f32 masters, named `names`, as a safetensors file to `out`.
+    pub fn write_masters<W: Write>(&self, out: W, names: &[String]) -> std::io::Result<()> {
+        let entries: Vec<Entry<'_>> = names
+            .iter()
+            .zip(self.vars.iter().zip(&self.ranges))
+            .map(|(name, (v, r))| Entry {
+                name,
+                shape: v.dims(),
+                values: &self.master[r.clone()],
+            })
+            .collect();
+        tensor_file::write_f32(out, &entries)
+    }
+
+    /// Streams the moments (`m.<name>`, `v.<name>`) as a safetensors file to `out`.
+    pub fn write_moments<W: Write>(&self, out: W, names: &[String]) -> std::io::Result<()> {
+        let keys: Vec<(String, String)> = names
+            .iter()
+            .map(|n| (format!("m.{n}"), format!("v.{n}")))
+            .collect();
+        let mut entries = Vec::with_capacity(2 * names.len());
+        for ((m, v), (var, r)) in keys.iter().zip(self.vars.iter().zip(&self.ranges)) {
+            entries.push(Entry {
+                name: m,
+                shape: var.dims(),
+                values: &self.first[r.clone()],
+            });
+            entries.push(Entry {
+                name: v,
+                shape: var.dims(),
+                values: &self.second[r.clone()],
+            });
+        }
+        tensor_file::write_f32(out, &entries)
+    }
+
+    /// Overwrites the masters from `tensors` (keyed by `names`) and refreshes the working copies.
+    pub fn load_masters(
+        &mut self,
+        names: &[String],
+        tensors: &HashMap<String, Tensor>,
+    ) -> std::result::Result<(), String> {
+        for (i, name) in names.iter().enumerate() {
+            let r = self.ranges[i].clone();
+            copy_into(
+                &mut self.master[r],
+                self.vars[i].dims(),
+                tensors,
+                name,
+                "parameter",
+            )?;
+        }
+        self.refresh_working().map_err(|e| e.to_string())
+    }
+
+    /// Restores moments and the step count from a checkpoint.
+    pub fn load_state(
+        &mut self,
+        names: &[String],
+        tensors: &HashMap<String, Tensor>,
+        steps: u64,
+    ) -> std::result::Result<(), String> {
+        for (i, name) in names.iter().enumerate() {
+            let (r, dims) = (self.ranges[i].clone(), self.vars[i].dims());
+            let what = "optimizer state";
+            copy_into(
+                &mut self.first[r.clone()],
+                dims,
+                tensors,
+                &format!("m.{name}"),
+                what,
+            )?;
+            copy_into(
+                &mut self.second[r],
+                dims,
+                tensors,
+                &format!("v.{name}"),
+                what,
+            )?;
+        }
+        self.steps = steps;
+        Ok(())
+    }
+}
+
+/// An internal inconsistency (never expected), reported as a backend error.
+fn broken(message: String) -> crate::Error {
+    candle_core::Error::Msg(message).into()
+}
+
+/// Copies tensor `key` of `tensors` (any float dtype) into `dst`, checking its shape.
+fn copy_into(
+    dst: &mut [f32],
+    dims: &[usize],
+    tensors: &HashMap<String, Tensor>,
+    key: &str,
+    what: &str,
+) -> std::result::Result<(), String> {
+    let t = tensors
+        .get(key)
+        .ok_or_else(|| format!("{what} `{key}` is missing"))?;
+    if t.dims() != dims {
+        return Err(format!(
+            "{what} `{key}` has shape {:?}, expected {dims:?}",
+            t.dims()
+        ));
+    }
+    let values = t
+        .to_dtype(DType::F32)
+        .and_then(|t| t.flatten_all())
+        .and_then(|t| t.to_vec1::<f32>())
+        .map_err(|e| e.to_string())?;
+    dst.copy_from_slice(&values);
+    Ok(())
+}
+
+/// Host bytes a training run needs beyond the process's baseline when the model trains on a
+/// GPU: the planner's cheap test for regimes that cannot fit a host budget.
+///
+/// With P parameters, L elements in the largest parameter tensor and b bytes per element of
+/// the compute dtype (2 for bf16/f16, 4 for fp32):
+///
+/// - **`Offload::Optimizer`.** Allocated once: the f32 master (4 B), first and second moments
+///   (4 + 4 B) and the f32 gradient sum (4 B), i.e. 16 B per parameter; at bf16/f16 also the
+///   working-copy staging buffer (2 B per parameter; fp32 uploads straight from the masters).
+///   During the step one gradient at a time is copied down (L·b B; uploads read the staging
+///   directly). Checkpoints stream through a 256 KiB buffer.
+///   Total `P·(16 + s) + L·b + 256 KiB`, s = 2 at bf16/f16 and 0 at fp32.
+/// - **`Offload::None`.** The optimizer stays on the device; a checkpoint copies one tensor at a
+///   time to the host and then into its byte image: `2·4·L`.
+/// - **Both.** One step's token batches, inputs and targets as u32: `8 · global_batch · seq_len`.
+///
+/// Not included: the process baseline (runtime, the driver's host allocations) and, on a CPU
+/// device, the model, activations and gradients, which live in host memory there.
+pub fn host_bytes_estimate(spec: &ModelSpec, knobs: &Knobs) -> u64 {
+    let p = spec.parameter_count() as u64;
+    let d = spec.d_model;
+    let largest = [
+        spec.vocab_size * d,
+        3 * d * d,
+        d * spec.d_ff,
+        spec.seq_len * d,
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0) as u64;
+    let b = knobs.precision.compute_dtype().size_in_bytes() as u64;
+    let tokens = 8 * (knobs.global_batch() * spec.seq_len) as u64;
+    let state = match knobs.offload {
+        Offload::Optimizer => {
+            let staging = if b < 4 { 2 } else { 0 };
+            p * (16 + staging) + largest * b + 256 * 1024
+        }
+        Offload::None => 2 * 4 * largest,
+    };
+    state + tokens
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::knobs::Precision;
+
+    #[test]
+    fn offload_costs_about_eighteen_bytes_per_parameter_at_bf16() {
+        let spec = ModelSpec::preset("gpt-124m").expect("preset");
+        let on = Knobs {
+            offload: Offload::Optimizer,
+            ..Knobs::new(8, Precision::Bf16)
+        };
+        let per_param = host_bytes_estimate(&spec, &on) as f64 / spec.parameter_count() as f64;
+        assert!((18.0..19.0).contains(&per_param), "{per_param}");
+        let fp32 = Knobs {
+            precision: Precision::Fp32,
+            ..on
+        };
+        assert!(host_bytes_estimate(&spec, &fp32) < host_bytes_estimate(&spec, &on));
+        let off = Knobs::new(8, Precision::Bf16);
+        assert!(host_bytes_estimate(&spec, &off) < host_bytes_estimate(&spec, &on) / 5);
+    }
+}

@@ -1,0 +1,298 @@
+use candle_core::{DType, Device, Tensor};
+
+use autotune::knobs::{Checkpointing, Knobs, Offload, Precision};
+use autotune::spec::model::{ModelSpec, OptimizerSpec};
+use autotune::train::checkpoint;
+use autotune::train::data::{Data, DataSpec};
+use autotune::train::step::Trainer;
+
+use crate::util::{autotune_in, small_gpt, small_seed, stdout};
+
+/// Largest |a − b| relative to the largest |a| (0 when both are all zeros).
+fn rel_diff(a: &Tensor, b: &Tensor) -> f32 {
+    let a = a
+        .to_dtype(DType::F32)
+        .unwrap()
+        .to_device(&Device::Cpu)
+        .unwrap();
+    let b = b
+        .to_dtype(DType::F32)
+        .unwrap()
+        .to_device(&Device::Cpu)
+        .unwrap();
+    let max = |t: &Tensor| {
+        t.abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+    };
+    let diff = max(&(&a - &b).unwrap());
+    if diff == 0.0 {
+        0.0
+    } else {
+        diff / max(&a).max(f32::MIN_POSITIVE)
+    }
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Four blocks, so that every-2 and every-3 mix recomputed and kept blocks.
+fn deeper(spec: ModelSpec) -> ModelSpec {
+    ModelSpec {
+        n_layers: 4,
+        ..spec
+    }
+}
+
+fn with_regime(checkpointing: Checkpointing, offload: Offload, precision: Precision) -> Knobs {
+    Knobs {
+        checkpointing,
+        offload,
+        ..Knobs::new(4, precision)
+    }
+}
+
+#[test]
+fn checkpointed_gradients_equal_the_plain_step() {
+    // Dropout > 0 on the post-norm model checks that recomputed blocks redraw their masks.
+    for spec in [deeper(small_seed(0.2)), deeper(small_gpt())] {
+        for precision in [Precision::Fp32, Precision::Bf16] {
+            let data = Data::open(&DataSpec::Random, &spec).unwrap();
+            let batches: Vec<_> = (0..2)
+                .map(|micro| data.batch(3, 0, micro, 4, &Device::Cpu).unwrap())
+                .collect();
+            let knobs = |c| with_regime(c, Offload::None, precision);
+            let plain = Trainer::new(&spec, knobs(Checkpointing::None), &Device::Cpu, 3).unwrap();
+            let (g_plain, loss_plain) = plain.gradients(&batches).unwrap();
+            // Recomputation repeats the same operations on the same values, so the gradients
+            // agree to the bit in practice; the bound leaves room only for a matrix kernel that
+            // picks a different path for differently aligned copies.
+            for ckpt in [1, 2, 3].map(Checkpointing::EveryKth) {
+                let trainer = Trainer::new(&spec, knobs(ckpt), &Device::Cpu, 3).unwrap();
+                let (g, loss) = trainer.gradients(&batches).unwrap();
+                assert_eq!(loss, loss_plain, "{} {precision} {ckpt}: loss", spec.name);
+                let names = trainer.model().params().names();
+                for ((name, a), b) in names.iter().zip(&g_plain).zip(&g) {
+                    let rel = rel_diff(a, b);
+                    assert!(
+                        rel <= 1e-6,
+                        "{} {precision} {ckpt}: {name} differs by {rel:e} (relative)",
+                        spec.name
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn offloaded_adam_matches_on_device_adam_step_for_step() {
+    // AdamW with decoupled decay, Adam with L2 decay, and Adam without decay.
+    let adam_l2 = ModelSpec {
+        optimizer: OptimizerSpec {
+            weight_decay: 0.01,
+            ..OptimizerSpec::adam(1e-3)
+        },
+        ..small_seed(0.1)
+    };
+    for spec in [small_gpt(), adam_l2, small_seed(0.0)] {
+        let data = Data::open(&DataSpec::Pattern, &spec).unwrap();
+        let train = |offload| {
+            let knobs = Knobs {
+                grad_accum: 2,
+                ..with_regime(Checkpointing::None, offload, Precision::Fp32)
+            };
+            let mut t = Trainer::new(&spec, knobs, &Device::Cpu, 4).unwrap();
+            let losses: Vec<f64> = (0..5).map(|_| t.step(&data).unwrap().loss).collect();
+            (t, losses)
+        };
+        let (device, device_losses) = train(Offload::None);
+        let (host, host_losses) = train(Offload::Optimizer);
+        assert_eq!(device_losses, host_losses, "{}: losses", spec.name);
+        assert_eq!(host.optimizer().steps(), 5);
+        // The host update mirrors the on-device one operation for operation, so the two agree
+        // bit for bit, not just within rounding.
+        let names = device.model().params().names();
+        let (a, b) = (
+            device.master_weights().unwrap(),
+            host.master_weights().unwrap(),
+        );
+        for ((name, a), b) in names.iter().zip(&a).zip(&b) {
+            assert!(
+                bits(a) == bits(b),
+                "{}: {name} differs by {:e} (relative)",
+                spec.name,
+                rel_diff(a, b)
+            );
+        }
+        // The device working copies are the masters (fp32) after the upload.
+        for (w, m) in host.model().params().vars().iter().zip(&b) {
+            assert_eq!(bits(w.as_tensor()), bits(m));
+        }
+    }
+}
+
+#[test]
+fn offload_at_bf16_keeps_half_precision_working_copies_and_tracks_on_device_bf16() {
+    let spec = small_gpt();
+    let data = Data::open(&DataSpec::Pattern, &spec).unwrap();
+    let losses = |offload| {
+        let knobs = with_regime(Checkpointing::EveryKth(1), offload, Precision::Bf16);
+        let mut t = Trainer::new(&spec, knobs, &Device::Cpu, 3).unwrap();
+        let l: Vec<f64> = (0..6).map(|_| t.step(&data).unwrap().loss).collect();
+        (t, l)
+    };
+    let (_, device) = losses(Offload::None);
+    let (host, offloaded) = losses(Offload::Optimizer);
+    for (step, (a, b)) in device.iter().zip(&offloaded).enumerate() {
+        assert!((a - b).abs() / a < 0.02, "step {step}: {a} vs {b}");
+    }
+    assert!(offloaded[5] < offloaded[0], "{offloaded:?}");
+    for v in host.model().params().vars() {
+        let want = if v.rank() >= 2 {
+            DType::BF16
+        } else {
+            DType::F32
+        };
+        assert_eq!(v.dtype(), want, "working copy of shape {:?}", v.dims());
+    }
+    for m in host.master_weights().unwrap() {
+        assert_eq!(m.dtype(), DType::F32, "masters stay f32");
+    }
+}
+
+#[test]
+fn resuming_with_checkpointing_and_offload_continues_bit_identically() {
+    let spec = deeper(small_seed(0.1));
+    let knobs = Knobs {
+        grad_accum: 2,
+        ..with_regime(
+            Checkpointing::EveryKth(2),
+            Offload::Optimizer,
+            Precision::Fp32,
+        )
+    };
+    let data_spec = DataSpec::Random;
+    let data = Data::open(&data_spec, &spec).unwrap();
+    let mut straight = Trainer::new(&spec, knobs, &Device::Cpu, 9).unwrap();
+    for _ in 0..6 {
+        straight.step(&data).unwrap();
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = Trainer::new(&spec, knobs, &Device::Cpu, 9).unwrap();
+    for _ in 0..3 {
+        first.step(&data).unwrap();
+    }
+    checkpoint::save(dir.path(), &first, &data_spec, 0).unwrap();
+    drop(first);
+    let latest = checkpoint::latest(dir.path())
+        .unwrap()
+        .expect("a checkpoint");
+    // The files hold f32 masters and moments whatever the placement: the checkpoint resumes
+    // under offload and on the device alike, and both continue identically.
+    let plain_knobs = Knobs {
+        offload: Offload::None,
+        ..knobs
+    };
+    for resume_knobs in [knobs, plain_knobs] {
+        let mut resumed = Trainer::new(&spec, resume_knobs, &Device::Cpu, 9).unwrap();
+        checkpoint::restore(&latest, &mut resumed).unwrap();
+        assert_eq!(resumed.steps(), 3);
+        for _ in 0..3 {
+            resumed.step(&data).unwrap();
+        }
+        let names = straight.model().params().names();
+        let (a, b) = (
+            straight.master_weights().unwrap(),
+            resumed.master_weights().unwrap(),
+        );
+        for ((name, a), b) in names.iter().zip(&a).zip(&b) {
+            assert!(
+                bits(a) == bits(b),
+                "{name} differs after resume with offload {}",
+                resume_knobs.offload
+            );
+        }
+    }
+}
+
+#[test]
+fn probe_reports_a_host_budget_breach_as_an_outcome() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "probe",
+        "--model",
+        "tiny",
+        "--device",
+        "cpu",
+        "--offload",
+        "optimizer",
+        "--warmup",
+        "0",
+        "--steps",
+        "1",
+        "--host-budget",
+        "1MiB",
+        "--json",
+    ];
+    let out = autotune_in(dir.path(), &args);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let line: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(line["outcome"], "out_of_memory", "{line}");
+    assert_eq!(line["memory"], "host", "{line}");
+}
+
+/// Peak host bytes of a CPU probe of `model` with `extra` knobs.
+fn peak_host(dir: &std::path::Path, model: &str, extra: &[&str]) -> (u64, serde_json::Value) {
+    let mut args = vec![
+        "probe",
+        "--model",
+        model,
+        "--device",
+        "cpu",
+        "--micro-batch",
+        "16",
+        "--warmup",
+        "1",
+        "--steps",
+        "1",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let out = autotune_in(dir, &args);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let line: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    (
+        line["peak_host_bytes"].as_u64().expect("peak_host_bytes"),
+        line,
+    )
+}
+
+#[test]
+fn checkpointing_lowers_the_measured_peak_and_offload_state_is_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("deep.json"),
+        r#"{"preset": "tiny", "n_layers": 6}"#,
+    )
+    .unwrap();
+    let (plain, _) = peak_host(dir.path(), "deep.json", &[]);
+    let (all, _) = peak_host(dir.path(), "deep.json", &["--checkpointing", "all"]);
+    // On the CPU the activations are heap memory: keeping one block's instead of six shows.
+    assert!(
+        (all as f64) < 0.7 * plain as f64,
+        "checkpointing all: {all} B vs plain {plain} B"
+    );
+    let (offload, line) = peak_host(dir.path(), "deep.json", &["--offload", "optimizer"]);
+    let params = line["params"].as_u64().expect("params");
+    assert!(
+        offload >= 16 * params,
+        "offload peak {offload} B for {params} parameters: host state not counted"
+    );
+}
