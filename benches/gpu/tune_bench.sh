@@ -53,7 +53,7 @@ set -euo pipefail
 export LC_NUMERIC=C   # awk and printf read and write decimal points
 
 if [[ $# -ne 2 || "$1" == -h || "$1" == --help ]]; then
-  sed -n '2,50p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,51p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 
@@ -394,8 +394,12 @@ for regime in "${REGIME_LIST[@]}"; do
   while (( mb <= MAX_MB )); do
     if ! next_ok "$mb"; then skip_point "$label" "$mb"; stopped=1; break; fi
     probe_point "$label" "$precision" "$ckpt" "$offload" "$mb"
-    prev_s="$POINT_S"; prev_mb="$mb"
-    if [[ "$OUTCOME" == fits ]]; then last_fit=$mb; mb=$(( mb * 2 )); else first_oom=$mb; break; fi
+    # Time estimates scale from the last probe that ran all its steps.
+    [[ "$OUTCOME" == fits || -z "$prev_s" ]] && { prev_s="$POINT_S"; prev_mb="$mb"; }
+    if [[ "$OUTCOME" == fits ]]; then last_fit=$mb; mb=$(( mb * 2 )); continue; fi
+    # Only an out-of-memory bounds the interval to refine; a crash or timeout ends the regime.
+    [[ "$OUTCOME" == out_of_memory ]] && first_oom=$mb || stopped=1
+    break
   done
   # Eighths of the interval between the last fit and the first OOM, ascending, up to an OOM.
   if (( stopped == 0 && last_fit > 0 && first_oom > last_fit )); then
@@ -406,8 +410,8 @@ for regime in "${REGIME_LIST[@]}"; do
       prev=$mb
       if ! next_ok "$mb"; then skip_point "$label" "$mb"; break; fi
       probe_point "$label" "$precision" "$ckpt" "$offload" "$mb"
-      prev_s="$POINT_S"; prev_mb="$mb"
       [[ "$OUTCOME" == fits ]] || break
+      prev_s="$POINT_S"; prev_mb="$mb"
     done
   fi
 done

@@ -1,8 +1,8 @@
 //! Host arithmetic of the offloaded optimizer: multi-threaded passes over flat f32 buffers.
 //!
 //! Every pass is elementwise, so the buffers are cut into one chunk per core and each chunk runs
-//! on its own scoped thread; nothing is allocated per element or per step. Chunks smaller than
-//! [`MIN_CHUNK`] are not worth a thread, so small tensors run on the calling thread.
+//! on its own scoped thread; no buffer is allocated. Chunks smaller than
+//! `MIN_CHUNK` elements are not worth a thread, so small tensors run on the calling thread.
 
 use candle_core::WithDType;
 

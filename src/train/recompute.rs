@@ -6,12 +6,12 @@
 //!
 //! - **Forward.** A recomputed block runs on its *detached* input; its output is copied into a
 //!   fresh `Var` and the block's graph is dropped on the spot, so none of its intermediates
-//!   outlive its forward pass. What survives is a [`Boundary`]: the block's input (still attached
+//!   outlive its forward pass. What survives is a `Boundary`: the block's input (still attached
 //!   to the graph of the segment before it) and the output `Var` the next segment starts from.
 //!   Blocks that are not recomputed run as usual and keep their graph.
 //! - **Backward.** The loss's backward pass covers the last segment and yields `dL/dy` for the
 //!   last boundary's output. Then, in reverse order, each recomputed block runs again on its
-//!   attached input and a [`SeedGradient`] root backpropagates `dL/dy` through the block *and*
+//!   attached input and a `SeedGradient` root backpropagates `dL/dy` through the block *and*
 //!   the segment before it, down to the previous boundary's output (or the embeddings).
 //!
 //! Every parameter is used in exactly one segment, so each backward pass hands over the

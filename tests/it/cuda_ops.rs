@@ -1,1 +1,275 @@
+//! The fused ops' CUDA kernels against their CPU implementations, for f32, bf16 and f16, plus
+//! run-to-run reproducibility, a whole-model fused-vs-composite check on the GPU and timings.
+//!
+//! Needs a CUDA device (ordinal 0). Each comparison prints one summary line to stderr
+//! (`--nocapture` shows them): op, dtype, shape, tensor, max abs and max-relative error, the
+//! tolerance. Tolerances are those of `ops.rs` (both sides compute in f32; they differ in
+//! summation order, the exp implementation and, for bf16/f16, possibly one output rounding).
 
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor, Var};
+
+use autotune::knobs::{Knobs, Precision};
+use autotune::model::layers::{self, LayerNorm};
+use autotune::model::params::ParamStore;
+use autotune::model::Engine;
+use autotune::ops;
+use autotune::train::data::{Data, DataSpec};
+use autotune::train::step::Trainer;
+
+use crate::ops::{causal_mask, ce_grad_tol, errors, random, targets, tol, DTYPES};
+use crate::util::{small_gpt, small_seed};
+
+fn gpu() -> Device {
+    Device::new_cuda(0).expect("these tests need a CUDA device")
+}
+
+/// Prints the summary line and asserts the tolerance.
+fn check(op: &str, dtype: DType, shape: &str, what: &str, gpu: &Tensor, cpu: &Tensor, tol: f64) {
+    assert!(gpu.device().is_cuda(), "{op} {what}: result is not on the GPU");
+    let (abs, rel) = errors(gpu, cpu);
+    eprintln!(
+        "cuda-vs-cpu {op:<13} {:<4} {shape:<16} {what:<6} max abs {abs:9.3e}  rel {rel:9.3e}  (tol {tol:.1e})",
+        format!("{dtype:?}").to_lowercase()
+    );
+    assert!(
+        rel <= tol,
+        "{op} {dtype:?} {shape} {what}: GPU vs CPU relative error {rel:e} > {tol:e}"
+    );
+}
+
+/// Gradient of `Σ f(x) · w` with respect to the leaf `x`, plus `f(x)`.
+fn with_grad(x: &Tensor, w: &Tensor, f: impl Fn(&Tensor) -> Tensor) -> (Tensor, Tensor) {
+    let var = Var::from_tensor(x).unwrap();
+    let y = f(var.as_tensor());
+    let loss = (y.to_dtype(DType::F32).unwrap() * w).unwrap().sum_all().unwrap();
+    let grads = loss.backward().unwrap();
+    (y, grads.get(&var).unwrap().clone())
+}
+
+#[test]
+fn cuda_cross_entropy_matches_cpu() {
+    let dev = gpu();
+    let cases = [
+        (1, 2, 1.0, 0.0),
+        (33, 1000, 3.0, 0.0),
+        (4096, 10_000, 2.0, 0.0),
+        (7, 10_000, 30.0, 500.0),
+        (1024, 50_257, 2.0, 0.0),
+    ];
+    for (i, &(rows, classes, scale, offset)) in cases.iter().enumerate() {
+        for dtype in DTYPES {
+            let shape = format!("{rows}x{classes}");
+            let logits = random(&[rows, classes], scale, offset, 10 + i as u64, dtype);
+            let t = targets(rows, classes, 10 + i as u64);
+            let w = random(&[rows], 1.0, 0.0, 20 + i as u64, DType::F32);
+            let run = |device: &Device| {
+                let x = logits.to_device(device).unwrap();
+                let (t, w) = (t.to_device(device).unwrap(), w.to_device(device).unwrap());
+                with_grad(&x, &w.unsqueeze(1).unwrap(), |x| {
+                    ops::cross_entropy_rows(x, &t).unwrap().unsqueeze(1).unwrap()
+                })
+            };
+            let (loss_g, dx_g) = run(&dev);
+            let (loss_c, dx_c) = run(&Device::Cpu);
+            check("cross-entropy", dtype, &shape, "loss", &loss_g, &loss_c, 1e-5);
+            let t = ce_grad_tol(dtype, &logits);
+            check("cross-entropy", dtype, &shape, "dx", &dx_g, &dx_c, t);
+        }
+    }
+}
+
+#[test]
+fn cuda_softmax_matches_cpu() {
+    let dev = gpu();
+    let cases: [(&[usize], f32, bool); 6] = [
+        (&[3, 7], 1.0, false),
+        (&[8, 8, 128, 128], 1.0, true),
+        (&[2, 4, 33, 33], 2.0, true),
+        (&[64, 1025], 1.0, false),
+        (&[4, 4096], 1.0, false),
+        (&[5, 64], 40.0, false),
+    ];
+    for (i, &(shape, scale, causal)) in cases.iter().enumerate() {
+        for dtype in DTYPES {
+            let name = format!("{shape:?}").replace(' ', "");
+            let mut x = random(shape, scale, 0.0, 30 + i as u64, dtype);
+            if causal {
+                x = x.broadcast_add(&causal_mask(shape[shape.len() - 1], dtype)).unwrap();
+            }
+            let w = random(shape, 1.0, 0.0, 40 + i as u64, DType::F32);
+            let run = |device: &Device| {
+                let (x, w) = (x.to_device(device).unwrap(), w.to_device(device).unwrap());
+                with_grad(&x, &w, |x| ops::softmax_last_dim(x).unwrap())
+            };
+            let (y_g, dx_g) = run(&dev);
+            let (y_c, dx_c) = run(&Device::Cpu);
+            check("softmax", dtype, &name, "y", &y_g, &y_c, tol(dtype));
+            check("softmax", dtype, &name, "dx", &dx_g, &dx_c, tol(dtype));
+        }
+    }
+    // A transposed input goes through `.contiguous()` on the device.
+    let x = random(&[96, 40], 1.0, 0.0, 49, DType::F32);
+    let got = ops::softmax_last_dim(&x.to_device(&dev).unwrap().t().unwrap()).unwrap();
+    let want = ops::softmax_last_dim(&x.t().unwrap()).unwrap();
+    check("softmax", DType::F32, "[40,96]ᵀ", "y", &got, &want, tol(DType::F32));
+}
+
+#[test]
+fn cuda_layer_norm_matches_cpu() {
+    let dev = gpu();
+    let cases: [(&[usize], f32, f32); 5] = [
+        (&[5, 8], 1.0, 0.0),
+        (&[37, 1000], 2.0, 0.5),
+        (&[32, 128, 768], 1.0, 0.0),
+        (&[16_384, 512], 1.0, 0.0),
+        (&[300, 64], 0.1, 20.0),
+    ];
+    for (i, &(shape, scale, offset)) in cases.iter().enumerate() {
+        for dtype in DTYPES {
+            let name = format!("{shape:?}").replace(' ', "");
+            let d = shape[shape.len() - 1];
+            let seed = 50 + i as u64;
+            let x = random(shape, scale, offset, seed, dtype);
+            let w = random(shape, 1.0, 0.0, seed + 1, DType::F32);
+            let gamma = random(&[d], 0.5, 1.0, seed + 2, DType::F32);
+            let beta = random(&[d], 0.5, 0.0, seed + 3, DType::F32);
+            let run = |device: &Device| {
+                let to = |t: &Tensor| Var::from_tensor(&t.to_device(device).unwrap()).unwrap();
+                let (xv, gv, bv) = (to(&x), to(&gamma), to(&beta));
+                let y = ops::layer_norm(xv.as_tensor(), gv.as_tensor(), bv.as_tensor(), 1e-5)
+                    .unwrap();
+                let w = w.to_device(device).unwrap();
+                let loss = (y.to_dtype(DType::F32).unwrap() * w).unwrap().sum_all().unwrap();
+                let grads = loss.backward().unwrap();
+                let get = |v: &Var| grads.get(v).unwrap().clone();
+                [y.clone(), get(&xv), get(&gv), get(&bv)]
+            };
+            let g = run(&dev);
+            let c = run(&Device::Cpu);
+            let t = tol(dtype);
+            check("layer-norm", dtype, &name, "y", &g[0], &c[0], t);
+            check("layer-norm", dtype, &name, "dx", &g[1], &c[1], t);
+            check("layer-norm", dtype, &name, "dgamma", &g[2], &c[2], t.max(1e-4));
+            check("layer-norm", dtype, &name, "dbeta", &g[3], &c[3], t.max(1e-4));
+        }
+    }
+}
+
+#[test]
+fn cuda_backward_passes_are_bitwise_reproducible() {
+    let dev = gpu();
+    let x = random(&[8192, 768], 1.0, 0.0, 60, DType::BF16).to_device(&dev).unwrap();
+    let w = random(&[8192, 768], 1.0, 0.0, 61, DType::F32).to_device(&dev).unwrap();
+    let gamma = random(&[768], 0.5, 1.0, 62, DType::F32).to_device(&dev).unwrap();
+    let beta = random(&[768], 0.5, 0.0, 63, DType::F32).to_device(&dev).unwrap();
+    let t = targets(8192, 768, 64).to_device(&dev).unwrap();
+    let grads = || {
+        let (xv, gv, bv) = (
+            Var::from_tensor(&x).unwrap(),
+            Var::from_tensor(&gamma).unwrap(),
+            Var::from_tensor(&beta).unwrap(),
+        );
+        let y = ops::layer_norm(xv.as_tensor(), gv.as_tensor(), bv.as_tensor(), 1e-5).unwrap();
+        let s = ops::softmax_last_dim(&y).unwrap();
+        let loss = ((s.to_dtype(DType::F32).unwrap() * &w).unwrap().sum_all().unwrap()
+            + ops::cross_entropy(&y, &t).unwrap())
+        .unwrap();
+        let g = loss.backward().unwrap();
+        [&xv, &gv, &bv].map(|v| {
+            let v: Vec<f32> = g.get(v).unwrap().to_dtype(DType::F32).unwrap().flatten_all()
+                .unwrap().to_vec1().unwrap();
+            v.into_iter().map(f32::to_bits).collect::<Vec<_>>()
+        })
+    };
+    let (a, b) = (grads(), grads());
+    for (name, (a, b)) in ["dx", "dgamma", "dbeta"].iter().zip(a.iter().zip(&b)) {
+        assert!(a == b, "{name} differs between two identical backward passes");
+    }
+    eprintln!("cuda reproducibility: dx, dgamma, dbeta bitwise identical over two runs");
+}
+
+#[test]
+fn cuda_fused_and_composite_models_agree() {
+    let dev = gpu();
+    for (spec, precision, grad_tol) in [
+        (small_seed(0.1), Precision::Fp32, 1e-5),
+        (small_gpt(), Precision::Fp32, 1e-5),
+        (small_gpt(), Precision::Bf16, f64::INFINITY),
+    ] {
+        let data = Data::open(&DataSpec::Random, &spec).unwrap();
+        let batch = data.batch(3, 0, 0, 4, &dev).unwrap();
+        let run = |engine| {
+            let mut trainer = Trainer::new(&spec, Knobs::new(4, precision), &dev, 3).unwrap();
+            trainer.set_engine(engine);
+            trainer.gradients(std::slice::from_ref(&batch)).unwrap()
+        };
+        let (g_f, l_f) = run(Engine::Fused);
+        let (g_c, l_c) = run(Engine::Composite);
+        let worst = g_f
+            .iter()
+            .zip(&g_c)
+            .map(|(a, b)| errors(a, b).1)
+            .fold(0f64, f64::max);
+        eprintln!(
+            "cuda model {} {precision}: loss fused {l_f:.6} composite {l_c:.6}; worst gradient rel error {worst:.3e}",
+            spec.name
+        );
+        for g in &g_f {
+            let max = g.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            assert!(max.is_finite() && max > 0.0, "a fused gradient is zero or not finite");
+        }
+        assert!((l_f - l_c).abs() / l_c < 1e-2, "loss {l_f} vs {l_c}");
+        assert!(worst <= grad_tol, "{worst:e} > {grad_tol:e}");
+    }
+}
+
+/// Not a correctness check: forward + backward time of each op, fused vs composite, on
+/// realistic shapes, printed for the record.
+#[test]
+fn cuda_fused_op_timings() {
+    let dev = gpu();
+    let time = |label: &str, f: &dyn Fn()| {
+        f();
+        dev.synchronize().unwrap();
+        let n = 20;
+        let start = Instant::now();
+        for _ in 0..n {
+            f();
+        }
+        dev.synchronize().unwrap();
+        let ms = start.elapsed().as_secs_f64() * 1e3 / n as f64;
+        eprintln!("cuda timing {label:<46} {ms:8.3} ms (forward + backward)");
+    };
+    for dtype in [DType::F32, DType::BF16] {
+        let name = format!("{dtype:?}").to_lowercase();
+        let logits = random(&[8192, 10_000], 2.0, 0.0, 70, dtype).to_device(&dev).unwrap();
+        let t = targets(8192, 10_000, 70).to_device(&dev).unwrap();
+        for engine in [Engine::Fused, Engine::Composite] {
+            time(&format!("cross-entropy 8192x10000 {name} {engine:?}"), &|| {
+                let v = Var::from_tensor(&logits).unwrap();
+                let loss = layers::cross_entropy(v.as_tensor(), &t, engine).unwrap();
+                loss.backward().unwrap();
+            });
+        }
+        let scores = random(&[32, 8, 128, 128], 1.0, 0.0, 71, dtype).to_device(&dev).unwrap();
+        for engine in [Engine::Fused, Engine::Composite] {
+            time(&format!("softmax 32x8x128x128 {name} {engine:?}"), &|| {
+                let v = Var::from_tensor(&scores).unwrap();
+                let y = layers::softmax_last_dim(v.as_tensor(), engine).unwrap();
+                y.sum_all().unwrap().backward().unwrap();
+            });
+        }
+        let x = random(&[64, 128, 512], 1.0, 0.0, 72, dtype).to_device(&dev).unwrap();
+        let mut store = ParamStore::new(&dev, 0);
+        let norm = LayerNorm::new(&mut store, "norm", 512, 1e-5).unwrap();
+        for engine in [Engine::Fused, Engine::Composite] {
+            time(&format!("layer-norm 64x128x512 {name} {engine:?}"), &|| {
+                let v = Var::from_tensor(&x).unwrap();
+                let y = norm.forward(v.as_tensor(), engine).unwrap();
+                y.sum_all().unwrap().backward().unwrap();
+            });
+        }
+    }
+}

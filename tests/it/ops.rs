@@ -396,65 +396,54 @@ fn fused_and_composite_models_give_the_same_loss_and_gradients() {
             trainer.set_engine(engine);
             trainer.gradients(std::slice::from_ref(&batch)).unwrap()
         };
-        let (g32, l32) = run(Engine::Composite, Precision::Fp32);
-        for p in [Precision::Fp32, Precision::Bf16, Precision::Fp16] {
-            let (gf, lf) = run(Engine::Fused, p);
-            let (gc, lc) = run(Engine::Composite, p);
-            let (mut sf, mut sc) = (0.0, 0.0);
-            let mut worst = 0f64;
-            for ((a, b), t) in gf.iter().zip(&gc).zip(&g32) {
-                sf += errors(a, t).1;
-                sc += errors(b, t).1;
-                worst = worst.max(errors(a, b).1);
+        let names = Trainer::new(&spec, Knobs::new(4, Precision::Fp32), &Device::Cpu, 3)
+            .unwrap()
+            .model()
+            .params()
+            .names()
+            .to_vec();
+        let (g_ref, loss_ref) = run(Engine::Composite, Precision::Fp32);
+
+        // f32: the two engines compute the same maths in the same precision.
+        let (g_fused, loss_fused) = run(Engine::Fused, Precision::Fp32);
+        let what = format!("{} fp32", spec.name);
+        assert!(
+            ((loss_fused - loss_ref) / loss_ref).abs() < 1e-6,
+            "{what}: loss {loss_fused} (fused) vs {loss_ref} (composite)"
+        );
+        for ((name, a), b) in names.iter().zip(&g_fused).zip(&g_ref) {
+            assert_nonzero_finite(&format!("{what} {name}"), a);
+            assert_close(&format!("{what} {name} gradient"), a, b, 1e-5);
+        }
+
+        // bf16/f16: rounding differs between the engines (the composite softmax even runs in
+        // the reduced dtype), so both are held to the f32 reference instead, with bounds
+        // measured on these models with ~3× headroom.
+        for (precision, loss_tol, grad_tol) in [
+            (Precision::Bf16, 1e-3, 0.3),
+            (Precision::Fp16, 1e-4, 0.03),
+        ] {
+            let what = format!("{} {precision}", spec.name);
+            for engine in [Engine::Fused, Engine::Composite] {
+                let (grads, loss) = run(engine, precision);
+                assert!(
+                    ((loss - loss_ref) / loss_ref).abs() < loss_tol,
+                    "{what} {engine:?}: loss {loss} vs f32 {loss_ref}"
+                );
+                for ((name, a), b) in names.iter().zip(&grads).zip(&g_ref) {
+                    if engine == Engine::Fused {
+                        assert_nonzero_finite(&format!("{what} {name}"), a);
+                    }
+                    let what = format!("{what} {engine:?} {name} gradient vs f32");
+                    assert_close(&what, &a.to_dtype(DType::F32).unwrap(), b, grad_tol);
+                }
             }
-            eprintln!("{} {p}: loss f {lf} c {lc} 32 {l32}; sum err vs fp32 fused {sf:.4} comp {sc:.4}; worst fused-vs-comp {worst:.4}", spec.name);
         }
     }
 }
 
-#[test]
-fn tmp_softmax_accuracy() {
-    for scale in [0.1f32, 1.0, 3.0] {
-        let x = random(&[4, 4, 16, 16], scale, 0.0, 5, DType::BF16);
-        let w = random(&[4, 4, 16, 16], 1.0, 0.0, 6, DType::BF16)
-            .to_dtype(DType::F32)
-            .unwrap();
-        let truth = {
-            let xf = x.to_dtype(DType::F64).unwrap();
-            let v = leaf(&xf);
-            let y = layers::softmax_last_dim(v.as_tensor(), Engine::Composite).unwrap();
-            let g = (y.clone() * w.to_dtype(DType::F64).unwrap())
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap();
-            (y, g.get(&v).unwrap().clone())
-        };
-        for engine in [Engine::Fused, Engine::Composite] {
-            let v = leaf(&x);
-            let y = layers::softmax_last_dim(v.as_tensor(), engine).unwrap();
-            let g = (y.to_dtype(DType::F32).unwrap() * &w)
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap();
-            let dx = g.get(&v).unwrap();
-            let sum_y = y
-                .to_dtype(DType::F64)
-                .unwrap()
-                .sum(D::Minus1)
-                .unwrap()
-                .mean_all()
-                .unwrap()
-                .to_scalar::<f64>()
-                .unwrap();
-            eprintln!(
-                "scale {scale} {engine:?}: y {:?} dx {:?} mean row sum {sum_y}",
-                errors(&y, &truth.0),
-                errors(dx, &truth.1)
-            );
-        }
-    }
+fn assert_nonzero_finite(what: &str, g: &Tensor) {
+    let v = to_vec(g);
+    assert!(v.iter().all(|x| x.is_finite()), "{what}: gradient is not finite");
+    assert!(v.iter().any(|x| *x != 0.0), "{what}: gradient is all zeros");
 }
