@@ -8,11 +8,12 @@
 
 #![allow(unsafe_code)]
 
+use candle_core::backend::BackendStorage;
 use candle_core::{
     bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType,
 };
 
-use super::{check_input, contiguous, float_storage, from_f32, rows_cols, to_f32};
+use super::{check_input, contiguous, input_f32, output, rows_cols};
 
 const NAME: &str = "fused-cross-entropy";
 
@@ -67,7 +68,7 @@ impl CustomOp2 for CrossEntropy {
     ) -> Result<(CpuStorage, Shape)> {
         let (rows, cols) = rows_cols(l1);
         let targets = contiguous(u32::cpu_storage_as_slice(s2)?, l2, NAME)?;
-        let loss = float_storage!(NAME, s1, v => fwd_cpu(contiguous(v, l1, NAME)?, targets, cols)?);
+        let loss = fwd_cpu(&input_f32(s1, l1, NAME)?, targets, cols)?;
         Ok((CpuStorage::F32(loss), Shape::from(rows)))
     }
 
@@ -115,8 +116,8 @@ impl CustomOp3 for CrossEntropyGrad {
         let (_, cols) = rows_cols(l1);
         let targets = contiguous(u32::cpu_storage_as_slice(s2)?, l2, NAME)?;
         let loss_grad = contiguous(f32::cpu_storage_as_slice(s3)?, l3, NAME)?;
-        let out = float_storage!(NAME, s1, v => bwd_cpu(contiguous(v, l1, NAME)?, targets, loss_grad, cols));
-        Ok((out, l1.shape().clone()))
+        let dx = bwd_cpu(&input_f32(s1, l1, NAME)?, targets, loss_grad, cols);
+        Ok((output(dx, s1.dtype())?, l1.shape().clone()))
     }
 
     #[cfg(feature = "cuda")]
@@ -135,44 +136,47 @@ impl CustomOp3 for CrossEntropyGrad {
     }
 }
 
-fn fwd_cpu<T: WithDType>(logits: &[T], targets: &[u32], cols: usize) -> Result<Vec<f32>> {
+fn fwd_cpu(logits: &[f32], targets: &[u32], cols: usize) -> Result<Vec<f32>> {
     let mut loss = Vec::with_capacity(targets.len());
-    for (row, &target) in logits.chunks_exact(cols).zip(targets) {
+    for (r, &target) in targets.iter().enumerate() {
+        let row = &logits[r * cols..(r + 1) * cols];
         let t = target as usize;
         if t >= cols {
             bail!("{NAME}: target {t} out of range for {cols} classes");
         }
-        let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(to_f32(v)));
-        let sum: f64 = row
-            .iter()
-            .map(|&v| f64::from((to_f32(v) - max).exp()))
-            .sum();
+        let mut max = f32::NEG_INFINITY;
+        for &v in row {
+            max = max.max(v);
+        }
+        let mut sum = 0f64;
+        for &v in row {
+            sum += f64::from((v - max).exp());
+        }
         // log(sum) − (x_t − max) rather than max + log(sum) − x_t: no cancellation between
         // large logits.
-        loss.push((sum as f32).ln() - (to_f32(row[t]) - max));
+        loss.push((sum as f32).ln() - (row[t] - max));
     }
     Ok(loss)
 }
 
-fn bwd_cpu<T: WithDType>(
-    logits: &[T],
-    targets: &[u32],
-    loss_grad: &[f32],
-    cols: usize,
-) -> CpuStorage {
-    let (loss, grad) = loss_grad.split_at(targets.len());
-    let mut out = Vec::with_capacity(logits.len());
-    for (r, row) in logits.chunks_exact(cols).enumerate() {
-        let t = targets[r] as usize;
+fn bwd_cpu(logits: &[f32], targets: &[u32], loss_grad: &[f32], cols: usize) -> Vec<f32> {
+    let rows = targets.len();
+    let mut dx = vec![0f32; logits.len()];
+    for r in 0..rows {
         // Forward already rejected out-of-range targets on this device.
-        let lse = loss[r] + to_f32(row[t]);
-        let g = grad[r];
-        out.extend(row.iter().enumerate().map(|(j, &v)| {
-            let p = (to_f32(v) - lse).exp();
-            from_f32::<T>((p - if j == t { 1.0 } else { 0.0 }) * g)
-        }));
+        let t = targets[r] as usize;
+        let (row, out) = (
+            &logits[r * cols..(r + 1) * cols],
+            &mut dx[r * cols..(r + 1) * cols],
+        );
+        let lse = loss_grad[r] + row[t];
+        let g = loss_grad[rows + r];
+        for j in 0..cols {
+            let p = (row[j] - lse).exp();
+            out[j] = if j == t { (p - 1.0) * g } else { p * g };
+        }
     }
-    T::to_cpu_storage_owned(out)
+    dx
 }
 
 #[cfg(feature = "cuda")]
@@ -198,7 +202,8 @@ mod gpu {
         let x = cuda::slice_view(logits, l1, NAME)?;
         let t = cuda::view::<u32>(targets, l2, NAME)?;
         let func = cuda::kernel(dev, &cuda::CROSS_ENTROPY, "ce_fwd", T::DTYPE)?;
-        let mut loss = cuda::output::<f32>(dev, rows)?;
+        // SAFETY: the kernel launched below writes every element.
+        let mut loss = unsafe { cuda::output::<f32>(dev, rows) }?;
         let n_cols = cuda::dim(cols, "classes")?;
         let stream = dev.cuda_stream();
         let mut args = stream.launch_builder(&func);
@@ -223,7 +228,8 @@ mod gpu {
         let t = cuda::view::<u32>(targets, l2, NAME)?;
         let lg = cuda::view::<f32>(loss_grad, l3, NAME)?;
         let func = cuda::kernel(dev, &cuda::CROSS_ENTROPY, "ce_bwd", T::DTYPE)?;
-        let mut dx = cuda::output::<T>(dev, rows * cols)?;
+        // SAFETY: the kernel launched below writes every element.
+        let mut dx = unsafe { cuda::output::<T>(dev, rows * cols) }?;
         let (n_rows, n_cols) = (cuda::dim(rows, "rows")?, cuda::dim(cols, "classes")?);
         let stream = dev.cuda_stream();
         let mut args = stream.launch_builder(&func);

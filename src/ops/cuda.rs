@@ -126,12 +126,13 @@ pub(crate) fn slice_view<'a, T>(
     }
 }
 
-/// An output buffer of `len` elements.
+/// An uninitialised output buffer of `len` elements.
 ///
-/// SAFETY (of the callers' use): the memory is uninitialised; every caller launches a kernel
-/// that writes all `len` elements before the buffer is read.
-pub(crate) fn output<T: DeviceRepr>(dev: &CudaDevice, len: usize) -> Result<CudaSlice<T>> {
-    // SAFETY: see the function doc: the buffer is fully written by the next kernel on the
-    // same stream before any read.
+/// # Safety
+///
+/// The caller must launch a kernel that writes all `len` elements (on candle's stream, so it
+/// runs before any later read) before the buffer is read or handed to candle.
+pub(crate) unsafe fn output<T: DeviceRepr>(dev: &CudaDevice, len: usize) -> Result<CudaSlice<T>> {
+    // SAFETY: forwarded to the caller (see above).
     unsafe { dev.alloc::<T>(len) }
 }

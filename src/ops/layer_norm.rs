@@ -13,11 +13,10 @@
 
 #![allow(unsafe_code)]
 
-use candle_core::{
-    bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType,
-};
+use candle_core::backend::BackendStorage;
+use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
-use super::{check_input, contiguous, float_storage, from_f32, row_stats, rows_cols, to_f32};
+use super::{check_input, input_f32, output, row_stats, rows_cols};
 
 const NAME: &str = "fused-layer-norm";
 
@@ -70,12 +69,9 @@ impl CustomOp3 for LayerNorm {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (_, cols) = rows_cols(l1);
-        let gamma = contiguous(f32::cpu_storage_as_slice(s2)?, l2, NAME)?;
-        let beta = contiguous(f32::cpu_storage_as_slice(s3)?, l3, NAME)?;
-        let out = float_storage!(NAME, s1, v => {
-            fwd_cpu(contiguous(v, l1, NAME)?, gamma, beta, cols, self.eps)
-        });
-        Ok((out, l1.shape().clone()))
+        let (gamma, beta) = (input_f32(s2, l2, NAME)?, input_f32(s3, l3, NAME)?);
+        let y = fwd_cpu(&input_f32(s1, l1, NAME)?, &gamma, &beta, cols, self.eps);
+        Ok((output(y, s1.dtype())?, l1.shape().clone()))
     }
 
     #[cfg(feature = "cuda")]
@@ -125,12 +121,9 @@ impl CustomOp3 for LayerNormGradInput {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (_, cols) = rows_cols(l1);
-        let gamma = contiguous(f32::cpu_storage_as_slice(s3)?, l3, NAME)?;
-        let out = float_storage!(NAME, s1, v => {
-            let dy = contiguous(WithDType::cpu_storage_as_slice(s2)?, l2, NAME)?;
-            bwd_input_cpu(contiguous(v, l1, NAME)?, dy, gamma, cols, self.eps)
-        });
-        Ok((out, l1.shape().clone()))
+        let (x, dy) = (input_f32(s1, l1, NAME)?, input_f32(s2, l2, NAME)?);
+        let dx = bwd_input_cpu(&x, &dy, &input_f32(s3, l3, NAME)?, cols, self.eps);
+        Ok((output(dx, s1.dtype())?, l1.shape().clone()))
     }
 
     #[cfg(feature = "cuda")]
@@ -163,10 +156,8 @@ impl CustomOp2 for LayerNormGradParams {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (_, cols) = rows_cols(l1);
-        let out = float_storage!(NAME, s1, v => {
-            let dy = contiguous(WithDType::cpu_storage_as_slice(s2)?, l2, NAME)?;
-            bwd_params_cpu(contiguous(v, l1, NAME)?, dy, cols, self.eps)
-        });
+        let (x, dy) = (input_f32(s1, l1, NAME)?, input_f32(s2, l2, NAME)?);
+        let out = bwd_params_cpu(&x, &dy, cols, self.eps);
         Ok((CpuStorage::F32(out), Shape::from((2, cols))))
     }
 
@@ -186,61 +177,47 @@ impl CustomOp2 for LayerNormGradParams {
     }
 }
 
-fn fwd_cpu<T: WithDType>(
-    x: &[T],
-    gamma: &[f32],
-    beta: &[f32],
-    cols: usize,
-    eps: f64,
-) -> CpuStorage {
-    let mut out = Vec::with_capacity(x.len());
-    for row in x.chunks_exact(cols) {
+fn fwd_cpu(x: &[f32], gamma: &[f32], beta: &[f32], cols: usize, eps: f64) -> Vec<f32> {
+    let mut y = vec![0f32; x.len()];
+    for (row, out) in x.chunks_exact(cols).zip(y.chunks_exact_mut(cols)) {
         let (mean, rstd) = row_stats(row, eps);
-        out.extend(
-            row.iter()
-                .zip(gamma.iter().zip(beta))
-                .map(|(&v, (&g, &b))| from_f32::<T>((to_f32(v) - mean) * rstd * g + b)),
-        );
+        for j in 0..cols {
+            out[j] = (row[j] - mean) * rstd * gamma[j] + beta[j];
+        }
     }
-    T::to_cpu_storage_owned(out)
+    y
 }
 
-fn bwd_input_cpu<T: WithDType>(
-    x: &[T],
-    dy: &[T],
-    gamma: &[f32],
-    cols: usize,
-    eps: f64,
-) -> CpuStorage {
-    let mut out = Vec::with_capacity(x.len());
-    for (row, drow) in x.chunks_exact(cols).zip(dy.chunks_exact(cols)) {
+fn bwd_input_cpu(x: &[f32], dy: &[f32], gamma: &[f32], cols: usize, eps: f64) -> Vec<f32> {
+    let mut dx = vec![0f32; x.len()];
+    for (r, out) in dx.chunks_exact_mut(cols).enumerate() {
+        let (row, drow) = (&x[r * cols..(r + 1) * cols], &dy[r * cols..(r + 1) * cols]);
         let (mean, rstd) = row_stats(row, eps);
         let (mut sum_g, mut sum_gx) = (0f64, 0f64);
-        for ((&v, &d), &w) in row.iter().zip(drow).zip(gamma) {
-            let g = to_f32(d) * w;
+        for j in 0..cols {
+            let g = drow[j] * gamma[j];
             sum_g += f64::from(g);
-            sum_gx += f64::from(g * (to_f32(v) - mean) * rstd);
+            sum_gx += f64::from(g * (row[j] - mean) * rstd);
         }
         let mean_g = (sum_g / cols as f64) as f32;
         let mean_gx = (sum_gx / cols as f64) as f32;
-        out.extend(row.iter().zip(drow).zip(gamma).map(|((&v, &d), &w)| {
-            let xhat = (to_f32(v) - mean) * rstd;
-            from_f32::<T>(rstd * (to_f32(d) * w - mean_g - xhat * mean_gx))
-        }));
+        for j in 0..cols {
+            let xhat = (row[j] - mean) * rstd;
+            out[j] = rstd * (drow[j] * gamma[j] - mean_g - xhat * mean_gx);
+        }
     }
-    T::to_cpu_storage_owned(out)
+    dx
 }
 
 /// `[dgamma; dbeta]` (2·cols f32), summed over rows in f64.
-fn bwd_params_cpu<T: WithDType>(x: &[T], dy: &[T], cols: usize, eps: f64) -> Vec<f32> {
+fn bwd_params_cpu(x: &[f32], dy: &[f32], cols: usize, eps: f64) -> Vec<f32> {
     let mut dgamma = vec![0f64; cols];
     let mut dbeta = vec![0f64; cols];
     for (row, drow) in x.chunks_exact(cols).zip(dy.chunks_exact(cols)) {
         let (mean, rstd) = row_stats(row, eps);
-        for (j, (&v, &d)) in row.iter().zip(drow).enumerate() {
-            let d = to_f32(d);
-            dgamma[j] += f64::from(d * (to_f32(v) - mean) * rstd);
-            dbeta[j] += f64::from(d);
+        for j in 0..cols {
+            dgamma[j] += f64::from(drow[j] * (row[j] - mean) * rstd);
+            dbeta[j] += f64::from(drow[j]);
         }
     }
     dgamma.iter().chain(&dbeta).map(|&v| v as f32).collect()

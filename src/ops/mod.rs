@@ -24,25 +24,43 @@ pub use cross_entropy::{cross_entropy, cross_entropy_rows};
 pub use layer_norm::layer_norm;
 pub use softmax::softmax_last_dim;
 
-use candle_core::{bail, DType, Layout, Result, Tensor, WithDType};
+use std::borrow::Cow;
 
-/// Matches a float `CpuStorage`, binding its `Vec<T>` to `$v` in `$body`; the body is
-/// monomorphised once per dtype (f32, bf16, f16), so it can call generic functions.
-macro_rules! float_storage {
-    ($op:expr, $storage:expr, $v:ident => $body:expr) => {
-        match $storage {
-            candle_core::CpuStorage::F32($v) => $body,
-            candle_core::CpuStorage::BF16($v) => $body,
-            candle_core::CpuStorage::F16($v) => $body,
-            other => candle_core::bail!(
-                "{}: expected f32, bf16 or f16 input, got {:?}",
-                $op,
-                candle_core::backend::BackendStorage::dtype(other)
-            ),
+use candle_core::backend::BackendStorage;
+use candle_core::{bail, CpuStorage, DType, Layout, Result, Tensor};
+
+/// The contiguous values of a float CPU storage as f32. CPU kernels compute on f32 slices only;
+/// bf16/f16 are converted (exactly) by candle's cast, which is optimised code even in debug
+/// builds of this crate, so the hand-written loops stay monomorphic and few.
+fn input_f32<'a>(storage: &'a CpuStorage, layout: &Layout, op: &str) -> Result<Cow<'a, [f32]>> {
+    match storage {
+        CpuStorage::F32(v) => Ok(Cow::Borrowed(contiguous(v, layout, op)?)),
+        CpuStorage::BF16(_) | CpuStorage::F16(_) => {
+            if layout.contiguous_offsets().is_none() {
+                bail!("{op}: input must be contiguous");
+            }
+            match storage.to_dtype(layout, DType::F32)? {
+                CpuStorage::F32(v) => Ok(Cow::Owned(v)),
+                _ => bail!("{op}: cast to f32 returned another dtype"),
+            }
         }
-    };
+        other => bail!(
+            "{op}: expected f32, bf16 or f16 input, got {:?}",
+            other.dtype()
+        ),
+    }
 }
-pub(crate) use float_storage;
+
+/// f32 results as a storage of `dtype` (round to nearest even, as the GPU kernels do).
+fn output(values: Vec<f32>, dtype: DType) -> Result<CpuStorage> {
+    let n = values.len();
+    let storage = CpuStorage::F32(values);
+    if dtype == DType::F32 {
+        Ok(storage)
+    } else {
+        storage.to_dtype(&Layout::contiguous(n), dtype)
+    }
+}
 
 /// The contiguous part of a CPU buffer that `layout` addresses.
 fn contiguous<'a, T>(data: &'a [T], layout: &Layout, op: &str) -> Result<&'a [T]> {
@@ -73,26 +91,19 @@ fn check_input(x: &Tensor, op: &str) -> Result<()> {
     Ok(())
 }
 
-#[inline]
-fn to_f32<T: WithDType>(x: T) -> f32 {
-    x.to_f64() as f32
-}
-
-/// f32 → T with round-to-nearest-even; exact via f64 because every f32 is an f64.
-#[inline]
-fn from_f32<T: WithDType>(x: f32) -> T {
-    T::from_f64(f64::from(x))
-}
-
 /// Mean and 1/sqrt(var + eps) of a row: two passes (so a large mean does not cancel the
 /// variance), f64 accumulators, f32 results as the kernels produce.
-fn row_stats<T: WithDType>(row: &[T], eps: f64) -> (f32, f32) {
+fn row_stats(row: &[f32], eps: f64) -> (f32, f32) {
     let n = row.len() as f64;
-    let mean = row.iter().map(|&v| f64::from(to_f32(v))).sum::<f64>() / n;
-    let var = row
-        .iter()
-        .map(|&v| (f64::from(to_f32(v)) - mean).powi(2))
-        .sum::<f64>()
-        / n;
-    (mean as f32, (1.0 / (var + eps).sqrt()) as f32)
+    let mut sum = 0f64;
+    for &v in row {
+        sum += f64::from(v);
+    }
+    let mean = sum / n;
+    let mut sq = 0f64;
+    for &v in row {
+        let d = f64::from(v) - mean;
+        sq += d * d;
+    }
+    (mean as f32, (1.0 / (sq / n + eps).sqrt()) as f32)
 }

@@ -7,9 +7,10 @@
 
 #![allow(unsafe_code)]
 
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, WithDType};
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 
-use super::{check_input, contiguous, float_storage, from_f32, rows_cols, to_f32};
+use super::{check_input, input_f32, output, rows_cols};
 
 const NAME: &str = "fused-softmax";
 
@@ -36,8 +37,8 @@ impl CustomOp1 for Softmax {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let (_, cols) = rows_cols(l);
-        let out = float_storage!(NAME, s, v => fwd_cpu(contiguous(v, l, NAME)?, cols));
-        Ok((out, l.shape().clone()))
+        let y = fwd_cpu(&input_f32(s, l, NAME)?, cols);
+        Ok((output(y, s.dtype())?, l.shape().clone()))
     }
 
     #[cfg(feature = "cuda")]
@@ -69,11 +70,8 @@ impl CustomOp2 for SoftmaxGrad {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (_, cols) = rows_cols(l1);
-        let out = float_storage!(NAME, s1, v => {
-            let dy = contiguous(WithDType::cpu_storage_as_slice(s2)?, l2, NAME)?;
-            bwd_cpu(contiguous(v, l1, NAME)?, dy, cols)
-        });
-        Ok((out, l1.shape().clone()))
+        let dx = bwd_cpu(&input_f32(s1, l1, NAME)?, &input_f32(s2, l2, NAME)?, cols);
+        Ok((output(dx, s1.dtype())?, l1.shape().clone()))
     }
 
     #[cfg(feature = "cuda")]
@@ -89,37 +87,40 @@ impl CustomOp2 for SoftmaxGrad {
     }
 }
 
-fn fwd_cpu<T: WithDType>(x: &[T], cols: usize) -> CpuStorage {
-    let mut out = Vec::with_capacity(x.len());
-    let mut exps = vec![0f32; cols];
-    for row in x.chunks_exact(cols) {
-        let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(to_f32(v)));
+fn fwd_cpu(x: &[f32], cols: usize) -> Vec<f32> {
+    let mut y = vec![0f32; x.len()];
+    for (row, out) in x.chunks_exact(cols).zip(y.chunks_exact_mut(cols)) {
+        let mut max = f32::NEG_INFINITY;
+        for &v in row {
+            max = max.max(v);
+        }
         let mut sum = 0f64;
-        for (e, &v) in exps.iter_mut().zip(row) {
-            *e = (to_f32(v) - max).exp();
-            sum += f64::from(*e);
+        for j in 0..cols {
+            out[j] = (row[j] - max).exp();
+            sum += f64::from(out[j]);
         }
         let inv = 1.0 / sum as f32;
-        out.extend(exps.iter().map(|&e| from_f32::<T>(e * inv)));
+        for v in out.iter_mut() {
+            *v *= inv;
+        }
     }
-    T::to_cpu_storage_owned(out)
+    y
 }
 
-fn bwd_cpu<T: WithDType>(y: &[T], dy: &[T], cols: usize) -> CpuStorage {
-    let mut out = Vec::with_capacity(y.len());
-    for (yr, dyr) in y.chunks_exact(cols).zip(dy.chunks_exact(cols)) {
-        let dot = yr
-            .iter()
-            .zip(dyr)
-            .map(|(&a, &b)| f64::from(to_f32(a) * to_f32(b)))
-            .sum::<f64>() as f32;
-        out.extend(
-            yr.iter()
-                .zip(dyr)
-                .map(|(&a, &b)| from_f32::<T>(to_f32(a) * (to_f32(b) - dot))),
-        );
+fn bwd_cpu(y: &[f32], dy: &[f32], cols: usize) -> Vec<f32> {
+    let mut dx = vec![0f32; y.len()];
+    for (r, out) in dx.chunks_exact_mut(cols).enumerate() {
+        let (yr, dyr) = (&y[r * cols..(r + 1) * cols], &dy[r * cols..(r + 1) * cols]);
+        let mut dot = 0f64;
+        for j in 0..cols {
+            dot += f64::from(yr[j] * dyr[j]);
+        }
+        let dot = dot as f32;
+        for j in 0..cols {
+            out[j] = yr[j] * (dyr[j] - dot);
+        }
     }
-    T::to_cpu_storage_owned(out)
+    dx
 }
 
 #[cfg(feature = "cuda")]
@@ -142,7 +143,8 @@ mod gpu {
         let (rows, cols) = rows_cols(l);
         let x = cuda::slice_view(x, l, NAME)?;
         let func = cuda::kernel(dev, &cuda::SOFTMAX, "softmax_fwd", T::DTYPE)?;
-        let mut y = cuda::output::<T>(dev, rows * cols)?;
+        // SAFETY: the kernel launched below writes every element.
+        let mut y = unsafe { cuda::output::<T>(dev, rows * cols) }?;
         let n_cols = cuda::dim(cols, "columns")?;
         let stream = dev.cuda_stream();
         let mut args = stream.launch_builder(&func);
@@ -164,7 +166,8 @@ mod gpu {
         let y = cuda::slice_view(y, l1, NAME)?;
         let dy = cuda::view::<T>(dy, l2, NAME)?;
         let func = cuda::kernel(dev, &cuda::SOFTMAX, "softmax_bwd", T::DTYPE)?;
-        let mut dx = cuda::output::<T>(dev, rows * cols)?;
+        // SAFETY: the kernel launched below writes every element.
+        let mut dx = unsafe { cuda::output::<T>(dev, rows * cols) }?;
         let n_cols = cuda::dim(cols, "columns")?;
         let stream = dev.cuda_stream();
         let mut args = stream.launch_builder(&func);

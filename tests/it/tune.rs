@@ -310,13 +310,28 @@ fn a_recorded_search_replays_offline_to_the_same_plan() {
     let dir = workdir();
     let out = autotune_in(
         dir.path(),
-        &["tune", "--model", "micro.json", "--device", "small-cpu.json", "--record", "rec/micro.json", "--json"],
+        &[
+            "tune",
+            "--model",
+            "micro.json",
+            "--device",
+            "small-cpu.json",
+            "--record",
+            "rec/micro.json",
+            "--json",
+        ],
     );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let live: Value = serde_json::from_str(&stdout(&out)).unwrap();
-    let out = autotune_in(dir.path(), &["tune", "--backend", "replay:rec/micro.json", "--json"]);
+    let out = autotune_in(
+        dir.path(),
+        &["tune", "--backend", "replay:rec/micro.json", "--json"],
+    );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let replayed: Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(replayed["knobs"], live["knobs"]);
-    assert_eq!(replayed["evidence"], live["evidence"], "the replay asks the recorded trials in the same order");
+    assert_eq!(
+        replayed["evidence"], live["evidence"],
+        "the replay asks the recorded trials in the same order"
+    );
 }

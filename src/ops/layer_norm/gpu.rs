@@ -35,7 +35,8 @@ pub(super) fn fwd<T: Elem>(
     let gamma = cuda::view::<f32>(gamma, lg, NAME)?;
     let beta = cuda::view::<f32>(beta, lb, NAME)?;
     let func = cuda::kernel(dev, &cuda::LAYER_NORM, "ln_fwd", T::DTYPE)?;
-    let mut y = cuda::output::<T>(dev, rows * cols)?;
+    // SAFETY: the kernel launched below writes every element.
+    let mut y = unsafe { cuda::output::<T>(dev, rows * cols) }?;
     let (n_cols, eps) = (cuda::dim(cols, "columns")?, eps as f32);
     let stream = dev.cuda_stream();
     let mut args = stream.launch_builder(&func);
@@ -64,7 +65,8 @@ pub(super) fn bwd_input<T: Elem>(
     let dy = cuda::view::<T>(dy, ldy, NAME)?;
     let gamma = cuda::view::<f32>(gamma, lg, NAME)?;
     let func = cuda::kernel(dev, &cuda::LAYER_NORM, "ln_bwd_input", T::DTYPE)?;
-    let mut dx = cuda::output::<T>(dev, rows * cols)?;
+    // SAFETY: the kernel launched below writes every element.
+    let mut dx = unsafe { cuda::output::<T>(dev, rows * cols) }?;
     let (n_cols, eps) = (cuda::dim(cols, "columns")?, eps as f32);
     let stream = dev.cuda_stream();
     let mut args = stream.launch_builder(&func);
@@ -100,7 +102,8 @@ pub(super) fn bwd_params<T: Elem>(
     );
     let stream = dev.cuda_stream();
 
-    let mut stats = cuda::output::<f32>(dev, 2 * rows)?;
+    // SAFETY: the kernel launched below writes every element.
+    let mut stats = unsafe { cuda::output::<f32>(dev, 2 * rows) }?;
     let func = cuda::kernel(dev, &cuda::LAYER_NORM, "ln_stats", T::DTYPE)?;
     let mut args = stream.launch_builder(&func);
     args.arg(&x).arg(&mut stats).arg(&n_cols).arg(&eps);
@@ -110,7 +113,8 @@ pub(super) fn bwd_params<T: Elem>(
 
     let per_chunk = rows_per_chunk(rows);
     let chunks = rows.div_ceil(per_chunk);
-    let mut partial = cuda::output::<f32>(dev, 2 * chunks * cols)?;
+    // SAFETY: the kernel launched below writes every element.
+    let mut partial = unsafe { cuda::output::<f32>(dev, 2 * chunks * cols) }?;
     let func = cuda::kernel(dev, &cuda::LAYER_NORM, "ln_params_partial", T::DTYPE)?;
     let n_per_chunk = cuda::dim(per_chunk, "rows per chunk")?;
     let mut args = stream.launch_builder(&func);
@@ -131,7 +135,8 @@ pub(super) fn bwd_params<T: Elem>(
     // in-range column of each chunk writes its two entries of `partial` (2·chunks·cols).
     unsafe { args.launch(cfg) }.w()?;
 
-    let mut out = cuda::output::<f32>(dev, 2 * cols)?;
+    // SAFETY: the kernel launched below writes every element.
+    let mut out = unsafe { cuda::output::<f32>(dev, 2 * cols) }?;
     let func = cuda::kernel_untyped(dev, &cuda::LAYER_NORM, "ln_params_final")?;
     let n_chunks = cuda::dim(chunks, "chunks")?;
     let mut args = stream.launch_builder(&func);
