@@ -308,7 +308,19 @@ if [[ -n "$FINDERS" ]]; then
 fi
 
 # ---- (d) the full run -------------------------------------------------------------------
+# Other processes' memory shrinks the emulated card: wait (up to 30 s) until the finders'
+# processes have released the GPU before training with the plan.
+wait_for_idle_gpu() {
+  local i used
+  for i in $(seq 1 60); do
+    used="$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -n1 || echo 0)"
+    (( ${used:-0} < 2048 )) && return 0
+    sleep 0.5
+  done
+  say "warning: GPU still has ${used} MiB in use by other processes"
+}
 if [[ "$RUN" == 1 ]]; then
+  wait_for_idle_gpu
   echo "== run" >> "$LOG"
   t0="$(now)"
   RUN_RC=0

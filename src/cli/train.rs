@@ -44,6 +44,9 @@ pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
     let knobs = args.knobs.knobs();
     knobs.validate("knobs", "--")?;
     let device = device::open(&args.model.device)?;
+    // On a GPU the meter also configures the memory pool (keep freed memory, as a caching
+    // allocator does); it must live as long as training does.
+    let _pool = device::memory_meter(&device, None)?;
     let job = Job {
         spec: &spec,
         knobs,

@@ -1,10 +1,18 @@
 //! Device memory on CUDA: the memory pool's exact high-water mark, and capacity emulation.
 //!
 //! cudarc allocates every candle tensor from the device's default memory pool
-//! (`cuMemAllocAsync`), whose `USED_MEM_HIGH` attribute is a byte-exact peak that can be reset
-//! before each probe. The CUDA context and cuBLAS workspaces live outside the pool; they are
-//! measured as what the driver reports in use minus the pool's reservation and the emulation
-//! hold-back, and added to the peak.
+//! (`cuMemAllocAsync`). The pool's `RESERVED_MEM_HIGH` attribute is the peak of memory the pool
+//! took from the device, resettable before each probe. That, not `USED_MEM_HIGH` (bytes handed
+//! to tensors), is what runs out: on the H200 emulating a 24 GiB card, a setting whose used
+//! peak was 1.3 GiB below the capacity ran out of memory on a re-run, the difference being
+//! fragmentation inside the pool's reservation. The CUDA context and cuBLAS workspaces live
+//! outside the pool; they are measured as what the driver reports in use minus the pool's
+//! reservation and the emulation hold-back, and added to the peak.
+//!
+//! The pool is also told to keep freed memory (release threshold: unlimited), as PyTorch's
+//! caching allocator does: by default it returns memory to the driver at every
+//! synchronisation and maps it again in the next step, which costs time and makes the
+//! reservation, and so the peak, vary from run to run.
 //!
 //! Emulation: to plan for a smaller card on a larger one, the difference is allocated outside
 //! the pool (`cuMemAlloc`) and held, so the pool itself runs out of memory at the target's size
@@ -18,6 +26,10 @@ use candle_core::Device;
 
 use crate::probe::live::DeviceMemory;
 use crate::{Error, Result};
+
+/// In-use memory before emulation starts above which a warning is logged: more than this
+/// process's context and libraries take.
+const OTHER_USE_WARNING_BYTES: u64 = 2 << 30;
 
 /// Pool peak measurement and optional capacity hold-back on one CUDA device.
 pub struct PoolMemory {
@@ -58,6 +70,12 @@ impl PoolMemory {
         let (total, free) = self.device_totals()?;
         // A target as large as this GPU (or larger: the card itself is the limit) needs no hold.
         let hold = total.saturating_sub(capacity);
+        // Memory of other processes is not held back but still missing: the emulated card is
+        // then smaller than the target, and trials run out of memory early.
+        let in_use = total - free;
+        if in_use > OTHER_USE_WARNING_BYTES {
+            tracing::warn!(in_use, "the GPU already has memory in use (another process?); emulating {capacity} bytes will leave less than that");
+        }
         if hold > 0 {
             if hold > free {
                 return Err(Error::invalid(
@@ -114,21 +132,24 @@ impl PoolMemory {
 impl DeviceMemory for PoolMemory {
     fn reset_peak(&mut self) -> Result<()> {
         self.context.bind_to_thread().map_err(driver)?;
+        // Start each trial from an empty reservation, so its peak is its own.
         self.trim()?;
-        let mut zero: u64 = 0;
-        // SAFETY: USED_MEM_HIGH may only be reset to zero, passed as a `cuuint64_t`.
-        unsafe {
-            result::mem_pool::set_attribute(
-                self.pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
-                (&mut zero as *mut u64).cast(),
-            )
+        for attr in [
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+        ] {
+            let mut zero: u64 = 0;
+            // SAFETY: the high-water marks may only be reset to zero, passed as a `cuuint64_t`.
+            unsafe {
+                result::mem_pool::set_attribute(self.pool, attr, (&mut zero as *mut u64).cast())
+            }
+            .map_err(driver)?;
         }
-        .map_err(driver)
+        Ok(())
     }
 
     fn peak_bytes(&mut self) -> Result<u64> {
-        let high = self.attribute(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?;
+        let high = self.attribute(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?;
         Ok(high + self.outside_pool_bytes()?)
     }
 }

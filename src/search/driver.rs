@@ -297,7 +297,9 @@ impl SearchDriver {
                 .find(|(_, r)| mb(r) == lo)
                 .and_then(|(_, r)| r.outcome.measurement())
                 .map_or(0.0, |m| m.tokens_per_s);
-            let bound = lo_tokens * *open.last().expect("open is not empty") as f64 / lo as f64;
+            let top_open = *open.last().expect("open is not empty");
+            let bound = (lo_tokens * top_open as f64 / lo as f64)
+                .min(self.secant_bound(probes, top_open).unwrap_or(f64::INFINITY));
             if bound * (1.0 + PRUNE_SLACK) < best_earlier {
                 return RegimeProgress::Finished(RegimeEnd::Pruned {
                     largest: lo,
@@ -329,6 +331,35 @@ impl SearchDriver {
             }
         }
         explore(open[open.len() / 2])
+    }
+
+    /// Throughput at `b` predicted by the step-time secant through the two largest feasible
+    /// trials, `t(b) = t0 + c·b`; `None` unless the secant rises (c > 0). Tokens per sequence
+    /// come from the trials themselves (`tokens/s · t / b`). Step time grows at least linearly
+    /// once the device is saturated, so this is already an optimistic bound there; it is what
+    /// lets a slow regime (offload, recompute) be pruned before its memory boundary.
+    fn secant_bound(&self, probes: &[(usize, &ProbeResult)], b: usize) -> Option<f64> {
+        let mut points: Vec<(f64, f64, f64)> = probes
+            .iter()
+            .filter(|(_, r)| self.is_feasible(r))
+            .filter_map(|(_, r)| {
+                let m = r.outcome.measurement()?;
+                Some((
+                    r.request.knobs.micro_batch as f64,
+                    m.step_time_median_s,
+                    m.tokens_per_s,
+                ))
+            })
+            .collect();
+        points.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let (&(b2, t2, tps2), &(b1, t1, _)) = (points.first()?, points.get(1)?);
+        let c = (t2 - t1) / (b2 - b1);
+        if !(c > 0.0) || t2 <= 0.0 {
+            return None;
+        }
+        let tokens_per_sequence = tps2 * t2 / b2;
+        let t0 = (t2 - c * b2).max(0.0);
+        Some(tokens_per_sequence * b as f64 / (t0 + c * b as f64))
     }
 
     /// Relative throughput gain from the second-largest to the largest feasible micro-batch.

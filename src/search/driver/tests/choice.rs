@@ -283,3 +283,30 @@ fn stops_growing_once_throughput_saturates() {
         "chosen {chosen} runs {rate} sequences/s"
     );
 }
+
+#[test]
+fn a_regime_whose_step_time_caps_its_throughput_is_pruned_before_its_boundary() {
+    // The second regime fits far larger batches but its step time grows 4x faster per
+    // sequence: its throughput can never reach the first regime's.
+    let b = budget(100 * GIB, 0.05);
+    let fast = laws(bf16(), (1024.0, 300.0, 0.0), (0.02, 0.001));
+    let slow = laws(ckpt(), (1024.0, 10.0, 0.0), (0.02, 0.004));
+    let sim = Simulator::with_budget(&b, 128, vec![fast, slow]);
+    let driver = SearchDriver::new(space(vec![bf16(), ckpt()], 4096), b).unwrap();
+    let outcome = search(&driver, &sim);
+    let states = driver.regime_states(&outcome.history);
+    assert!(
+        matches!(
+            states[1].progress,
+            RegimeProgress::Finished(RegimeEnd::Pruned { .. })
+        ),
+        "{:?}",
+        states[1]
+    );
+    assert!(
+        states[1].probes <= 4,
+        "pruned after {} trials",
+        states[1].probes
+    );
+    assert_eq!(outcome.chosen().unwrap().regime(), bf16());
+}
