@@ -354,7 +354,7 @@ impl SearchDriver {
         points.sort_by(|a, b| b.0.total_cmp(&a.0));
         let (&(b2, t2, tps2), &(b1, t1, _)) = (points.first()?, points.get(1)?);
         let c = (t2 - t1) / (b2 - b1);
-        if !(c > 0.0) || t2 <= 0.0 {
+        if c.is_nan() || c <= 0.0 || t2 <= 0.0 {
             return None;
         }
         let tokens_per_sequence = tps2 * t2 / b2;
