@@ -24,3 +24,6 @@ mod check;
 
 /// Activation checkpointing and optimizer offload against the plain step.
 mod regimes;
+
+/// The committed GPU recordings: replays and re-run checks.
+mod recorded;

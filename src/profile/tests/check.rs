@@ -225,7 +225,7 @@ fn reports_and_tolerances_serialise() {
     let first = &json["settings"][0];
     assert_eq!(first["verdicts"][0]["verdict"], "more_memory");
     assert_eq!(first["verdicts"][0]["memory"], "host");
-    assert_eq!(json["tolerance"]["memory_floor_bytes"], 16 << 20);
+    assert_eq!(json["tolerance"]["memory_floor_bytes"], 64 << 20);
 
     let bad = Tolerance {
         time_threshold: -0.1,

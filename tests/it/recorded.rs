@@ -1,0 +1,92 @@
+//! The GPU recordings committed under `profiles/recorded/`: offline replays reproduce the plans
+//! chosen on the GPU, and the GPU re-runs of a recording pass its check.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use autotune::probe::outcome::{Outcome, ProbeRequest, ProbeResult};
+use autotune::profile::check::{check, Tolerance};
+use autotune::profile::record::Profile;
+
+use crate::util::{autotune, stderr, stdout};
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+const RECORDINGS: [&str; 2] = [
+    "profiles/recorded/rtx4090-32g-on-h200/seed.json",
+    "profiles/recorded/rtx4090-32g-on-h200/gpt-124m.json",
+];
+
+#[test]
+fn replaying_a_gpu_recording_yields_the_plan_chosen_on_the_gpu() {
+    for recording in RECORDINGS {
+        let path = repo(recording);
+        let profile = Profile::load(&path).unwrap();
+        let chosen = profile.chosen.expect("the recorded search chose a plan");
+        let backend = format!("replay:{}", path.display());
+        let out = autotune(&["tune", "--backend", &backend, "--json"]);
+        assert_eq!(out.status.code(), Some(0), "{recording}: {}", stderr(&out));
+        let plan: Value = serde_json::from_str(&stdout(&out)).unwrap();
+        assert_eq!(
+            plan["knobs"],
+            serde_json::to_value(chosen).unwrap(),
+            "{recording}"
+        );
+        assert_eq!(plan["device"]["name"], "rtx4090-32g");
+    }
+}
+
+/// The fresh trials of a `check --json` report made on the GPU.
+fn rerun(report: &str) -> Vec<ProbeResult> {
+    let text = std::fs::read_to_string(repo(report)).unwrap();
+    let report: Value = serde_json::from_str(&text).unwrap();
+    report["settings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| ProbeResult {
+            request: serde_json::from_value::<ProbeRequest>(s["request"].clone()).unwrap(),
+            outcome: serde_json::from_value::<Outcome>(s["now"].clone()).unwrap(),
+            wall_s: 0.0,
+        })
+        .collect()
+}
+
+#[test]
+fn two_gpu_reruns_of_a_recording_pass_and_injected_growth_fails() {
+    let profile = Profile::load(&repo(RECORDINGS[0])).unwrap();
+    for report in [
+        "benches/results/2026-12-02-h200-tune-and-check/seed.check1.json",
+        "benches/results/2026-12-02-h200-tune-and-check/seed.check2.json",
+    ] {
+        let fresh = rerun(report);
+        let result = check(&profile, &fresh, Tolerance::default());
+        let failing: Vec<_> = result
+            .settings
+            .iter()
+            .filter(|s| s.regression)
+            .map(|s| &s.verdicts)
+            .collect();
+        assert!(
+            result.passed(),
+            "{report}: noise flagged as regression: {failing:?}"
+        );
+
+        let grown: Vec<ProbeResult> = fresh
+            .into_iter()
+            .map(|mut r| {
+                if let Outcome::Fits(m) = &mut r.outcome {
+                    m.peak_gpu_bytes = m.peak_gpu_bytes * 11 / 10;
+                }
+                r
+            })
+            .collect();
+        assert!(
+            !check(&profile, &grown, Tolerance::default()).passed(),
+            "{report}: 10 % growth passed"
+        );
+    }
+}
