@@ -1,7 +1,5 @@
 //! `autotune check` end to end on the CPU: a live re-run of a recorded profile passes, a
 //! replayed slowdown fails with exit 1, and a file that is not a profile exits 2 naming it.
-//!
-//! Enabled by `mod check;` in `tests/it/main.rs` once `Command::Check` is wired into the CLI.
 
 use std::path::Path;
 
@@ -17,8 +15,9 @@ use crate::util::{autotune_in, stderr, stdout};
 /// A model small enough that a CPU trial takes milliseconds.
 const MICRO: &str = r#"{"preset": "tiny", "name": "micro", "d_model": 32, "n_heads": 2, "d_ff": 64, "seq_len": 32}"#;
 
-/// Tunes the micro model over a few small micro-batches (all far inside the host memory) and
-/// records the trials as a profile at `dir/profile.json`.
+/// Tunes the micro model over micro-batches up to 32 (all far inside the host memory), growing
+/// to the top so that each regime has several compute-bound trials, and records the trials as a
+/// profile at `dir/profile.json`.
 fn record(dir: &Path) -> Profile {
     std::fs::write(dir.join("micro.json"), MICRO).unwrap();
     let out = autotune_in(
@@ -32,7 +31,9 @@ fn record(dir: &Path) -> Profile {
             "--precision",
             "fp32",
             "--max-micro-batch",
-            "4",
+            "32",
+            "--saturation-gain",
+            "0",
             "--out",
             "plan.json",
         ],
