@@ -11,6 +11,7 @@
 //! `model` is the Transformer and `train` the step that honours every knob; both run on
 //! candle's CPU device and, with the `cuda` feature, on the GPU.
 
+pub mod atomic_file;
 pub mod backend;
 pub mod error;
 pub mod fit;

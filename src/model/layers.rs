@@ -1,7 +1,9 @@
 //! Differentiable building blocks.
 //!
 //! candle's fused `softmax_last_dim`, `layer_norm` and `rms_norm` have no backward pass and cut
-//! gradients silently, so norms and softmax here are composed from differentiable primitives.
+//! gradients silently. Norms, softmax and the loss here dispatch on [`Engine`]: the fused ops of
+//! [`crate::ops`] (with backward passes that keep only what they need) by default, or the same
+//! maths composed from differentiable candle primitives, kept as the reference.
 //! Weights are f32 masters; [`Linear::forward`] casts them to the activations' dtype, which is
 //! how mixed precision works here (the cast's backward returns f32 gradients to the master).
 

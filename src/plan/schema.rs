@@ -23,7 +23,6 @@
 //! | `model_error` | object | Worst leave-one-out relative error of the chosen regime's fits: `memory_loo_rel_error`, `time_loo_rel_error` (`null` below three trials). |
 //! | `alternatives` | array | Up to five other feasible settings, best first: `{"knobs": …, "tokens_per_s": T, "peak_gpu_bytes": B, "peak_host_bytes": B}`, measured without accumulation. The best of each other regime is always included. |
 
-use std::io::Write;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -216,36 +215,9 @@ impl Plan {
     /// Writes the plan atomically: to a temporary file in the same directory, then renamed over
     /// `path`, so a reader never sees a half-written plan.
     pub fn save(&self, path: &Path) -> Result<()> {
-        write_atomically(path, format!("{}\n", self.to_json()).as_bytes())
+        crate::atomic_file::write(path, format!("{}\n", self.to_json()).as_bytes())
             .map_err(|e| Error::file("cannot write plan", path, e))
     }
-}
-
-/// Writes `bytes` to a sibling temporary file, syncs it, and renames it over `path`.
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let name = path.file_name().ok_or_else(|| {
-        std::io::Error::new(std::io::ErrorKind::InvalidInput, "the path names no file")
-    })?;
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let written = (|| {
-        let mut file = std::fs::File::create(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if written.is_err() {
-        // Best effort: the write already failed, and that error is the one to report.
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
 }
 
 #[cfg(test)]

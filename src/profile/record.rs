@@ -21,7 +21,6 @@
 //! | `probes` | array | Every trial in the order it ran, as in a plan's `evidence`: the request's knobs and trial lengths, the outcome (`fits` with `peak_gpu_bytes`, `peak_host_bytes`, `step_time_median_s`, `step_time_spread`, `timed_steps`, `tokens_per_s`; `out_of_memory` with `memory` and `phase`; or `crashed` with `reason`), and `wall_s`. |
 //! | `chosen` | object or null | The knobs the search chose, or `null` when nothing was feasible. |
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -265,36 +264,7 @@ impl Profile {
     /// Writes the profile atomically, creating its directory: to a temporary file in the same
     /// directory, then renamed over `path`, so a reader never sees a half-written profile.
     pub fn save(&self, path: &Path) -> Result<()> {
-        write_atomically(path, format!("{}\n", self.to_json()).as_bytes())
+        crate::atomic_file::write(path, format!("{}\n", self.to_json()).as_bytes())
             .map_err(|e| Error::file("cannot write profile", path, e))
     }
-}
-
-/// Writes `bytes` to a sibling temporary file, syncs it, and renames it over `path`.
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let name = path.file_name().ok_or_else(|| {
-        std::io::Error::new(std::io::ErrorKind::InvalidInput, "the path names no file")
-    })?;
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    // The process id keeps two concurrent recorders from sharing a temporary file.
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let written = (|| {
-        let mut file = std::fs::File::create(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if written.is_err() {
-        // Best effort: the write already failed, and that error is the one to report.
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
 }

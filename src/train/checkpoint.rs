@@ -174,13 +174,7 @@ pub fn restore(checkpoint: &Path, trainer: &mut Trainer) -> Result<RunState> {
 /// Writes `bytes` to `path` through a temporary file and a rename, so readers never see a
 /// partial file.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{file_name}.tmp-{}", std::process::id()));
-    write_synced(&tmp, bytes)?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::file("cannot move file into place", path, e))
+    crate::atomic_file::write(path, bytes).map_err(|e| Error::file("cannot write", path, e))
 }
 
 /// Creates `path`, lets `write` stream into it and syncs it to disk.

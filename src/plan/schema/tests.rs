@@ -116,10 +116,14 @@ fn file_errors_name_the_file() {
     std::fs::write(&bad, r#"{"schema_version": 1}"#).unwrap();
     assert!(matches!(Plan::load(&bad), Err(Error::File { path, .. }) if path == bad));
     let (_, _, plan) = sample();
-    let into_missing_dir = dir.path().join("no/such/dir/plan.json");
+    // A missing directory is created; a path through a regular file cannot be.
+    let into_new_dir = dir.path().join("new/dir/plan.json");
+    plan.save(&into_new_dir).unwrap();
+    assert_eq!(Plan::load(&into_new_dir).unwrap(), plan);
+    let through_file = bad.join("plan.json");
     assert!(matches!(
-        plan.save(&into_missing_dir),
-        Err(Error::File { .. })
+        plan.save(&through_file),
+        Err(Error::File { path, .. }) if path == through_file
     ));
 }
 
