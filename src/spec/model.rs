@@ -8,6 +8,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::spec::device::field_of_serde_message;
 use crate::{Error, Result};
 
 /// Where layer normalisation sits in a block.
@@ -355,13 +356,6 @@ fn merge(base: &mut serde_json::Value, patch: serde_json::Value) {
         }
         (slot, value) => *slot = value,
     }
-}
-
-/// serde names the field in messages like "unknown field `x`" or "missing field `x`".
-fn field_of_serde_message(message: &str) -> Option<String> {
-    let start = message.find('`')? + 1;
-    let len = message[start..].find('`')?;
-    Some(message[start..start + len].to_string())
 }
 
 fn nearest_divisor(n: usize, near: usize) -> usize {
