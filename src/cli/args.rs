@@ -74,6 +74,10 @@ pub struct ModelArgs {
     /// Seed for weights, data order and dropout.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Training engine: explicit (the default), or the autograd-based fused and composite
+    /// references (for benchmarks and comparisons).
+    #[arg(long, default_value = "explicit")]
+    pub engine: autotune::model::Engine,
 }
 
 /// The knobs a plan would choose, given by hand.

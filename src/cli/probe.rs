@@ -45,7 +45,9 @@ pub fn run(args: ProbeArgs, printer: &Printer) -> anyhow::Result<Status> {
     ));
     let gpu_capacity = args.gpu_capacity.as_deref().map(parse_bytes).transpose()?;
     let mut memory = device::memory_meter(&device, gpu_capacity)?;
-    let result = LiveProber::new(&spec, &device, host_budget, memory.as_mut()).probe(&request)?;
+    let result = LiveProber::new(&spec, &device, host_budget, memory.as_mut())
+        .with_engine(args.model.engine)
+        .probe(&request)?;
     printer.data_json_line(&ProbeLine {
         implementation: "autotune",
         model: &spec.name,

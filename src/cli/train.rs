@@ -60,6 +60,7 @@ pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
         },
         seed: args.model.seed,
         resume: args.resume,
+        engine: args.model.engine,
     };
     let summary = job.run(printer)?;
     printer.data_json(&TrainReport::new(&spec, knobs, &summary));
@@ -105,6 +106,8 @@ pub fn train_with_plan(
         },
         seed: t.seed,
         resume: t.resume,
+        // Plans are tuned with the default engine.
+        engine: autotune::model::Engine::default(),
     };
     let summary = job.run(printer)?;
     if host_memory::is_counting() && host_memory::limit_exceeded() {
@@ -136,6 +139,7 @@ struct Job<'a> {
     config: RunConfig,
     seed: u64,
     resume: bool,
+    engine: autotune::model::Engine,
 }
 
 impl Job<'_> {
@@ -143,6 +147,7 @@ impl Job<'_> {
         let data_spec = DataSpec::parse(self.data);
         let data = Data::open(&data_spec, self.spec)?;
         let mut trainer = Trainer::new(self.spec, self.knobs, &self.device, self.seed)?;
+        trainer.set_engine(self.engine);
         if self.resume {
             let dir = self
                 .config

@@ -73,7 +73,44 @@ impl InitScheme {
     }
 }
 
+/// A block's layers, for the explicit engine ([`crate::model::explicit`]).
+pub struct BlockLayers<'a> {
+    /// The fused q/k/v projection (`d → 3d`).
+    pub qkv: &'a Linear,
+    /// The attention output projection.
+    pub out: &'a Linear,
+    /// The feed-forward input projection (`d → d_ff`).
+    pub ff_in: &'a Linear,
+    /// The feed-forward output projection.
+    pub ff_out: &'a Linear,
+    /// The first norm (before attention, or after its residual in post-norm blocks).
+    pub norm1: &'a LayerNorm,
+    /// The second norm.
+    pub norm2: &'a LayerNorm,
+    /// Attention heads.
+    pub n_heads: usize,
+    /// Norm placement.
+    pub placement: NormPlacement,
+    /// Feed-forward activation.
+    pub activation: Activation,
+}
+
 impl Block {
+    /// The block's layers.
+    pub fn layers(&self) -> BlockLayers<'_> {
+        BlockLayers {
+            qkv: &self.attn.qkv,
+            out: &self.attn.out,
+            ff_in: &self.ff_in,
+            ff_out: &self.ff_out,
+            norm1: &self.norm1,
+            norm2: &self.norm2,
+            n_heads: self.attn.n_heads,
+            placement: self.placement,
+            activation: self.activation,
+        }
+    }
+
     pub(crate) fn new(
         store: &mut ParamStore,
         name: &str,

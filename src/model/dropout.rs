@@ -40,6 +40,9 @@ enum Stream {
 /// Mixed into sub-stream keys so that they never coincide with a micro-batch key.
 const SUB_STREAM_TAG: u64 = 0xB10C_5EED;
 
+/// Mixed into the keys of hashed masks ([`Dropout::mask`]).
+const SITE_TAG: u64 = 0x517E_D0D0;
+
 impl Dropout {
     /// Dropout off.
     pub fn disabled() -> Self {
@@ -79,6 +82,34 @@ impl Dropout {
         match &self.stream {
             None => Ok(Self::disabled()),
             Some(s) => Self::new(self.p, &s.device, Self::key(s.key, SUB_STREAM_TAG, index)),
+        }
+    }
+
+    /// The hashed mask of dropout site `site` in part `part` of this pass (the explicit engine's
+    /// masks: a pure function of the pass's key, the part and the site, drawn inside the
+    /// kernels), or `None` when dropout is off.
+    pub fn mask(&self, part: u64, site: u64) -> Option<crate::ops::DropoutMask> {
+        let stream = self.stream.as_ref()?;
+        let block = Self::key(stream.key, SUB_STREAM_TAG, part);
+        Some(crate::ops::DropoutMask {
+            p: self.p,
+            key: Self::key(block, SITE_TAG, site),
+        })
+    }
+
+    /// A stream with probability `p` keyed by `key` whose only use is [`Dropout::mask`]: unlike
+    /// [`Dropout::new`] it touches no device generator.
+    pub fn hashed(p: f32, device: &Device, key: u64) -> Self {
+        if p == 0.0 {
+            return Self::disabled();
+        }
+        Self {
+            p,
+            stream: Some(Enabled {
+                key,
+                device: device.clone(),
+                rng: RefCell::new(Stream::Device),
+            }),
         }
     }
 

@@ -36,6 +36,16 @@ impl Linear {
         Ok(Self { weight, bias })
     }
 
+    /// The weight (`out × in`).
+    pub fn weight(&self) -> &candle_core::Var {
+        &self.weight
+    }
+
+    /// The bias, if the layer has one.
+    pub fn bias(&self) -> Option<&candle_core::Var> {
+        self.bias.as_ref()
+    }
+
     /// Applies the layer to `x` of shape `(..., d_in)`, computing in `x`'s dtype.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let dtype = x.dtype();
@@ -73,9 +83,14 @@ impl LayerNorm {
         })
     }
 
+    /// The scale (`gamma`), shift (`beta`) and epsilon.
+    pub fn params(&self) -> (&candle_core::Var, &candle_core::Var, f64) {
+        (&self.gamma, &self.beta, self.eps)
+    }
+
     /// Normalises `x` and returns it in `x`'s dtype.
     pub fn forward(&self, x: &Tensor, engine: Engine) -> Result<Tensor> {
-        if engine == Engine::Fused {
+        if engine != Engine::Composite {
             return Ok(crate::ops::layer_norm(
                 x,
                 self.gamma.as_tensor(),
@@ -99,7 +114,7 @@ impl LayerNorm {
 /// Softmax over the last dimension. The subtracted maximum is detached: softmax does not depend
 /// on it, so its gradient is zero and tracking it would only cost memory and time.
 pub fn softmax_last_dim(x: &Tensor, engine: Engine) -> Result<Tensor> {
-    if engine == Engine::Fused {
+    if engine != Engine::Composite {
         return Ok(crate::ops::softmax_last_dim(x)?);
     }
     let max = x.max_keepdim(D::Minus1)?.detach();
@@ -111,7 +126,7 @@ pub fn softmax_last_dim(x: &Tensor, engine: Engine) -> Result<Tensor> {
 /// Mean cross-entropy of `logits` (`rows × classes`, any float dtype) against `targets` (`rows`,
 /// u32), computed in f32.
 pub fn cross_entropy(logits: &Tensor, targets: &Tensor, engine: Engine) -> Result<Tensor> {
-    if engine == Engine::Fused {
+    if engine != Engine::Composite {
         return Ok(crate::ops::cross_entropy(logits, targets)?);
     }
     let logits = cast(logits, DType::F32)?;

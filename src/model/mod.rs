@@ -2,6 +2,7 @@
 
 pub mod block;
 pub mod dropout;
+pub mod explicit;
 pub mod layers;
 pub mod params;
 
@@ -18,12 +19,32 @@ use crate::Result;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Engine {
-    /// Fused operations that save only what their backward pass needs (the default).
-    #[default]
+    /// candle's autograd over fused operations that save only what their backward pass needs.
     Fused,
     /// The same maths composed from candle primitives: the reference the fused path is
     /// tested against.
     Composite,
+    /// Hand-written forward and backward passes ([`explicit`]) that bypass candle's autograd:
+    /// they keep exactly the activations backward needs, fuse bias, activation, dropout and
+    /// residual into one pass, and regenerate dropout masks instead of storing them. The
+    /// default.
+    #[default]
+    Explicit,
+}
+
+impl std::str::FromStr for Engine {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "explicit" => Ok(Engine::Explicit),
+            "fused" => Ok(Engine::Fused),
+            "composite" => Ok(Engine::Composite),
+            other => Err(format!(
+                "unknown engine `{other}`; known: explicit, fused, composite"
+            )),
+        }
+    }
 }
 
 /// Per-forward-pass context: dropout masks and the engine.
@@ -143,6 +164,26 @@ impl Transformer {
     /// Mutable access to the parameters (to take the host masters).
     pub fn params_mut(&mut self) -> &mut ParamStore {
         &mut self.params
+    }
+
+    /// The token embedding table (`vocab × d`).
+    pub fn token_embedding(&self) -> &candle_core::Var {
+        &self.embed
+    }
+
+    /// The learned position table (`seq × d`), if the model has one.
+    pub fn position_embedding(&self) -> Option<&candle_core::Var> {
+        self.positions.as_ref()
+    }
+
+    /// The final norm of pre-norm models.
+    pub fn final_norm(&self) -> Option<&LayerNorm> {
+        self.final_norm.as_ref()
+    }
+
+    /// The vocabulary head.
+    pub fn head_layer(&self) -> &Linear {
+        &self.head
     }
 
     /// The Transformer blocks, in order.

@@ -91,10 +91,7 @@ impl ParamStore {
         let values: Vec<f32> = match init {
             Init::Ones => vec![1.0; n],
             Init::Zeros => vec![0.0; n],
-            Init::Uniform(bound) => (0..n)
-                .map(|_| self.rng.random_range(-bound..=bound))
-                .collect(),
-            Init::Normal(std) => normals(&mut self.rng, n, std),
+            random => fill_random(random, n, self.rng.random::<u64>()),
         };
         let dtype = match &mut self.host {
             None => DType::F32,
@@ -166,22 +163,71 @@ impl ParamStore {
     }
 }
 
-/// Box–Muller; exact enough for initialisation and free of extra dependencies.
-/// `n` samples of N(0, std²). Box–Muller yields two samples per pair of uniforms (the cosine
-/// and the sine branch); using both halves the cost, which matters because every probe builds
-/// a fresh model (29M samples for the seed preset, 163M for gpt-124m).
-fn normals(rng: &mut ChaCha8Rng, n: usize, std: f32) -> Vec<f32> {
-    let mut out = Vec::with_capacity(n + 1);
-    while out.len() < n {
+/// Elements drawn from one generator stream. Each chunk of a parameter has its own stream
+/// (keyed by the parameter's key and the chunk's index), so chunks fill in parallel and the
+/// values do not depend on how many threads there are.
+const INIT_CHUNK: usize = 1 << 18;
+
+/// `n` values of a random `init` for the parameter keyed `key`, filled on every core: every
+/// probe builds a fresh model, and one stream would take seconds for a billion parameters.
+fn fill_random(init: Init, n: usize, key: u64) -> Vec<f32> {
+    fill_random_on(init, n, key, crate::train::host_math::default_threads())
+}
+
+/// [`fill_random`] over at most `threads` threads.
+fn fill_random_on(init: Init, n: usize, key: u64, threads: usize) -> Vec<f32> {
+    let mut out = vec![0f32; n];
+    let chunks: Vec<(usize, &mut [f32])> = out.chunks_mut(INIT_CHUNK).enumerate().collect();
+    let threads = threads.min(chunks.len()).max(1);
+    let per_thread = chunks.len().div_ceil(threads).max(1);
+    let fill = |group: &mut [(usize, &mut [f32])]| {
+        for (index, chunk) in group.iter_mut() {
+            let mut rng = ChaCha8Rng::seed_from_u64(chunk_key(key, *index as u64));
+            match init {
+                Init::Uniform(bound) => chunk
+                    .iter_mut()
+                    .for_each(|v| *v = rng.random_range(-bound..=bound)),
+                Init::Normal(std) => normals(&mut rng, chunk, std),
+                Init::Ones | Init::Zeros => unreachable!("constant inits are not random"),
+            }
+        }
+    };
+    let mut chunks = chunks;
+    std::thread::scope(|scope| {
+        let mut groups = chunks.chunks_mut(per_thread);
+        let first = groups.next();
+        for group in groups {
+            scope.spawn(|| fill(group));
+        }
+        if let Some(group) = first {
+            fill(group);
+        }
+    });
+    out
+}
+
+/// The stream key of chunk `index` of the parameter keyed `key` (SplitMix64 finaliser).
+fn chunk_key(key: u64, index: u64) -> u64 {
+    let mut z = key ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Fills `out` with samples of N(0, std²) by Box–Muller, exact enough for initialisation and
+/// free of extra dependencies. Each pair of uniforms yields two samples (the cosine and the
+/// sine branch).
+fn normals(rng: &mut ChaCha8Rng, out: &mut [f32], std: f32) {
+    for pair in out.chunks_mut(2) {
         let u1: f32 = rng.random_range(f32::EPSILON..1.0);
         let u2: f32 = rng.random::<f32>();
         let radius = std * (-2.0 * u1.ln()).sqrt();
         let (sin, cos) = (2.0 * std::f32::consts::PI * u2).sin_cos();
-        out.push(radius * cos);
-        out.push(radius * sin);
+        pair[0] = radius * cos;
+        if let Some(second) = pair.get_mut(1) {
+            *second = radius * sin;
+        }
     }
-    out.truncate(n);
-    out
 }
 
 #[cfg(test)]
@@ -190,12 +236,27 @@ mod tests {
 
     #[test]
     fn normal_init_has_the_requested_moments() {
-        let mut rng = ChaCha8Rng::seed_from_u64(3);
-        let x = normals(&mut rng, 200_001, 0.02);
-        assert_eq!(x.len(), 200_001);
+        let x = fill_random(Init::Normal(0.02), 600_001, 3);
+        assert_eq!(x.len(), 600_001);
         let mean = x.iter().map(|&v| v as f64).sum::<f64>() / x.len() as f64;
         let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / x.len() as f64;
         assert!(mean.abs() < 2e-4, "mean {mean}");
         assert!((var.sqrt() - 0.02).abs() < 2e-4, "std {}", var.sqrt());
+    }
+
+    #[test]
+    fn initial_values_do_not_depend_on_the_thread_count() {
+        let n = 3 * INIT_CHUNK + 17;
+        for init in [Init::Normal(1.0), Init::Uniform(0.5)] {
+            let one = fill_random_on(init, n, 11, 1);
+            assert_eq!(one, fill_random_on(init, n, 11, 4));
+            assert_ne!(
+                one,
+                fill_random_on(init, n, 12, 4),
+                "keys give distinct streams"
+            );
+            // Chunks are distinct streams, not copies of one.
+            assert_ne!(one[..64], one[INIT_CHUNK..INIT_CHUNK + 64]);
+        }
     }
 }

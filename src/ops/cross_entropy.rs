@@ -46,6 +46,29 @@ pub fn cross_entropy_rows(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
         .apply_op2(&targets.contiguous()?, CrossEntropy)
 }
 
+/// The gradient of the logits from per-row `losses` (as [`cross_entropy_rows`] returns them)
+/// and the per-row upstream gradient `row_grad` (`rows`, f32), outside any graph, in the
+/// logits' dtype.
+pub fn cross_entropy_backward(
+    logits: &Tensor,
+    targets: &Tensor,
+    losses: &Tensor,
+    row_grad: &Tensor,
+) -> Result<Tensor> {
+    let loss_grad = Tensor::cat(
+        &[
+            &losses.detach().to_dtype(DType::F32)?,
+            &row_grad.detach().to_dtype(DType::F32)?,
+        ],
+        0,
+    )?;
+    logits.contiguous()?.apply_op3_no_bwd(
+        &targets.flatten_all()?.contiguous()?,
+        &loss_grad,
+        &CrossEntropyGrad,
+    )
+}
+
 /// Forward: `(logits, targets) → per-row loss`.
 struct CrossEntropy;
 

@@ -28,6 +28,11 @@ pub(crate) const SOFTMAX: Module = Module {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/softmax.ptx")),
 };
 
+pub(crate) const EPILOGUE: Module = Module {
+    name: "autotune_epilogue",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/epilogue.ptx")),
+};
+
 pub(crate) const LAYER_NORM: Module = Module {
     name: "autotune_layer_norm",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/layer_norm.ptx")),

@@ -39,6 +39,22 @@ pub fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f64) -> Result
     x.contiguous()?.apply_op3(&gamma, &beta, LayerNorm { eps })
 }
 
+/// The gradients `(dx, dgamma, dbeta)` of [`layer_norm`] from its input `x`, scale `gamma`
+/// and output gradient `dy`, outside any graph (`dx` in `x`'s dtype, the others f32).
+pub fn layer_norm_backward(
+    x: &Tensor,
+    gamma: &Tensor,
+    dy: &Tensor,
+    eps: f64,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let x = x.contiguous()?;
+    let dy = dy.to_dtype(x.dtype())?.contiguous()?;
+    let gamma = gamma.to_dtype(DType::F32)?.contiguous()?;
+    let dx = x.apply_op3_no_bwd(&dy, &gamma, &LayerNormGradInput { eps })?;
+    let params = x.apply_op2_no_bwd(&dy, &LayerNormGradParams { eps })?;
+    Ok((dx, params.get(0)?, params.get(1)?))
+}
+
 /// Forward: `(x, gamma, beta) → y`.
 struct LayerNorm {
     eps: f64,

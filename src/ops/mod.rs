@@ -17,12 +17,14 @@
 mod cross_entropy;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod epilogue;
 mod layer_norm;
 mod softmax;
 
-pub use cross_entropy::{cross_entropy, cross_entropy_rows};
-pub use layer_norm::layer_norm;
-pub use softmax::softmax_last_dim;
+pub use cross_entropy::{cross_entropy, cross_entropy_backward, cross_entropy_rows};
+pub use epilogue::{dropout, embed, embed_backward, epilogue, epilogue_backward, DropoutMask};
+pub use layer_norm::{layer_norm, layer_norm_backward};
+pub use softmax::{attention_softmax, attention_softmax_backward, softmax_last_dim};
 
 use std::borrow::Cow;
 

@@ -21,14 +21,42 @@ const NAME: &str = "fused-softmax";
 /// op's argument).
 pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
     check_input(x, NAME)?;
-    x.contiguous()?.apply_op1(Softmax)
+    x.contiguous()?.apply_op1(Softmax::PLAIN)
 }
 
-/// Forward: `x → y`.
-struct Softmax;
+/// Attention probabilities `softmax(scale · x)` over the last dimension, outside any graph.
+/// With `causal_seq > 0`, row `r` sees only columns `0..=r % causal_seq` (the others get 0):
+/// a causal mask for `(…, seq, seq)` scores without a mask tensor.
+pub fn attention_softmax(x: &Tensor, scale: f32, causal_seq: usize) -> Result<Tensor> {
+    check_input(x, NAME)?;
+    x.contiguous()?
+        .apply_op1_no_bwd(&Softmax { scale, causal_seq })
+}
+
+/// The gradient of [`attention_softmax`]'s input from its output `y` and output gradient `dy`.
+pub fn attention_softmax_backward(y: &Tensor, dy: &Tensor, scale: f32) -> Result<Tensor> {
+    let dy = dy.to_dtype(y.dtype())?.contiguous()?;
+    y.contiguous()?
+        .apply_op2_no_bwd(&dy, &SoftmaxGrad { scale })
+}
+
+/// Forward: `x → y = softmax(scale · x)`, causally masked when `causal_seq > 0`.
+struct Softmax {
+    scale: f32,
+    causal_seq: usize,
+}
+
+impl Softmax {
+    const PLAIN: Softmax = Softmax {
+        scale: 1.0,
+        causal_seq: 0,
+    };
+}
 
 /// Backward: `(y, dy) → dx`.
-struct SoftmaxGrad;
+struct SoftmaxGrad {
+    scale: f32,
+}
 
 impl CustomOp1 for Softmax {
     fn name(&self) -> &'static str {
@@ -37,7 +65,7 @@ impl CustomOp1 for Softmax {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let (_, cols) = rows_cols(l);
-        let y = fwd_cpu(&input_f32(s, l, NAME)?, cols);
+        let y = fwd_cpu(&input_f32(s, l, NAME)?, cols, self.scale, self.causal_seq);
         Ok((output(y, s.dtype())?, l.shape().clone()))
     }
 
@@ -47,13 +75,15 @@ impl CustomOp1 for Softmax {
         s: &candle_core::CudaStorage,
         l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let out = super::cuda::float_slice!(NAME, s, v => gpu::fwd(v, l, &s.device)?);
+        let out = super::cuda::float_slice!(NAME, s, v => {
+            gpu::fwd(v, l, self.scale, self.causal_seq, &s.device)?
+        });
         Ok((out, l.shape().clone()))
     }
 
     fn bwd(&self, _x: &Tensor, y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
         let dy = dy.to_dtype(y.dtype())?.contiguous()?;
-        Ok(Some(y.apply_op2_no_bwd(&dy, &SoftmaxGrad)?))
+        Ok(Some(y.apply_op2_no_bwd(&dy, &SoftmaxGrad { scale: 1.0 })?))
     }
 }
 
@@ -70,7 +100,12 @@ impl CustomOp2 for SoftmaxGrad {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (_, cols) = rows_cols(l1);
-        let dx = bwd_cpu(&input_f32(s1, l1, NAME)?, &input_f32(s2, l2, NAME)?, cols);
+        let dx = bwd_cpu(
+            &input_f32(s1, l1, NAME)?,
+            &input_f32(s2, l2, NAME)?,
+            cols,
+            self.scale,
+        );
         Ok((output(dx, s1.dtype())?, l1.shape().clone()))
     }
 
@@ -82,21 +117,32 @@ impl CustomOp2 for SoftmaxGrad {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let out = super::cuda::float_slice!(NAME, s1, v => gpu::bwd(v, l1, s2, l2, &s1.device)?);
+        let out = super::cuda::float_slice!(NAME, s1, v => {
+            gpu::bwd(v, l1, s2, l2, self.scale, &s1.device)?
+        });
         Ok((out, l1.shape().clone()))
     }
 }
 
-fn fwd_cpu(x: &[f32], cols: usize) -> Vec<f32> {
+fn fwd_cpu(x: &[f32], cols: usize, scale: f32, causal_seq: usize) -> Vec<f32> {
     let mut y = vec![0f32; x.len()];
-    for (row, out) in x.chunks_exact(cols).zip(y.chunks_exact_mut(cols)) {
+    for (r, (row, out)) in x
+        .chunks_exact(cols)
+        .zip(y.chunks_exact_mut(cols))
+        .enumerate()
+    {
+        let seen = if causal_seq > 0 {
+            r % causal_seq + 1
+        } else {
+            cols
+        };
         let mut max = f32::NEG_INFINITY;
-        for &v in row {
-            max = max.max(v);
+        for &v in &row[..seen] {
+            max = max.max(scale * v);
         }
         let mut sum = 0f64;
-        for j in 0..cols {
-            out[j] = (row[j] - max).exp();
+        for j in 0..seen {
+            out[j] = (scale * row[j] - max).exp();
             sum += f64::from(out[j]);
         }
         let inv = 1.0 / sum as f32;
@@ -107,7 +153,7 @@ fn fwd_cpu(x: &[f32], cols: usize) -> Vec<f32> {
     y
 }
 
-fn bwd_cpu(y: &[f32], dy: &[f32], cols: usize) -> Vec<f32> {
+fn bwd_cpu(y: &[f32], dy: &[f32], cols: usize, scale: f32) -> Vec<f32> {
     let mut dx = vec![0f32; y.len()];
     for (r, out) in dx.chunks_exact_mut(cols).enumerate() {
         let (yr, dyr) = (&y[r * cols..(r + 1) * cols], &dy[r * cols..(r + 1) * cols]);
@@ -117,7 +163,7 @@ fn bwd_cpu(y: &[f32], dy: &[f32], cols: usize) -> Vec<f32> {
         }
         let dot = dot as f32;
         for j in 0..cols {
-            out[j] = yr[j] * (dyr[j] - dot);
+            out[j] = scale * yr[j] * (dyr[j] - dot);
         }
     }
     dx
@@ -138,6 +184,8 @@ mod gpu {
     pub(super) fn fwd<T: Elem>(
         x: &CudaSlice<T>,
         l: &Layout,
+        scale: f32,
+        causal_seq: usize,
         dev: &CudaDevice,
     ) -> Result<CudaStorage> {
         let (rows, cols) = rows_cols(l);
@@ -146,10 +194,15 @@ mod gpu {
         // SAFETY: the kernel launched below writes every element.
         let mut y = unsafe { cuda::output::<T>(dev, rows * cols) }?;
         let n_cols = cuda::dim(cols, "columns")?;
+        let causal = cuda::dim(causal_seq, "causal sequence")?;
         let stream = dev.cuda_stream();
         let mut args = stream.launch_builder(&func);
-        args.arg(&x).arg(&mut y).arg(&n_cols);
-        // SAFETY: the arguments match `softmax_fwd_<T>(const T*, T*, int)`; `x` and `y` hold
+        args.arg(&x)
+            .arg(&mut y)
+            .arg(&n_cols)
+            .arg(&scale)
+            .arg(&causal);
+        // SAFETY: the arguments match `softmax_fwd_<T>(const T*, T*, int, float, int)`; `x` and `y` hold
         // rows·cols elements and the grid has one block per row.
         unsafe { args.launch(cuda::row_config(rows, cols)?) }.w()?;
         Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
@@ -160,6 +213,7 @@ mod gpu {
         l1: &Layout,
         dy: &CudaStorage,
         l2: &Layout,
+        scale: f32,
         dev: &CudaDevice,
     ) -> Result<CudaStorage> {
         let (rows, cols) = rows_cols(l1);
@@ -171,8 +225,8 @@ mod gpu {
         let n_cols = cuda::dim(cols, "columns")?;
         let stream = dev.cuda_stream();
         let mut args = stream.launch_builder(&func);
-        args.arg(&y).arg(&dy).arg(&mut dx).arg(&n_cols);
-        // SAFETY: the arguments match `softmax_bwd_<T>(const T*, const T*, T*, int)`; all three
+        args.arg(&y).arg(&dy).arg(&mut dx).arg(&n_cols).arg(&scale);
+        // SAFETY: the arguments match `softmax_bwd_<T>(const T*, const T*, T*, int, float)`; all three
         // buffers hold rows·cols elements and the grid has one block per row.
         unsafe { args.launch(cuda::row_config(rows, cols)?) }.w()?;
         Ok(CudaStorage::wrap_cuda_slice(dx, dev.clone()))

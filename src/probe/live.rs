@@ -10,6 +10,7 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 
 use crate::knobs::Knobs;
+use crate::model::Engine;
 use crate::probe::host_memory;
 use crate::probe::outcome::{Measurement, MemoryKind, Outcome, Phase, ProbeRequest, ProbeResult};
 use crate::spec::model::ModelSpec;
@@ -45,6 +46,7 @@ pub struct LiveProber<'a> {
     seed: u64,
     host_budget: Option<u64>,
     device_memory: &'a mut dyn DeviceMemory,
+    engine: Engine,
 }
 
 impl<'a> LiveProber<'a> {
@@ -62,7 +64,14 @@ impl<'a> LiveProber<'a> {
             seed: 0,
             host_budget,
             device_memory,
+            engine: Engine::default(),
         }
+    }
+
+    /// Trains with `engine` instead of the default.
+    pub fn with_engine(mut self, engine: Engine) -> Self {
+        self.engine = engine;
+        self
     }
 
     /// Runs one trial. Out-of-memory is an outcome; only unexpected failures are errors.
@@ -92,6 +101,7 @@ impl<'a> LiveProber<'a> {
         let knobs = request.knobs;
         let mut trainer = Trainer::new(&self.spec, knobs, &self.device, self.seed)
             .map_err(in_phase(Phase::Setup))?;
+        trainer.set_engine(self.engine);
         let data = Data::open(&DataSpec::Random, &self.spec).map_err(Failure::Error)?;
         self.check_host(Phase::Setup)?;
         let mut times = Vec::with_capacity(request.timed_steps);

@@ -15,7 +15,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::knobs::{Knobs, Offload};
 use crate::model::dropout::Dropout;
 use crate::model::layers::{cast, cross_entropy};
-use crate::model::{Ctx, Engine, Masters, Transformer};
+use crate::model::{explicit, Ctx, Engine, Masters, Transformer};
 use crate::spec::model::ModelSpec;
 use crate::train::data::{Batch, Data};
 use crate::train::offload::OffloadAdam;
@@ -254,6 +254,9 @@ impl Trainer {
     /// Mean loss on `batch` without dropout or gradients.
     pub fn eval_loss(&self, batch: &Batch) -> Result<f64> {
         let dtype = self.setup.knobs.precision.compute_dtype();
+        if self.setup.engine == Engine::Explicit {
+            return explicit::eval_loss(&self.setup.model, batch, dtype);
+        }
         let ctx = Ctx {
             dropout: Dropout::disabled(),
             engine: self.setup.engine,
@@ -285,8 +288,21 @@ impl Setup {
         let mut loss_total = 0.0;
         for (micro, batch) in batches.iter().enumerate() {
             let key = Dropout::key(self.seed, step, micro as u64);
+            let p = self.model.spec().dropout;
+            if self.engine == Engine::Explicit {
+                loss_total += explicit::forward_backward(
+                    &self.model,
+                    &self.plan,
+                    batch,
+                    dtype,
+                    &Dropout::hashed(p, &self.device, key),
+                    factor,
+                    &mut |i, g| sink(micro, i, g),
+                )?;
+                continue;
+            }
             let ctx = Ctx {
-                dropout: Dropout::new(self.model.spec().dropout, &self.device, key)?,
+                dropout: Dropout::new(p, &self.device, key)?,
                 engine: self.engine,
             };
             loss_total += forward_backward(

@@ -380,3 +380,144 @@ fn cuda_fused_op_timings() {
         }
     }
 }
+
+/// The explicit engine on the GPU against itself on the CPU: hashed dropout masks are the same
+/// on both devices, so even with dropout on the losses and every gradient must agree (f32:
+/// summation order only; the embedding's float atomics included).
+#[test]
+fn cuda_explicit_engine_matches_the_cpu() {
+    let dev = gpu();
+    for spec in [small_seed(0.1), small_gpt()] {
+        let data = Data::open(&DataSpec::Random, &spec).unwrap();
+        let run = |device: &Device| {
+            let batch = data.batch(3, 0, 0, 4, device).unwrap();
+            let mut trainer =
+                Trainer::new(&spec, Knobs::new(4, Precision::Fp32), device, 3).unwrap();
+            trainer.set_engine(Engine::Explicit);
+            trainer.gradients(std::slice::from_ref(&batch)).unwrap()
+        };
+        let (g_gpu, l_gpu) = run(&dev);
+        let (g_cpu, l_cpu) = run(&Device::Cpu);
+        let worst = g_gpu
+            .iter()
+            .zip(&g_cpu)
+            .map(|(a, b)| errors(a, b).1)
+            .fold(0f64, f64::max);
+        eprintln!(
+            "cuda explicit {}: loss gpu {l_gpu:.6} cpu {l_cpu:.6}; worst gradient rel error {worst:.3e}",
+            spec.name
+        );
+        assert!(
+            (l_gpu - l_cpu).abs() / l_cpu < 1e-5,
+            "loss {l_gpu} vs {l_cpu}"
+        );
+        assert!(worst <= 1e-4, "{}: {worst:e}", spec.name);
+    }
+}
+
+/// The explicit engine's kernels (epilogue forward/backward, embedding, causal softmax) on the
+/// GPU against their CPU implementations.
+#[test]
+fn cuda_explicit_kernels_match_the_cpu() {
+    use autotune::ops::DropoutMask;
+    use autotune::spec::model::Activation;
+    let dev = gpu();
+    let (rows, cols) = (300, 96);
+    let m = Some(DropoutMask { p: 0.1, key: 77 });
+    for dtype in DTYPES {
+        let shape = format!("[{rows},{cols}]");
+        let on = |t: &Tensor, d: &Device| t.to_dtype(dtype).unwrap().to_device(d).unwrap();
+        let y = random(&[rows, cols], 1.5, 0.0, 1, DType::F32);
+        let r = random(&[rows, cols], 1.0, 0.0, 2, DType::F32);
+        let dout = random(&[rows, cols], 1.0, 0.0, 3, DType::F32);
+        let bias = random(&[cols], 0.5, 0.0, 4, DType::F32);
+        for act in [Activation::Relu, Activation::Gelu] {
+            let fwd = |d: &Device| {
+                let b = bias.to_device(d).unwrap();
+                ops::epilogue(&on(&y, d), Some(&b), Some(act), m, Some(&on(&r, d))).unwrap()
+            };
+            let bwd = |d: &Device| {
+                let b = bias.to_device(d).unwrap();
+                ops::epilogue_backward(&on(&dout, d), &on(&y, d), Some(&b), Some(act), m).unwrap()
+            };
+            let op = format!("epilogue-{act:?}").to_lowercase();
+            check(
+                &op,
+                dtype,
+                &shape,
+                "y",
+                &fwd(&dev),
+                &fwd(&Device::Cpu),
+                tol(dtype),
+            );
+            check(
+                &op,
+                dtype,
+                &shape,
+                "dy",
+                &bwd(&dev),
+                &bwd(&Device::Cpu),
+                tol(dtype),
+            );
+        }
+        let (vocab, b, s) = (50, 4, 25);
+        let ids: Vec<u32> = (0..(b * s) as u32).map(|i| (i * 13 + 5) % vocab).collect();
+        let ids = Tensor::from_vec(ids, (b, s), &Device::Cpu).unwrap();
+        let table = random(&[vocab as usize, cols], 1.0, 0.0, 5, DType::F32);
+        let pos = random(&[s, cols], 1.0, 0.0, 6, DType::F32);
+        let emb = |d: &Device| {
+            let ids = ids.to_device(d).unwrap();
+            ops::embed(&ids, &on(&table, d), Some(&on(&pos, d)), s, m).unwrap()
+        };
+        let shape = format!("[{vocab},{cols}]");
+        check(
+            "embed",
+            dtype,
+            &shape,
+            "y",
+            &emb(&dev),
+            &emb(&Device::Cpu),
+            tol(dtype),
+        );
+        let d_emb = random(&[b * s, cols], 1.0, 0.0, 7, DType::F32);
+        let emb_grad = |d: &Device| {
+            let ids = ids.to_device(d).unwrap();
+            ops::embed_backward(&ids, &on(&d_emb, d), vocab as usize).unwrap()
+        };
+        check(
+            "embed",
+            dtype,
+            &shape,
+            "dtable",
+            &emb_grad(&dev),
+            &emb_grad(&Device::Cpu),
+            tol(DType::F32),
+        );
+        let x = random(&[3, 2, 40, 40], 2.0, 0.0, 8, DType::F32);
+        let dy = random(&[3, 2, 40, 40], 1.0, 0.0, 9, DType::F32);
+        let sm = |d: &Device| {
+            let p = ops::attention_softmax(&on(&x, d), 0.3, 40).unwrap();
+            let dx = ops::attention_softmax_backward(&p, &on(&dy, d), 0.3).unwrap();
+            (p, dx)
+        };
+        let ((p_g, dx_g), (p_c, dx_c)) = (sm(&dev), sm(&Device::Cpu));
+        check(
+            "causal-softmax",
+            dtype,
+            "[3,2,40,40]",
+            "y",
+            &p_g,
+            &p_c,
+            tol(dtype),
+        );
+        check(
+            "causal-softmax",
+            dtype,
+            "[3,2,40,40]",
+            "dx",
+            &dx_g,
+            &dx_c,
+            tol(dtype),
+        );
+    }
+}

@@ -15,6 +15,9 @@ mod tune;
 /// Fused operations against their composite references.
 mod ops;
 
+/// The explicit engine against the composite reference, and its ops against autograd.
+mod explicit;
+
 /// Fused operations on the GPU against their CPU implementations (needs a CUDA device).
 #[cfg(feature = "cuda")]
 mod cuda_ops;

@@ -291,7 +291,9 @@ pub fn causal_mask(s: usize, dtype: DType) -> Tensor {
 fn softmax_and_grad(x: &Tensor, w: &Tensor, engine: Engine) -> (Tensor, Tensor) {
     let var = leaf(x);
     let y = match engine {
-        Engine::Fused => layers::softmax_last_dim(var.as_tensor(), engine).unwrap(),
+        Engine::Fused | Engine::Explicit => {
+            layers::softmax_last_dim(var.as_tensor(), engine).unwrap()
+        }
         Engine::Composite => {
             let xf = var.as_tensor().to_dtype(DType::F32).unwrap();
             layers::softmax_last_dim(&xf, engine)

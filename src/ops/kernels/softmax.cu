@@ -1,24 +1,29 @@
 // Softmax over the last dimension and its backward. One block per row; f32 arithmetic.
+//
+// Both take the attention variants' extras: the input is multiplied by `scale` first, and with
+// `causal_seq > 0` row r sees only columns 0..=(r % causal_seq) (a causal mask without a mask
+// tensor); masked columns get probability 0.
 #include "common.cuh"
 
 // y = exp(x - max) / sum(exp(x - max)); the row is read twice (online max/sum, then write).
 template <typename T>
-__device__ void softmax_fwd(const T *xs, T *ys, int cols) {
+__device__ void softmax_fwd(const T *xs, T *ys, int cols, float scale, int causal_seq) {
     const size_t row = blockIdx.x;
     const T *x = xs + row * cols;
     T *y = ys + row * cols;
+    const int seen = causal_seq > 0 ? (int)(row % causal_seq) + 1 : cols;
     float m = -INFINITY, s = 0.f;
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) lse_add(m, s, to_f32(x[j]));
+    for (int j = threadIdx.x; j < seen; j += blockDim.x) lse_add(m, s, scale * to_f32(x[j]));
     block_lse(m, s);
     const float inv = 1.f / s;
     for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-        y[j] = from_f32<T>(expf(to_f32(x[j]) - m) * inv);
+        y[j] = from_f32<T>(j < seen ? expf(scale * to_f32(x[j]) - m) * inv : 0.f);
     }
 }
 
 // dx = y * (dy - sum(dy * y)): needs only the output y, not the input.
 template <typename T>
-__device__ void softmax_bwd(const T *ys, const T *dys, T *dxs, int cols) {
+__device__ void softmax_bwd(const T *ys, const T *dys, T *dxs, int cols, float scale) {
     const size_t row = blockIdx.x;
     const T *y = ys + row * cols;
     const T *dy = dys + row * cols;
@@ -27,18 +32,18 @@ __device__ void softmax_bwd(const T *ys, const T *dys, T *dxs, int cols) {
     for (int j = threadIdx.x; j < cols; j += blockDim.x) dot += to_f32(dy[j]) * to_f32(y[j]);
     dot = block_sum(dot);
     for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-        dx[j] = from_f32<T>(to_f32(y[j]) * (to_f32(dy[j]) - dot));
+        dx[j] = from_f32<T>(scale * to_f32(y[j]) * (to_f32(dy[j]) - dot));
     }
 }
 
 #define SOFTMAX_KERNELS(T, NAME)                                                               \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                  \
-        softmax_fwd_##NAME(const T *x, T *y, int cols) {                                       \
-        softmax_fwd<T>(x, y, cols);                                                            \
+        softmax_fwd_##NAME(const T *x, T *y, int cols, float scale, int causal_seq) {          \
+        softmax_fwd<T>(x, y, cols, scale, causal_seq);                                         \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                  \
-        softmax_bwd_##NAME(const T *y, const T *dy, T *dx, int cols) {                         \
-        softmax_bwd<T>(y, dy, dx, cols);                                                       \
+        softmax_bwd_##NAME(const T *y, const T *dy, T *dx, int cols, float scale) {            \
+        softmax_bwd<T>(y, dy, dx, cols, scale);                                                \
     }
 
 SOFTMAX_KERNELS(float, f32)

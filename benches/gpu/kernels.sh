@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# kernels.sh — where a training step's GPU time goes: every kernel of a short `autotune train`
+# run timed by Nsight Compute (one metric, gpu__time_duration, clocks left alone), then summed
+# per kernel name and per kind (matrix products, copies, elementwise, reductions, ours).
+#
+#   benches/gpu/kernels.sh OUTDIR MODEL PRECISION MICRO_BATCH [STEPS [torch]]
+#
+# With `torch` last, the PyTorch eager reference (torch_ref.py) runs instead, for comparison.
+# Writes OUTDIR/kernels-MODEL-PRECISION-bMICRO.csv (ncu's raw rows) and .md (the summary,
+# per optimizer step: the total divided by STEPS, default 2).
+# Environment: GPU_DIR (default .gpu), NCU (default: ncu on PATH, else Nsight Compute's folder).
+set -euo pipefail
+if [[ $# -lt 4 || "$1" == -h ]]; then sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2; fi
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+mkdir -p "$1"; OUTDIR="$(cd "$1" && pwd)"; cd "$ROOT"
+MODEL="$2"; PRECISION="$3"; MB="$4"; STEPS="${5:-2}"
+GPU_DIR="${GPU_DIR:-.gpu}"
+NCU="${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)}"
+[[ -x "$NCU" ]] || { echo "kernels.sh: ncu not found" >&2; exit 2; }
+if [[ "${6:-}" == torch ]]; then
+  NAME="kernels-torch-$MODEL-$PRECISION-b$MB"
+  CMD=(python3 benches/gpu/torch_ref.py --model "$MODEL" --precision "$PRECISION" --micro-batch "$MB" --warmup 0 --steps "$STEPS")
+else
+  NAME="kernels-$MODEL-$PRECISION-b$MB"
+  CMD=("$GPU_DIR/autotune" train --model "$MODEL" --precision "$PRECISION" --micro-batch "$MB" --steps "$STEPS" --device cuda --data random -q)
+fi
+"$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --page raw --print-units base \
+  "${CMD[@]}" > "$OUTDIR/$NAME.csv" 2> "$OUTDIR/$NAME.log" || true
+python3 "$ROOT/benches/gpu/kernels.py" "$OUTDIR/$NAME.csv" "$STEPS" > "$OUTDIR/$NAME.md"
+cat "$OUTDIR/$NAME.md"

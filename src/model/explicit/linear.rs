@@ -1,0 +1,136 @@
+//! Linear layers and layer norms with explicit backward passes.
+
+use candle_core::{DType, Tensor, Var};
+
+use super::Grads;
+use crate::model::layers::{LayerNorm, Linear};
+use crate::ops::{self, DropoutMask};
+use crate::spec::model::Activation;
+use crate::Result;
+
+/// A linear layer's weight in the compute dtype and its f32 bias, with the `Var`s their
+/// gradients belong to.
+pub(crate) struct Lin<'a> {
+    weight: Tensor,
+    bias: Option<Tensor>,
+    weight_var: &'a Var,
+    bias_var: Option<&'a Var>,
+}
+
+impl<'a> Lin<'a> {
+    /// Casts the weight once per pass (a no-op for half-precision working copies).
+    pub(crate) fn new(layer: &'a Linear, dtype: DType, _grads: &Grads) -> Result<Self> {
+        Ok(Self {
+            // Detached: nothing here may record a graph.
+            weight: layer.weight().as_tensor().detach().to_dtype(dtype)?,
+            bias: match layer.bias() {
+                Some(b) => Some(b.as_tensor().detach().to_dtype(DType::F32)?),
+                None => None,
+            },
+            weight_var: layer.weight(),
+            bias_var: layer.bias(),
+        })
+    }
+
+    /// `x · Wᵀ` for `x` of `(rows, in)`: the product before the epilogue.
+    pub(crate) fn product(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(x.matmul(&self.weight.t()?)?)
+    }
+
+    /// `residual + dropout(act(x · Wᵀ + b))`.
+    pub(crate) fn forward(
+        &self,
+        x: &Tensor,
+        act: Option<Activation>,
+        dropout: Option<DropoutMask>,
+        residual: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let y = self.product(x)?;
+        Ok(ops::epilogue(
+            &y,
+            self.bias.as_ref(),
+            act,
+            dropout,
+            residual,
+        )?)
+    }
+
+    /// The epilogue alone on a saved product `y` (recomputing an activation in backward).
+    pub(crate) fn epilogue(
+        &self,
+        y: &Tensor,
+        act: Option<Activation>,
+        dropout: Option<DropoutMask>,
+    ) -> Result<Tensor> {
+        Ok(ops::epilogue(y, self.bias.as_ref(), act, dropout, None)?)
+    }
+
+    /// Gradient of the product's input from the gradient `dy` of `y = x · Wᵀ + b` (after the
+    /// epilogue's own backward); hands the weight's and bias's gradients to `grads`.
+    pub(crate) fn backward(&self, dy: &Tensor, x: &Tensor, grads: &mut Grads) -> Result<Tensor> {
+        grads.put(self.weight_var, dy.t()?.matmul(x)?)?;
+        if let Some(b) = self.bias_var {
+            grads.put(b, column_sum(dy)?)?;
+        }
+        Ok(dy.matmul(&self.weight)?)
+    }
+
+    /// [`Lin::backward`] through the epilogue first: `dout` is the gradient of the epilogue's
+    /// output, `y` the saved product.
+    pub(crate) fn backward_through(
+        &self,
+        dout: &Tensor,
+        y: &Tensor,
+        x: &Tensor,
+        act: Option<Activation>,
+        dropout: Option<DropoutMask>,
+        grads: &mut Grads,
+    ) -> Result<Tensor> {
+        let dy = if act.is_none() && dropout.is_none() {
+            dout.clone()
+        } else {
+            ops::epilogue_backward(dout, y, self.bias.as_ref(), act, dropout)?
+        };
+        self.backward(&dy, x, grads)
+    }
+}
+
+/// Column sums of a `(rows, cols)` matrix as an f32 vector: one product with a row of ones, so
+/// the sum runs in cuBLAS with f32 accumulation instead of a strided reduction.
+pub(crate) fn column_sum(m: &Tensor) -> Result<Tensor> {
+    let rows = m.dim(0)?;
+    let ones = Tensor::ones((1, rows), m.dtype(), m.device())?;
+    Ok(ones.matmul(m)?.squeeze(0)?.to_dtype(DType::F32)?)
+}
+
+/// A layer norm's f32 parameters and their `Var`s.
+pub(crate) struct Norm<'a> {
+    gamma: &'a Var,
+    beta: &'a Var,
+    eps: f64,
+}
+
+impl<'a> Norm<'a> {
+    pub(crate) fn new(layer: &'a LayerNorm, _grads: &Grads) -> Result<Self> {
+        let (gamma, beta, eps) = layer.params();
+        Ok(Self { gamma, beta, eps })
+    }
+
+    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(ops::layer_norm(
+            x,
+            &self.gamma.as_tensor().detach(),
+            &self.beta.as_tensor().detach(),
+            self.eps,
+        )?)
+    }
+
+    /// Gradient of the norm's input `x` from its output gradient; hands over gamma's and beta's.
+    pub(crate) fn backward(&self, x: &Tensor, dy: &Tensor, grads: &mut Grads) -> Result<Tensor> {
+        let (dx, dgamma, dbeta) =
+            ops::layer_norm_backward(x, &self.gamma.as_tensor().detach(), dy, self.eps)?;
+        grads.put(self.gamma, dgamma)?;
+        grads.put(self.beta, dbeta)?;
+        Ok(dx)
+    }
+}

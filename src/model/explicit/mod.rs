@@ -1,0 +1,287 @@
+//! The explicit engine: hand-written forward and backward passes of the Transformer.
+//!
+//! candle's autograd keeps every input of every op until the backward pass and, for every op,
+//! adds its gradient into a fresh zero tensor: a full-size add per graph node. Measured on an
+//! H200 (seed model, bf16, micro-batch 512), those adds alone took 45% of a training step, and
+//! dropout built from candle primitives (uniform draw, compare, cast, scale, multiply) another
+//! 20%. Here nothing is recorded in a graph:
+//!
+//! - each block's forward returns exactly what its backward reads ([`block::Saved`]): the
+//!   inputs of the matrix products, the attention probabilities and the norms' inputs;
+//! - bias, activation, dropout and residual run as one elementwise pass
+//!   ([`crate::ops::epilogue`]), and dropout masks are regenerated from their keys in the
+//!   backward pass instead of stored;
+//! - activation checkpointing is a choice per block of whether to keep [`block::Saved`] or only
+//!   the block's input and run the forward again during backward.
+//!
+//! The maths are the composite engine's; `tests/it/explicit.rs` checks losses and every
+//! parameter's gradient against it.
+
+mod block;
+mod linear;
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Tensor, TensorId};
+
+use crate::model::dropout::Dropout;
+use crate::model::Transformer;
+use crate::ops::{self, DropoutMask};
+use crate::spec::model::NormPlacement;
+use crate::train::data::Batch;
+use crate::train::recompute::SegmentPlan;
+use crate::{Error, Result};
+
+use self::block::{BlockWeights, Saved};
+use self::linear::{column_sum, Norm};
+
+/// Dropout site of the embeddings (blocks use their own parts, see [`Dropout::mask`]).
+const EMBED_PART: u64 = u64::MAX;
+
+/// Forward and backward pass of one micro-batch: hands `(parameter index, gradient in the
+/// parameter's dtype)` of `loss_factor × loss` to `sink`, once per parameter, and returns the
+/// unscaled loss.
+pub fn forward_backward(
+    model: &Transformer,
+    plan: &SegmentPlan,
+    batch: &Batch,
+    dtype: DType,
+    dropout: &Dropout,
+    loss_factor: f64,
+    sink: &mut dyn FnMut(usize, Tensor) -> Result<()>,
+) -> Result<f64> {
+    let mut grads = Grads::new(model, sink);
+    let (b, s) = batch.inputs.dims2()?;
+    let spec = model.spec();
+    let weights = model
+        .blocks()
+        .iter()
+        .map(|block| BlockWeights::new(&block.layers(), dtype, &grads))
+        .collect::<Result<Vec<_>>>()?;
+
+    // Forward: keep each block's saved activations, or only its input where it is recomputed.
+    let embed_mask = embed_mask(model, dropout);
+    let mut x = embed(model, &batch.inputs, dtype, embed_mask)?;
+    let mut saved: Vec<Stash> = Vec::with_capacity(weights.len());
+    for (i, w) in weights.iter().enumerate() {
+        let keep = !plan.recomputes(i);
+        let (out, kept) = w.forward(&x, b, s, spec.causal, dropout, i as u64, keep)?;
+        saved.push(match kept {
+            Some(kept) => Stash::Kept(kept),
+            None => Stash::Input(x),
+        });
+        x = out;
+    }
+
+    // Head and loss; the logits die as soon as their gradient has been taken.
+    let (loss, mut dx) = {
+        let head = model.head_layer();
+        let (hw, hb) = (
+            linear::Lin::new(head, dtype, &grads)?,
+            head.bias().is_some(),
+        );
+        let norm = match model.final_norm() {
+            Some(n) => Some(Norm::new(n, &grads)?),
+            None => None,
+        };
+        let hidden = match &norm {
+            Some(n) => n.forward(&x)?,
+            None => x.clone(),
+        };
+        let logits = hw.forward(&hidden, None, None, None)?;
+        let losses = ops::cross_entropy_rows(&logits, &batch.targets)?;
+        let rows = losses.elem_count();
+        let loss = losses
+            .to_dtype(DType::F64)?
+            .mean_all()?
+            .to_scalar::<f64>()?;
+        let row_grad = Tensor::full((loss_factor / rows as f64) as f32, rows, x.device())?;
+        let dlogits = ops::cross_entropy_backward(&logits, &batch.targets, &losses, &row_grad)?;
+        drop(logits);
+        let _ = hb;
+        let dhidden = hw.backward(&dlogits, &hidden, &mut grads)?;
+        drop(dlogits);
+        let dx = match &norm {
+            Some(n) => n.backward(&x, &dhidden, &mut grads)?,
+            None => dhidden,
+        };
+        (loss, dx)
+    };
+    drop(x);
+
+    // Backward through the blocks, last first, recomputing where only the input was kept.
+    while let Some(stash) = saved.pop() {
+        let i = saved.len();
+        let w = &weights[i];
+        let kept = match stash {
+            Stash::Kept(kept) => kept,
+            Stash::Input(input) => w
+                .forward(&input, b, s, spec.causal, dropout, i as u64, true)?
+                .1
+                .ok_or_else(|| internal(format!("block {i} kept nothing when asked to")))?,
+        };
+        dx = w.backward(&dx, kept, b, s, dropout, i as u64, &mut grads)?;
+    }
+    embed_backward(model, &batch.inputs, &dx, embed_mask, &mut grads)?;
+    grads.finish(model)?;
+    Ok(loss)
+}
+
+/// The mean loss of `batch` without dropout, keeping nothing.
+pub fn eval_loss(model: &Transformer, batch: &Batch, dtype: DType) -> Result<f64> {
+    let grads = Grads::indices_only(model);
+    let (b, s) = batch.inputs.dims2()?;
+    let off = Dropout::disabled();
+    let mut x = embed(model, &batch.inputs, dtype, None)?;
+    for (i, block) in model.blocks().iter().enumerate() {
+        let w = BlockWeights::new(&block.layers(), dtype, &grads)?;
+        x = w
+            .forward(&x, b, s, model.spec().causal, &off, i as u64, false)?
+            .0;
+    }
+    let head = linear::Lin::new(model.head_layer(), dtype, &grads)?;
+    let hidden = match model.final_norm() {
+        Some(n) => Norm::new(n, &grads)?.forward(&x)?,
+        None => x,
+    };
+    let logits = head.forward(&hidden, None, None, None)?;
+    let losses = ops::cross_entropy_rows(&logits, &batch.targets)?;
+    Ok(losses
+        .to_dtype(DType::F64)?
+        .mean_all()?
+        .to_scalar::<f64>()?)
+}
+
+/// An engine invariant broken (a bug, never data).
+fn internal(message: impl Into<String>) -> Error {
+    candle_core::Error::Msg(message.into()).into()
+}
+
+/// What the forward pass left for a block's backward.
+enum Stash {
+    Kept(Saved),
+    Input(Tensor),
+}
+
+fn embed_mask(model: &Transformer, dropout: &Dropout) -> Option<DropoutMask> {
+    // GPT-2 drops embeddings; PyTorch's encoder stack (the seed) does not.
+    match model.spec().norm {
+        NormPlacement::Pre => dropout.mask(EMBED_PART, 0),
+        NormPlacement::Post => None,
+    }
+}
+
+/// Token (and position) embeddings as `(batch·seq, d)` rows in `dtype`.
+fn embed(
+    model: &Transformer,
+    tokens: &Tensor,
+    dtype: DType,
+    mask: Option<DropoutMask>,
+) -> Result<Tensor> {
+    let s = tokens.dim(1)?;
+    let table = model
+        .token_embedding()
+        .as_tensor()
+        .detach()
+        .to_dtype(dtype)?;
+    let positions = match model.position_embedding() {
+        Some(p) => Some(p.as_tensor().detach().to_dtype(dtype)?),
+        None => None,
+    };
+    Ok(ops::embed(tokens, &table, positions.as_ref(), s, mask)?)
+}
+
+fn embed_backward(
+    model: &Transformer,
+    tokens: &Tensor,
+    dx: &Tensor,
+    mask: Option<DropoutMask>,
+    grads: &mut Grads,
+) -> Result<()> {
+    let (b, s) = tokens.dims2()?;
+    let dx = match mask {
+        Some(m) => ops::dropout(dx, m)?,
+        None => dx.clone(),
+    };
+    let table = model.token_embedding();
+    let vocab = table.dim(0)?;
+    grads.put(table, ops::embed_backward(tokens, &dx, vocab)?)?;
+    if let Some(positions) = model.position_embedding() {
+        let d = dx.dim(1)?;
+        // Σ over the batch of each position's gradient, as one product with a ones row.
+        let used = column_sum(&dx.reshape((b, s * d))?)?.reshape((s, d))?;
+        let rows = positions.dim(0)?;
+        let full = if rows > s {
+            Tensor::cat(
+                &[
+                    &used,
+                    &Tensor::zeros((rows - s, d), DType::F32, dx.device())?,
+                ],
+                0,
+            )?
+        } else {
+            used
+        };
+        grads.put(positions, full)?;
+    }
+    Ok(())
+}
+
+/// Routes parameter gradients to the sink, in the parameter's dtype, and checks that every
+/// parameter got exactly one.
+pub(crate) struct Grads<'a> {
+    index: HashMap<TensorId, usize>,
+    received: Vec<bool>,
+    sink: Option<&'a mut dyn FnMut(usize, Tensor) -> Result<()>>,
+}
+
+impl<'a> Grads<'a> {
+    fn new(model: &Transformer, sink: &'a mut dyn FnMut(usize, Tensor) -> Result<()>) -> Self {
+        let mut g = Self::indices_only(model);
+        g.sink = Some(sink);
+        g
+    }
+
+    fn indices_only(model: &Transformer) -> Self {
+        let vars = model.params().vars();
+        Self {
+            index: vars
+                .iter()
+                .enumerate()
+                .map(|(i, v)| (v.as_tensor().id(), i))
+                .collect(),
+            received: vec![false; vars.len()],
+            sink: None,
+        }
+    }
+
+    fn position(&self, var: &candle_core::Var) -> Result<usize> {
+        self.index
+            .get(&var.as_tensor().id())
+            .copied()
+            .ok_or_else(|| internal("a layer's parameter is not in the model's store"))
+    }
+
+    /// Hands over the gradient of `var` (any float dtype; cast to the parameter's).
+    pub(crate) fn put(&mut self, var: &candle_core::Var, grad: Tensor) -> Result<()> {
+        let i = self.position(var)?;
+        if self.received[i] {
+            return Err(internal(format!("parameter {i} received two gradients")));
+        }
+        self.received[i] = true;
+        let grad = grad.to_dtype(var.dtype())?;
+        match self.sink.as_mut() {
+            Some(sink) => sink(i, grad),
+            None => Ok(()),
+        }
+    }
+
+    fn finish(&self, model: &Transformer) -> Result<()> {
+        match self.received.iter().position(|&r| !r) {
+            Some(i) => Err(Error::MissingGradient {
+                parameter: model.params().names()[i].clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,628 @@
+//! Elementwise epilogues of a matrix product, the embedding lookup, and their backward passes,
+//! for the explicit engine ([`crate::model::explicit`]), which runs them outside any graph.
+//!
+//! - [`epilogue`]: `residual + dropout(act(y + bias))`, each part optional, in one pass.
+//! - [`epilogue_backward`]: `dropout(dout) ⊙ act'(y + bias)`, the gradient of `y`.
+//! - [`embed`] / [`embed_backward`]: `dropout(table[ids] + positions)` and the scatter-add of
+//!   its gradient into an f32 table.
+//!
+//! Dropout masks are a pure function of a key and the element index ([`DropoutMask::keeps`]),
+//! so the backward pass regenerates the forward's mask instead of keeping it, and CPU and GPU
+//! draw the same masks. Everything computes in f32 whatever the tensors' dtype.
+
+#![allow(unsafe_code)]
+
+use candle_core::backend::BackendStorage;
+use candle_core::{
+    bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType,
+};
+
+use super::{contiguous, input_f32, output};
+use crate::spec::model::Activation;
+
+const NAME: &str = "epilogue";
+
+/// Dropout with probability `p`, its mask drawn from `key`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DropoutMask {
+    /// Probability of zeroing an element.
+    pub p: f32,
+    /// The mask's key: equal keys give equal masks.
+    pub key: u64,
+}
+
+impl DropoutMask {
+    /// Elements are dropped when the top 32 bits of their hash fall below this.
+    fn threshold(&self) -> u32 {
+        (f64::from(self.p.clamp(0.0, 1.0)) * 4_294_967_296.0).min(u32::MAX as f64) as u32
+    }
+
+    fn scale(&self) -> f32 {
+        1.0 / (1.0 - self.p)
+    }
+
+    /// Whether element `i` survives (SplitMix64 of the key and the index; the CUDA kernels use
+    /// the same function).
+    pub fn keeps(&self, i: u64) -> bool {
+        keep(self.key, i, self.threshold())
+    }
+}
+
+fn keep(key: u64, i: u64, threshold: u32) -> bool {
+    let mut z = key.wrapping_add((i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 32) as u32 >= threshold
+}
+
+/// The activation an epilogue applies (`None`: identity).
+fn act_code(act: Option<Activation>) -> i32 {
+    match act {
+        None => 0,
+        Some(Activation::Relu) => 1,
+        Some(Activation::Gelu) => 2,
+    }
+}
+
+const GELU_C: f32 = 0.797_884_6; // √(2/π)
+
+fn activate(z: f32, act: i32) -> f32 {
+    match act {
+        1 => z.max(0.0),
+        2 => 0.5 * z * (1.0 + (GELU_C * (z + 0.044715 * z * z * z)).tanh()),
+        _ => z,
+    }
+}
+
+fn activate_grad(z: f32, act: i32) -> f32 {
+    match act {
+        1 => {
+            if z > 0.0 {
+                1.0
+            } else {
+                0.0
+            }
+        }
+        2 => {
+            let t = (GELU_C * (z + 0.044715 * z * z * z)).tanh();
+            0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * GELU_C * (1.0 + 3.0 * 0.044715 * z * z)
+        }
+        _ => 1.0,
+    }
+}
+
+/// What an epilogue does besides reading `y`.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    has_bias: bool,
+    has_residual: bool,
+    act: i32,
+    threshold: u32,
+    scale: f32,
+    key: u64,
+}
+
+impl Plan {
+    fn new(
+        has_bias: bool,
+        has_residual: bool,
+        act: Option<Activation>,
+        dropout: Option<DropoutMask>,
+    ) -> Self {
+        let (threshold, scale, key) = match dropout {
+            Some(m) if m.threshold() > 0 => (m.threshold(), m.scale(), m.key),
+            _ => (0, 1.0, 0),
+        };
+        Self {
+            has_bias,
+            has_residual,
+            act: act_code(act),
+            threshold,
+            scale,
+            key,
+        }
+    }
+
+    fn drop(&self, i: usize, v: f32) -> f32 {
+        if self.threshold == 0 {
+            v
+        } else if keep(self.key, i as u64, self.threshold) {
+            v * self.scale
+        } else {
+            0.0
+        }
+    }
+}
+
+/// `residual + dropout(act(y + bias))` over `y` (`rows × cols`, any float dtype, contiguous
+/// or not), in `y`'s dtype. `bias` is an f32 (or castable) vector of `cols`; `residual` has
+/// `y`'s shape and dtype. No graph is recorded.
+pub fn epilogue(
+    y: &Tensor,
+    bias: Option<&Tensor>,
+    act: Option<Activation>,
+    dropout: Option<DropoutMask>,
+    residual: Option<&Tensor>,
+) -> Result<Tensor> {
+    let y = y.contiguous()?;
+    let plan = Plan::new(bias.is_some(), residual.is_some(), act, dropout);
+    let bias = bias_or_dummy(&y, bias)?;
+    let residual = match residual {
+        Some(r) => {
+            if r.dims() != y.dims() {
+                bail!(
+                    "{NAME}: residual {:?} does not match {:?}",
+                    r.shape(),
+                    y.shape()
+                );
+            }
+            r.to_dtype(y.dtype())?.contiguous()?
+        }
+        None => y.clone(),
+    };
+    y.apply_op3_no_bwd(&bias, &residual, &Epilogue { plan })
+}
+
+/// Dropout alone: `dropout(x)` with `mask` (the identity when `p` is 0).
+pub fn dropout(x: &Tensor, mask: DropoutMask) -> Result<Tensor> {
+    epilogue(x, None, None, Some(mask), None)
+}
+
+/// The gradient of [`epilogue`]'s `y` from the gradient of its output: `dropout(dout) ⊙
+/// act'(y + bias)` (the residual's gradient is `dout` itself; the bias's is the column sum of
+/// the returned tensor).
+pub fn epilogue_backward(
+    dout: &Tensor,
+    y: &Tensor,
+    bias: Option<&Tensor>,
+    act: Option<Activation>,
+    dropout: Option<DropoutMask>,
+) -> Result<Tensor> {
+    let y = y.contiguous()?;
+    let plan = Plan::new(bias.is_some(), false, act, dropout);
+    let bias = bias_or_dummy(&y, bias)?;
+    let dout = dout.to_dtype(y.dtype())?.contiguous()?;
+    dout.apply_op3_no_bwd(&y, &bias, &EpilogueGrad { plan })
+}
+
+fn bias_or_dummy(y: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let cols = y.dim(candle_core::D::Minus1)?;
+    match bias {
+        Some(b) => {
+            if b.dims() != [cols] {
+                bail!("{NAME}: bias must have shape [{cols}], got {:?}", b.shape());
+            }
+            b.to_dtype(DType::F32)?.contiguous()
+        }
+        // Never read: the kernels see has_bias = 0.
+        None => Tensor::zeros(1, DType::F32, y.device()),
+    }
+}
+
+/// `dropout(table[ids[r]] + positions[r % seq])` for `ids` (`rows` u32): `rows × d` in
+/// `table`'s dtype. `positions` (`seq × d`) must have `table`'s dtype. No graph is recorded.
+pub fn embed(
+    ids: &Tensor,
+    table: &Tensor,
+    positions: Option<&Tensor>,
+    seq: usize,
+    dropout: Option<DropoutMask>,
+) -> Result<Tensor> {
+    let ids = ids.flatten_all()?.contiguous()?;
+    if ids.dtype() != DType::U32 {
+        bail!("embed: ids must be u32, got {:?}", ids.dtype());
+    }
+    let (_, d) = table.dims2()?;
+    let table = table.contiguous()?;
+    let plan = Plan::new(false, positions.is_some(), None, dropout);
+    let positions = match positions {
+        Some(p) => {
+            if p.dims2()?.1 != d || p.dim(0)? < seq || seq == 0 {
+                bail!("embed: positions {:?} do not cover {seq} × {d}", p.shape());
+            }
+            p.narrow(0, 0, seq)?.to_dtype(table.dtype())?.contiguous()?
+        }
+        None => table.clone(),
+    };
+    ids.apply_op3_no_bwd(&table, &positions, &Embed { plan, seq })
+}
+
+/// The gradient of an embedding table (`vocab × d`, f32) from the lookup's output gradient
+/// `d_out` (`rows × d`) and its `ids`. Summed with float atomics on the GPU, so the order of
+/// additions (and the last bits) may vary between runs.
+pub fn embed_backward(ids: &Tensor, d_out: &Tensor, vocab: usize) -> Result<Tensor> {
+    let ids = ids.flatten_all()?.contiguous()?;
+    ids.apply_op2_no_bwd(&d_out.contiguous()?, &EmbedGrad { vocab })
+}
+
+struct Epilogue {
+    plan: Plan,
+}
+
+struct EpilogueGrad {
+    plan: Plan,
+}
+
+struct Embed {
+    plan: Plan,
+    seq: usize,
+}
+
+struct EmbedGrad {
+    vocab: usize,
+}
+
+fn cols_of(l: &Layout) -> usize {
+    l.dims().last().copied().unwrap_or(1).max(1)
+}
+
+impl CustomOp3 for Epilogue {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let p = self.plan;
+        let cols = cols_of(l1);
+        let y = input_f32(s1, l1, NAME)?;
+        let bias = input_f32(s2, l2, NAME)?;
+        let residual = if p.has_residual {
+            Some(input_f32(s3, l3, NAME)?)
+        } else {
+            None
+        };
+        let out = y
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| {
+                let v = if p.has_bias { v + bias[i % cols] } else { v };
+                let v = p.drop(i, activate(v, p.act));
+                match &residual {
+                    Some(r) => v + r[i],
+                    None => v,
+                }
+            })
+            .collect();
+        Ok((output(out, s1.dtype())?, l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let out = super::cuda::float_slice!(NAME, s1, v => {
+            gpu::epilogue(v, l1, (s2, l2), (s3, l3), &self.plan, &s1.device)?
+        });
+        Ok((out, l1.shape().clone()))
+    }
+}
+
+impl CustomOp3 for EpilogueGrad {
+    fn name(&self) -> &'static str {
+        "epilogue-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let p = self.plan;
+        let cols = cols_of(l1);
+        let dout = input_f32(s1, l1, NAME)?;
+        let y = input_f32(s2, l2, NAME)?;
+        let bias = input_f32(s3, l3, NAME)?;
+        let dy = dout
+            .iter()
+            .enumerate()
+            .map(|(i, &g)| {
+                let g = p.drop(i, g);
+                if p.act == 0 {
+                    g
+                } else {
+                    let z = if p.has_bias {
+                        y[i] + bias[i % cols]
+                    } else {
+                        y[i]
+                    };
+                    g * activate_grad(z, p.act)
+                }
+            })
+            .collect();
+        Ok((output(dy, s1.dtype())?, l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let out = super::cuda::float_slice!(NAME, s1, v => {
+            gpu::epilogue_grad(v, l1, (s2, l2), (s3, l3), &self.plan, &s1.device)?
+        });
+        Ok((out, l1.shape().clone()))
+    }
+}
+
+impl CustomOp3 for Embed {
+    fn name(&self) -> &'static str {
+        "embed"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let p = self.plan;
+        let ids = contiguous(u32::cpu_storage_as_slice(s1)?, l1, "embed")?;
+        let (vocab, d) = l2.shape().dims2()?;
+        let table = input_f32(s2, l2, "embed")?;
+        let positions = input_f32(s3, l3, "embed")?;
+        let mut out = Vec::with_capacity(ids.len() * d);
+        for (r, &id) in ids.iter().enumerate() {
+            let id = id as usize;
+            if id >= vocab {
+                bail!("embed: token {id} out of range for a vocabulary of {vocab}");
+            }
+            for c in 0..d {
+                let mut v = table[id * d + c];
+                if p.has_residual {
+                    v += positions[(r % self.seq) * d + c];
+                }
+                out.push(p.drop(r * d + c, v));
+            }
+        }
+        let rows = ids.len();
+        Ok((output(out, s2.dtype())?, Shape::from((rows, d))))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let rows = l1.shape().elem_count();
+        let d = l2.shape().dims2()?.1;
+        let out = super::cuda::float_slice!("embed", s2, v => {
+            gpu::embed(v, l2, (s1, l1), (s3, l3), &self.plan, self.seq, &s1.device)?
+        });
+        Ok((out, Shape::from((rows, d))))
+    }
+}
+
+impl CustomOp2 for EmbedGrad {
+    fn name(&self) -> &'static str {
+        "embed-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let ids = contiguous(u32::cpu_storage_as_slice(s1)?, l1, "embed")?;
+        let d = cols_of(l2);
+        let d_out = input_f32(s2, l2, "embed")?;
+        let mut table = vec![0f32; self.vocab * d];
+        for (r, &id) in ids.iter().enumerate() {
+            let id = id as usize;
+            if id >= self.vocab {
+                bail!(
+                    "embed: token {id} out of range for a vocabulary of {}",
+                    self.vocab
+                );
+            }
+            for c in 0..d {
+                table[id * d + c] += d_out[r * d + c];
+            }
+        }
+        Ok((CpuStorage::F32(table), Shape::from((self.vocab, d))))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let d = cols_of(l2);
+        let out = super::cuda::float_slice!("embed", s2, v => {
+            gpu::embed_grad(v, l2, (s1, l1), self.vocab, &s1.device)?
+        });
+        Ok((out, Shape::from((self.vocab, d))))
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod gpu {
+    //! Grid-stride elementwise launches: enough blocks to fill the GPU, 256 threads each.
+
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::WrapErr;
+    use candle_core::{CudaDevice, CudaStorage, Layout, Result};
+
+    use super::{cols_of, Plan, NAME};
+    use crate::ops::cuda::{self, Elem};
+
+    fn config(n: usize) -> LaunchConfig {
+        let blocks = n.div_ceil(256).clamp(1, 65_535 * 4) as u32;
+        LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    pub(super) fn epilogue<T: Elem>(
+        y: &CudaSlice<T>,
+        l1: &Layout,
+        (bias, l2): (&CudaStorage, &Layout),
+        (residual, l3): (&CudaStorage, &Layout),
+        p: &Plan,
+        dev: &CudaDevice,
+    ) -> Result<CudaStorage> {
+        let n = l1.shape().elem_count();
+        let y = cuda::slice_view(y, l1, NAME)?;
+        let bias = cuda::view::<f32>(bias, l2, NAME)?;
+        let residual = cuda::view::<T>(residual, l3, NAME)?;
+        let func = cuda::kernel(dev, &cuda::EPILOGUE, "epilogue_fwd", T::DTYPE)?;
+        // SAFETY: the kernel launched below writes every element.
+        let mut out = unsafe { cuda::output::<T>(dev, n) }?;
+        let cols = cuda::dim(cols_of(l1), "columns")?;
+        let (has_bias, has_residual) = (i32::from(p.has_bias), i32::from(p.has_residual));
+        let stream = dev.cuda_stream();
+        let mut args = stream.launch_builder(&func);
+        args.arg(&y)
+            .arg(&bias)
+            .arg(&residual)
+            .arg(&mut out)
+            .arg(&n)
+            .arg(&cols)
+            .arg(&has_bias)
+            .arg(&has_residual)
+            .arg(&p.act)
+            .arg(&p.threshold)
+            .arg(&p.scale)
+            .arg(&p.key);
+        // SAFETY: the arguments match `epilogue_fwd_<T>`; `y`, `residual` (when read) and `out`
+        // hold n elements, `bias` (when read) `cols` floats.
+        unsafe { args.launch(config(n)) }.w()?;
+        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+    }
+
+    pub(super) fn epilogue_grad<T: Elem>(
+        dout: &CudaSlice<T>,
+        l1: &Layout,
+        (y, l2): (&CudaStorage, &Layout),
+        (bias, l3): (&CudaStorage, &Layout),
+        p: &Plan,
+        dev: &CudaDevice,
+    ) -> Result<CudaStorage> {
+        let n = l1.shape().elem_count();
+        let dout = cuda::slice_view(dout, l1, NAME)?;
+        let y = cuda::view::<T>(y, l2, NAME)?;
+        let bias = cuda::view::<f32>(bias, l3, NAME)?;
+        let func = cuda::kernel(dev, &cuda::EPILOGUE, "epilogue_bwd", T::DTYPE)?;
+        // SAFETY: the kernel launched below writes every element.
+        let mut dy = unsafe { cuda::output::<T>(dev, n) }?;
+        let cols = cuda::dim(cols_of(l1), "columns")?;
+        let has_bias = i32::from(p.has_bias);
+        let stream = dev.cuda_stream();
+        let mut args = stream.launch_builder(&func);
+        args.arg(&dout)
+            .arg(&y)
+            .arg(&bias)
+            .arg(&mut dy)
+            .arg(&n)
+            .arg(&cols)
+            .arg(&has_bias)
+            .arg(&p.act)
+            .arg(&p.threshold)
+            .arg(&p.scale)
+            .arg(&p.key);
+        // SAFETY: the arguments match `epilogue_bwd_<T>`; `dout`, `y` and `dy` hold n elements,
+        // `bias` (when read) `cols` floats.
+        unsafe { args.launch(config(n)) }.w()?;
+        Ok(CudaStorage::wrap_cuda_slice(dy, dev.clone()))
+    }
+
+    pub(super) fn embed<T: Elem>(
+        table: &CudaSlice<T>,
+        l2: &Layout,
+        (ids, l1): (&CudaStorage, &Layout),
+        (positions, l3): (&CudaStorage, &Layout),
+        p: &Plan,
+        seq: usize,
+        dev: &CudaDevice,
+    ) -> Result<CudaStorage> {
+        let rows = l1.shape().elem_count();
+        let d = cols_of(l2);
+        let n = rows * d;
+        let table = cuda::slice_view(table, l2, "embed")?;
+        let ids = cuda::view::<u32>(ids, l1, "embed")?;
+        let positions = cuda::view::<T>(positions, l3, "embed")?;
+        let func = cuda::kernel(dev, &cuda::EPILOGUE, "embed_fwd", T::DTYPE)?;
+        // SAFETY: the kernel launched below writes every element.
+        let mut out = unsafe { cuda::output::<T>(dev, n) }?;
+        let (d32, seq32) = (cuda::dim(d, "width")?, cuda::dim(seq.max(1), "sequence")?);
+        let has_positions = i32::from(p.has_residual);
+        let stream = dev.cuda_stream();
+        let mut args = stream.launch_builder(&func);
+        args.arg(&ids)
+            .arg(&table)
+            .arg(&positions)
+            .arg(&mut out)
+            .arg(&n)
+            .arg(&d32)
+            .arg(&seq32)
+            .arg(&has_positions)
+            .arg(&p.threshold)
+            .arg(&p.scale)
+            .arg(&p.key);
+        // SAFETY: the arguments match `embed_fwd_<T>`; `ids` holds rows entries (each below
+        // the table's row count, which the data pipeline guarantees), `out` rows·d elements.
+        unsafe { args.launch(config(n)) }.w()?;
+        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+    }
+
+    pub(super) fn embed_grad<T: Elem>(
+        d_out: &CudaSlice<T>,
+        l2: &Layout,
+        (ids, l1): (&CudaStorage, &Layout),
+        vocab: usize,
+        dev: &CudaDevice,
+    ) -> Result<CudaStorage> {
+        let d = cols_of(l2);
+        let n = l2.shape().elem_count();
+        let d_out = cuda::slice_view(d_out, l2, "embed")?;
+        let ids = cuda::view::<u32>(ids, l1, "embed")?;
+        let func = cuda::kernel(dev, &cuda::EPILOGUE, "embed_grad", T::DTYPE)?;
+        let mut table = dev.alloc_zeros::<f32>(vocab * d)?;
+        let d32 = cuda::dim(d, "width")?;
+        let stream = dev.cuda_stream();
+        let mut args = stream.launch_builder(&func);
+        args.arg(&ids).arg(&d_out).arg(&mut table).arg(&n).arg(&d32);
+        // SAFETY: the arguments match `embed_grad_<T>`; `d_out` holds n = rows·d elements and
+        // `table` vocab·d floats, indexed by ids below vocab.
+        unsafe { args.launch(config(n)) }.w()?;
+        Ok(CudaStorage::wrap_cuda_slice(table, dev.clone()))
+    }
+}

@@ -1,0 +1,129 @@
+// Elementwise epilogues of a matrix product, forward and backward, and the embedding lookup.
+//
+//   forward:  out = residual + dropout(act(y + bias))      (each part optional)
+//   backward: dy  = dropout(dout) * act'(y + bias)
+//   embed:    out = dropout(table[ids[r]] + positions[r % seq])
+//   embed_grad: dtable[ids[r]] += d[r]  (float atomics: summation order is not fixed)
+//
+// Dropout masks are a pure function of (key, element index): a SplitMix64 hash, the same one
+// the CPU implementation uses, so the backward pass (and a recomputed forward) regenerate the
+// forward's mask instead of storing it, and CPU and GPU draw identical masks.
+#include "common.cuh"
+
+#define ACT_NONE 0
+#define ACT_RELU 1
+#define ACT_GELU 2
+
+__device__ __forceinline__ bool keep(uint64_t key, uint64_t i, uint32_t threshold) {
+    uint64_t z = key + (i + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (uint32_t)(z >> 32) >= threshold;
+}
+
+// GELU, tanh approximation (GPT-2's), and its derivative.
+__device__ __forceinline__ float gelu(float z) {
+    const float u = 0.7978845608028654f * (z + 0.044715f * z * z * z);
+    return 0.5f * z * (1.f + tanhf(u));
+}
+__device__ __forceinline__ float gelu_grad(float z) {
+    const float u = 0.7978845608028654f * (z + 0.044715f * z * z * z);
+    const float t = tanhf(u);
+    return 0.5f * (1.f + t) +
+           0.5f * z * (1.f - t * t) * 0.7978845608028654f * (1.f + 3.f * 0.044715f * z * z);
+}
+
+__device__ __forceinline__ float activate(float z, int act) {
+    if (act == ACT_RELU) return z > 0.f ? z : 0.f;
+    if (act == ACT_GELU) return gelu(z);
+    return z;
+}
+__device__ __forceinline__ float activate_grad(float z, int act) {
+    if (act == ACT_RELU) return z > 0.f ? 1.f : 0.f;
+    if (act == ACT_GELU) return gelu_grad(z);
+    return 1.f;
+}
+
+template <typename T>
+__device__ void epilogue_fwd(const T *y, const float *bias, const T *residual, T *out, size_t n,
+                             int cols, int has_bias, int has_residual, int act,
+                             uint32_t threshold, float scale, uint64_t key) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float v = to_f32(y[i]);
+        if (has_bias) v += bias[i % cols];
+        v = activate(v, act);
+        if (threshold) v = keep(key, i, threshold) ? v * scale : 0.f;
+        if (has_residual) v += to_f32(residual[i]);
+        out[i] = from_f32<T>(v);
+    }
+}
+
+template <typename T>
+__device__ void epilogue_bwd(const T *dout, const T *y, const float *bias, T *dy, size_t n,
+                             int cols, int has_bias, int act, uint32_t threshold, float scale,
+                             uint64_t key) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float g = to_f32(dout[i]);
+        if (threshold) g = keep(key, i, threshold) ? g * scale : 0.f;
+        if (act != ACT_NONE) {
+            float z = to_f32(y[i]);
+            if (has_bias) z += bias[i % cols];
+            g *= activate_grad(z, act);
+        }
+        dy[i] = from_f32<T>(g);
+    }
+}
+
+template <typename T>
+__device__ void embed_fwd(const uint32_t *ids, const T *table, const T *positions, T *out,
+                          size_t n, int d, int seq, int has_positions, uint32_t threshold,
+                          float scale, uint64_t key) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = i / d, c = i % d;
+        float v = to_f32(table[(size_t)ids[r] * d + c]);
+        if (has_positions) v += to_f32(positions[(r % seq) * d + c]);
+        if (threshold) v = keep(key, i, threshold) ? v * scale : 0.f;
+        out[i] = from_f32<T>(v);
+    }
+}
+
+template <typename T>
+__device__ void embed_grad(const uint32_t *ids, const T *d_out, float *d_table, size_t n, int d) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = i / d, c = i % d;
+        atomicAdd(d_table + (size_t)ids[r] * d + c, to_f32(d_out[i]));
+    }
+}
+
+#define EPILOGUE_KERNELS(T, NAME)                                                              \
+    extern "C" __global__ void epilogue_fwd_##NAME(                                            \
+        const T *y, const float *bias, const T *residual, T *out, size_t n, int cols,          \
+        int has_bias, int has_residual, int act, uint32_t threshold, float scale,              \
+        uint64_t key) {                                                                        \
+        epilogue_fwd<T>(y, bias, residual, out, n, cols, has_bias, has_residual, act,          \
+                        threshold, scale, key);                                                \
+    }                                                                                          \
+    extern "C" __global__ void epilogue_bwd_##NAME(                                            \
+        const T *dout, const T *y, const float *bias, T *dy, size_t n, int cols, int has_bias, \
+        int act, uint32_t threshold, float scale, uint64_t key) {                              \
+        epilogue_bwd<T>(dout, y, bias, dy, n, cols, has_bias, act, threshold, scale, key);     \
+    }                                                                                          \
+    extern "C" __global__ void embed_fwd_##NAME(                                               \
+        const uint32_t *ids, const T *table, const T *positions, T *out, size_t n, int d,      \
+        int seq, int has_positions, uint32_t threshold, float scale, uint64_t key) {           \
+        embed_fwd<T>(ids, table, positions, out, n, d, seq, has_positions, threshold, scale,   \
+                     key);                                                                     \
+    }                                                                                          \
+    extern "C" __global__ void embed_grad_##NAME(const uint32_t *ids, const T *d_out,          \
+                                                 float *d_table, size_t n, int d) {            \
+        embed_grad<T>(ids, d_out, d_table, n, d);                                              \
+    }
+
+EPILOGUE_KERNELS(float, f32)
+EPILOGUE_KERNELS(__nv_bfloat16, bf16)
+EPILOGUE_KERNELS(__half, f16)
