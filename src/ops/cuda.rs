@@ -28,9 +28,19 @@ pub(crate) const SOFTMAX: Module = Module {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/softmax.ptx")),
 };
 
+pub(crate) const ADAM: Module = Module {
+    name: "autotune_adam",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/adam.ptx")),
+};
+
 pub(crate) const EPILOGUE: Module = Module {
     name: "autotune_epilogue",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/epilogue.ptx")),
+};
+
+pub(crate) const PERMUTE: Module = Module {
+    name: "autotune_permute",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/permute.ptx")),
 };
 
 pub(crate) const LAYER_NORM: Module = Module {

@@ -482,6 +482,14 @@ mod gpu {
     use super::{cols_of, Plan, NAME};
     use crate::ops::cuda::{self, Elem};
 
+    /// Whether the kernels may take eight elements at a time: `n` and `cols` multiples of 8 and
+    /// every buffer starting on a 16-byte boundary (fresh allocations are 256-byte aligned).
+    fn vectorizable<T>(n: usize, cols: usize, layouts: &[&Layout]) -> i32 {
+        let size = std::mem::size_of::<T>();
+        let aligned = layouts.iter().all(|l| (l.start_offset() * size) % 16 == 0);
+        i32::from(n % 8 == 0 && cols % 8 == 0 && aligned)
+    }
+
     fn config(n: usize) -> LaunchConfig {
         let blocks = n.div_ceil(256).clamp(1, 65_535 * 4) as u32;
         LaunchConfig {
@@ -508,6 +516,8 @@ mod gpu {
         let mut out = unsafe { cuda::output::<T>(dev, n) }?;
         let cols = cuda::dim(cols_of(l1), "columns")?;
         let (has_bias, has_residual) = (i32::from(p.has_bias), i32::from(p.has_residual));
+        let vec = vectorizable::<T>(n, cols_of(l1), &[l1, l3]);
+        let threads = if vec == 1 { n / 8 } else { n };
         let stream = dev.cuda_stream();
         let mut args = stream.launch_builder(&func);
         args.arg(&y)
@@ -521,10 +531,11 @@ mod gpu {
             .arg(&p.act)
             .arg(&p.threshold)
             .arg(&p.scale)
-            .arg(&p.key);
+            .arg(&p.key)
+            .arg(&vec);
         // SAFETY: the arguments match `epilogue_fwd_<T>`; `y`, `residual` (when read) and `out`
         // hold n elements, `bias` (when read) `cols` floats.
-        unsafe { args.launch(config(n)) }.w()?;
+        unsafe { args.launch(config(threads)) }.w()?;
         Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
     }
 
@@ -545,6 +556,8 @@ mod gpu {
         let mut dy = unsafe { cuda::output::<T>(dev, n) }?;
         let cols = cuda::dim(cols_of(l1), "columns")?;
         let has_bias = i32::from(p.has_bias);
+        let vec = vectorizable::<T>(n, cols_of(l1), &[l1, l2]);
+        let threads = if vec == 1 { n / 8 } else { n };
         let stream = dev.cuda_stream();
         let mut args = stream.launch_builder(&func);
         args.arg(&dout)
@@ -557,10 +570,11 @@ mod gpu {
             .arg(&p.act)
             .arg(&p.threshold)
             .arg(&p.scale)
-            .arg(&p.key);
+            .arg(&p.key)
+            .arg(&vec);
         // SAFETY: the arguments match `epilogue_bwd_<T>`; `dout`, `y` and `dy` hold n elements,
         // `bias` (when read) `cols` floats.
-        unsafe { args.launch(config(n)) }.w()?;
+        unsafe { args.launch(config(threads)) }.w()?;
         Ok(CudaStorage::wrap_cuda_slice(dy, dev.clone()))
     }
 

@@ -14,16 +14,20 @@
 //! kernels, and turns a kernel syntax error into a build error rather than a failure on the GPU
 //! machine. The PTX targets `compute_80`, which the driver JIT-compiles for Ampere and newer.
 
+mod adam;
 mod cross_entropy;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod epilogue;
 mod layer_norm;
+mod permute;
 mod softmax;
 
+pub use adam::adam_update;
 pub use cross_entropy::{cross_entropy, cross_entropy_backward, cross_entropy_rows};
 pub use epilogue::{dropout, embed, embed_backward, epilogue, epilogue_backward, DropoutMask};
 pub use layer_norm::{layer_norm, layer_norm_backward};
+pub use permute::permute_contiguous;
 pub use softmax::{attention_softmax, attention_softmax_backward, softmax_last_dim};
 
 use std::borrow::Cow;

@@ -124,21 +124,64 @@ impl AdamConsts {
 /// and mirroring that keeps the two optimizers bit-identical on the CPU.
 #[inline(always)]
 fn adam_element(c: &AdamConsts, theta: &mut f32, m: &mut f32, v: &mut f32, g: f32) {
-    let g = match c.l2 {
-        Some(wd) => g + (*theta * wd + 0.0),
-        None => g,
-    };
-    let m_next = (*m * c.b1 + 0.0) + (g * c.c1 + 0.0);
-    let v_next = (*v * c.b2 + 0.0) + ((g * g) * c.c2 + 0.0);
-    let denom = (v_next.sqrt() * c.inv_sqrt_bias2 + 0.0) + c.eps;
-    let update = (m_next / denom) * c.step_size + 0.0;
-    let decayed = match c.decay {
-        Some(d) => *theta * d + 0.0,
-        None => *theta,
-    };
-    *theta = decayed - update;
+    let m_next = c.first_moment(*theta, *m, g);
+    let v_next = c.second_moment(*theta, *v, g);
+    *theta = c.apply(*theta, m_next, v_next);
     *m = m_next;
     *v = v_next;
+}
+
+impl AdamConsts {
+    /// The gradient Adam sees: with L2 decay (Adam) `g + wd·θ`.
+    #[inline(always)]
+    fn decayed_grad(&self, theta: f32, g: f32) -> f32 {
+        match self.l2 {
+            Some(wd) => g + (theta * wd + 0.0),
+            None => g,
+        }
+    }
+
+    /// The next first moment.
+    #[inline(always)]
+    pub fn first_moment(&self, theta: f32, m: f32, g: f32) -> f32 {
+        let g = self.decayed_grad(theta, g);
+        (m * self.b1 + 0.0) + (g * self.c1 + 0.0)
+    }
+
+    /// The next second moment.
+    #[inline(always)]
+    pub fn second_moment(&self, theta: f32, v: f32, g: f32) -> f32 {
+        let g = self.decayed_grad(theta, g);
+        (v * self.b2 + 0.0) + ((g * g) * self.c2 + 0.0)
+    }
+
+    /// The next weight from the next moments.
+    #[inline(always)]
+    pub fn apply(&self, theta: f32, m: f32, v: f32) -> f32 {
+        let denom = (v.sqrt() * self.inv_sqrt_bias2 + 0.0) + self.eps;
+        let update = (m / denom) * self.step_size + 0.0;
+        let decayed = match self.decay {
+            Some(d) => theta * d + 0.0,
+            None => theta,
+        };
+        decayed - update
+    }
+
+    /// The constants as the CUDA kernels take them: `[b1, c1, b2, c2, inv_sqrt_bias2, eps,
+    /// step_size, decay (1 if none), l2 (0 if none)]`.
+    pub fn packed(&self) -> [f32; 9] {
+        [
+            self.b1,
+            self.c1,
+            self.b2,
+            self.c2,
+            self.inv_sqrt_bias2,
+            self.eps,
+            self.step_size,
+            self.decay.unwrap_or(1.0),
+            self.l2.unwrap_or(0.0),
+        ]
+    }
 }
 
 /// The flat optimizer state a step updates in place.

@@ -8,7 +8,8 @@ use std::collections::HashMap;
 
 use candle_core::{Tensor, Var};
 
-use crate::spec::model::{OptimizerKind, OptimizerSpec};
+use crate::spec::model::OptimizerSpec;
+use crate::train::host_math::AdamConsts;
 use crate::train::offload::OffloadAdam;
 use crate::Result;
 
@@ -47,32 +48,16 @@ impl Adam {
     /// Applies one update with `grads[i]` for `vars[i]` (already unscaled and averaged).
     pub fn step(&mut self, grads: &[Tensor]) -> Result<()> {
         self.steps += 1;
-        let o = self.spec;
-        let t = self.steps as i32;
-        let bias1 = 1.0 - o.beta1.powi(t);
-        let bias2 = 1.0 - o.beta2.powi(t);
+        let consts = AdamConsts::new(&self.spec, self.steps);
         for (i, var) in self.vars.iter().enumerate() {
-            let theta = var.as_tensor();
-            let g = match o.kind {
-                OptimizerKind::Adam if o.weight_decay > 0.0 => {
-                    (&grads[i] + (theta * o.weight_decay)?)?
-                }
-                _ => grads[i].clone(),
-            };
-            let m = ((&self.first[i] * o.beta1)? + (&g * (1.0 - o.beta1))?)?;
-            let v = ((&self.second[i] * o.beta2)? + (g.sqr()? * (1.0 - o.beta2))?)?;
-            // PyTorch's form: θ −= (lr / bias1) · m / (√v / √bias2 + eps).
-            let denom = ((v.sqrt()? / bias2.sqrt())? + o.eps)?;
-            let update = ((&m / denom)? * (o.lr / bias1))?;
-            let decayed = match o.kind {
-                OptimizerKind::AdamW if o.weight_decay > 0.0 => {
-                    (theta * (1.0 - o.lr * o.weight_decay))?
-                }
-                _ => theta.clone(),
-            };
-            var.set(&(decayed - update)?)?;
-            self.first[i] = m;
-            self.second[i] = v;
+            let g = grads[i].to_dtype(candle_core::DType::F32)?.contiguous()?;
+            crate::ops::adam_update(
+                var.as_tensor(),
+                &self.first[i],
+                &self.second[i],
+                &g,
+                &consts,
+            )?;
         }
         Ok(())
     }

@@ -138,10 +138,7 @@ impl<'a> BlockWeights<'a> {
         let (h, hd) = (self.heads, d / self.heads);
         let qkv = self.qkv.forward(x, None, None, None)?;
         // (b, s, 3, h, hd) → (3, b, h, s, hd)
-        let heads = qkv
-            .reshape((b, s, 3, h, hd))?
-            .permute((2, 0, 3, 1, 4))?
-            .contiguous()?;
+        let heads = ops::permute_contiguous(&qkv.reshape((b, s, 3, h, hd))?, &[2, 0, 3, 1, 4])?;
         drop(qkv);
         let (q, k, v) = (heads.get(0)?, heads.get(1)?, heads.get(2)?);
         let scores = q.matmul(&k.t()?)?;
@@ -153,7 +150,7 @@ impl<'a> BlockWeights<'a> {
         };
         let o = dropped.matmul(&v)?;
         drop(dropped);
-        let merged = o.transpose(1, 2)?.contiguous()?.reshape((b * s, d))?;
+        let merged = ops::permute_contiguous(&o, &[0, 2, 1, 3])?.reshape((b * s, d))?;
         Ok((heads, probs, merged))
     }
 
@@ -244,10 +241,7 @@ impl<'a> BlockWeights<'a> {
         let (h, hd) = (self.heads, d / self.heads);
         let (q, k, v) = (heads.get(0)?, heads.get(1)?, heads.get(2)?);
         // (rows, d) → (b, h, s, hd)
-        let d_o = dmerged
-            .reshape((b, s, h, hd))?
-            .transpose(1, 2)?
-            .contiguous()?;
+        let d_o = ops::permute_contiguous(&dmerged.reshape((b, s, h, hd))?, &[0, 2, 1, 3])?;
         let dropped = match mask {
             Some(m) => ops::dropout(probs, m)?,
             None => probs.clone(),
@@ -265,10 +259,8 @@ impl<'a> BlockWeights<'a> {
         let dk = dscores.t()?.matmul(&q)?;
         drop(dscores);
         // (3, b, h, s, hd) → (b, s, 3, h, hd) → (rows, 3d)
-        Ok(Tensor::stack(&[dq, dk, dv], 0)?
-            .permute((1, 3, 0, 2, 4))?
-            .contiguous()?
-            .reshape((b * s, 3 * d))?)
+        let stacked = Tensor::stack(&[dq, dk, dv], 0)?;
+        Ok(ops::permute_contiguous(&stacked, &[1, 3, 0, 2, 4])?.reshape((b * s, 3 * d))?)
     }
 }
 

@@ -45,35 +45,101 @@ __device__ __forceinline__ float activate_grad(float z, int act) {
     return 1.f;
 }
 
+// Eight elements per step with 16-byte (bf16/f16) or 2×16-byte (f32) accesses when `vec` is
+// set (n and cols multiples of 8, every pointer 16-byte aligned), else one element at a time.
+template <typename T> struct alignas(16) Pack8 {
+    T v[8];
+};
+
+template <typename T>
+__device__ __forceinline__ float epilogue_one(float v, const float *bias, size_t i, int c,
+                                              int has_bias, int act, uint32_t threshold,
+                                              float scale, uint64_t key) {
+    if (has_bias) v += bias[c];
+    v = activate(v, act);
+    if (threshold) v = keep(key, i, threshold) ? v * scale : 0.f;
+    return v;
+}
+
 template <typename T>
 __device__ void epilogue_fwd(const T *y, const float *bias, const T *residual, T *out, size_t n,
                              int cols, int has_bias, int has_residual, int act,
-                             uint32_t threshold, float scale, uint64_t key) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        float v = to_f32(y[i]);
-        if (has_bias) v += bias[i % cols];
-        v = activate(v, act);
-        if (threshold) v = keep(key, i, threshold) ? v * scale : 0.f;
+                             uint32_t threshold, float scale, uint64_t key, int vec) {
+    const size_t start = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    const size_t step = (size_t)gridDim.x * blockDim.x;
+    if (vec) {
+        const Pack8<T> *y8 = reinterpret_cast<const Pack8<T> *>(y);
+        const Pack8<T> *r8 = reinterpret_cast<const Pack8<T> *>(residual);
+        Pack8<T> *o8 = reinterpret_cast<Pack8<T> *>(out);
+        for (size_t q = start; q < n / 8; q += step) {
+            const Pack8<T> yv = y8[q];
+            Pack8<T> rv;
+            if (has_residual) rv = r8[q];
+            const int c0 = (int)((q * 8) % (size_t)cols);
+            Pack8<T> ov;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                float v = epilogue_one<T>(to_f32(yv.v[k]), bias, q * 8 + k, c0 + k, has_bias,
+                                          act, threshold, scale, key);
+                if (has_residual) v += to_f32(rv.v[k]);
+                ov.v[k] = from_f32<T>(v);
+            }
+            o8[q] = ov;
+        }
+        return;
+    }
+    for (size_t i = start; i < n; i += step) {
+        float v = epilogue_one<T>(to_f32(y[i]), bias, i, (int)(i % cols), has_bias, act,
+                                  threshold, scale, key);
         if (has_residual) v += to_f32(residual[i]);
         out[i] = from_f32<T>(v);
     }
 }
 
 template <typename T>
+__device__ __forceinline__ float epilogue_grad_one(float g, float z, const float *bias,
+                                                   size_t i, int c, int has_bias, int act,
+                                                   uint32_t threshold, float scale,
+                                                   uint64_t key) {
+    if (threshold) g = keep(key, i, threshold) ? g * scale : 0.f;
+    if (act != ACT_NONE) {
+        if (has_bias) z += bias[c];
+        g *= activate_grad(z, act);
+    }
+    return g;
+}
+
+template <typename T>
 __device__ void epilogue_bwd(const T *dout, const T *y, const float *bias, T *dy, size_t n,
                              int cols, int has_bias, int act, uint32_t threshold, float scale,
-                             uint64_t key) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        float g = to_f32(dout[i]);
-        if (threshold) g = keep(key, i, threshold) ? g * scale : 0.f;
-        if (act != ACT_NONE) {
-            float z = to_f32(y[i]);
-            if (has_bias) z += bias[i % cols];
-            g *= activate_grad(z, act);
+                             uint64_t key, int vec) {
+    const size_t start = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    const size_t step = (size_t)gridDim.x * blockDim.x;
+    if (vec) {
+        const Pack8<T> *d8 = reinterpret_cast<const Pack8<T> *>(dout);
+        const Pack8<T> *y8 = reinterpret_cast<const Pack8<T> *>(y);
+        Pack8<T> *o8 = reinterpret_cast<Pack8<T> *>(dy);
+        for (size_t q = start; q < n / 8; q += step) {
+            const Pack8<T> dv = d8[q];
+            Pack8<T> yv;
+            if (act != ACT_NONE) yv = y8[q];
+            const int c0 = (int)((q * 8) % (size_t)cols);
+            Pack8<T> ov;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                const float z = act != ACT_NONE ? to_f32(yv.v[k]) : 0.f;
+                ov.v[k] = from_f32<T>(epilogue_grad_one<T>(to_f32(dv.v[k]), z, bias, q * 8 + k,
+                                                           c0 + k, has_bias, act, threshold,
+                                                           scale, key));
+            }
+            o8[q] = ov;
         }
-        dy[i] = from_f32<T>(g);
+        return;
+    }
+    for (size_t i = start; i < n; i += step) {
+        const float z = act != ACT_NONE ? to_f32(y[i]) : 0.f;
+        dy[i] = from_f32<T>(epilogue_grad_one<T>(to_f32(dout[i]), z, bias, i, (int)(i % cols),
+                                                 has_bias, act, threshold, scale, key));
     }
 }
 
@@ -104,14 +170,15 @@ __device__ void embed_grad(const uint32_t *ids, const T *d_out, float *d_table, 
     extern "C" __global__ void epilogue_fwd_##NAME(                                            \
         const T *y, const float *bias, const T *residual, T *out, size_t n, int cols,          \
         int has_bias, int has_residual, int act, uint32_t threshold, float scale,              \
-        uint64_t key) {                                                                        \
+        uint64_t key, int vec) {                                                               \
         epilogue_fwd<T>(y, bias, residual, out, n, cols, has_bias, has_residual, act,          \
-                        threshold, scale, key);                                                \
+                        threshold, scale, key, vec);                                           \
     }                                                                                          \
     extern "C" __global__ void epilogue_bwd_##NAME(                                            \
         const T *dout, const T *y, const float *bias, T *dy, size_t n, int cols, int has_bias, \
-        int act, uint32_t threshold, float scale, uint64_t key) {                              \
-        epilogue_bwd<T>(dout, y, bias, dy, n, cols, has_bias, act, threshold, scale, key);     \
+        int act, uint32_t threshold, float scale, uint64_t key, int vec) {                     \
+        epilogue_bwd<T>(dout, y, bias, dy, n, cols, has_bias, act, threshold, scale, key,      \
+                        vec);                                                                  \
     }                                                                                          \
     extern "C" __global__ void embed_fwd_##NAME(                                               \
         const uint32_t *ids, const T *table, const T *positions, T *out, size_t n, int d,      \

@@ -36,6 +36,42 @@ __device__ void softmax_bwd(const T *ys, const T *dys, T *dxs, int cols, float s
     }
 }
 
+// Short rows (attention scores): one warp per row, eight rows per block, shuffles only.
+template <typename T>
+__device__ void softmax_fwd_warp(const T *xs, T *ys, int rows, int cols, float scale,
+                                 int causal_seq) {
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const T *x = xs + (size_t)row * cols;
+    T *y = ys + (size_t)row * cols;
+    const int seen = causal_seq > 0 ? row % causal_seq + 1 : cols;
+    float m = -INFINITY, s = 0.f;
+    for (int j = lane; j < seen; j += 32) lse_add(m, s, scale * to_f32(x[j]));
+    warp_lse(m, s);
+    const float inv = 1.f / s;
+    for (int j = lane; j < cols; j += 32) {
+        y[j] = from_f32<T>(j < seen ? expf(scale * to_f32(x[j]) - m) * inv : 0.f);
+    }
+}
+
+template <typename T>
+__device__ void softmax_bwd_warp(const T *ys, const T *dys, T *dxs, int rows, int cols,
+                                 float scale) {
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const T *y = ys + (size_t)row * cols;
+    const T *dy = dys + (size_t)row * cols;
+    T *dx = dxs + (size_t)row * cols;
+    float dot = 0.f;
+    for (int j = lane; j < cols; j += 32) dot += to_f32(dy[j]) * to_f32(y[j]);
+    dot = warp_sum(dot);
+    for (int j = lane; j < cols; j += 32) {
+        dx[j] = from_f32<T>(scale * to_f32(y[j]) * (to_f32(dy[j]) - dot));
+    }
+}
+
 #define SOFTMAX_KERNELS(T, NAME)                                                               \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                  \
         softmax_fwd_##NAME(const T *x, T *y, int cols, float scale, int causal_seq) {          \
@@ -44,6 +80,14 @@ __device__ void softmax_bwd(const T *ys, const T *dys, T *dxs, int cols, float s
     extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                  \
         softmax_bwd_##NAME(const T *y, const T *dy, T *dx, int cols, float scale) {            \
         softmax_bwd<T>(y, dy, dx, cols, scale);                                                \
+    }                                                                                          \
+    extern "C" __global__ void softmax_fwd_warp_##NAME(const T *x, T *y, int rows, int cols,   \
+                                                       float scale, int causal_seq) {          \
+        softmax_fwd_warp<T>(x, y, rows, cols, scale, causal_seq);                              \
+    }                                                                                          \
+    extern "C" __global__ void softmax_bwd_warp_##NAME(const T *y, const T *dy, T *dx,         \
+                                                       int rows, int cols, float scale) {      \
+        softmax_bwd_warp<T>(y, dy, dx, rows, cols, scale);                                     \
     }
 
 SOFTMAX_KERNELS(float, f32)
