@@ -137,10 +137,10 @@ pub struct TuneArgs {
     /// (0 = grow to the memory boundary).
     #[arg(long, default_value_t = autotune::search::space::SearchSpace::DEFAULT_SATURATION_GAIN)]
     pub saturation_gain: f64,
-    /// Untimed steps per trial (default 2 on a GPU, 1 on a CPU).
+    /// Untimed steps per trial (default 1).
     #[arg(long)]
     pub warmup_steps: Option<usize>,
-    /// Timed steps per trial (default 5 on a GPU, 3 on a CPU).
+    /// Timed steps per trial (default 3).
     #[arg(long)]
     pub timed_steps: Option<usize>,
     /// How trials are isolated.

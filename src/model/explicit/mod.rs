@@ -91,10 +91,9 @@ pub fn forward_backward(
         let logits = hw.forward(&hidden, None, None, None)?;
         let losses = ops::cross_entropy_rows(&logits, &batch.targets)?;
         let rows = losses.elem_count();
-        let loss = losses
-            .to_dtype(DType::F64)?
-            .mean_all()?
-            .to_scalar::<f64>()?;
+        // Read at the very end: a read now would stall the device until the forward pass is
+        // done, leaving it idle while the backward pass is being queued.
+        let loss = losses.to_dtype(DType::F64)?.mean_all()?;
         let row_grad = Tensor::full((loss_factor / rows as f64) as f32, rows, x.device())?;
         let dlogits = ops::cross_entropy_backward(&logits, &batch.targets, &losses, &row_grad)?;
         drop(logits);
@@ -124,7 +123,7 @@ pub fn forward_backward(
     }
     embed_backward(model, &batch.inputs, &dx, embed_mask, &mut grads)?;
     grads.finish(model)?;
-    Ok(loss)
+    Ok(loss.to_scalar::<f64>()?)
 }
 
 /// The mean loss of `batch` without dropout, keeping nothing.
