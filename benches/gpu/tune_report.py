@@ -12,7 +12,7 @@ or partial, and the matching section then says so. Sections:
 (b) plan quality: the plan's measured tokens/s over the best feasible grid point (feasible = fits
     and the measured peaks within (1 - budget.headroom) x budget.gpu_bytes / host_bytes, read
     from the plan);
-(c) memory model error: per regime, peak = a + b * micro_batch fitted by least squares to the
+(c) memory model error: per regime, peak = a + b * micro_batch fitted by relative least squares to the
     plan's `fits` trials of that regime without accumulation, evaluated on the grid's points;
 (d) the full run: trained without running out of memory?
 
@@ -136,17 +136,27 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
 # ---------------------------------------------------------------------------
 
 def affine_fit(points: list[tuple[float, float]]):
-    """Least squares y = a + b x; None below two distinct x."""
+    """y = a + b x minimising the squared *relative* residuals (weights 1/y²), so that the
+    small peaks of small micro-batches count as much as the large ones; None below two
+    distinct x."""
     xs = {x for x, _ in points}
     if len(xs) < 2:
         return None
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    sxx = sum((x - mx) ** 2 for x, _ in points)
-    sxy = sum((x - mx) * (y - my) for x, y in points)
+    w = [1.0 / (y * y) for _, y in points]
+    sw = sum(w)
+    mx = sum(wi * x for wi, (x, _) in zip(w, points)) / sw
+    my = sum(wi * y for wi, (_, y) in zip(w, points)) / sw
+    sxx = sum(wi * (x - mx) ** 2 for wi, (x, _) in zip(w, points))
+    sxy = sum(wi * (x - mx) * (y - my) for wi, (x, y) in zip(w, points))
     b = sxy / sxx
     return my - b * mx, b
+
+
+# A regime's model is judged where the search built one: at least this many distinct
+# micro-batches, and on grid points up to twice the largest of them (the search itself never
+# trusts a prediction further out without probing it).
+MIN_MODEL_POINTS = 3
+MAX_EXTRAPOLATION = 2
 
 
 class Budget:
@@ -313,9 +323,12 @@ def report(outdir: str, model: str) -> str:
     # ---- (c) memory model error --------------------------------------------------------
     key = budget.memory_key()
     lines += ["## (c) Memory model on the grid", ""]
-    lines += [f"Per regime, `{key} = a + b·micro_batch` fitted by least squares to the plan's `fits` trials "
-              "of that regime with grad_accum = 1 (the verification included), then evaluated on every grid "
-              "point of the regime that fitted. Relative error = |predicted − measured| ÷ measured.", ""]
+    lines += [f"Per regime, `{key} = a + b·micro_batch` fitted to the plan's `fits` trials of that regime "
+              "with grad_accum = 1 (the verification included) by least squares on relative residuals, then "
+              "evaluated on the grid points from the smallest trial's micro-batch up to "
+              f"{MAX_EXTRAPOLATION}× the largest. Regimes the search dropped after fewer than "
+              f"{MIN_MODEL_POINTS} distinct micro-batches have no model to judge (their errors are shown "
+              "but not counted). Relative error = |predicted − measured| ÷ measured.", ""]
     ev_by_regime: dict = {}
     for e in evidence:
         k = knobs_of(e)
@@ -326,32 +339,37 @@ def report(outdir: str, model: str) -> str:
     for r in sorted(set(ev_by_regime) | set(by_regime), key=regime_label):
         pts = ev_by_regime.get(r, [])
         fit = affine_fit(pts)
-        grid_fits = [g for g in by_regime.get(r, []) if g.get("outcome") == "fits" and g.get(key)]
+        mbs = sorted({mb for mb, _ in pts})
+        modelled = len(mbs) >= MIN_MODEL_POINTS
+        lo, hi = (mbs[0], MAX_EXTRAPOLATION * mbs[-1]) if mbs else (0, 0)
+        grid_fits = [g for g in by_regime.get(r, []) if g.get("outcome") == "fits" and g.get(key)
+                     and lo <= g["micro_batch"] <= hi]
         grid_ooms = [g for g in by_regime.get(r, []) if g.get("outcome") == "out_of_memory"]
         errs = []
         if fit:
             a, b = fit
             errs = [abs(a + b * g["micro_batch"] - g[key]) / g[key] for g in grid_fits]
-            all_errs += errs
+            if modelled:
+                all_errs += errs
         missed = None
         if fit and usable is not None:
             # An OOM point the model places under the usable budget would be planned as safe.
             missed = sum(1 for g in grid_ooms if fit[0] + fit[1] * g["micro_batch"] <= usable)
         rows.append([
-            regime_label(r), str(len(pts)),
+            regime_label(r) + ("" if modelled else " (dropped early)"), str(len(pts)),
             ", ".join(str(mb) for mb, _ in sorted(pts)) or "–",
             "–" if not fit else f"{fit[0] / GIB:.3f} GiB + {fit[1] / MIB:.2f} MiB·mb",
-            str(len(grid_fits)),
+            f"{len(grid_fits)} (mb {lo}–{hi})" if mbs else "0",
             pct(max(errs) if errs else None), pct(sum(errs) / len(errs) if errs else None),
             fmt(missed, "{}"),
         ])
     if rows:
-        lines += table(["regime", "plan trials", "their micro-batches", "fit", "grid points",
+        lines += table(["regime", "plan trials", "their micro-batches", "fit", "grid points judged",
                         "max error", "mean error", "grid OOMs predicted within budget"], rows)
     else:
         lines.append("Nothing to compare (no plan evidence or no grid).")
     worst = max(all_errs) if all_errs else None
-    lines += ["", f"Over all regimes: max {pct(worst)}, mean "
+    lines += ["", f"Over the modelled regimes: max {pct(worst)}, mean "
               f"{pct(sum(all_errs) / len(all_errs) if all_errs else None)} over {len(all_errs)} points — "
               f"target ≤ {TARGET_MEM_ERROR:.0%}: {verdict(None if worst is None else worst <= TARGET_MEM_ERROR)}."]
     me = (plan or {}).get("model_error") if has_plan else None
