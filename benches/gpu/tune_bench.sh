@@ -49,6 +49,8 @@
 #   TUNE_TIMEOUT, RUN_TIMEOUT, PROBE_TIMEOUT, FINDER_TIMEOUT   seconds (default 420, 480, 120, 240)
 #   GPU_ENV         gpu-env.sh to source (default: next to BIN, then ../shared/tools/gpu-env.sh)
 #   PYTHON          python with torch, lightning and accelerate (default python3)
+#   COMMIT          the commit to report (default: git rev-parse of the working tree, which is
+#                   wrong when the tree was copied over an older checkout)
 set -euo pipefail
 export LC_NUMERIC=C   # awk and printf read and write decimal points
 
@@ -167,7 +169,7 @@ write_meta() {
   M_RUN_RC="$RUN_RC" M_RUN_WALL="$RUN_WALL" M_RUN_OUT="$TMP/run.out" M_RUN_ERR="$TMP/run.err" \
   M_GRID_WALL="$GRID_WALL" M_GRID_BUDGET="$GRID_BUDGET" M_GRID_SECONDS="$GRID_SECONDS" \
   M_FINDERS_WALL="$FINDERS_WALL" M_GPU_CAPACITY="$GPU_CAPACITY" M_HOST_BUDGET="$HOST_BUDGET" \
-  M_TOTAL="$(elapsed "$START")" M_COMMIT="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+  M_TOTAL="$(elapsed "$START")" M_COMMIT="${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" \
   M_GPU="$( (nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true) | head -n 1)" \
   "$PYTHON" - "$META" <<'EOF' 2>> "$LOG" || echo "tune_bench.sh: could not write $META" >&2
 import json, os, re, sys

@@ -19,8 +19,9 @@ fn repo(path: &str) -> PathBuf {
 /// re-runs below were checked against.
 const FUSED_ENGINE_SEED: &str = "profiles/recorded/rtx4090-32g-on-h200/fused-engine/seed.json";
 
-const RECORDINGS: [&str; 3] = [
+const RECORDINGS: [&str; 4] = [
     FUSED_ENGINE_SEED,
+    "profiles/recorded/rtx4090-32g-on-h200/fused-engine/gpt-124m.json",
     "profiles/recorded/rtx4090-32g-on-h200/seed.json",
     "profiles/recorded/rtx4090-32g-on-h200/gpt-124m.json",
 ];
