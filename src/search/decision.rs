@@ -62,6 +62,14 @@ pub enum RegimeEnd {
         /// Relative throughput gain of the last doubling (negative when it got slower).
         gain: f64,
     },
+    /// Not probed: the regime only trades speed for memory (checkpointing, offload), and an
+    /// earlier regime of the same precision without either stopped growing before memory ran
+    /// out (saturated, or every candidate fit). At every micro-batch this regime does at least
+    /// that regime's work, and larger batches were already found not to pay.
+    Dominated {
+        /// The dominating regime's index in the space's priority order.
+        by: usize,
+    },
     /// Stopped early: an optimistic bound on its throughput is below the best found earlier.
     Pruned {
         /// Largest feasible micro-batch when pruned (0 if none).

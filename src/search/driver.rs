@@ -23,6 +23,11 @@
 //! `saturation_gain` (the regime is *saturated*): past that point a larger batch buys memory
 //! pressure, not speed, and the boundary need not be found.
 //!
+//! A regime that only saves memory (checkpointing, offload) is not probed at all (it is
+//! *dominated*) when an earlier regime of the same precision without those knobs stopped
+//! growing before its memory boundary (saturated, or every candidate fit): it would run the
+//! same micro-batches with more work each, and larger ones were already found not to pay.
+//!
 //! A regime stops early (is *pruned*) when even an optimistic bound on its throughput cannot
 //! beat the best setting measured in an earlier regime: step time does not fall as the batch
 //! grows, so every unprobed micro-batch `b` above the largest feasible one `lo` runs at most
@@ -227,8 +232,15 @@ impl SearchDriver {
         let mut states = Vec::with_capacity(self.space.regimes.len());
         for (i, &regime) in self.space.regimes.iter().enumerate() {
             let probes = &ledger.search[i];
+            let dominator = || {
+                states
+                    .iter()
+                    .position(|s: &RegimeState| dominates(s, regime))
+            };
             let progress = if exploring && probes.is_empty() {
                 RegimeProgress::Waiting
+            } else if let Some(by) = probes.is_empty().then(dominator).flatten() {
+                RegimeProgress::Finished(RegimeEnd::Dominated { by })
             } else {
                 self.progress(probes, best_earlier)
             };
@@ -456,6 +468,23 @@ impl SearchDriver {
 }
 
 /// Probes to bisect `open` candidates down to a boundary: ⌈log2(open + 1)⌉.
+/// Whether `earlier` makes `regime` pointless: `regime` saves memory (checkpointing or offload)
+/// at `earlier`'s precision, and `earlier` saves none and stopped growing before its memory
+/// boundary.
+fn dominates(earlier: &RegimeState, regime: crate::knobs::Regime) -> bool {
+    use crate::knobs::{Checkpointing, Offload};
+    let plain = |r: crate::knobs::Regime| {
+        r.checkpointing == Checkpointing::None && r.offload == Offload::None
+    };
+    plain(earlier.regime)
+        && !plain(regime)
+        && earlier.regime.precision == regime.precision
+        && matches!(
+            earlier.progress,
+            RegimeProgress::Finished(RegimeEnd::Saturated { .. } | RegimeEnd::AllFit { .. })
+        )
+}
+
 fn bisection_bound(open: usize) -> usize {
     (usize::BITS - open.leading_zeros()) as usize
 }

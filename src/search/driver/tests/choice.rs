@@ -310,3 +310,102 @@ fn a_regime_whose_step_time_caps_its_throughput_is_pruned_before_its_boundary() 
     );
     assert_eq!(outcome.chosen().unwrap().regime(), bf16());
 }
+
+#[test]
+fn memory_saving_regimes_are_not_probed_when_the_plain_regime_never_ran_out() {
+    let b = budget(10 * GIB, 0.05);
+    // Plain: everything up to 64 fits (AllFit); checkpointing would also fit but is slower.
+    let sim = Simulator::with_budget(
+        &b,
+        64,
+        vec![
+            laws(bf16(), (1024.0, 37.0, 0.0), (0.01, 0.002)),
+            laws(ckpt(), (1024.0, 10.0, 0.0), (0.01, 0.003)),
+            laws(offload(), (512.0, 37.0, 0.0), (0.2, 0.002)),
+        ],
+    );
+    let driver = SearchDriver::new(space(vec![bf16(), ckpt(), offload()], 64), b).unwrap();
+    let outcome = search(&driver, &sim);
+    let states = driver.regime_states(&outcome.history);
+    assert!(matches!(
+        states[0].progress,
+        RegimeProgress::Finished(RegimeEnd::AllFit { largest: 64 })
+    ));
+    for state in &states[1..] {
+        assert_eq!(
+            state.progress,
+            RegimeProgress::Finished(RegimeEnd::Dominated { by: 0 }),
+            "{state:?}"
+        );
+        assert_eq!(state.probes, 0);
+    }
+    assert_eq!(outcome.chosen().unwrap().regime(), bf16());
+}
+
+#[test]
+fn memory_saving_regimes_are_probed_when_the_plain_regime_hits_memory() {
+    let b = budget(10 * GIB, 0.05);
+    // Plain runs out of memory near 235 while throughput still grows: checkpointing, which
+    // fits 1024, is worth exploring and wins.
+    let sim = Simulator::with_budget(
+        &b,
+        1024,
+        vec![
+            laws(bf16(), (1024.0, 37.0, 0.0), (0.05, 0.001)),
+            laws(ckpt(), (1024.0, 8.0, 0.0), (0.05, 0.0011)),
+        ],
+    );
+    let s = SearchSpace {
+        saturation_gain: 0.03,
+        ..space(vec![bf16(), ckpt()], 1024)
+    };
+    let driver = SearchDriver::new(s, b).unwrap();
+    let outcome = search(&driver, &sim);
+    let states = driver.regime_states(&outcome.history);
+    assert!(
+        matches!(
+            states[0].progress,
+            RegimeProgress::Finished(RegimeEnd::Boundary { .. })
+        ),
+        "{states:?}"
+    );
+    assert!(states[1].probes > 0, "{states:?}");
+    assert_eq!(outcome.chosen().unwrap().regime(), ckpt());
+}
+
+#[test]
+fn a_saturated_plain_regime_dominates_only_its_own_precision() {
+    let b = budget(10 * GIB, 0.05);
+    let fp32_ckpt = regime(Precision::Fp32, Checkpointing::EveryKth(1), Offload::None);
+    // bf16 saturates early (step time linear from the start, no fixed cost to amortise).
+    let sim = Simulator::with_budget(
+        &b,
+        1024,
+        vec![
+            laws(bf16(), (1024.0, 37.0, 0.0), (0.0, 0.002)),
+            laws(ckpt(), (1024.0, 10.0, 0.0), (0.0, 0.003)),
+            laws(fp32_ckpt, (1024.0, 20.0, 0.0), (0.0, 0.001)),
+        ],
+    );
+    let s = SearchSpace {
+        saturation_gain: 0.03,
+        ..space(vec![bf16(), ckpt(), fp32_ckpt], 1024)
+    };
+    let driver = SearchDriver::new(s, b).unwrap();
+    let outcome = search(&driver, &sim);
+    let states = driver.regime_states(&outcome.history);
+    assert!(
+        matches!(
+            states[0].progress,
+            RegimeProgress::Finished(RegimeEnd::Saturated { .. })
+        ),
+        "{states:?}"
+    );
+    assert_eq!(
+        states[1].progress,
+        RegimeProgress::Finished(RegimeEnd::Dominated { by: 0 })
+    );
+    // No plain fp32 regime in the space: fp32 with checkpointing is searched (and is faster).
+    assert!(states[2].probes > 0, "{states:?}");
+    assert_eq!(outcome.chosen().unwrap().regime(), fp32_ckpt);
+}
