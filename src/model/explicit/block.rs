@@ -58,14 +58,14 @@ pub(crate) struct Saved {
 }
 
 impl<'a> BlockWeights<'a> {
-    pub(crate) fn new(layers: &BlockLayers<'a>, dtype: DType, grads: &Grads) -> Result<Self> {
+    pub(crate) fn new(layers: &BlockLayers<'a>, dtype: DType) -> Result<Self> {
         Ok(Self {
-            qkv: Lin::new(layers.qkv, dtype, grads)?,
-            out: Lin::new(layers.out, dtype, grads)?,
-            ff_in: Lin::new(layers.ff_in, dtype, grads)?,
-            ff_out: Lin::new(layers.ff_out, dtype, grads)?,
-            norm1: Norm::new(layers.norm1, grads)?,
-            norm2: Norm::new(layers.norm2, grads)?,
+            qkv: Lin::new(layers.qkv, dtype)?,
+            out: Lin::new(layers.out, dtype)?,
+            ff_in: Lin::new(layers.ff_in, dtype)?,
+            ff_out: Lin::new(layers.ff_out, dtype)?,
+            norm1: Norm::new(layers.norm1),
+            norm2: Norm::new(layers.norm2),
             heads: layers.n_heads,
             placement: layers.placement,
             activation: layers.activation,

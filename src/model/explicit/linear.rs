@@ -19,7 +19,7 @@ pub(crate) struct Lin<'a> {
 
 impl<'a> Lin<'a> {
     /// Casts the weight once per pass (a no-op for half-precision working copies).
-    pub(crate) fn new(layer: &'a Linear, dtype: DType, _grads: &Grads) -> Result<Self> {
+    pub(crate) fn new(layer: &'a Linear, dtype: DType) -> Result<Self> {
         Ok(Self {
             // Detached: nothing here may record a graph.
             weight: layer.weight().as_tensor().detach().to_dtype(dtype)?,
@@ -111,9 +111,9 @@ pub(crate) struct Norm<'a> {
 }
 
 impl<'a> Norm<'a> {
-    pub(crate) fn new(layer: &'a LayerNorm, _grads: &Grads) -> Result<Self> {
+    pub(crate) fn new(layer: &'a LayerNorm) -> Self {
         let (gamma, beta, eps) = layer.params();
-        Ok(Self { gamma, beta, eps })
+        Self { gamma, beta, eps }
     }
 
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {

@@ -56,7 +56,7 @@ pub fn forward_backward(
     let weights = model
         .blocks()
         .iter()
-        .map(|block| BlockWeights::new(&block.layers(), dtype, &grads))
+        .map(|block| BlockWeights::new(&block.layers(), dtype))
         .collect::<Result<Vec<_>>>()?;
 
     // Forward: keep each block's saved activations, or only its input where it is recomputed.
@@ -75,15 +75,8 @@ pub fn forward_backward(
 
     // Head and loss; the logits die as soon as their gradient has been taken.
     let (loss, mut dx) = {
-        let head = model.head_layer();
-        let (hw, hb) = (
-            linear::Lin::new(head, dtype, &grads)?,
-            head.bias().is_some(),
-        );
-        let norm = match model.final_norm() {
-            Some(n) => Some(Norm::new(n, &grads)?),
-            None => None,
-        };
+        let hw = linear::Lin::new(model.head_layer(), dtype)?;
+        let norm = model.final_norm().map(Norm::new);
         let hidden = match &norm {
             Some(n) => n.forward(&x)?,
             None => x.clone(),
@@ -97,7 +90,6 @@ pub fn forward_backward(
         let row_grad = Tensor::full((loss_factor / rows as f64) as f32, rows, x.device())?;
         let dlogits = ops::cross_entropy_backward(&logits, &batch.targets, &losses, &row_grad)?;
         drop(logits);
-        let _ = hb;
         let dhidden = hw.backward(&dlogits, &hidden, &mut grads)?;
         drop(dlogits);
         let dx = match &norm {
@@ -128,19 +120,18 @@ pub fn forward_backward(
 
 /// The mean loss of `batch` without dropout, keeping nothing.
 pub fn eval_loss(model: &Transformer, batch: &Batch, dtype: DType) -> Result<f64> {
-    let grads = Grads::indices_only(model);
     let (b, s) = batch.inputs.dims2()?;
     let off = Dropout::disabled();
     let mut x = embed(model, &batch.inputs, dtype, None)?;
     for (i, block) in model.blocks().iter().enumerate() {
-        let w = BlockWeights::new(&block.layers(), dtype, &grads)?;
+        let w = BlockWeights::new(&block.layers(), dtype)?;
         x = w
             .forward(&x, b, s, model.spec().causal, &off, i as u64, false)?
             .0;
     }
-    let head = linear::Lin::new(model.head_layer(), dtype, &grads)?;
+    let head = linear::Lin::new(model.head_layer(), dtype)?;
     let hidden = match model.final_norm() {
-        Some(n) => Norm::new(n, &grads)?.forward(&x)?,
+        Some(n) => Norm::new(n).forward(&x)?,
         None => x,
     };
     let logits = head.forward(&hidden, None, None, None)?;
@@ -231,17 +222,11 @@ fn embed_backward(
 pub(crate) struct Grads<'a> {
     index: HashMap<TensorId, usize>,
     received: Vec<bool>,
-    sink: Option<&'a mut dyn FnMut(usize, Tensor) -> Result<()>>,
+    sink: &'a mut dyn FnMut(usize, Tensor) -> Result<()>,
 }
 
 impl<'a> Grads<'a> {
     fn new(model: &Transformer, sink: &'a mut dyn FnMut(usize, Tensor) -> Result<()>) -> Self {
-        let mut g = Self::indices_only(model);
-        g.sink = Some(sink);
-        g
-    }
-
-    fn indices_only(model: &Transformer) -> Self {
         let vars = model.params().vars();
         Self {
             index: vars
@@ -250,29 +235,22 @@ impl<'a> Grads<'a> {
                 .map(|(i, v)| (v.as_tensor().id(), i))
                 .collect(),
             received: vec![false; vars.len()],
-            sink: None,
+            sink,
         }
-    }
-
-    fn position(&self, var: &candle_core::Var) -> Result<usize> {
-        self.index
-            .get(&var.as_tensor().id())
-            .copied()
-            .ok_or_else(|| internal("a layer's parameter is not in the model's store"))
     }
 
     /// Hands over the gradient of `var` (any float dtype; cast to the parameter's).
     pub(crate) fn put(&mut self, var: &candle_core::Var, grad: Tensor) -> Result<()> {
-        let i = self.position(var)?;
+        let i = self
+            .index
+            .get(&var.as_tensor().id())
+            .copied()
+            .ok_or_else(|| internal("a layer's parameter is not in the model's store"))?;
         if self.received[i] {
             return Err(internal(format!("parameter {i} received two gradients")));
         }
         self.received[i] = true;
-        let grad = grad.to_dtype(var.dtype())?;
-        match self.sink.as_mut() {
-            Some(sink) => sink(i, grad),
-            None => Ok(()),
-        }
+        (self.sink)(i, grad.to_dtype(var.dtype())?)
     }
 
     fn finish(&self, model: &Transformer) -> Result<()> {
