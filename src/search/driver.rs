@@ -31,7 +31,9 @@
 //! A regime stops early (is *pruned*) when even an optimistic bound on its throughput cannot
 //! beat the best setting measured in an earlier regime: step time does not fall as the batch
 //! grows, so every unprobed micro-batch `b` above the largest feasible one `lo` runs at most
-//! `tokens_per_s(lo) · b / lo`; the bound takes the largest `b` still possible.
+//! `tokens_per_s(lo) · b / lo`, and at most what the step-time secant predicts; the bound takes
+//! the largest `b` still possible, which is also capped at twice the memory model's predicted
+//! boundary.
 //!
 //! # Choice and verification
 //!
@@ -70,6 +72,10 @@ use crate::Result;
 /// Slack on the pruning bound: a regime is pruned only when its optimistic throughput, raised
 /// by this fraction to cover timing noise, is still below the best measured elsewhere.
 pub const PRUNE_SLACK: f64 = 0.05;
+
+/// How far past the memory model's predicted boundary the pruning bound still looks (see
+/// `memory_reach`).
+const MEMORY_REACH_FACTOR: usize = 2;
 
 /// Model-guided probes per regime before falling back to bisection: the jump and the pin.
 const MODEL_GUIDED_PROBES: usize = 2;
@@ -310,8 +316,11 @@ impl SearchDriver {
                 .and_then(|(_, r)| r.outcome.measurement())
                 .map_or(0.0, |m| m.tokens_per_s);
             let top_open = *open.last().expect("open is not empty");
-            let bound = (lo_tokens * top_open as f64 / lo as f64)
-                .min(self.secant_bound(probes, top_open).unwrap_or(f64::INFINITY));
+            let reach = self
+                .memory_reach(probes)
+                .map_or(top_open, |r| r.min(top_open));
+            let bound = (lo_tokens * reach as f64 / lo as f64)
+                .min(self.secant_bound(probes, reach).unwrap_or(f64::INFINITY));
             if bound * (1.0 + PRUNE_SLACK) < best_earlier {
                 return RegimeProgress::Finished(RegimeEnd::Pruned {
                     largest: lo,
@@ -372,6 +381,28 @@ impl SearchDriver {
         let tokens_per_sequence = tps2 * t2 / b2;
         let t0 = (t2 - c * b2).max(0.0);
         Some(tokens_per_sequence * b as f64 / (t0 + c * b as f64))
+    }
+
+    /// The largest micro-batch this regime could still reach, for the pruning bound: twice the
+    /// memory model's largest fitting micro-batch (the secant through the two largest feasible
+    /// trials, as for the jump). The factor two keeps the bound optimistic when memory grows
+    /// less than linearly; `None` when no model can be fitted or memory does not grow.
+    fn memory_reach(&self, probes: &[(usize, &ProbeResult)]) -> Option<usize> {
+        let mut points: Vec<(usize, Measurement)> = probes
+            .iter()
+            .filter(|(_, r)| self.is_feasible(r))
+            .filter_map(|(_, r)| {
+                r.outcome
+                    .measurement()
+                    .map(|m| (r.request.knobs.micro_batch, *m))
+            })
+            .collect();
+        points.sort_by_key(|(b, _)| std::cmp::Reverse(*b));
+        let model = MemoryModel::fit(&points[..points.len().min(2)])?;
+        match model.max_micro_batch_within(&self.budget) {
+            Capacity::UpTo(b) => Some(b.saturating_mul(MEMORY_REACH_FACTOR)),
+            Capacity::Unbounded => None,
+        }
     }
 
     /// Relative throughput gain from the second-largest to the largest feasible micro-batch.

@@ -409,3 +409,38 @@ fn a_saturated_plain_regime_dominates_only_its_own_precision() {
     assert!(states[2].probes > 0, "{states:?}");
     assert_eq!(outcome.chosen().unwrap().regime(), fp32_ckpt);
 }
+
+#[test]
+fn a_slow_regime_is_pruned_long_before_its_memory_boundary() {
+    let b = budget(24 * GIB, 0.05);
+    // Plain: 800 MiB per sequence, boundary near 29; 16 ms + 4 ms per sequence.
+    // Offload: 300 MiB per sequence (boundary near 76) but half a second of host work per
+    // step. At its memory boundary it would reach 76 / (0.5 + 0.004·76) ≈ 95 sequences/s,
+    // against ~200 for the plain regime, yet its step-time secant alone stays optimistic up to
+    // the largest candidate (1024 / (0.5 + 4.1) ≈ 220).
+    let sim = Simulator::with_budget(
+        &b,
+        1024,
+        vec![
+            laws(bf16(), (2048.0, 800.0, 0.0), (0.016, 0.004)),
+            laws(offload(), (1024.0, 300.0, 0.0), (0.5, 0.004)),
+        ],
+    );
+    let s = SearchSpace {
+        saturation_gain: 0.03,
+        ..space(vec![bf16(), offload()], 1024)
+    };
+    let driver = SearchDriver::new(s, b).unwrap();
+    let outcome = search(&driver, &sim);
+    let states = driver.regime_states(&outcome.history);
+    assert!(
+        matches!(
+            states[1].progress,
+            RegimeProgress::Finished(RegimeEnd::Pruned { .. })
+        ),
+        "{states:?}"
+    );
+    // Growth 1, 2, 4 gives the secant and the memory model; pruned without reaching 64.
+    assert!(states[1].probes <= 4, "{states:?}");
+    assert_eq!(outcome.chosen().unwrap().regime(), bf16());
+}
