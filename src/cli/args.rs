@@ -127,6 +127,14 @@ pub struct TuneArgs {
     /// Precisions to consider (repeatable); default bf16 on a GPU, fp32 on a CPU.
     #[arg(long)]
     pub precision: Vec<autotune::Precision>,
+    /// Activation checkpointing settings to consider (repeatable: none, all, every-K); default
+    /// none and all.
+    #[arg(long)]
+    pub checkpointing: Vec<autotune::Checkpointing>,
+    /// Optimizer offload settings to consider (repeatable: none, optimizer); default both on a
+    /// GPU, none on a CPU.
+    #[arg(long)]
+    pub offload: Vec<autotune::Offload>,
     /// Fraction of each memory budget kept free (default 0.05).
     #[arg(long)]
     pub headroom: Option<f64>,

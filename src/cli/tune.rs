@@ -230,6 +230,51 @@ fn summary(plan: &Plan) -> String {
     text
 }
 
+/// The regimes to search: every combination of the given precisions, checkpointing and offload
+/// settings (an empty list means those of the default space), default regimes first in their
+/// priority order, then the others.
+fn regimes(
+    defaults: Vec<autotune::Regime>,
+    precisions: &[autotune::Precision],
+    checkpointing: &[autotune::Checkpointing],
+    offload: &[autotune::Offload],
+) -> Vec<autotune::Regime> {
+    fn or_defaults<T: Copy + PartialEq>(given: &[T], defaults: impl Iterator<Item = T>) -> Vec<T> {
+        if !given.is_empty() {
+            return given.to_vec();
+        }
+        let mut out = Vec::new();
+        for d in defaults {
+            if !out.contains(&d) {
+                out.push(d);
+            }
+        }
+        out
+    }
+    let p = or_defaults(precisions, defaults.iter().map(|r| r.precision));
+    let c = or_defaults(checkpointing, defaults.iter().map(|r| r.checkpointing));
+    let o = or_defaults(offload, defaults.iter().map(|r| r.offload));
+    let wanted = |r: &autotune::Regime| {
+        p.contains(&r.precision) && c.contains(&r.checkpointing) && o.contains(&r.offload)
+    };
+    let mut out: Vec<autotune::Regime> = defaults.into_iter().filter(wanted).collect();
+    for &precision in &p {
+        for &checkpointing in &c {
+            for &offload in &o {
+                let r = autotune::Regime {
+                    precision,
+                    checkpointing,
+                    offload,
+                };
+                if !out.contains(&r) {
+                    out.push(r);
+                }
+            }
+        }
+    }
+    out
+}
+
 /// `auto` (the local GPU, or the built-in CPU profile), a built-in name, or a JSON file.
 pub fn target_profile(name: &str) -> anyhow::Result<DeviceProfile> {
     if name != "auto" {
@@ -242,22 +287,12 @@ pub fn target_profile(name: &str) -> anyhow::Result<DeviceProfile> {
 }
 
 fn search_space(args: &TuneArgs, profile: &DeviceProfile) -> anyhow::Result<SearchSpace> {
-    let regimes = if args.precision.is_empty() {
-        SearchSpace::default_regimes(profile.kind)
-    } else {
-        let mut r = SearchSpace::default_regimes(profile.kind);
-        r.retain(|g| args.precision.contains(&g.precision));
-        for &p in &args.precision {
-            if !r.iter().any(|g| g.precision == p) {
-                r.push(autotune::Regime {
-                    precision: p,
-                    checkpointing: autotune::Checkpointing::None,
-                    offload: autotune::Offload::None,
-                });
-            }
-        }
-        r
-    };
+    let regimes = regimes(
+        SearchSpace::default_regimes(profile.kind),
+        &args.precision,
+        &args.checkpointing,
+        &args.offload,
+    );
     // One warm-up step suffices on both: trials share the device's memory pool, so the first
     // step's allocations are already cached after the first trial; three timed steps give a
     // median. The chosen setting's verification times more.
@@ -376,5 +411,67 @@ fn describe(result: &ProbeResult, feasible: bool) -> String {
             format!("out of {memory:?} memory during {phase:?}")
         }
         Outcome::Crashed { reason } => format!("crashed: {reason}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use autotune::{Checkpointing, Offload, Precision, Regime};
+
+    use super::regimes;
+
+    fn r(precision: Precision, checkpointing: Checkpointing, offload: Offload) -> Regime {
+        Regime {
+            precision,
+            checkpointing,
+            offload,
+        }
+    }
+
+    fn gpu_defaults() -> Vec<Regime> {
+        let (none, all) = (Checkpointing::None, Checkpointing::EveryKth(1));
+        vec![
+            r(Precision::Bf16, none, Offload::None),
+            r(Precision::Bf16, all, Offload::None),
+            r(Precision::Bf16, none, Offload::Optimizer),
+            r(Precision::Bf16, all, Offload::Optimizer),
+        ]
+    }
+
+    #[test]
+    fn empty_filters_keep_the_default_space() {
+        assert_eq!(regimes(gpu_defaults(), &[], &[], &[]), gpu_defaults());
+    }
+
+    #[test]
+    fn filters_narrow_the_default_space_in_its_order() {
+        let plain = regimes(
+            gpu_defaults(),
+            &[],
+            &[Checkpointing::None],
+            &[Offload::None],
+        );
+        assert_eq!(plain, vec![gpu_defaults()[0]]);
+        let no_offload = regimes(gpu_defaults(), &[], &[], &[Offload::None]);
+        assert_eq!(no_offload, gpu_defaults()[..2].to_vec());
+    }
+
+    #[test]
+    fn new_values_combine_with_the_others_after_the_defaults() {
+        let got = regimes(
+            gpu_defaults(),
+            &[Precision::Bf16, Precision::Fp16],
+            &[Checkpointing::None, Checkpointing::EveryKth(2)],
+            &[Offload::None],
+        );
+        assert_eq!(
+            got,
+            vec![
+                gpu_defaults()[0],
+                r(Precision::Bf16, Checkpointing::EveryKth(2), Offload::None),
+                r(Precision::Fp16, Checkpointing::None, Offload::None),
+                r(Precision::Fp16, Checkpointing::EveryKth(2), Offload::None),
+            ]
+        );
     }
 }

@@ -335,3 +335,60 @@ fn a_recorded_search_replays_offline_to_the_same_plan() {
         "the replay asks the recorded trials in the same order"
     );
 }
+
+#[test]
+fn knob_filters_restrict_the_searched_regimes() {
+    let dir = workdir();
+    let out = autotune_in(
+        dir.path(),
+        &[
+            "tune",
+            "--model",
+            "micro.json",
+            "--device",
+            "small-cpu.json",
+            "--checkpointing",
+            "none",
+            "--offload",
+            "none",
+            "--saturation-gain",
+            "0",
+            "--max-micro-batch",
+            "256",
+            "--json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let plan: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let evidence = plan["evidence"].as_array().unwrap();
+    assert!(!evidence.is_empty());
+    for e in evidence {
+        let knobs = &e["request"]["knobs"];
+        assert_eq!(knobs["checkpointing"]["mode"], "none", "{knobs}");
+        assert_eq!(knobs["offload"], "none", "{knobs}");
+    }
+    // Without the filters the CPU space also searches checkpointing (the plain regime runs out
+    // of the 40 MiB budget, so checkpointing is worth a look).
+    let out = autotune_in(
+        dir.path(),
+        &[
+            "tune",
+            "--model",
+            "micro.json",
+            "--device",
+            "small-cpu.json",
+            "--saturation-gain",
+            "0",
+            "--max-micro-batch",
+            "256",
+            "--json",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let plan: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert!(plan["evidence"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["request"]["knobs"]["checkpointing"]["mode"] != "none"));
+}
