@@ -519,5 +519,25 @@ fn cuda_explicit_kernels_match_the_cpu() {
             &dx_c,
             tol(dtype),
         );
+        // Head split and merge: 16-byte units (head_dim 64) and single elements (head_dim 5).
+        for (shape, perm) in [
+            (vec![2, 7, 3, 4, 64], vec![2, 0, 3, 1, 4]),
+            (vec![3, 2, 4, 7, 64], vec![1, 3, 0, 2, 4]),
+            (vec![2, 4, 7, 64], vec![0, 2, 1, 3]),
+            (vec![2, 7, 3, 4, 5], vec![2, 0, 3, 1, 4]),
+        ] {
+            let x = random(&shape, 1.0, 0.0, 10, DType::F32);
+            let p = |d: &Device| ops::permute_contiguous(&on(&x, d), &perm).unwrap();
+            let name = format!("{shape:?}");
+            check(
+                "permute",
+                dtype,
+                &name,
+                "y",
+                &p(&dev),
+                &p(&Device::Cpu),
+                0.0,
+            );
+        }
     }
 }
