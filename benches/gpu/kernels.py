@@ -19,8 +19,9 @@ def kind(name):
         return "copy / cast"
     if any(k in n for k in ("reduce", "fast_sum", "fast_max", "fast_min", "sum_", "argmax")):
         return "reduction"
-    if any(k in n for k in ("cross_entropy", "layer_norm", "softmax_fwd", "softmax_bwd", "autotune")):
-        return "fused (ours)"
+    if any(k in n for k in ("ce_fwd", "ce_bwd", "ln_", "softmax_fwd", "softmax_bwd", "epilogue_",
+                            "embed_fwd", "embed_grad", "permute_b", "adam_")):
+        return "ours (src/ops/kernels)"
     if any(k in n for k in ("curand", "generate", "uniform", "rand")):
         return "random"
     if any(k in n for k in ("index_select", "gather", "scatter", "index_add", "where")):
