@@ -87,6 +87,11 @@ impl Error {
         }
     }
 
+    /// An internal inconsistency (a bug, never data), reported as a backend error.
+    pub fn internal(message: impl Into<String>) -> Self {
+        candle_core::Error::Msg(message.into()).into()
+    }
+
     /// Shorthand for [`Error::File`].
     pub fn file(
         action: &'static str,

@@ -15,6 +15,7 @@ pub mod atomic_file;
 pub mod backend;
 pub mod error;
 pub mod fit;
+pub mod hash;
 pub mod knobs;
 pub mod model;
 pub mod ops;

@@ -16,6 +16,7 @@ use candle_core::{Device, Tensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::hash::{splitmix64, GOLDEN};
 use crate::Result;
 
 /// A source of dropout masks for one forward pass; `None` disables dropout (evaluation).
@@ -115,12 +116,7 @@ impl Dropout {
 
     /// Derives a per-micro-batch key from its coordinates (SplitMix64 finaliser).
     pub fn key(seed: u64, step: u64, micro: u64) -> u64 {
-        let mut z = seed
-            ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            ^ micro.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        splitmix64(seed ^ step.wrapping_mul(GOLDEN) ^ micro.wrapping_mul(0xBF58_476D_1CE4_E5B9))
     }
 
     /// Zeroes each element of `x` with probability p and scales the rest by 1/(1−p).

@@ -15,6 +15,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::hash::{splitmix64, GOLDEN};
 use crate::Result;
 
 /// How a parameter is initialised (PyTorch's defaults for each layer kind).
@@ -182,7 +183,8 @@ fn fill_random_on(init: Init, n: usize, key: u64, threads: usize) -> Vec<f32> {
     let per_thread = chunks.len().div_ceil(threads).max(1);
     let fill = |group: &mut [(usize, &mut [f32])]| {
         for (index, chunk) in group.iter_mut() {
-            let mut rng = ChaCha8Rng::seed_from_u64(chunk_key(key, *index as u64));
+            let mut rng =
+                ChaCha8Rng::seed_from_u64(splitmix64(key ^ (*index as u64).wrapping_mul(GOLDEN)));
             match init {
                 Init::Uniform(bound) => chunk
                     .iter_mut()
@@ -204,14 +206,6 @@ fn fill_random_on(init: Init, n: usize, key: u64, threads: usize) -> Vec<f32> {
         }
     });
     out
-}
-
-/// The stream key of chunk `index` of the parameter keyed `key` (SplitMix64 finaliser).
-fn chunk_key(key: u64, index: u64) -> u64 {
-    let mut z = key ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// Fills `out` with samples of N(0, std²) by Box–Muller, exact enough for initialisation and

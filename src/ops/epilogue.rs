@@ -18,6 +18,7 @@ use candle_core::{
 };
 
 use super::{contiguous, input_f32, output};
+use crate::hash::{splitmix64, GOLDEN};
 use crate::spec::model::Activation;
 
 const NAME: &str = "epilogue";
@@ -49,10 +50,7 @@ impl DropoutMask {
 }
 
 fn keep(key: u64, i: u64, threshold: u32) -> bool {
-    let mut z = key.wrapping_add((i + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
+    let z = splitmix64(key.wrapping_add((i + 1).wrapping_mul(GOLDEN)));
     (z >> 32) as u32 >= threshold
 }
 

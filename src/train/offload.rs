@@ -53,7 +53,7 @@ impl OffloadAdam {
             end += v.elem_count();
         }
         if end != master.len() {
-            return Err(broken(format!(
+            return Err(crate::Error::internal(format!(
                 "{} master values for {end} parameters",
                 master.len()
             )));
@@ -67,7 +67,9 @@ impl OffloadAdam {
             None => None,
             Some(&dtype) => {
                 if half.iter().any(|&d| d != dtype) {
-                    return Err(broken(format!("working copies mix {half:?}")));
+                    return Err(crate::Error::internal(format!(
+                        "working copies mix {half:?}"
+                    )));
                 }
                 Some(CpuDevice.zeros_impl(&Shape::from(end), dtype)?)
             }
@@ -105,7 +107,7 @@ impl OffloadAdam {
         let (storage, layout) = host.storage_and_layout();
         let (Storage::Cpu(cpu), Some((start, end))) = (&*storage, layout.contiguous_offsets())
         else {
-            return Err(broken(format!(
+            return Err(crate::Error::internal(format!(
                 "gradient {index} did not arrive as a contiguous host tensor"
             )));
         };
@@ -116,7 +118,7 @@ impl OffloadAdam {
             CpuStorage::BF16(v) => host_math::accumulate(dst, &v[start..end], first, t),
             CpuStorage::F16(v) => host_math::accumulate(dst, &v[start..end], first, t),
             _ => {
-                return Err(broken(format!(
+                return Err(crate::Error::internal(format!(
                     "gradient {index} has dtype {:?}",
                     grad.dtype()
                 )))
@@ -147,7 +149,7 @@ impl OffloadAdam {
             Some(CpuStorage::BF16(w)) => host_math::adam_step(&c, state, Some(w), t),
             Some(CpuStorage::F16(w)) => host_math::adam_step(&c, state, Some(w), t),
             Some(_) => {
-                return Err(broken(
+                return Err(crate::Error::internal(
                     "working copies must be f32, bf16 or f16".to_string(),
                 ))
             }
@@ -164,7 +166,7 @@ impl OffloadAdam {
                 (Some(CpuStorage::BF16(w)), _) => Tensor::from_slice(&w[r.clone()], dims, dev)?,
                 (Some(CpuStorage::F16(w)), _) => Tensor::from_slice(&w[r.clone()], dims, dev)?,
                 (_, dtype) => {
-                    return Err(broken(format!(
+                    return Err(crate::Error::internal(format!(
                         "no host staging for a {dtype:?} working copy"
                     )))
                 }
@@ -283,11 +285,6 @@ impl OffloadAdam {
         self.steps = steps;
         Ok(())
     }
-}
-
-/// An internal inconsistency (never expected), reported as a backend error.
-fn broken(message: String) -> crate::Error {
-    candle_core::Error::Msg(message).into()
 }
 
 /// Copies tensor `key` of `tensors` (any float dtype) into `dst`, checking its shape.

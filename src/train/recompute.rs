@@ -109,7 +109,7 @@ pub fn forward_backward(
     harvest(&mut grads, vars, &mut received, sink)?;
     while let Some(boundary) = boundaries.pop() {
         let dy = grads.remove(boundary.output.as_tensor()).ok_or_else(|| {
-            candle_core::Error::Msg(format!(
+            Error::internal(format!(
                 "block {} output received no gradient",
                 boundary.block
             ))

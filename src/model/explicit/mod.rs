@@ -109,7 +109,7 @@ pub fn forward_backward(
             Stash::Input(input) => w
                 .forward(&input, b, s, spec.causal, dropout, i as u64, true)?
                 .1
-                .ok_or_else(|| internal(format!("block {i} kept nothing when asked to")))?,
+                .ok_or_else(|| Error::internal(format!("block {i} kept nothing when asked to")))?,
         };
         dx = w.backward(&dx, kept, b, s, dropout, i as u64, &mut grads)?;
     }
@@ -140,11 +140,6 @@ pub fn eval_loss(model: &Transformer, batch: &Batch, dtype: DType) -> Result<f64
         .to_dtype(DType::F64)?
         .mean_all()?
         .to_scalar::<f64>()?)
-}
-
-/// An engine invariant broken (a bug, never data).
-fn internal(message: impl Into<String>) -> Error {
-    candle_core::Error::Msg(message.into()).into()
 }
 
 /// What the forward pass left for a block's backward.
@@ -245,9 +240,11 @@ impl<'a> Grads<'a> {
             .index
             .get(&var.as_tensor().id())
             .copied()
-            .ok_or_else(|| internal("a layer's parameter is not in the model's store"))?;
+            .ok_or_else(|| Error::internal("a layer's parameter is not in the model's store"))?;
         if self.received[i] {
-            return Err(internal(format!("parameter {i} received two gradients")));
+            return Err(Error::internal(format!(
+                "parameter {i} received two gradients"
+            )));
         }
         self.received[i] = true;
         (self.sink)(i, grad.to_dtype(var.dtype())?)
