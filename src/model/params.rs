@@ -16,6 +16,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::hash::{splitmix64, GOLDEN};
+use crate::train::host_math;
 use crate::Result;
 
 /// How a parameter is initialised (PyTorch's defaults for each layer kind).
@@ -172,13 +173,13 @@ const INIT_CHUNK: usize = 1 << 18;
 /// `n` values of a random `init` for the parameter keyed `key`, filled on every core: every
 /// probe builds a fresh model, and one stream would take seconds for a billion parameters.
 fn fill_random(init: Init, n: usize, key: u64) -> Vec<f32> {
-    fill_random_on(init, n, key, crate::train::host_math::default_threads())
+    fill_random_on(init, n, key, host_math::default_threads())
 }
 
 /// [`fill_random`] over at most `threads` threads.
 fn fill_random_on(init: Init, n: usize, key: u64, threads: usize) -> Vec<f32> {
     let mut out = vec![0f32; n];
-    let chunks: Vec<(usize, &mut [f32])> = out.chunks_mut(INIT_CHUNK).enumerate().collect();
+    let mut chunks: Vec<(usize, &mut [f32])> = out.chunks_mut(INIT_CHUNK).enumerate().collect();
     let threads = threads.min(chunks.len()).max(1);
     let per_thread = chunks.len().div_ceil(threads).max(1);
     let fill = |group: &mut [(usize, &mut [f32])]| {
@@ -194,17 +195,7 @@ fn fill_random_on(init: Init, n: usize, key: u64, threads: usize) -> Vec<f32> {
             }
         }
     };
-    let mut chunks = chunks;
-    std::thread::scope(|scope| {
-        let mut groups = chunks.chunks_mut(per_thread);
-        let first = groups.next();
-        for group in groups {
-            scope.spawn(|| fill(group));
-        }
-        if let Some(group) = first {
-            fill(group);
-        }
-    });
+    host_math::run_parallel(chunks.chunks_mut(per_thread), fill);
     out
 }
 

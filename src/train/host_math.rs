@@ -22,7 +22,7 @@ fn chunk_len(len: usize, threads: usize) -> usize {
 }
 
 /// Runs `f` on every item, one scoped thread per item except the last, which runs here.
-fn run_parallel<I, F>(items: I, f: F)
+pub(crate) fn run_parallel<I, F>(items: I, f: F)
 where
     I: Iterator,
     I::Item: Send,
