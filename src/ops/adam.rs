@@ -112,7 +112,7 @@ impl InplaceOp3 for AdamPass {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<()> {
-        use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+        use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
         use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
 
         use super::cuda;
@@ -135,12 +135,7 @@ impl InplaceOp3 for AdamPass {
         };
         let mut out = out.slice_mut(start..end);
         let k = AdamArgs(self.consts.packed());
-        let blocks = n.div_ceil(256).clamp(1, 65_535 * 4) as u32;
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = cuda::elementwise_config(n);
         let stream = dev.cuda_stream();
         let mut args = stream.launch_builder(&func);
         args.arg(&mut out).arg(&a).arg(&b).arg(&k).arg(&n);

@@ -111,6 +111,17 @@ pub(crate) fn row_config(rows: usize, cols: usize) -> Result<LaunchConfig> {
     })
 }
 
+/// Grid-stride elementwise kernels: 256 threads per block and enough blocks for `n` threads,
+/// capped where every SM is busy many times over (each thread then loops).
+pub(crate) fn elementwise_config(n: usize) -> LaunchConfig {
+    let blocks = n.div_ceil(256).clamp(1, 65_535 * 4) as u32;
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// A size as the kernels' `int` parameter.
 pub(crate) fn dim(n: usize, what: &str) -> Result<i32> {
     match i32::try_from(n) {

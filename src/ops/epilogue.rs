@@ -471,9 +471,9 @@ impl CustomOp2 for EmbedGrad {
 
 #[cfg(feature = "cuda")]
 mod gpu {
-    //! Grid-stride elementwise launches: enough blocks to fill the GPU, 256 threads each.
+    //! Grid-stride elementwise launches (`cuda::elementwise_config`).
 
-    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, PushKernelArg};
     use candle_core::cuda_backend::WrapErr;
     use candle_core::{CudaDevice, CudaStorage, Layout, Result};
 
@@ -486,15 +486,6 @@ mod gpu {
         let size = std::mem::size_of::<T>();
         let aligned = layouts.iter().all(|l| (l.start_offset() * size) % 16 == 0);
         i32::from(n % 8 == 0 && cols % 8 == 0 && aligned)
-    }
-
-    fn config(n: usize) -> LaunchConfig {
-        let blocks = n.div_ceil(256).clamp(1, 65_535 * 4) as u32;
-        LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        }
     }
 
     pub(super) fn epilogue<T: Elem>(
@@ -533,7 +524,7 @@ mod gpu {
             .arg(&vec);
         // SAFETY: the arguments match `epilogue_fwd_<T>`; `y`, `residual` (when read) and `out`
         // hold n elements, `bias` (when read) `cols` floats.
-        unsafe { args.launch(config(threads)) }.w()?;
+        unsafe { args.launch(cuda::elementwise_config(threads)) }.w()?;
         Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
     }
 
@@ -572,7 +563,7 @@ mod gpu {
             .arg(&vec);
         // SAFETY: the arguments match `epilogue_bwd_<T>`; `dout`, `y` and `dy` hold n elements,
         // `bias` (when read) `cols` floats.
-        unsafe { args.launch(config(threads)) }.w()?;
+        unsafe { args.launch(cuda::elementwise_config(threads)) }.w()?;
         Ok(CudaStorage::wrap_cuda_slice(dy, dev.clone()))
     }
 
@@ -611,7 +602,7 @@ mod gpu {
             .arg(&p.key);
         // SAFETY: the arguments match `embed_fwd_<T>`; `ids` holds rows entries (each below
         // the table's row count, which the data pipeline guarantees), `out` rows·d elements.
-        unsafe { args.launch(config(n)) }.w()?;
+        unsafe { args.launch(cuda::elementwise_config(n)) }.w()?;
         Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
     }
 
@@ -634,7 +625,7 @@ mod gpu {
         args.arg(&ids).arg(&d_out).arg(&mut table).arg(&n).arg(&d32);
         // SAFETY: the arguments match `embed_grad_<T>`; `d_out` holds n = rows·d elements and
         // `table` vocab·d floats, indexed by ids below vocab.
-        unsafe { args.launch(config(n)) }.w()?;
+        unsafe { args.launch(cuda::elementwise_config(n)) }.w()?;
         Ok(CudaStorage::wrap_cuda_slice(table, dev.clone()))
     }
 }

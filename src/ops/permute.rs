@@ -96,7 +96,7 @@ impl CustomOp1 for Permute {
 #[cfg(feature = "cuda")]
 mod gpu {
     use candle_core::cuda_backend::cudarc::driver::{
-        CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+        CudaSlice, CudaView, DeviceRepr, PushKernelArg,
     };
     use candle_core::cuda_backend::WrapErr;
     use candle_core::{bail, CudaDevice, Result};
@@ -138,12 +138,7 @@ mod gpu {
         // SAFETY: the kernel below writes every unit, i.e. every element.
         let mut out = unsafe { cuda::output::<T>(dev, elems) }?;
         let total = g.total_units as i64;
-        let blocks = g.total_units.div_ceil(256).clamp(1, 65_535 * 4) as u32;
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = cuda::elementwise_config(g.total_units);
         let stream = dev.cuda_stream();
         let mut args = stream.launch_builder(&func);
         args.arg(src)
