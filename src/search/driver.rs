@@ -388,18 +388,8 @@ impl SearchDriver {
     /// trials, as for the jump). The factor two keeps the bound optimistic when memory grows
     /// less than linearly; `None` when no model can be fitted or memory does not grow.
     fn memory_reach(&self, probes: &[(usize, &ProbeResult)]) -> Option<usize> {
-        let mut points: Vec<(usize, Measurement)> = probes
-            .iter()
-            .filter(|(_, r)| self.is_feasible(r))
-            .filter_map(|(_, r)| {
-                r.outcome
-                    .measurement()
-                    .map(|m| (r.request.knobs.micro_batch, *m))
-            })
-            .collect();
-        points.sort_by_key(|(b, _)| std::cmp::Reverse(*b));
-        let model = MemoryModel::fit(&points[..points.len().min(2)])?;
-        match model.max_micro_batch_within(&self.budget) {
+        let feasible = probes.iter().filter(|(_, r)| self.is_feasible(r));
+        match secant_memory_model(feasible)?.max_micro_batch_within(&self.budget) {
             Capacity::UpTo(b) => Some(b.saturating_mul(MEMORY_REACH_FACTOR)),
             Capacity::Unbounded => None,
         }
@@ -431,23 +421,11 @@ impl SearchDriver {
         hi: usize,
         open: &[usize],
     ) -> Option<usize> {
-        // The secant through the two largest measured micro-batches: on an affine law it is the
-        // least-squares line, and on a slightly curved one it follows the curve near the
-        // boundary, where a global fit is pulled off by the small batches.
-        let mut points: Vec<(usize, Measurement)> = probes
-            .iter()
-            .filter_map(|(_, r)| {
-                r.outcome
-                    .measurement()
-                    .map(|m| (r.request.knobs.micro_batch, *m))
-            })
-            .collect();
-        points.sort_by_key(|(b, _)| std::cmp::Reverse(*b));
-        let model = MemoryModel::fit(&points[..points.len().min(2)])?;
-        let predicted = match model.max_micro_batch_within(&self.budget) {
-            Capacity::UpTo(b) => b,
-            Capacity::Unbounded => usize::MAX,
-        };
+        let predicted =
+            match secant_memory_model(probes.iter())?.max_micro_batch_within(&self.budget) {
+                Capacity::UpTo(b) => b,
+                Capacity::Unbounded => usize::MAX,
+            };
         Some(if predicted <= lo {
             open[0]
         } else if predicted >= hi {
@@ -499,6 +477,23 @@ impl SearchDriver {
 }
 
 /// Probes to bisect `open` candidates down to a boundary: ⌈log2(open + 1)⌉.
+/// The memory model through the two largest measured micro-batches of `probes`: on an affine
+/// law it is the least-squares line, and on a slightly curved one it follows the curve near the
+/// boundary, where a global fit is pulled off by the small batches.
+fn secant_memory_model<'h>(
+    probes: impl Iterator<Item = &'h (usize, &'h ProbeResult)>,
+) -> Option<MemoryModel> {
+    let mut points: Vec<(usize, Measurement)> = probes
+        .filter_map(|(_, r)| {
+            r.outcome
+                .measurement()
+                .map(|m| (r.request.knobs.micro_batch, *m))
+        })
+        .collect();
+    points.sort_by_key(|(b, _)| std::cmp::Reverse(*b));
+    MemoryModel::fit(&points[..points.len().min(2)])
+}
+
 /// Whether `earlier` makes `regime` pointless: `regime` saves memory (checkpointing or offload)
 /// at `earlier`'s precision, and `earlier` saves none and stopped growing before its memory
 /// boundary.
