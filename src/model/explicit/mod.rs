@@ -33,7 +33,7 @@ use crate::train::recompute::SegmentPlan;
 use crate::{Error, Result};
 
 use self::block::{BlockWeights, Saved};
-use self::linear::{column_sum, Norm};
+use self::linear::{column_sum, Lin, Norm};
 
 /// Dropout site of the embeddings (blocks use their own parts, see [`Dropout::mask`]).
 const EMBED_PART: u64 = u64::MAX;
@@ -75,13 +75,8 @@ pub fn forward_backward(
 
     // Head and loss; the logits die as soon as their gradient has been taken.
     let (loss, mut dx) = {
-        let hw = linear::Lin::new(model.head_layer(), dtype)?;
-        let norm = model.final_norm().map(Norm::new);
-        let hidden = match &norm {
-            Some(n) => n.forward(&x)?,
-            None => x.clone(),
-        };
-        let logits = hw.forward(&hidden, None, None, None)?;
+        let head = Head::new(model, dtype)?;
+        let (hidden, logits) = head.forward(&x)?;
         let losses = ops::cross_entropy_rows(&logits, &batch.targets)?;
         let rows = losses.elem_count();
         // Read at the very end: a read now would stall the device until the forward pass is
@@ -90,13 +85,7 @@ pub fn forward_backward(
         let row_grad = Tensor::full((loss_factor / rows as f64) as f32, rows, x.device())?;
         let dlogits = ops::cross_entropy_backward(&logits, &batch.targets, &losses, &row_grad)?;
         drop(logits);
-        let dhidden = hw.backward(&dlogits, &hidden, &mut grads)?;
-        drop(dlogits);
-        let dx = match &norm {
-            Some(n) => n.backward(&x, &dhidden, &mut grads)?,
-            None => dhidden,
-        };
-        (loss, dx)
+        (loss, head.backward(&x, &hidden, dlogits, &mut grads)?)
     };
     drop(x);
 
@@ -129,17 +118,55 @@ pub fn eval_loss(model: &Transformer, batch: &Batch, dtype: DType) -> Result<f64
             .forward(&x, b, s, model.spec().causal, &off, i as u64, false)?
             .0;
     }
-    let head = linear::Lin::new(model.head_layer(), dtype)?;
-    let hidden = match model.final_norm() {
-        Some(n) => Norm::new(n).forward(&x)?,
-        None => x,
-    };
-    let logits = head.forward(&hidden, None, None, None)?;
+    let (_, logits) = Head::new(model, dtype)?.forward(&x)?;
     let losses = ops::cross_entropy_rows(&logits, &batch.targets)?;
     Ok(losses
         .to_dtype(DType::F64)?
         .mean_all()?
         .to_scalar::<f64>()?)
+}
+
+/// The final norm (pre-norm models) and the vocabulary head.
+struct Head<'a> {
+    norm: Option<Norm<'a>>,
+    lin: Lin<'a>,
+}
+
+impl<'a> Head<'a> {
+    fn new(model: &'a Transformer, dtype: DType) -> Result<Self> {
+        Ok(Self {
+            norm: model.final_norm().map(Norm::new),
+            lin: Lin::new(model.head_layer(), dtype)?,
+        })
+    }
+
+    /// `(the head's input after the final norm, logits)` for the last block's output `x`.
+    fn forward(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
+        let hidden = match &self.norm {
+            Some(n) => n.forward(x)?,
+            None => x.clone(),
+        };
+        let logits = self.lin.forward(&hidden, None, None, None)?;
+        Ok((hidden, logits))
+    }
+
+    /// Gradient of `x` from the logits' gradient (consumed); hands over the head's and the
+    /// norm's parameter gradients.
+    fn backward(
+        &self,
+        x: &Tensor,
+        hidden: &Tensor,
+        dlogits: Tensor,
+        grads: &mut Grads,
+    ) -> Result<Tensor> {
+        let dhidden = self.lin.backward(&dlogits, hidden, grads)?;
+        // The logits' gradient is the largest tensor of the step: gone before the norm's.
+        drop(dlogits);
+        match &self.norm {
+            Some(n) => n.backward(x, &dhidden, grads),
+            None => Ok(dhidden),
+        }
+    }
 }
 
 /// What the forward pass left for a block's backward.
