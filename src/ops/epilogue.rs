@@ -213,7 +213,8 @@ pub fn embed(
     }
     let (_, d) = table.dims2()?;
     let table = table.contiguous()?;
-    let plan = Plan::new(false, positions.is_some(), None, dropout);
+    let plan = Plan::new(false, false, None, dropout);
+    let has_positions = positions.is_some();
     let positions = match positions {
         Some(p) => {
             if p.dims2()?.1 != d || p.dim(0)? < seq || seq == 0 {
@@ -223,7 +224,15 @@ pub fn embed(
         }
         None => table.clone(),
     };
-    ids.apply_op3_no_bwd(&table, &positions, &Embed { plan, seq })
+    ids.apply_op3_no_bwd(
+        &table,
+        &positions,
+        &Embed {
+            plan,
+            seq,
+            has_positions,
+        },
+    )
 }
 
 /// The gradient of an embedding table (`vocab × d`, f32) from the lookup's output gradient
@@ -245,6 +254,8 @@ struct EpilogueGrad {
 struct Embed {
     plan: Plan,
     seq: usize,
+    /// Whether the third input holds position embeddings (else it is a placeholder).
+    has_positions: bool,
 }
 
 struct EmbedGrad {
@@ -393,7 +404,7 @@ impl CustomOp3 for Embed {
             }
             for c in 0..d {
                 let mut v = table[id * d + c];
-                if p.has_residual {
+                if self.has_positions {
                     v += positions[(r % self.seq) * d + c];
                 }
                 out.push(p.drop(r * d + c, v));
@@ -416,7 +427,7 @@ impl CustomOp3 for Embed {
         let rows = l1.shape().elem_count();
         let d = l2.shape().dims2()?.1;
         let out = super::cuda::float_slice!("embed", s2, v => {
-            gpu::embed(v, l2, (s1, l1), (s3, l3), &self.plan, self.seq, &s1.device)?
+            gpu::embed(v, l2, (s1, l1), (s3, l3), self, &s1.device)?
         });
         Ok((out, Shape::from((rows, d))))
     }
@@ -477,7 +488,7 @@ mod gpu {
     use candle_core::cuda_backend::WrapErr;
     use candle_core::{CudaDevice, CudaStorage, Layout, Result};
 
-    use super::{cols_of, Plan, NAME};
+    use super::{cols_of, Embed, Plan, NAME};
     use crate::ops::cuda::{self, Elem};
 
     /// Whether the kernels may take eight elements at a time: `n` and `cols` multiples of 8 and
@@ -572,10 +583,10 @@ mod gpu {
         l2: &Layout,
         (ids, l1): (&CudaStorage, &Layout),
         (positions, l3): (&CudaStorage, &Layout),
-        p: &Plan,
-        seq: usize,
+        op: &Embed,
         dev: &CudaDevice,
     ) -> Result<CudaStorage> {
+        let (p, seq) = (&op.plan, op.seq);
         let rows = l1.shape().elem_count();
         let d = cols_of(l2);
         let n = rows * d;
@@ -586,7 +597,7 @@ mod gpu {
         // SAFETY: the kernel launched below writes every element.
         let mut out = unsafe { cuda::output::<T>(dev, n) }?;
         let (d32, seq32) = (cuda::dim(d, "width")?, cuda::dim(seq.max(1), "sequence")?);
-        let has_positions = i32::from(p.has_residual);
+        let has_positions = i32::from(op.has_positions);
         let stream = dev.cuda_stream();
         let mut args = stream.launch_builder(&func);
         args.arg(&ids)
