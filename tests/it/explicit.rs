@@ -15,7 +15,7 @@ use autotune::spec::model::{Activation, ModelSpec};
 use autotune::train::data::{Batch, Data, DataSpec};
 use autotune::train::step::Trainer;
 
-use crate::ops::{assert_close, random, tol, DTYPES};
+use crate::ops::{assert_close, assert_nonzero_finite, random, tol, DTYPES};
 use crate::util::{small_gpt, small_seed};
 
 fn gradients(spec: &ModelSpec, knobs: Knobs, engine: Engine, batch: &Batch) -> (Vec<Tensor>, f64) {
@@ -36,18 +36,6 @@ fn names(spec: &ModelSpec) -> Vec<String> {
         .params()
         .names()
         .to_vec()
-}
-
-fn assert_nonzero_finite(what: &str, g: &Tensor) {
-    let v: Vec<f32> = g
-        .to_dtype(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
-    assert!(v.iter().all(|x| x.is_finite()), "{what}: not finite");
-    assert!(v.iter().any(|x| *x != 0.0), "{what}: all zeros");
 }
 
 #[test]

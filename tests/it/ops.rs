@@ -451,7 +451,7 @@ fn fused_and_composite_models_give_the_same_loss_and_gradients() {
     }
 }
 
-fn assert_nonzero_finite(what: &str, g: &Tensor) {
+pub fn assert_nonzero_finite(what: &str, g: &Tensor) {
     let v = to_vec(g);
     assert!(
         v.iter().all(|x| x.is_finite()),

@@ -18,15 +18,27 @@ fn workdir() -> tempfile::TempDir {
     dir
 }
 
+/// `autotune tune --model micro.json --device small-cpu.json ARGS --json` in `dir`: it must
+/// succeed, and its stdout is the plan.
+fn tune_micro(dir: &Path, args: &[&str]) -> Value {
+    let mut argv = vec![
+        "tune",
+        "--model",
+        "micro.json",
+        "--device",
+        "small-cpu.json",
+    ];
+    argv.extend_from_slice(args);
+    argv.push("--json");
+    let out = autotune_in(dir, &argv);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    serde_json::from_str(&stdout(&out)).expect("stdout is exactly one JSON document")
+}
+
 fn tune_to_boundary(dir: &Path) -> Value {
-    let out = autotune_in(
+    tune_micro(
         dir,
         &[
-            "tune",
-            "--model",
-            "micro.json",
-            "--device",
-            "small-cpu.json",
             "--precision",
             "fp32",
             "--saturation-gain",
@@ -35,11 +47,8 @@ fn tune_to_boundary(dir: &Path) -> Value {
             "256",
             "--out",
             "plan.json",
-            "--json",
         ],
-    );
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    serde_json::from_str(&stdout(&out)).expect("stdout is exactly one JSON document")
+    )
 }
 
 fn probe_fits(dir: &Path, micro_batch: usize, host_budget: u64) -> bool {
@@ -190,23 +199,7 @@ fn run_tunes_then_trains_and_leaves_plan_and_checkpoint() {
 #[test]
 fn global_batch_is_honoured_with_accumulation() {
     let dir = workdir();
-    let out = autotune_in(
-        dir.path(),
-        &[
-            "tune",
-            "--model",
-            "micro.json",
-            "--device",
-            "small-cpu.json",
-            "--precision",
-            "fp32",
-            "--global-batch",
-            "96",
-            "--json",
-        ],
-    );
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let plan: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let plan = tune_micro(dir.path(), &["--precision", "fp32", "--global-batch", "96"]);
     let (mb, accum) = (
         plan["knobs"]["micro_batch"].as_u64().unwrap(),
         plan["knobs"]["grad_accum"].as_u64().unwrap(),
@@ -339,14 +332,9 @@ fn a_recorded_search_replays_offline_to_the_same_plan() {
 #[test]
 fn knob_filters_restrict_the_searched_regimes() {
     let dir = workdir();
-    let out = autotune_in(
+    let plan = tune_micro(
         dir.path(),
         &[
-            "tune",
-            "--model",
-            "micro.json",
-            "--device",
-            "small-cpu.json",
             "--checkpointing",
             "none",
             "--offload",
@@ -355,11 +343,8 @@ fn knob_filters_restrict_the_searched_regimes() {
             "0",
             "--max-micro-batch",
             "256",
-            "--json",
         ],
     );
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let plan: Value = serde_json::from_str(&stdout(&out)).unwrap();
     let evidence = plan["evidence"].as_array().unwrap();
     assert!(!evidence.is_empty());
     for e in evidence {
@@ -369,23 +354,10 @@ fn knob_filters_restrict_the_searched_regimes() {
     }
     // Without the filters the CPU space also searches checkpointing (the plain regime runs out
     // of the 40 MiB budget, so checkpointing is worth a look).
-    let out = autotune_in(
+    let plan = tune_micro(
         dir.path(),
-        &[
-            "tune",
-            "--model",
-            "micro.json",
-            "--device",
-            "small-cpu.json",
-            "--saturation-gain",
-            "0",
-            "--max-micro-batch",
-            "256",
-            "--json",
-        ],
+        &["--saturation-gain", "0", "--max-micro-batch", "256"],
     );
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let plan: Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert!(plan["evidence"]
         .as_array()
         .unwrap()
