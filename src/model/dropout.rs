@@ -33,9 +33,11 @@ struct Enabled {
 }
 
 enum Stream {
-    // Boxed: the generator is 320 bytes, the other variant none.
+    // Boxed: the generator is 320 bytes, the other variants none.
     Host(Box<ChaCha8Rng>),
     Device,
+    /// Masks come only from [`Dropout::mask`] (hashed inside the kernels); no generator.
+    Hashed,
 }
 
 /// Mixed into sub-stream keys so that they never coincide with a micro-batch key.
@@ -82,7 +84,14 @@ impl Dropout {
     pub fn sub_stream(&self, index: u64) -> Result<Self> {
         match &self.stream {
             None => Ok(Self::disabled()),
-            Some(s) => Self::new(self.p, &s.device, Self::key(s.key, SUB_STREAM_TAG, index)),
+            Some(s) => {
+                let key = Self::key(s.key, SUB_STREAM_TAG, index);
+                if matches!(*s.rng.borrow(), Stream::Hashed) {
+                    Ok(Self::hashed(self.p, &s.device, key))
+                } else {
+                    Self::new(self.p, &s.device, key)
+                }
+            }
         }
     }
 
@@ -109,7 +118,7 @@ impl Dropout {
             stream: Some(Enabled {
                 key,
                 device: device.clone(),
-                rng: RefCell::new(Stream::Device),
+                rng: RefCell::new(Stream::Hashed),
             }),
         }
     }
@@ -142,6 +151,11 @@ impl Dropout {
             Stream::Device => {
                 let uniform = Tensor::rand(0f32, 1f32, x.shape(), x.device())?;
                 (uniform.lt(keep as f64)?.to_dtype(x.dtype())? * (1.0 / keep as f64))?
+            }
+            Stream::Hashed => {
+                return Err(crate::Error::internal(
+                    "a hashed dropout stream draws its masks through Dropout::mask",
+                ))
             }
         };
         Ok(x.mul(&mask)?)
