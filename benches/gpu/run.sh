@@ -11,13 +11,15 @@
 #   GPU_ENV           path of gpu-env.sh (default: $GPU_DIR/gpu-env.sh, then ../shared/tools/gpu-env.sh)
 #   CAP_MIB           cap PyTorch's allocator at this many MiB (e.g. 24052 for a 24 GB card)
 #   AUTOTUNE_ARGS     extra arguments for `autotune probe` (e.g. its own memory cap)
+#   EXTRA_ENGINES     more `--engine`s to measure beside the default, each into
+#                     autotune-ENGINE.jsonl and table-ENGINE.md (e.g. explicit-materialized)
 #   TIMEOUT_PER_RUN   seconds per process before it is killed (default 120)
 #   WARMUP, STEPS     steps per measurement (default 2 and 6)
 #   PYTHON            python with torch (default python3)
 set -euo pipefail
 
 if [[ $# -lt 1 || "$1" == -h || "$1" == --help ]]; then
-  sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 
@@ -167,6 +169,11 @@ for spec in "${SPECS[@]}"; do
     run_one autotune "$OUTDIR/autotune.jsonl" "$OUTDIR/autotune.log" "$model" "$precision" "$b" -- \
       "$BIN" probe --model "$model" --precision "$precision" --micro-batch "$b" \
       --warmup "$WARMUP" --steps "$STEPS" --device cuda --json "${EXTRA_ARGS[@]}"
+    for engine in ${EXTRA_ENGINES:-}; do
+      run_one "autotune-$engine" "$OUTDIR/autotune-$engine.jsonl" "$OUTDIR/autotune.log" "$model" "$precision" "$b" -- \
+        "$BIN" probe --model "$model" --precision "$precision" --micro-batch "$b" \
+        --warmup "$WARMUP" --steps "$STEPS" --device cuda --json --engine "$engine" "${EXTRA_ARGS[@]}"
+    done
     run_one pytorch "$OUTDIR/pytorch.jsonl" "$OUTDIR/pytorch.log" "$model" "$precision" "$b" -- \
       "${TORCH_ENV[@]}" "$PYTHON" benches/gpu/torch_ref.py --model "$model" --precision "$precision" --micro-batch "$b" \
       --warmup "$WARMUP" --steps "$STEPS" "${cap_args[@]}"
@@ -174,4 +181,8 @@ for spec in "${SPECS[@]}"; do
 done
 
 "$PYTHON" benches/gpu/compare.py "$OUTDIR/autotune.jsonl" "$OUTDIR/pytorch.jsonl" > "$OUTDIR/table.md"
+for engine in ${EXTRA_ENGINES:-}; do
+  "$PYTHON" benches/gpu/compare.py "$OUTDIR/autotune-$engine.jsonl" "$OUTDIR/pytorch.jsonl" > "$OUTDIR/table-$engine.md"
+  echo "engine $engine:"; cat "$OUTDIR/table-$engine.md"
+done
 cat "$OUTDIR/table.md"

@@ -74,8 +74,9 @@ pub struct ModelArgs {
     /// Seed for weights, data order and dropout.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Training engine: explicit (the default), or the autograd-based fused and composite
-    /// references (for benchmarks and comparisons).
+    /// Training engine: explicit (the default, flash attention where the GPU has kernels for
+    /// it), explicit-materialized (attention probabilities kept), or the autograd-based fused
+    /// and composite references (for benchmarks and comparisons).
     #[arg(long, default_value = "explicit")]
     pub engine: autotune::model::Engine,
 }

@@ -17,7 +17,7 @@ use crate::Result;
 
 /// Which implementation of norms, softmax and the loss a forward pass uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Engine {
     /// candle's autograd over fused operations that save only what their backward pass needs.
     Fused,
@@ -26,10 +26,24 @@ pub enum Engine {
     Composite,
     /// Hand-written forward and backward passes ([`explicit`]) that bypass candle's autograd:
     /// they keep exactly the activations backward needs, fuse bias, activation, dropout and
-    /// residual into one pass, and regenerate dropout masks instead of storing them. The
-    /// default.
+    /// residual into one pass, regenerate dropout masks instead of storing them, and run flash
+    /// attention where the device has kernels for it. The default.
     #[default]
     Explicit,
+    /// The explicit engine with attention probabilities materialised and kept for the backward
+    /// pass: the reference for flash attention, and what runs where flash attention cannot.
+    ExplicitMaterialized,
+}
+
+impl Engine {
+    /// The attention implementation of an explicit engine; `None` for the autograd engines.
+    pub fn explicit_attention(self) -> Option<explicit::Attention> {
+        match self {
+            Engine::Explicit => Some(explicit::Attention::Flash),
+            Engine::ExplicitMaterialized => Some(explicit::Attention::Materialized),
+            Engine::Fused | Engine::Composite => None,
+        }
+    }
 }
 
 impl std::str::FromStr for Engine {
@@ -38,10 +52,11 @@ impl std::str::FromStr for Engine {
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         match s {
             "explicit" => Ok(Engine::Explicit),
+            "explicit-materialized" => Ok(Engine::ExplicitMaterialized),
             "fused" => Ok(Engine::Fused),
             "composite" => Ok(Engine::Composite),
             other => Err(format!(
-                "unknown engine `{other}`; known: explicit, fused, composite"
+                "unknown engine `{other}`; known: explicit, explicit-materialized, fused, composite"
             )),
         }
     }

@@ -23,6 +23,11 @@ pub(crate) const CROSS_ENTROPY: Module = Module {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/cross_entropy.ptx")),
 };
 
+pub(crate) const ATTENTION: Module = Module {
+    name: "autotune_attention",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/attention.ptx")),
+};
+
 pub(crate) const SOFTMAX: Module = Module {
     name: "autotune_softmax",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/softmax.ptx")),

@@ -34,11 +34,12 @@ pub struct DropoutMask {
 
 impl DropoutMask {
     /// Elements are dropped when the top 32 bits of their hash fall below this.
-    fn threshold(&self) -> u32 {
+    pub(crate) fn threshold(&self) -> u32 {
         (f64::from(self.p.clamp(0.0, 1.0)) * 4_294_967_296.0).min(u32::MAX as f64) as u32
     }
 
-    fn scale(&self) -> f32 {
+    /// What kept elements are multiplied by, `1/(1 − p)`.
+    pub(crate) fn scale(&self) -> f32 {
         1.0 / (1.0 - self.p)
     }
 

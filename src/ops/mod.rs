@@ -1,4 +1,5 @@
-//! Fused, differentiable operations: softmax cross-entropy, softmax and layer norm.
+//! Fused, differentiable operations: softmax cross-entropy, softmax and layer norm; and the
+//! explicit engine's kernels (epilogues, embeddings, flash attention, Adam).
 //!
 //! candle's autograd keeps every input of every op alive until the backward pass, so a norm or
 //! a loss composed from primitives keeps several full-size intermediates per call (centred
@@ -15,6 +16,7 @@
 //! machine. The PTX targets `compute_80`, which the driver JIT-compiles for Ampere and newer.
 
 mod adam;
+mod attention;
 mod cross_entropy;
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -23,7 +25,11 @@ mod layer_norm;
 mod permute;
 mod softmax;
 
-pub use adam::adam_update;
+pub use adam::{adam_update, adam_update_all};
+pub use attention::{
+    flash_attention, flash_attention_backward, flash_attention_supported, AttentionShape,
+    FLASH_HEAD_DIMS,
+};
 pub use cross_entropy::{cross_entropy, cross_entropy_backward, cross_entropy_rows};
 pub use epilogue::{dropout, embed, embed_backward, epilogue, epilogue_backward, DropoutMask};
 pub use layer_norm::{layer_norm, layer_norm_backward};

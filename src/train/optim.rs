@@ -49,16 +49,12 @@ impl Adam {
     pub fn step(&mut self, grads: &[Tensor]) -> Result<()> {
         self.steps += 1;
         let consts = AdamConsts::new(&self.spec, self.steps);
-        for (i, var) in self.vars.iter().enumerate() {
-            let g = grads[i].to_dtype(candle_core::DType::F32)?.contiguous()?;
-            crate::ops::adam_update(
-                var.as_tensor(),
-                &self.first[i],
-                &self.second[i],
-                &g,
-                &consts,
-            )?;
-        }
+        let grads = grads
+            .iter()
+            .map(|g| g.to_dtype(candle_core::DType::F32)?.contiguous())
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let weights: Vec<Tensor> = self.vars.iter().map(|v| v.as_tensor().clone()).collect();
+        crate::ops::adam_update_all(&weights, &self.first, &self.second, &grads, &consts)?;
         Ok(())
     }
 

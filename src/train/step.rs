@@ -254,8 +254,8 @@ impl Trainer {
     /// Mean loss on `batch` without dropout or gradients.
     pub fn eval_loss(&self, batch: &Batch) -> Result<f64> {
         let dtype = self.setup.knobs.precision.compute_dtype();
-        if self.setup.engine == Engine::Explicit {
-            return explicit::eval_loss(&self.setup.model, batch, dtype);
+        if let Some(attention) = self.setup.engine.explicit_attention() {
+            return explicit::eval_loss(&self.setup.model, batch, dtype, attention);
         }
         let ctx = Ctx {
             dropout: Dropout::disabled(),
@@ -289,12 +289,13 @@ impl Setup {
         for (micro, batch) in batches.iter().enumerate() {
             let key = Dropout::key(self.seed, step, micro as u64);
             let p = self.model.spec().dropout;
-            if self.engine == Engine::Explicit {
+            if let Some(attention) = self.engine.explicit_attention() {
                 loss_total += explicit::forward_backward(
                     &self.model,
                     &self.plan,
                     batch,
                     dtype,
+                    attention,
                     &Dropout::hashed(p, &self.device, key),
                     factor,
                     &mut |i, g| sink(micro, i, g),

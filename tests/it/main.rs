@@ -18,9 +18,16 @@ mod ops;
 /// The explicit engine against the composite reference, and its ops against autograd.
 mod explicit;
 
+/// Flash attention against an f64 autograd reference.
+mod attention;
+
 /// Fused operations on the GPU against their CPU implementations (needs a CUDA device).
 #[cfg(feature = "cuda")]
 mod cuda_ops;
+
+/// Flash attention on the GPU against the CPU, and its timings (needs a CUDA device).
+#[cfg(feature = "cuda")]
+mod cuda_attention;
 
 /// Recorded profiles: check against live re-runs and replays.
 mod check;

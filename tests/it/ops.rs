@@ -291,7 +291,7 @@ pub fn causal_mask(s: usize, dtype: DType) -> Tensor {
 fn softmax_and_grad(x: &Tensor, w: &Tensor, engine: Engine) -> (Tensor, Tensor) {
     let var = leaf(x);
     let y = match engine {
-        Engine::Fused | Engine::Explicit => {
+        Engine::Fused | Engine::Explicit | Engine::ExplicitMaterialized => {
             layers::softmax_last_dim(var.as_tensor(), engine).unwrap()
         }
         Engine::Composite => {

@@ -1,16 +1,16 @@
 //! One Transformer block, forward and backward, pre- or post-norm.
 //!
-//! Rows are `batch·seq` tokens of width `d`. Attention runs per head on `(batch, heads, seq,
-//! head_dim)` tensors with batched matrix products; the scores' scale and the causal mask are
-//! applied inside the softmax kernel, so no mask tensor or scaled copy exists.
+//! Rows are `batch·seq` tokens of width `d`; attention between the q/k/v product and the output
+//! projection is [`super::attention`]'s.
 
 use candle_core::{DType, Tensor};
 
+use super::attention::{self, Attention};
 use super::linear::{Lin, Norm};
 use super::Grads;
 use crate::model::block::BlockLayers;
 use crate::model::dropout::Dropout;
-use crate::ops::{self, DropoutMask};
+use crate::ops::AttentionShape;
 use crate::spec::model::{Activation, NormPlacement};
 use crate::Result;
 
@@ -29,6 +29,8 @@ pub(crate) struct BlockWeights<'a> {
     norm1: Norm<'a>,
     norm2: Norm<'a>,
     heads: usize,
+    causal: bool,
+    attention: Attention,
     placement: NormPlacement,
     activation: Activation,
 }
@@ -40,10 +42,8 @@ pub(crate) struct Saved {
     attn_in: Tensor,
     /// The block input (pre-norm: the first norm's input and the first residual).
     x: Tensor,
-    /// q, k, v as `(3, batch, heads, seq, head_dim)`.
-    heads: Tensor,
-    /// Attention probabilities before dropout, `(batch, heads, seq, seq)`.
-    probs: Tensor,
+    /// What attention's backward pass reads.
+    attn: attention::Saved,
     /// Merged attention output `(rows, d)`: the input of the output projection.
     merged: Tensor,
     /// Pre-norm: `x + attention` (the second norm's input). Post-norm: the first norm's input.
@@ -58,7 +58,14 @@ pub(crate) struct Saved {
 }
 
 impl<'a> BlockWeights<'a> {
-    pub(crate) fn new(layers: &BlockLayers<'a>, dtype: DType) -> Result<Self> {
+    /// `attention` is the implementation that runs (already resolved for the device); `causal`
+    /// whether token `i` attends to tokens `0..=i` only.
+    pub(crate) fn new(
+        layers: &BlockLayers<'a>,
+        dtype: DType,
+        attention: Attention,
+        causal: bool,
+    ) -> Result<Self> {
         Ok(Self {
             qkv: Lin::new(layers.qkv, dtype)?,
             out: Lin::new(layers.out, dtype)?,
@@ -67,19 +74,19 @@ impl<'a> BlockWeights<'a> {
             norm1: Norm::new(layers.norm1),
             norm2: Norm::new(layers.norm2),
             heads: layers.n_heads,
+            causal,
+            attention,
             placement: layers.placement,
             activation: layers.activation,
         })
     }
 
     /// The block's output rows and, if `keep`, what its backward pass needs.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn forward(
         &self,
         x: &Tensor,
         b: usize,
         s: usize,
-        causal: bool,
         dropout: &Dropout,
         part: u64,
         keep: bool,
@@ -89,7 +96,9 @@ impl<'a> BlockWeights<'a> {
             NormPlacement::Pre => self.norm1.forward(x)?,
             NormPlacement::Post => x.clone(),
         };
-        let (heads, probs, merged) = self.attention(&attn_in, b, s, causal, m(ATTN_PROBS))?;
+        let qkv = self.qkv.forward(&attn_in, None, None, None)?;
+        let shape = self.shape(b, s);
+        let (attn, merged) = attention::forward(self.attention, qkv, &shape, m(ATTN_PROBS))?;
         // x + dropout(merged · Woutᵀ + b)
         let mid = self.out.forward(&merged, None, m(ATTN_OUT), Some(x))?;
         let ff_x = match self.placement {
@@ -113,8 +122,7 @@ impl<'a> BlockWeights<'a> {
         let saved = keep.then(|| Saved {
             attn_in,
             x: x.clone(),
-            heads,
-            probs,
+            attn,
             merged,
             mid,
             ff_x,
@@ -124,34 +132,13 @@ impl<'a> BlockWeights<'a> {
         Ok((out, saved))
     }
 
-    /// Multi-head self-attention up to the merged heads (before the output projection):
-    /// returns `(q/k/v heads, probabilities, merged output rows)`.
-    fn attention(
-        &self,
-        x: &Tensor,
-        b: usize,
-        s: usize,
-        causal: bool,
-        mask: Option<DropoutMask>,
-    ) -> Result<(Tensor, Tensor, Tensor)> {
-        let d = x.dim(1)?;
-        let (h, hd) = (self.heads, d / self.heads);
-        let qkv = self.qkv.forward(x, None, None, None)?;
-        // (b, s, 3, h, hd) → (3, b, h, s, hd)
-        let heads = ops::permute_contiguous(&qkv.reshape((b, s, 3, h, hd))?, &[2, 0, 3, 1, 4])?;
-        drop(qkv);
-        let (q, k, v) = (heads.get(0)?, heads.get(1)?, heads.get(2)?);
-        let scores = q.matmul(&k.t()?)?;
-        let probs = ops::attention_softmax(&scores, scale(hd), if causal { s } else { 0 })?;
-        drop(scores);
-        let dropped = match mask {
-            Some(m) => ops::dropout(&probs, m)?,
-            None => probs.clone(),
-        };
-        let o = dropped.matmul(&v)?;
-        drop(dropped);
-        let merged = ops::permute_contiguous(&o, &[0, 2, 1, 3])?.reshape((b * s, d))?;
-        Ok((heads, probs, merged))
+    fn shape(&self, batch: usize, seq: usize) -> AttentionShape {
+        AttentionShape {
+            batch,
+            seq,
+            heads: self.heads,
+            causal: self.causal,
+        }
     }
 
     /// Gradient of the block input from the gradient of its output; hands over the block's
@@ -171,8 +158,7 @@ impl<'a> BlockWeights<'a> {
         let Saved {
             attn_in,
             x,
-            heads,
-            probs,
+            attn,
             merged,
             mid,
             ff_x,
@@ -215,9 +201,9 @@ impl<'a> BlockWeights<'a> {
         let dmerged = self
             .out
             .backward_through(&dmid, &dmid, &merged, None, m(ATTN_OUT), grads)?;
-        drop(merged);
-        let dqkv = self.attention_backward(&dmerged, &heads, &probs, b, s, m(ATTN_PROBS))?;
-        drop((dmerged, heads, probs));
+        let shape = self.shape(b, s);
+        let dqkv = attention::backward(attn, &merged, &dmerged, &shape, m(ATTN_PROBS))?;
+        drop((dmerged, merged));
         let dattn_in = self.qkv.backward(&dqkv, &attn_in, grads)?;
         drop(dqkv);
         let dx = match self.placement {
@@ -226,45 +212,4 @@ impl<'a> BlockWeights<'a> {
         };
         Ok((dmid + dx)?)
     }
-
-    /// Gradient of the q/k/v product's output `(rows, 3d)` from that of the merged heads.
-    fn attention_backward(
-        &self,
-        dmerged: &Tensor,
-        heads: &Tensor,
-        probs: &Tensor,
-        b: usize,
-        s: usize,
-        mask: Option<DropoutMask>,
-    ) -> Result<Tensor> {
-        let d = dmerged.dim(1)?;
-        let (h, hd) = (self.heads, d / self.heads);
-        let (q, k, v) = (heads.get(0)?, heads.get(1)?, heads.get(2)?);
-        // (rows, d) → (b, h, s, hd)
-        let d_o = ops::permute_contiguous(&dmerged.reshape((b, s, h, hd))?, &[0, 2, 1, 3])?;
-        let dropped = match mask {
-            Some(m) => ops::dropout(probs, m)?,
-            None => probs.clone(),
-        };
-        let dv = dropped.t()?.matmul(&d_o)?;
-        drop(dropped);
-        let d_dropped = d_o.matmul(&v.t()?)?;
-        let dprobs = match mask {
-            Some(m) => ops::dropout(&d_dropped, m)?,
-            None => d_dropped,
-        };
-        let dscores = ops::attention_softmax_backward(probs, &dprobs, scale(hd))?;
-        drop(dprobs);
-        let dq = dscores.matmul(&k)?;
-        let dk = dscores.t()?.matmul(&q)?;
-        drop(dscores);
-        // (3, b, h, s, hd) → (b, s, 3, h, hd) → (rows, 3d)
-        let stacked = Tensor::stack(&[dq, dk, dv], 0)?;
-        Ok(ops::permute_contiguous(&stacked, &[1, 3, 0, 2, 4])?.reshape((b * s, 3 * d))?)
-    }
-}
-
-/// Attention's score scale, 1/√head_dim.
-fn scale(head_dim: usize) -> f32 {
-    1.0 / (head_dim as f32).sqrt()
 }

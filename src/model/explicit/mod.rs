@@ -7,7 +7,9 @@
 //! 20%. Here nothing is recorded in a graph:
 //!
 //! - each block's forward returns exactly what its backward reads ([`block::Saved`]): the
-//!   inputs of the matrix products, the attention probabilities and the norms' inputs;
+//!   inputs of the matrix products, the norms' inputs and what attention needs (with flash
+//!   attention, one log-sum-exp per row and head instead of the probabilities; see
+//!   [`attention`]);
 //! - bias, activation, dropout and residual run as one elementwise pass
 //!   ([`crate::ops::epilogue`]), and dropout masks are regenerated from their keys in the
 //!   backward pass instead of stored;
@@ -17,6 +19,7 @@
 //! The maths are the composite engine's; `tests/it/explicit.rs` checks losses and every
 //! parameter's gradient against it.
 
+mod attention;
 mod block;
 mod linear;
 
@@ -32,6 +35,7 @@ use crate::train::data::Batch;
 use crate::train::recompute::SegmentPlan;
 use crate::{Error, Result};
 
+pub use self::attention::Attention;
 use self::block::{BlockWeights, Saved};
 use self::linear::{column_sum, Lin, Norm};
 
@@ -41,23 +45,20 @@ const EMBED_PART: u64 = u64::MAX;
 /// Forward and backward pass of one micro-batch: hands `(parameter index, gradient in the
 /// parameter's dtype)` of `loss_factor × loss` to `sink`, once per parameter, and returns the
 /// unscaled loss.
+#[allow(clippy::too_many_arguments)]
 pub fn forward_backward(
     model: &Transformer,
     plan: &SegmentPlan,
     batch: &Batch,
     dtype: DType,
+    attention: Attention,
     dropout: &Dropout,
     loss_factor: f64,
     sink: &mut dyn FnMut(usize, Tensor) -> Result<()>,
 ) -> Result<f64> {
     let mut grads = Grads::new(model, sink);
     let (b, s) = batch.inputs.dims2()?;
-    let spec = model.spec();
-    let weights = model
-        .blocks()
-        .iter()
-        .map(|block| BlockWeights::new(&block.layers(), dtype))
-        .collect::<Result<Vec<_>>>()?;
+    let weights = block_weights(model, dtype, attention, batch.inputs.device())?;
 
     // Forward: keep each block's saved activations, or only its input where it is recomputed.
     let embed_mask = embed_mask(model, dropout);
@@ -65,7 +66,7 @@ pub fn forward_backward(
     let mut saved: Vec<Stash> = Vec::with_capacity(weights.len());
     for (i, w) in weights.iter().enumerate() {
         let keep = !plan.recomputes(i);
-        let (out, kept) = w.forward(&x, b, s, spec.causal, dropout, i as u64, keep)?;
+        let (out, kept) = w.forward(&x, b, s, dropout, i as u64, keep)?;
         saved.push(match kept {
             Some(kept) => Stash::Kept(kept),
             None => Stash::Input(x),
@@ -96,7 +97,7 @@ pub fn forward_backward(
         let kept = match stash {
             Stash::Kept(kept) => kept,
             Stash::Input(input) => w
-                .forward(&input, b, s, spec.causal, dropout, i as u64, true)?
+                .forward(&input, b, s, dropout, i as u64, true)?
                 .1
                 .ok_or_else(|| Error::internal(format!("block {i} kept nothing when asked to")))?,
         };
@@ -108,15 +109,21 @@ pub fn forward_backward(
 }
 
 /// The mean loss of `batch` without dropout, keeping nothing.
-pub fn eval_loss(model: &Transformer, batch: &Batch, dtype: DType) -> Result<f64> {
+pub fn eval_loss(
+    model: &Transformer,
+    batch: &Batch,
+    dtype: DType,
+    attention: Attention,
+) -> Result<f64> {
     let (b, s) = batch.inputs.dims2()?;
     let off = Dropout::disabled();
     let mut x = embed(model, &batch.inputs, dtype, None)?;
+    // One block's weights at a time: evaluation never holds more than a training step.
+    let spec = model.spec();
+    let attention = attention.resolve(batch.inputs.device(), dtype, spec.head_dim());
     for (i, block) in model.blocks().iter().enumerate() {
-        let w = BlockWeights::new(&block.layers(), dtype)?;
-        x = w
-            .forward(&x, b, s, model.spec().causal, &off, i as u64, false)?
-            .0;
+        let w = BlockWeights::new(&block.layers(), dtype, attention, spec.causal)?;
+        x = w.forward(&x, b, s, &off, i as u64, false)?.0;
     }
     let (_, logits) = Head::new(model, dtype)?.forward(&x)?;
     let losses = ops::cross_entropy_rows(&logits, &batch.targets)?;
@@ -124,6 +131,22 @@ pub fn eval_loss(model: &Transformer, batch: &Batch, dtype: DType) -> Result<f64
         .to_dtype(DType::F64)?
         .mean_all()?
         .to_scalar::<f64>()?)
+}
+
+/// Every block's weights for one pass, with attention resolved for the device.
+fn block_weights<'a>(
+    model: &'a Transformer,
+    dtype: DType,
+    attention: Attention,
+    device: &candle_core::Device,
+) -> Result<Vec<BlockWeights<'a>>> {
+    let spec = model.spec();
+    let attention = attention.resolve(device, dtype, spec.head_dim());
+    model
+        .blocks()
+        .iter()
+        .map(|block| BlockWeights::new(&block.layers(), dtype, attention, spec.causal))
+        .collect()
 }
 
 /// The final norm (pre-norm models) and the vocabulary head.

@@ -40,3 +40,39 @@ extern "C" __global__ void adam_apply(float *theta, const float *m, const float 
         theta[i] = __fsub_rn(__fmul_rn(theta[i], k.decay), update);
     }
 }
+
+// All parameter tensors of a model in one launch, each element's three updates in one pass
+// (the arithmetic of the three kernels above, in their order). Blocks cover `per_block`
+// consecutive elements of one tensor; `first_block` numbers each tensor's first block, so a
+// block finds its tensor by binary search over the (few hundred) segments.
+struct AdamSegment {
+    float *theta;
+    float *m;
+    float *v;
+    const float *g;
+    long long n;
+    long long first_block;
+};
+
+extern "C" __global__ void adam_multi(const AdamSegment *segs, int n_segs, AdamK k,
+                                      long long per_block) {
+    int lo = 0, hi = n_segs - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (segs[mid].first_block <= (long long)blockIdx.x) lo = mid; else hi = mid - 1;
+    }
+    const AdamSegment s = segs[lo];
+    const long long start = ((long long)blockIdx.x - s.first_block) * per_block;
+    const long long end = min(start + per_block, s.n);
+    for (long long i = start + threadIdx.x; i < end; i += blockDim.x) {
+        const float theta = s.theta[i];
+        const float gi = decayed_grad(k, theta, s.g[i]);
+        const float m = __fadd_rn(__fmul_rn(s.m[i], k.b1), __fmul_rn(gi, k.c1));
+        const float v = __fadd_rn(__fmul_rn(s.v[i], k.b2), __fmul_rn(__fmul_rn(gi, gi), k.c2));
+        const float denom = __fadd_rn(__fmul_rn(sqrtf(v), k.inv_sqrt_bias2), k.eps);
+        const float update = __fmul_rn(__fdiv_rn(m, denom), k.step_size);
+        s.m[i] = m;
+        s.v[i] = v;
+        s.theta[i] = __fsub_rn(__fmul_rn(theta, k.decay), update);
+    }
+}

@@ -142,3 +142,14 @@ __device__ void block_lse(float &m, float &s) {
     s = ps[32];
     __syncthreads();
 }
+
+// Whether element `i` of a dropout site with mask key `key` survives: SplitMix64 of the key and
+// the index, the function the CPU side uses (`crate::ops::DropoutMask::keeps`), so masks are
+// regenerated rather than stored and CPU and GPU draw identical ones.
+__device__ __forceinline__ bool dropout_keep(uint64_t key, uint64_t i, uint32_t threshold) {
+    uint64_t z = key + (i + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (uint32_t)(z >> 32) >= threshold;
+}

@@ -14,14 +14,6 @@
 #define ACT_RELU 1
 #define ACT_GELU 2
 
-__device__ __forceinline__ bool keep(uint64_t key, uint64_t i, uint32_t threshold) {
-    uint64_t z = key + (i + 1) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (uint32_t)(z >> 32) >= threshold;
-}
-
 // GELU, tanh approximation (GPT-2's), and its derivative.
 __device__ __forceinline__ float gelu(float z) {
     const float u = 0.7978845608028654f * (z + 0.044715f * z * z * z);
@@ -57,7 +49,7 @@ __device__ __forceinline__ float epilogue_one(float v, const float *bias, size_t
                                               float scale, uint64_t key) {
     if (has_bias) v += bias[c];
     v = activate(v, act);
-    if (threshold) v = keep(key, i, threshold) ? v * scale : 0.f;
+    if (threshold) v = dropout_keep(key, i, threshold) ? v * scale : 0.f;
     return v;
 }
 
@@ -101,7 +93,7 @@ __device__ __forceinline__ float epilogue_grad_one(float g, float z, const float
                                                    size_t i, int c, int has_bias, int act,
                                                    uint32_t threshold, float scale,
                                                    uint64_t key) {
-    if (threshold) g = keep(key, i, threshold) ? g * scale : 0.f;
+    if (threshold) g = dropout_keep(key, i, threshold) ? g * scale : 0.f;
     if (act != ACT_NONE) {
         if (has_bias) z += bias[c];
         g *= activate_grad(z, act);
@@ -152,7 +144,7 @@ __device__ void embed_fwd(const uint32_t *ids, const T *table, const T *position
         const size_t r = i / d, c = i % d;
         float v = to_f32(table[(size_t)ids[r] * d + c]);
         if (has_positions) v += to_f32(positions[(r % seq) * d + c]);
-        if (threshold) v = keep(key, i, threshold) ? v * scale : 0.f;
+        if (threshold) v = dropout_keep(key, i, threshold) ? v * scale : 0.f;
         out[i] = from_f32<T>(v);
     }
 }

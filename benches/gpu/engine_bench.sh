@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# engine_bench.sh — the engine's GPU checks and its comparison with PyTorch, in one run:
+#
+#   benches/gpu/engine_bench.sh OUTDIR
+#
+#   1. the CUDA tests (flash attention vs the CPU, the one-launch Adam, the explicit engine and
+#      its kernels vs the CPU), output in OUTDIR/cuda_tests.txt; the flash timings are in there;
+#   2. run.sh: the default engine and the materialised-attention engine against PyTorch eager on
+#      $ROWS (default: seed bf16 32/128/512, seed fp32 128/512, gpt-124m bf16 4/16);
+#   3. kernels.sh: one Nsight Compute kernel table per row of $KERNEL_ROWS for ours and PyTorch
+#      (default gpt-124m bf16 16), where the time of a step goes.
+#
+# Needs the CUDA build in .gpu/ (cuda-build.sh --out .gpu, plus a copy of gpu-env.sh) and the
+# test binary in .gpux/
+# (cuda-build.sh --out .gpux --test it; only the `it-*` file is needed). Environment: ROWS,
+# KERNEL_ROWS ("MODEL:PRECISION:MB ..."; empty skips), TESTS (default: the four groups above).
+set -uo pipefail
+if [[ $# -ne 1 || "$1" == -h ]]; then sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2; fi
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+mkdir -p "$1"; OUTDIR="$(cd "$1" && pwd)"; cd "$ROOT"
+ROWS="${ROWS:-seed:bf16:32,128,512 seed:fp32:128,512 gpt-124m:bf16:4,16}"
+KERNEL_ROWS="${KERNEL_ROWS-gpt-124m:bf16:16}"
+TESTS="${TESTS:-cuda_attention cuda_explicit cuda_ops::cuda_backward cuda_ops::cuda_softmax}"
+stamp() { echo "engine_bench.sh [$(date -u +%H:%M:%S)] $*" >&2; }
+
+TEST_BIN="$(ls .gpux/it-* 2>/dev/null | head -n 1)"
+if [[ -n "$TEST_BIN" ]]; then
+  # shellcheck disable=SC1091
+  set +u; source .gpu/gpu-env.sh "$ROOT/.gpu" "$ROOT/.gpux"; set -u
+  stamp "CUDA tests: $TESTS"
+  # shellcheck disable=SC2086
+  "$TEST_BIN" $TESTS --nocapture --test-threads=1 > "$OUTDIR/cuda_tests.txt" 2>&1
+  stamp "CUDA tests: exit $?"
+  grep -E "^test |test result|MISS|panicked" "$OUTDIR/cuda_tests.txt" >&2
+  grep -E "^flash " "$OUTDIR/cuda_tests.txt" >&2
+else
+  stamp "no test binary in .gpux/: skipping the CUDA tests"
+fi
+
+stamp "run.sh $ROWS"
+# shellcheck disable=SC2086
+EXTRA_ENGINES=explicit-materialized benches/gpu/run.sh "$OUTDIR" $ROWS > /dev/null
+stamp "run.sh: exit $?"
+
+for row in $KERNEL_ROWS; do
+  IFS=: read -r model precision mb <<< "$row"
+  stamp "kernels $model $precision $mb"
+  benches/gpu/kernels.sh "$OUTDIR" "$model" "$precision" "$mb" 2 > /dev/null
+  benches/gpu/kernels.sh "$OUTDIR" "$model" "$precision" "$mb" 2 torch > /dev/null
+done
+stamp "done"
+for f in "$OUTDIR"/table*.md; do echo "== $(basename "$f")"; cat "$f"; done

@@ -1,0 +1,245 @@
+//! Flash attention over the rows of a q/k/v product: `softmax(q kᵀ/√hd) v` per head, with an
+//! optional causal mask and dropout on the probabilities, forward and backward, without the
+//! `(batch, heads, seq, seq)` score and probability tensors.
+//!
+//! The materialised path ([`super::attention_softmax`] between two batched products) keeps the
+//! probabilities for the backward pass: at seq 1024 that is `2·heads·seq²` bytes per sequence
+//! and layer in bf16 (24 MiB for gpt-124m, 288 MiB per sequence over its 12 layers, more than
+//! every other activation together), and it splits and merges heads with three permute copies.
+//! Here the forward pass keeps one f32 log-sum-exp per row and head, and the backward pass
+//! recomputes the probabilities from q and k.
+//!
+//! Inputs and outputs stay in the token-major layout of the linear layers around attention:
+//! `qkv` is `(batch·seq, 3·d)` with columns `[q | k | v]` and head `h` in columns
+//! `h·hd .. (h+1)·hd` of each part; the output and its gradient are `(batch·seq, d)`; the gradient
+//! of `qkv` has `qkv`'s shape. Dropout masks use the element index of the probability tensor the
+//! materialised path would have, so both paths draw the same masks.
+//!
+//! CPU: straightforward f32 loops (f64 row sums), one thread per group of heads; the reference
+//! the CUDA kernels (`kernels/attention.cu`) are tested against. CUDA: bf16 and f16 with head
+//! widths [`FLASH_HEAD_DIMS`]; see [`flash_attention_supported`].
+
+#![allow(unsafe_code)]
+
+mod cpu;
+#[cfg(feature = "cuda")]
+mod gpu;
+
+use candle_core::op::BackpropOp;
+use candle_core::{bail, DType, Device, Result, Shape, Storage, Tensor};
+
+use super::{check_input, input_f32, output, DropoutMask};
+
+const NAME: &str = "flash-attention";
+
+/// Head widths the CUDA kernels are built for.
+pub const FLASH_HEAD_DIMS: [usize; 3] = [16, 32, 64];
+
+/// The geometry of one attention call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionShape {
+    /// Sequences in the micro-batch.
+    pub batch: usize,
+    /// Tokens per sequence.
+    pub seq: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Whether query `i` sees only keys `0..=i`.
+    pub causal: bool,
+}
+
+impl AttentionShape {
+    /// The model width `d` of a `(batch·seq, 3·d)` q/k/v product, after checking its shape.
+    fn width(&self, qkv: &Tensor) -> Result<usize> {
+        let (rows, cols) = qkv.dims2()?;
+        if rows != self.batch * self.seq || cols % (3 * self.heads) != 0 || cols == 0 {
+            bail!(
+                "{NAME}: q/k/v rows {:?} do not fit batch {} × seq {} with {} heads",
+                qkv.shape(),
+                self.batch,
+                self.seq,
+                self.heads
+            );
+        }
+        Ok(cols / 3)
+    }
+
+    fn head_dim(&self, d: usize) -> usize {
+        d / self.heads
+    }
+
+    /// Scores are scaled by 1/√hd.
+    fn scale(&self, d: usize) -> f32 {
+        1.0 / (self.head_dim(d) as f32).sqrt()
+    }
+}
+
+/// Whether [`flash_attention`] runs on `device` for `dtype` activations and heads of
+/// `head_dim`: always on the CPU; on CUDA for bf16 and f16 (the tensor-core products) with a
+/// head width in [`FLASH_HEAD_DIMS`]. Elsewhere attention materialises its probabilities.
+pub fn flash_attention_supported(device: &Device, dtype: DType, head_dim: usize) -> bool {
+    match device {
+        Device::Cpu => true,
+        Device::Cuda(_) => {
+            matches!(dtype, DType::BF16 | DType::F16) && FLASH_HEAD_DIMS.contains(&head_dim)
+        }
+        _ => false,
+    }
+}
+
+/// `(output rows (batch·seq, d) in qkv's dtype, log-sum-exp (batch, heads, seq) f32)` of
+/// attention over `qkv`; the log-sum-exp is what [`flash_attention_backward`] needs besides
+/// `qkv` and the output. No graph is recorded.
+pub fn flash_attention(
+    qkv: &Tensor,
+    shape: &AttentionShape,
+    dropout: Option<DropoutMask>,
+) -> Result<(Tensor, Tensor)> {
+    check_input(qkv, NAME)?;
+    let d = shape.width(qkv)?;
+    let qkv = aligned(qkv)?;
+    let args = Args::new(shape, d, dropout);
+    let (storage, layout) = qkv.storage_and_layout();
+    let (out, lse) = match &*storage {
+        Storage::Cpu(s) => {
+            let (out, lse) = cpu::forward(&input_f32(s, layout, NAME)?, &args);
+            (
+                Storage::Cpu(output(out, qkv.dtype())?),
+                Storage::Cpu(candle_core::CpuStorage::F32(lse)),
+            )
+        }
+        #[cfg(feature = "cuda")]
+        Storage::Cuda(s) => {
+            let (out, lse) = gpu::forward(s, layout, &args)?;
+            (Storage::Cuda(out), Storage::Cuda(lse))
+        }
+        _ => bail!("{NAME}: runs on the CPU and CUDA only"),
+    };
+    let rows = shape.batch * shape.seq;
+    Ok((
+        fresh(out, (rows, d)),
+        fresh(lse, (shape.batch, shape.heads, shape.seq)),
+    ))
+}
+
+/// The gradient of `qkv` (its shape and dtype) from the gradient `dout` of
+/// [`flash_attention`]'s output, given `qkv`, that output and its log-sum-exp.
+pub fn flash_attention_backward(
+    qkv: &Tensor,
+    out: &Tensor,
+    lse: &Tensor,
+    dout: &Tensor,
+    shape: &AttentionShape,
+    dropout: Option<DropoutMask>,
+) -> Result<Tensor> {
+    check_input(qkv, NAME)?;
+    let d = shape.width(qkv)?;
+    let rows = shape.batch * shape.seq;
+    if out.dims() != [rows, d] || dout.dims() != [rows, d] {
+        bail!(
+            "{NAME}: output {:?} and its gradient {:?} must be [{rows}, {d}]",
+            out.shape(),
+            dout.shape()
+        );
+    }
+    if lse.dims() != [shape.batch, shape.heads, shape.seq] || lse.dtype() != DType::F32 {
+        bail!(
+            "{NAME}: log-sum-exp must be f32 [{}, {}, {}], got {:?} {:?}",
+            shape.batch,
+            shape.heads,
+            shape.seq,
+            lse.dtype(),
+            lse.shape()
+        );
+    }
+    let qkv = aligned(qkv)?;
+    let out = aligned(&out.to_dtype(qkv.dtype())?)?;
+    let dout = aligned(&dout.to_dtype(qkv.dtype())?)?;
+    let lse = lse.contiguous()?;
+    let args = Args::new(shape, d, dropout);
+    let (sq, lq) = qkv.storage_and_layout();
+    let (so, lo) = out.storage_and_layout();
+    let (sl, ll) = lse.storage_and_layout();
+    let (sd, ld) = dout.storage_and_layout();
+    let dqkv = match (&*sq, &*so, &*sl, &*sd) {
+        (Storage::Cpu(q), Storage::Cpu(o), Storage::Cpu(l), Storage::Cpu(g)) => {
+            let dqkv = cpu::backward(
+                &input_f32(q, lq, NAME)?,
+                &input_f32(o, lo, NAME)?,
+                &input_f32(l, ll, NAME)?,
+                &input_f32(g, ld, NAME)?,
+                &args,
+            );
+            Storage::Cpu(output(dqkv, qkv.dtype())?)
+        }
+        #[cfg(feature = "cuda")]
+        (Storage::Cuda(q), Storage::Cuda(o), Storage::Cuda(l), Storage::Cuda(g)) => {
+            Storage::Cuda(gpu::backward((q, lq), (o, lo), (l, ll), (g, ld), &args)?)
+        }
+        _ => bail!("{NAME}: all inputs must be on one device, the CPU or CUDA"),
+    };
+    Ok(fresh(dqkv, (rows, 3 * d)))
+}
+
+/// What both implementations need to know of a call.
+#[derive(Debug, Clone, Copy)]
+struct Args {
+    batch: usize,
+    seq: usize,
+    heads: usize,
+    head_dim: usize,
+    causal: bool,
+    scale: f32,
+    /// `(mask, its keep scale)`; `None` without dropout.
+    dropout: Option<DropoutMask>,
+}
+
+impl Args {
+    fn new(shape: &AttentionShape, d: usize, dropout: Option<DropoutMask>) -> Self {
+        Self {
+            batch: shape.batch,
+            seq: shape.seq,
+            heads: shape.heads,
+            head_dim: shape.head_dim(d),
+            causal: shape.causal,
+            scale: shape.scale(d),
+            dropout: dropout.filter(|m| m.threshold() > 0),
+        }
+    }
+
+    fn width(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// The factor of element `(batch·heads index bh, query i, key j)` of the probabilities:
+    /// 1 without dropout, else 0 (dropped) or `1/(1 − p)`.
+    fn keep_factor(&self, bh: usize, i: usize, j: usize) -> f32 {
+        match self.dropout {
+            None => 1.0,
+            Some(m) => {
+                let index = ((bh * self.seq + i) * self.seq + j) as u64;
+                if m.keeps(index) {
+                    m.scale()
+                } else {
+                    0.0
+                }
+            }
+        }
+    }
+}
+
+/// A tensor over a storage just computed, outside any graph.
+fn fresh(storage: Storage, shape: impl Into<Shape>) -> Tensor {
+    Tensor::from_storage(storage, shape, BackpropOp::none(), false)
+}
+
+/// `t` contiguous and starting on a 16-byte boundary of its buffer, as the CUDA kernels' vector
+/// loads need (a copy in the rare case it does not).
+fn aligned(t: &Tensor) -> Result<Tensor> {
+    let t = t.contiguous()?;
+    if (t.layout().start_offset() * t.dtype().size_in_bytes()) % 16 == 0 {
+        Ok(t)
+    } else {
+        t.copy()
+    }
+}

@@ -1,0 +1,201 @@
+//! CUDA launches for flash attention (`kernels/attention.cu`).
+//!
+//! Every kernel runs 128 threads (four warps of 16 rows) per block on a
+//! `(batch·heads, ceil(seq / 64))` grid. The backward pass launches the dq kernel first: it
+//! also writes `D = rowsum(dO ⊙ O)`, which the dk/dv kernel reads.
+
+#![allow(unsafe_code)]
+
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::WrapErr;
+use candle_core::{bail, CudaDevice, CudaStorage, Layout, Result};
+
+use super::{Args, NAME};
+use crate::ops::cuda::{self, Elem};
+
+/// The kernels' `flash::Dims`, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Dims {
+    batch: i32,
+    heads: i32,
+    seq: i32,
+    scale: f32,
+    causal: i32,
+    key: u64,
+    threshold: u32,
+    keep_scale: f32,
+}
+
+// SAFETY: a plain `repr(C)` struct with the field order, types and therefore padding of the
+// kernels' `struct Dims { int, int, int; float; int; uint64_t; uint32_t; float; }`.
+unsafe impl DeviceRepr for Dims {}
+
+const THREADS: u32 = 128;
+const TILE: usize = 64;
+
+impl Dims {
+    fn new(a: &Args) -> Result<Self> {
+        let (key, threshold, keep_scale) = match a.dropout {
+            Some(m) => (m.key, m.threshold(), m.scale()),
+            None => (0, 0, 1.0),
+        };
+        Ok(Self {
+            batch: cuda::dim(a.batch, "batch")?,
+            heads: cuda::dim(a.heads, "heads")?,
+            seq: cuda::dim(a.seq, "sequence length")?,
+            scale: a.scale,
+            causal: i32::from(a.causal),
+            key,
+            threshold,
+            keep_scale,
+        })
+    }
+}
+
+fn config(a: &Args) -> Result<LaunchConfig> {
+    let tiles = a.seq.div_ceil(TILE);
+    if tiles > 65_535 {
+        bail!("{NAME}: sequence length {} exceeds the grid", a.seq);
+    }
+    Ok(LaunchConfig {
+        grid_dim: (
+            cuda::dim(a.batch * a.heads, "batch × heads")? as u32,
+            tiles as u32,
+            1,
+        ),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// The kernel's name without its dtype suffix, e.g. `flash_fwd_h64`.
+fn name(base: &str, a: &Args, dtype: candle_core::DType) -> Result<String> {
+    if !matches!(dtype, candle_core::DType::BF16 | candle_core::DType::F16) {
+        bail!("{NAME}: the CUDA kernels take bf16 or f16, not {dtype:?}");
+    }
+    if !super::FLASH_HEAD_DIMS.contains(&a.head_dim) {
+        bail!(
+            "{NAME}: no CUDA kernel for head width {} (built for {:?})",
+            a.head_dim,
+            super::FLASH_HEAD_DIMS
+        );
+    }
+    Ok(format!("{base}_h{}", a.head_dim))
+}
+
+pub(super) fn forward(
+    qkv: &CudaStorage,
+    l: &Layout,
+    a: &Args,
+) -> Result<(CudaStorage, CudaStorage)> {
+    let out = cuda::float_slice!(NAME, qkv, v => forward_typed(v, l, a, &qkv.device)?);
+    Ok(out)
+}
+
+fn forward_typed<T: Elem>(
+    qkv: &candle_core::cuda_backend::cudarc::driver::CudaSlice<T>,
+    l: &Layout,
+    a: &Args,
+    dev: &CudaDevice,
+) -> Result<(CudaStorage, CudaStorage)> {
+    let qkv = cuda::slice_view(qkv, l, NAME)?;
+    let func = cuda::kernel(
+        dev,
+        &cuda::ATTENTION,
+        &name("flash_fwd", a, T::DTYPE)?,
+        T::DTYPE,
+    )?;
+    let rows = a.batch * a.seq;
+    // SAFETY: the kernel writes every output row and every log-sum-exp (one per row and head).
+    let mut out = unsafe { cuda::output::<T>(dev, rows * a.width()) }?;
+    // SAFETY: as above.
+    let mut lse = unsafe { cuda::output::<f32>(dev, a.batch * a.heads * a.seq) }?;
+    let dims = Dims::new(a)?;
+    let stream = dev.cuda_stream();
+    let mut args = stream.launch_builder(&func);
+    args.arg(&qkv).arg(&mut out).arg(&mut lse).arg(&dims);
+    // SAFETY: the arguments match `flash_fwd_h<hd>_<T>(const T*, T*, float*, Dims)`; `qkv`
+    // holds rows·3d elements starting 16-byte aligned (`super::aligned`), `out` rows·d and
+    // `lse` batch·heads·seq.
+    unsafe { args.launch(config(a)?) }.w()?;
+    Ok((
+        CudaStorage::wrap_cuda_slice(out, dev.clone()),
+        CudaStorage::wrap_cuda_slice(lse, dev.clone()),
+    ))
+}
+
+type Input<'a> = (&'a CudaStorage, &'a Layout);
+
+pub(super) fn backward(
+    qkv: Input,
+    out: Input,
+    lse: Input,
+    dout: Input,
+    a: &Args,
+) -> Result<CudaStorage> {
+    let dqkv = cuda::float_slice!(NAME, qkv.0, v => backward_typed(v, qkv.1, out, lse, dout, a, &qkv.0.device)?);
+    Ok(dqkv)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn backward_typed<T: Elem>(
+    qkv: &candle_core::cuda_backend::cudarc::driver::CudaSlice<T>,
+    lq: &Layout,
+    (out, lo): Input,
+    (lse, ll): Input,
+    (dout, ld): Input,
+    a: &Args,
+    dev: &CudaDevice,
+) -> Result<CudaStorage> {
+    let qkv = cuda::slice_view(qkv, lq, NAME)?;
+    let out = cuda::view::<T>(out, lo, NAME)?;
+    let dout = cuda::view::<T>(dout, ld, NAME)?;
+    let lse = cuda::view::<f32>(lse, ll, NAME)?;
+    let rows = a.batch * a.seq;
+    // SAFETY: the dq kernel writes every row's q columns and every D, the dk/dv kernel every
+    // row's k and v columns.
+    let mut dqkv = unsafe { cuda::output::<T>(dev, rows * 3 * a.width()) }?;
+    // SAFETY: as above.
+    let mut dsum = unsafe { cuda::output::<f32>(dev, a.batch * a.heads * a.seq) }?;
+    let dims = Dims::new(a)?;
+    let cfg = config(a)?;
+    let stream = dev.cuda_stream();
+
+    let dq = cuda::kernel(
+        dev,
+        &cuda::ATTENTION,
+        &name("flash_bwd_dq", a, T::DTYPE)?,
+        T::DTYPE,
+    )?;
+    let mut args = stream.launch_builder(&dq);
+    args.arg(&qkv)
+        .arg(&out)
+        .arg(&dout)
+        .arg(&lse)
+        .arg(&mut dsum)
+        .arg(&mut dqkv)
+        .arg(&dims);
+    // SAFETY: the arguments match `flash_bwd_dq_h<hd>_<T>(const T* qkv, const T* out, const T*
+    // dout, const float* lse, float* dsum, T* dqkv, Dims)` with the sizes above.
+    unsafe { args.launch(cfg) }.w()?;
+
+    let dkdv = cuda::kernel(
+        dev,
+        &cuda::ATTENTION,
+        &name("flash_bwd_dkdv", a, T::DTYPE)?,
+        T::DTYPE,
+    )?;
+    let mut args = stream.launch_builder(&dkdv);
+    args.arg(&qkv)
+        .arg(&dout)
+        .arg(&lse)
+        .arg(&dsum)
+        .arg(&mut dqkv)
+        .arg(&dims);
+    // SAFETY: the arguments match `flash_bwd_dkdv_h<hd>_<T>(const T* qkv, const T* dout, const
+    // float* lse, const float* dsum, T* dqkv, Dims)`; it runs after the dq kernel on the same
+    // stream, so `dsum` is complete.
+    unsafe { args.launch(cfg) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(dqkv, dev.clone()))
+}

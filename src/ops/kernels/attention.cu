@@ -1,0 +1,555 @@
+// Flash attention: softmax(scale · q kᵀ) v per head, forward and backward, without ever
+// writing the (seq × seq) score or probability matrices to memory.
+//
+// Layout: q, k and v are read straight from the q/k/v product, rows of `3·d` values per token
+// (`[q | k | v]`, head h in columns h·hd .. (h+1)·hd of each part), so no head split/merge copy
+// runs; the output rows (width d) and the gradient rows of the q/k/v product (width 3·d) are
+// written in the same token-major layout.
+//
+// Grids are (batch·heads, tiles of 64 rows): the long dimension in x, which has no 65535 limit.
+// Forward (one block per 64 query rows of one (batch, head), four warps of 16 rows): stream
+// 64-key tiles of k and v through shared memory, keep the running row maximum and sum of the
+// online softmax in registers, and save one log-sum-exp per row (f32) for the backward pass.
+// Backward, as two kernels that never need atomics (so every gradient is deterministic):
+//   dq:   one block per 64 query rows; also writes D = rowsum(dO ⊙ O) for the next kernel;
+//   dkdv: one block per 64 keys, streaming 64-query tiles of q and dO.
+// Each recomputes the probabilities from q, k and the saved log-sum-exp.
+//
+// Matrix products use the warp-level `mma.sync.m16n8k16` (bf16 or f16 in, f32 accumulate),
+// available from sm_80, so the compute_80 PTX runs on Ampere, Ada (RTX 4090) and Hopper. The
+// accumulator fragment of one product is reused in registers as the A operand of the next
+// (probabilities times v), as FlashAttention-2 does; shared-memory operands are loaded with
+// `ldmatrix` (`.trans` where the product needs the tile transposed).
+//
+// Dropout on the probabilities uses the same (key, element index) hash as every other dropout
+// site, with the element index of the (batch, heads, seq, seq) probability tensor the
+// materialised path would have: masks agree with it exactly and are regenerated, not stored.
+// The row sums of the softmax are taken before dropout.
+#include "common.cuh"
+
+namespace flash {
+
+constexpr int WARPS = 4;
+constexpr int THREADS = WARPS * 32;
+constexpr int TILE = 64;  // query rows per block, keys per tile (both: 16 rows per warp)
+constexpr int PAD = 8;    // shared rows are padded by 16 bytes: ldmatrix reads no bank twice
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+
+template <typename T> struct Mma;
+
+template <> struct Mma<__nv_bfloat16> {
+    static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    // Two values as one register: `lo` in the low half (the lower column index).
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&v);
+    }
+};
+
+template <> struct Mma<__half> {
+    static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        __half2 v = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&v);
+    }
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+// B operands of two n-tiles from a shared tile X (rows × pitch) where B(k, n) = X[n][k]:
+// n = row0 .. row0+16, k = col0 .. col0+16. b[0], b[1] serve n-tile row0, b[2], b[3] row0+8.
+template <typename T>
+__device__ __forceinline__ void frag_b_rows(uint32_t (&b)[4], const T *x, int pitch, int row0,
+                                            int col0) {
+    const int lane = threadIdx.x & 31;
+    const int m = lane >> 3, r = lane & 7;
+    const T *p = x + (row0 + (m >> 1) * 8 + r) * pitch + col0 + (m & 1) * 8;
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                 : "r"(smem_addr(p)));
+}
+
+// B operands of two n-tiles where B(k, n) = X[k][n]: k = k0 .. k0+16 (rows of X),
+// n = n0 .. n0+16 (columns). b[0], b[1] serve n-tile n0, b[2], b[3] n0+8.
+template <typename T>
+__device__ __forceinline__ void frag_b_cols(uint32_t (&b)[4], const T *x, int pitch, int k0,
+                                            int n0) {
+    const int lane = threadIdx.x & 31;
+    const int m = lane >> 3, r = lane & 7;
+    const T *p = x + (k0 + (m & 1) * 8 + r) * pitch + n0 + (m >> 1) * 8;
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                 : "r"(smem_addr(p)));
+}
+
+// The A operand (16 rows × 16 columns from col0) of rows row0.. of a row-major global matrix;
+// rows at or past `rows` read as zero.
+template <typename T>
+__device__ __forceinline__ void frag_a_global(uint32_t (&a)[4], const T *x, long long stride,
+                                              int row0, int col0, int rows) {
+    const int lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int r0 = row0 + g, r1 = row0 + g + 8, c = col0 + 2 * t;
+    auto at = [&](int r, int col) -> uint32_t {
+        return r < rows ? *reinterpret_cast<const uint32_t *>(x + r * stride + col) : 0u;
+    };
+    a[0] = at(r0, c);
+    a[1] = at(r1, c);
+    a[2] = at(r0, c + 8);
+    a[3] = at(r1, c + 8);
+}
+
+// Copies `TILE` rows of width HD (rows row0.. of a global matrix) into shared memory with 16-byte
+// vectors, zero-filling rows at or past `rows`: zero v rows keep masked-out keys from feeding
+// NaN garbage into 0 · v.
+template <typename T, int HD>
+__device__ __forceinline__ void load_tile(T *dst, const T *src, long long stride, int row0,
+                                          int rows) {
+    constexpr int VEC = 8;
+    constexpr int PER_ROW = HD / VEC;
+    for (int i = threadIdx.x; i < TILE * PER_ROW; i += THREADS) {
+        const int r = i / PER_ROW, c = (i % PER_ROW) * VEC;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (row0 + r < rows) v = *reinterpret_cast<const uint4 *>(src + (row0 + r) * stride + c);
+        *reinterpret_cast<uint4 *>(dst + r * (HD + PAD) + c) = v;
+    }
+}
+
+// The four accumulator elements of a thread in an m16n8 tile sit at rows (g, g, g+8, g+8)
+// and columns (2t, 2t+1, 2t, 2t+1).
+__device__ __forceinline__ int acc_row(int e) { return (threadIdx.x & 31) / 4 + (e >> 1) * 8; }
+__device__ __forceinline__ int acc_col(int e) { return 2 * (threadIdx.x & 3) + (e & 1); }
+
+struct Dims {
+    int batch, heads, seq;
+    float scale;         // 1/√hd
+    int causal;          // query i sees keys 0..=i
+    uint64_t key;        // dropout mask key
+    uint32_t threshold;  // 0: no dropout
+    float keep_scale;    // 1/(1-p)
+};
+
+__device__ __forceinline__ bool kept(const Dims &p, int bh, int i, int j) {
+    const uint64_t idx = ((uint64_t)bh * p.seq + i) * p.seq + j;
+    return dropout_keep(p.key, idx, p.threshold);
+}
+
+template <typename T, int HD>
+__device__ void forward(const T *qkv, T *out, float *lse, Dims p) {
+    constexpr int PITCH = HD + PAD;
+    __shared__ __align__(16) T ks[TILE * PITCH];
+    __shared__ __align__(16) T vs[TILE * PITCH];
+    const int d = p.heads * HD, S = p.seq;
+    const long long stride = 3LL * d;
+    const int bh = blockIdx.x, b = bh / p.heads, h = bh % p.heads;
+    const int warp = threadIdx.x >> 5;
+    const T *q = qkv + (long long)b * S * stride + h * HD;
+    const T *k = q + d;
+    const T *v = q + 2 * d;
+    // Causal blocks of late rows do the most work: they go first, not into the last wave.
+    const int tile = gridDim.y - 1 - blockIdx.y;
+    const int row0 = tile * TILE + warp * 16;
+
+    uint32_t qf[HD / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) frag_a_global(qf[kk], q, stride, row0, kk * 16, S);
+
+    float acc[HD / 8][4] = {};
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    const float sl2 = p.scale * LOG2E;
+    int tiles = (S + TILE - 1) / TILE;
+    if (p.causal) tiles = min(tiles, tile + 1);
+
+    for (int j = 0; j < tiles; ++j) {
+        __syncthreads();  // everyone is done reading the previous tile
+        load_tile<T, HD>(ks, k, stride, j * TILE, S);
+        load_tile<T, HD>(vs, v, stride, j * TILE, S);
+        __syncthreads();
+
+        float s[TILE / 8][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk) {
+#pragma unroll
+            for (int nt = 0; nt < TILE / 8; nt += 2) {
+                uint32_t bf[4];
+                frag_b_rows(bf, ks, PITCH, nt * 8, kk * 16);
+                Mma<T>::run(s[nt], qf[kk], bf[0], bf[1]);
+                Mma<T>::run(s[nt + 1], qf[kk], bf[2], bf[3]);
+            }
+        }
+        // Scores in the log2 domain; masked keys at -inf. Then the new row maxima.
+        float mnew[2] = {m[0], m[1]};
+#pragma unroll
+        for (int nt = 0; nt < TILE / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = row0 + acc_row(e), col = j * TILE + nt * 8 + acc_col(e);
+                float x = s[nt][e] * sl2;
+                if (col >= S || (p.causal && col > row)) x = -INFINITY;
+                s[nt][e] = x;
+                mnew[e >> 1] = fmaxf(mnew[e >> 1], x);
+            }
+        }
+        float base[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            mnew[r] = fmaxf(mnew[r], __shfl_xor_sync(0xffffffffu, mnew[r], 1));
+            mnew[r] = fmaxf(mnew[r], __shfl_xor_sync(0xffffffffu, mnew[r], 2));
+            // Every processed tile holds a visible key for every row, so mnew is finite.
+            base[r] = mnew[r] == -INFINITY ? 0.f : mnew[r];
+            const float alpha = exp2f(m[r] - base[r]);
+            l[r] *= alpha;
+#pragma unroll
+            for (int dt = 0; dt < HD / 8; ++dt) {
+                acc[dt][2 * r] *= alpha;
+                acc[dt][2 * r + 1] *= alpha;
+            }
+            m[r] = mnew[r];
+        }
+        // Probabilities (unnormalised); the row sums see them before dropout.
+#pragma unroll
+        for (int nt = 0; nt < TILE / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float pe = exp2f(s[nt][e] - base[e >> 1]);
+                l[e >> 1] += pe;
+                if (p.threshold) {
+                    const int row = row0 + acc_row(e), col = j * TILE + nt * 8 + acc_col(e);
+                    if (row < S && col < S && !kept(p, bh, row, col)) pe = 0.f;
+                }
+                s[nt][e] = pe;
+            }
+        }
+        // acc += P · V, the probabilities reused in registers as the A operand.
+#pragma unroll
+        for (int kk = 0; kk < TILE / 16; ++kk) {
+            const uint32_t pa[4] = {
+                Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]),
+                Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]),
+                Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]),
+            };
+#pragma unroll
+            for (int dt = 0; dt < HD / 8; dt += 2) {
+                uint32_t bf[4];
+                frag_b_cols(bf, vs, PITCH, kk * 16, dt * 8);
+                Mma<T>::run(acc[dt], pa, bf[0], bf[1]);
+                Mma<T>::run(acc[dt + 1], pa, bf[2], bf[3]);
+            }
+        }
+    }
+
+    const int t = threadIdx.x & 3;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float total = l[r];
+        total += __shfl_xor_sync(0xffffffffu, total, 1);
+        total += __shfl_xor_sync(0xffffffffu, total, 2);
+        const int row = row0 + acc_row(2 * r);
+        if (row >= S) continue;
+        const float inv = p.keep_scale / total;
+        T *o = out + ((long long)b * S + row) * d + h * HD;
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; ++dt) {
+            *reinterpret_cast<uint32_t *>(o + dt * 8 + 2 * t) =
+                Mma<T>::pack(acc[dt][2 * r] * inv, acc[dt][2 * r + 1] * inv);
+        }
+        if (t == 0) lse[(long long)bh * S + row] = (m[r] + log2f(total)) * LN2;
+    }
+}
+
+// dq = scale · Σ_j dS_ij k_j with dS = P ⊙ (dP − D), dP = dropout(dO · vᵀ); writes D first.
+template <typename T, int HD>
+__device__ void backward_dq(const T *qkv, const T *out, const T *dout, const float *lse,
+                            float *dsum, T *dqkv, Dims p) {
+    constexpr int PITCH = HD + PAD;
+    __shared__ __align__(16) T ks[TILE * PITCH];
+    __shared__ __align__(16) T vs[TILE * PITCH];
+    const int d = p.heads * HD, S = p.seq;
+    const long long stride = 3LL * d;
+    const int bh = blockIdx.x, b = bh / p.heads, h = bh % p.heads;
+    const int warp = threadIdx.x >> 5, t = threadIdx.x & 3;
+    const T *q = qkv + (long long)b * S * stride + h * HD;
+    const T *k = q + d;
+    const T *v = q + 2 * d;
+    const T *o = out + (long long)b * S * d + h * HD;
+    const T *dog = dout + (long long)b * S * d + h * HD;
+    // Causal blocks of late rows do the most work: they go first, not into the last wave.
+    const int tile = gridDim.y - 1 - blockIdx.y;
+    const int row0 = tile * TILE + warp * 16;
+
+    uint32_t qf[HD / 16][4], df[HD / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+        frag_a_global(qf[kk], q, stride, row0, kk * 16, S);
+        frag_a_global(df[kk], dog, d, row0, kk * 16, S);
+    }
+    // D = rowsum(dO ⊙ O): each quad holds a whole row of dO between its four threads.
+    float dr[2] = {0.f, 0.f}, l2[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = row0 + acc_row(2 * r);
+        if (row < S) {
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; ++kk) {
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int col = kk * 16 + 2 * t + half * 8;
+                    const uint32_t packed = df[kk][r + 2 * half];
+                    const T *dv = reinterpret_cast<const T *>(&packed);
+                    const T *ov = o + (long long)row * d + col;
+                    dr[r] += to_f32(dv[0]) * to_f32(ov[0]) + to_f32(dv[1]) * to_f32(ov[1]);
+                }
+            }
+        }
+        dr[r] += __shfl_xor_sync(0xffffffffu, dr[r], 1);
+        dr[r] += __shfl_xor_sync(0xffffffffu, dr[r], 2);
+        l2[r] = row < S ? lse[(long long)bh * S + row] * LOG2E : 0.f;
+        if (row < S && t == 0) dsum[(long long)bh * S + row] = dr[r];
+    }
+
+    float acc[HD / 8][4] = {};
+    const float sl2 = p.scale * LOG2E;
+    int tiles = (S + TILE - 1) / TILE;
+    if (p.causal) tiles = min(tiles, tile + 1);
+    for (int j = 0; j < tiles; ++j) {
+        __syncthreads();
+        load_tile<T, HD>(ks, k, stride, j * TILE, S);
+        load_tile<T, HD>(vs, v, stride, j * TILE, S);
+        __syncthreads();
+
+        float s[TILE / 8][4] = {}, dp[TILE / 8][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk) {
+#pragma unroll
+            for (int nt = 0; nt < TILE / 8; nt += 2) {
+                uint32_t bf[4];
+                frag_b_rows(bf, ks, PITCH, nt * 8, kk * 16);
+                Mma<T>::run(s[nt], qf[kk], bf[0], bf[1]);
+                Mma<T>::run(s[nt + 1], qf[kk], bf[2], bf[3]);
+                frag_b_rows(bf, vs, PITCH, nt * 8, kk * 16);
+                Mma<T>::run(dp[nt], df[kk], bf[0], bf[1]);
+                Mma<T>::run(dp[nt + 1], df[kk], bf[2], bf[3]);
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < TILE / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = row0 + acc_row(e), col = j * TILE + nt * 8 + acc_col(e);
+                const bool visible = row < S && col < S && !(p.causal && col > row);
+                const float pe = visible ? exp2f(s[nt][e] * sl2 - l2[e >> 1]) : 0.f;
+                float z = 1.f;
+                if (p.threshold) z = visible && kept(p, bh, row, col) ? p.keep_scale : 0.f;
+                s[nt][e] = pe * (dp[nt][e] * z - dr[e >> 1]);
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < TILE / 16; ++kk) {
+            const uint32_t sa[4] = {
+                Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]),
+                Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]),
+                Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]),
+            };
+#pragma unroll
+            for (int dt = 0; dt < HD / 8; dt += 2) {
+                uint32_t bf[4];
+                frag_b_cols(bf, ks, PITCH, kk * 16, dt * 8);
+                Mma<T>::run(acc[dt], sa, bf[0], bf[1]);
+                Mma<T>::run(acc[dt + 1], sa, bf[2], bf[3]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = row0 + acc_row(2 * r);
+        if (row >= S) continue;
+        T *dq = dqkv + ((long long)b * S + row) * stride + h * HD;
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; ++dt) {
+            *reinterpret_cast<uint32_t *>(dq + dt * 8 + 2 * t) =
+                Mma<T>::pack(acc[dt][2 * r] * p.scale, acc[dt][2 * r + 1] * p.scale);
+        }
+    }
+}
+
+// dv = Σ_i dropout(P)_ij dO_i and dk = scale · Σ_i dS_ij q_i for this block's 64 keys; the
+// products run transposed (keys as rows), so P and dS come out as Pᵀ and dSᵀ fragments.
+template <typename T, int HD>
+__device__ void backward_dkdv(const T *qkv, const T *dout, const float *lse, const float *dsum,
+                              T *dqkv, Dims p) {
+    constexpr int PITCH = HD + PAD;
+    __shared__ __align__(16) T qs[TILE * PITCH];
+    __shared__ __align__(16) T dos[TILE * PITCH];
+    __shared__ float l2s[TILE];
+    __shared__ float ds[TILE];
+    const int d = p.heads * HD, S = p.seq;
+    const long long stride = 3LL * d;
+    const int bh = blockIdx.x, b = bh / p.heads, h = bh % p.heads;
+    const int warp = threadIdx.x >> 5, t = threadIdx.x & 3;
+    const T *q = qkv + (long long)b * S * stride + h * HD;
+    const T *k = q + d;
+    const T *v = q + 2 * d;
+    const T *dog = dout + (long long)b * S * d + h * HD;
+    const int key0 = blockIdx.y * TILE + warp * 16;
+
+    uint32_t kf[HD / 16][4], vf[HD / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+        frag_a_global(kf[kk], k, stride, key0, kk * 16, S);
+        frag_a_global(vf[kk], v, stride, key0, kk * 16, S);
+    }
+    float dk[HD / 8][4] = {}, dv[HD / 8][4] = {};
+    const float sl2 = p.scale * LOG2E;
+    const int tiles = (S + TILE - 1) / TILE;
+    for (int i = p.causal ? blockIdx.y : 0; i < tiles; ++i) {
+        __syncthreads();
+        load_tile<T, HD>(qs, q, stride, i * TILE, S);
+        load_tile<T, HD>(dos, dog, d, i * TILE, S);
+        for (int r = threadIdx.x; r < TILE; r += THREADS) {
+            const int row = i * TILE + r;
+            l2s[r] = row < S ? lse[(long long)bh * S + row] * LOG2E : 0.f;
+            ds[r] = row < S ? dsum[(long long)bh * S + row] : 0.f;
+        }
+        __syncthreads();
+
+        // Sᵀ = k · qᵀ, then Pᵀ; `kept_bits` remembers the dropout mask for dPᵀ.
+        float s[TILE / 8][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk) {
+#pragma unroll
+            for (int nt = 0; nt < TILE / 8; nt += 2) {
+                uint32_t bf[4];
+                frag_b_rows(bf, qs, PITCH, nt * 8, kk * 16);
+                Mma<T>::run(s[nt], kf[kk], bf[0], bf[1]);
+                Mma<T>::run(s[nt + 1], kf[kk], bf[2], bf[3]);
+            }
+        }
+        uint32_t kept_bits = 0xffffffffu;
+#pragma unroll
+        for (int nt = 0; nt < TILE / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = key0 + acc_row(e), lq = nt * 8 + acc_col(e), row = i * TILE + lq;
+                const bool visible = row < S && key < S && !(p.causal && key > row);
+                s[nt][e] = visible ? exp2f(s[nt][e] * sl2 - l2s[lq]) : 0.f;
+                if (p.threshold && !(visible && kept(p, bh, row, key)))
+                    kept_bits &= ~(1u << (nt * 4 + e));
+            }
+        }
+        // dv += dropout(P)ᵀ · dO (the keep scale is applied once at the end).
+#pragma unroll
+        for (int kk = 0; kk < TILE / 16; ++kk) {
+            float z[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const int nt = 2 * kk + (e >> 2), c = e & 3;
+                z[e] = (kept_bits >> (nt * 4 + c)) & 1u ? s[nt][c] : 0.f;
+            }
+            const uint32_t pa[4] = {Mma<T>::pack(z[0], z[1]), Mma<T>::pack(z[2], z[3]),
+                                    Mma<T>::pack(z[4], z[5]), Mma<T>::pack(z[6], z[7])};
+#pragma unroll
+            for (int dt = 0; dt < HD / 8; dt += 2) {
+                uint32_t bf[4];
+                frag_b_cols(bf, dos, PITCH, kk * 16, dt * 8);
+                Mma<T>::run(dv[dt], pa, bf[0], bf[1]);
+                Mma<T>::run(dv[dt + 1], pa, bf[2], bf[3]);
+            }
+        }
+        // dPᵀ = v · dOᵀ, then dSᵀ = Pᵀ ⊙ (dropout(dPᵀ) − D) in place of Pᵀ.
+        float dp[TILE / 8][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk) {
+#pragma unroll
+            for (int nt = 0; nt < TILE / 8; nt += 2) {
+                uint32_t bf[4];
+                frag_b_rows(bf, dos, PITCH, nt * 8, kk * 16);
+                Mma<T>::run(dp[nt], vf[kk], bf[0], bf[1]);
+                Mma<T>::run(dp[nt + 1], vf[kk], bf[2], bf[3]);
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < TILE / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int lq = nt * 8 + acc_col(e);
+                float z = 1.f;
+                if (p.threshold) z = (kept_bits >> (nt * 4 + e)) & 1u ? p.keep_scale : 0.f;
+                s[nt][e] = s[nt][e] * (dp[nt][e] * z - ds[lq]);
+            }
+        }
+        // dk += dSᵀ · q.
+#pragma unroll
+        for (int kk = 0; kk < TILE / 16; ++kk) {
+            const uint32_t sa[4] = {
+                Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]),
+                Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]),
+                Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]),
+            };
+#pragma unroll
+            for (int dt = 0; dt < HD / 8; dt += 2) {
+                uint32_t bf[4];
+                frag_b_cols(bf, qs, PITCH, kk * 16, dt * 8);
+                Mma<T>::run(dk[dt], sa, bf[0], bf[1]);
+                Mma<T>::run(dk[dt + 1], sa, bf[2], bf[3]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int key = key0 + acc_row(2 * r);
+        if (key >= S) continue;
+        T *dst = dqkv + ((long long)b * S + key) * stride + h * HD;
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; ++dt) {
+            *reinterpret_cast<uint32_t *>(dst + d + dt * 8 + 2 * t) =
+                Mma<T>::pack(dk[dt][2 * r] * p.scale, dk[dt][2 * r + 1] * p.scale);
+            *reinterpret_cast<uint32_t *>(dst + 2 * d + dt * 8 + 2 * t) =
+                Mma<T>::pack(dv[dt][2 * r] * p.keep_scale, dv[dt][2 * r + 1] * p.keep_scale);
+        }
+    }
+}
+
+}  // namespace flash
+
+#define FLASH_KERNELS(T, NAME, HD)                                                             \
+    extern "C" __global__ void __launch_bounds__(flash::THREADS)                               \
+        flash_fwd_h##HD##_##NAME(const T *qkv, T *out, float *lse, flash::Dims p) {            \
+        flash::forward<T, HD>(qkv, out, lse, p);                                               \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(flash::THREADS)                               \
+        flash_bwd_dq_h##HD##_##NAME(const T *qkv, const T *out, const T *dout,                 \
+                                    const float *lse, float *dsum, T *dqkv, flash::Dims p) {   \
+        flash::backward_dq<T, HD>(qkv, out, dout, lse, dsum, dqkv, p);                         \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(flash::THREADS)                               \
+        flash_bwd_dkdv_h##HD##_##NAME(const T *qkv, const T *dout, const float *lse,           \
+                                      const float *dsum, T *dqkv, flash::Dims p) {             \
+        flash::backward_dkdv<T, HD>(qkv, dout, lse, dsum, dqkv, p);                            \
+    }
+
+FLASH_KERNELS(__nv_bfloat16, bf16, 16)
+FLASH_KERNELS(__nv_bfloat16, bf16, 32)
+FLASH_KERNELS(__nv_bfloat16, bf16, 64)
+FLASH_KERNELS(__half, f16, 16)
+FLASH_KERNELS(__half, f16, 32)
+FLASH_KERNELS(__half, f16, 64)

@@ -1,0 +1,177 @@
+//! Flash attention on the CPU against an f64 autograd reference: outputs, log-sum-exps and the
+//! gradients of q, k and v, causal or not, with and without dropout, on fresh random inputs of
+//! a sequence length that is no multiple of any tile.
+//!
+//! The reference is candle's autograd over f64 primitives (a composite softmax with the row
+//! maximum detached, which softmax is invariant to), with the dropout mask built element by
+//! element from [`DropoutMask::keeps`]. Tolerances are `ops::tol` (max error relative to the
+//! reference's largest magnitude): the flash op computes in f32 from inputs in the tested dtype,
+//! so it differs from f64 by f32 rounding and one output rounding.
+
+use candle_core::{DType, Device, Tensor, Var, D};
+
+use autotune::ops::{self, AttentionShape, DropoutMask};
+
+use crate::ops::{assert_close, random, tol, DTYPES};
+
+struct Reference {
+    out: Tensor,
+    lse: Tensor,
+    dqkv: Tensor,
+}
+
+/// `(rows, 3d)` → `(3, b, h, s, hd)` and back.
+fn split(qkv: &Tensor, shape: &AttentionShape) -> Tensor {
+    let d = qkv.dim(1).unwrap() / 3;
+    let hd = d / shape.heads;
+    qkv.reshape((shape.batch, shape.seq, 3, shape.heads, hd))
+        .unwrap()
+        .permute((2, 0, 3, 1, 4))
+        .unwrap()
+        .contiguous()
+        .unwrap()
+}
+
+fn merge(heads: &Tensor, shape: &AttentionShape) -> Tensor {
+    let hd = heads.dim(D::Minus1).unwrap();
+    heads
+        .permute((0, 2, 1, 3))
+        .unwrap()
+        .contiguous()
+        .unwrap()
+        .reshape((shape.batch * shape.seq, shape.heads * hd))
+        .unwrap()
+}
+
+/// The dropout factors of the `(b, h, s, s)` probabilities (1 without dropout).
+fn keep_factors(shape: &AttentionShape, mask: Option<DropoutMask>) -> Tensor {
+    let n = shape.batch * shape.heads * shape.seq * shape.seq;
+    let f: Vec<f64> = (0..n as u64)
+        .map(|i| match mask {
+            None => 1.0,
+            Some(m) if m.keeps(i) => 1.0 / (1.0 - f64::from(m.p)),
+            Some(_) => 0.0,
+        })
+        .collect();
+    Tensor::from_vec(
+        f,
+        (shape.batch, shape.heads, shape.seq, shape.seq),
+        &Device::Cpu,
+    )
+    .unwrap()
+}
+
+fn reference(
+    qkv: &Tensor,
+    dout: &Tensor,
+    shape: &AttentionShape,
+    mask: Option<DropoutMask>,
+) -> Reference {
+    let qkv = Var::from_tensor(&qkv.to_dtype(DType::F64).unwrap()).unwrap();
+    let heads = split(qkv.as_tensor(), shape);
+    let (q, k, v) = (
+        heads.get(0).unwrap(),
+        heads.get(1).unwrap(),
+        heads.get(2).unwrap(),
+    );
+    let hd = q.dim(D::Minus1).unwrap();
+    let s = shape.seq;
+    let mut scores = (q.matmul(&k.t().unwrap()).unwrap() / (hd as f64).sqrt()).unwrap();
+    if shape.causal {
+        let m: Vec<f64> = (0..s * s)
+            .map(|x| {
+                if x % s > x / s {
+                    f64::NEG_INFINITY
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let m = Tensor::from_vec(m, (s, s), &Device::Cpu).unwrap();
+        scores = scores.broadcast_add(&m).unwrap();
+    }
+    let max = scores.max_keepdim(D::Minus1).unwrap().detach();
+    let e = scores.broadcast_sub(&max).unwrap().exp().unwrap();
+    let sum = e.sum_keepdim(D::Minus1).unwrap();
+    let lse = (max + sum.log().unwrap())
+        .unwrap()
+        .squeeze(D::Minus1)
+        .unwrap();
+    let probs = e.broadcast_div(&sum).unwrap();
+    let dropped = (probs * keep_factors(shape, mask)).unwrap();
+    let out = merge(&dropped.matmul(&v).unwrap(), shape);
+    let loss = (&out * dout.to_dtype(DType::F64).unwrap())
+        .unwrap()
+        .sum_all()
+        .unwrap();
+    let grads = loss.backward().unwrap();
+    Reference {
+        out: out.detach(),
+        lse: lse.detach(),
+        dqkv: grads.get(qkv.as_tensor()).unwrap().clone(),
+    }
+}
+
+#[test]
+fn flash_attention_matches_an_f64_reference() {
+    let mask = DropoutMask { p: 0.2, key: 41 };
+    let mut seed = 100;
+    for (batch, seq, heads, hd) in [(2, 37, 3, 16), (1, 1, 2, 8), (1, 70, 1, 32)] {
+        for causal in [false, true] {
+            for dropout in [None, Some(mask)] {
+                for dtype in DTYPES {
+                    seed += 1;
+                    let shape = AttentionShape {
+                        batch,
+                        seq,
+                        heads,
+                        causal,
+                    };
+                    let d = heads * hd;
+                    let qkv = random(&[batch * seq, 3 * d], 1.0, 0.0, seed, dtype);
+                    let dout = random(&[batch * seq, d], 1.0, 0.0, seed + 1000, dtype);
+                    let want = reference(&qkv, &dout, &shape, dropout);
+                    let (out, lse) = ops::flash_attention(&qkv, &shape, dropout).unwrap();
+                    let dqkv =
+                        ops::flash_attention_backward(&qkv, &out, &lse, &dout, &shape, dropout)
+                            .unwrap();
+                    let what = format!(
+                        "b{batch} s{seq} h{heads} hd{hd} causal={causal} dropout={} {dtype:?}",
+                        dropout.is_some()
+                    );
+                    assert_eq!(out.dtype(), dtype, "{what}: output dtype");
+                    assert_eq!(lse.dtype(), DType::F32, "{what}: lse dtype");
+                    assert_eq!(dqkv.dtype(), dtype, "{what}: gradient dtype");
+                    assert_close(&format!("{what} out"), &out, &want.out, tol(dtype));
+                    assert_close(&format!("{what} lse"), &lse, &want.lse, tol(DType::F32));
+                    // The backward pass reads the rounded output (D = dO · O): in half
+                    // precision that rounding enters the gradient too.
+                    let grad_tol = if dtype == DType::F32 {
+                        tol(dtype)
+                    } else {
+                        2.0 * tol(dtype)
+                    };
+                    assert_close(&format!("{what} dqkv"), &dqkv, &want.dqkv, grad_tol);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn flash_attention_rejects_mismatched_shapes() {
+    let shape = AttentionShape {
+        batch: 2,
+        seq: 5,
+        heads: 2,
+        causal: true,
+    };
+    let qkv = random(&[9, 24], 1.0, 0.0, 1, DType::F32);
+    let err = ops::flash_attention(&qkv, &shape, None).unwrap_err();
+    assert!(err.to_string().contains("do not fit"), "{err}");
+    let qkv = random(&[10, 24], 1.0, 0.0, 1, DType::F32);
+    let (out, lse) = ops::flash_attention(&qkv, &shape, None).unwrap();
+    let wrong = random(&[10, 4], 1.0, 0.0, 2, DType::F32);
+    let err = ops::flash_attention_backward(&qkv, &out, &lse, &wrong, &shape, None).unwrap_err();
+    assert!(err.to_string().contains("must be [10, 8]"), "{err}");
+}

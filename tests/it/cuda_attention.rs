@@ -1,0 +1,292 @@
+//! Flash attention's CUDA kernels against the CPU implementation (itself checked against an f64
+//! reference in `attention.rs`), their run-to-run reproducibility, the engine with flash
+//! attention against the materialised path on the GPU, and timings.
+//!
+//! Needs a CUDA device (ordinal 0). Every comparison prints one line (`--nocapture` shows them)
+//! and the test fails at the end, after all lines are out, if any comparison missed.
+//!
+//! Tolerances (max error relative to the CPU's largest magnitude): outputs `ops::tol`; gradients
+//! twice that, because the kernels round the probabilities and their gradients to bf16/f16 as
+//! the operands of the second product, where the CPU keeps them in f32.
+
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+
+use autotune::knobs::{Knobs, Precision};
+use autotune::model::Engine;
+use autotune::ops::{self, AttentionShape, DropoutMask};
+use autotune::spec::model::ModelSpec;
+use autotune::train::data::{Data, DataSpec};
+use autotune::train::step::Trainer;
+
+use crate::ops::{errors, random, tol};
+use crate::util::small_gpt;
+
+fn gpu() -> Device {
+    Device::new_cuda(0).expect("these tests need a CUDA device")
+}
+
+/// Comparison lines that missed their tolerance.
+#[derive(Default)]
+struct Misses(Vec<String>);
+
+impl Misses {
+    fn check(&mut self, what: &str, got: &Tensor, want: &Tensor, tol: f64) {
+        let (abs, rel) = errors(got, want);
+        let ok = rel <= tol;
+        let line = format!(
+            "cuda {what:<64} max abs {abs:9.3e}  rel {rel:9.3e}  (tol {tol:.1e}){}",
+            if ok { "" } else { "  MISS" }
+        );
+        eprintln!("{line}");
+        if !ok {
+            self.0.push(line);
+        }
+    }
+
+    fn finish(self) {
+        assert!(self.0.is_empty(), "missed:\n{}", self.0.join("\n"));
+    }
+}
+
+/// Fills and frees a large buffer with NaN, so that an output element a kernel fails to write
+/// (allocated from the same pool) reads as NaN and fails its comparison.
+fn poison_pool(dev: &Device) {
+    drop(Tensor::full(f32::NAN, 64 << 20, dev).unwrap());
+}
+
+#[test]
+fn cuda_flash_attention_matches_the_cpu() {
+    let dev = gpu();
+    let mut misses = Misses::default();
+    let mask = DropoutMask { p: 0.1, key: 9 };
+    let mut seed = 500;
+    for (batch, seq, heads, hd) in [
+        (2, 200, 3, 64),
+        (3, 64, 2, 32),
+        (2, 129, 4, 16),
+        (1, 1, 2, 64),
+        (1, 300, 1, 64),
+    ] {
+        for causal in [false, true] {
+            for dropout in [None, Some(mask)] {
+                for dtype in [DType::BF16, DType::F16] {
+                    seed += 2;
+                    let shape = AttentionShape {
+                        batch,
+                        seq,
+                        heads,
+                        causal,
+                    };
+                    let d = heads * hd;
+                    let qkv = random(&[batch * seq, 3 * d], 1.0, 0.0, seed, dtype);
+                    let dout = random(&[batch * seq, d], 1.0, 0.0, seed + 1, dtype);
+                    let run = |device: &Device| {
+                        let qkv = qkv.to_device(device).unwrap();
+                        let dout = dout.to_device(device).unwrap();
+                        let (out, lse) = ops::flash_attention(&qkv, &shape, dropout).unwrap();
+                        let dqkv =
+                            ops::flash_attention_backward(&qkv, &out, &lse, &dout, &shape, dropout)
+                                .unwrap();
+                        (out, lse, dqkv)
+                    };
+                    poison_pool(&dev);
+                    let (out, lse, dqkv) = run(&dev);
+                    let (out_c, lse_c, dqkv_c) = run(&Device::Cpu);
+                    let what = format!(
+                        "b{batch} s{seq} h{heads} hd{hd} causal={} drop={} {dtype:?}",
+                        u8::from(causal),
+                        u8::from(dropout.is_some())
+                    );
+                    misses.check(&format!("{what} out"), &out, &out_c, tol(dtype));
+                    misses.check(&format!("{what} lse"), &lse, &lse_c, tol(DType::F32) * 10.0);
+                    misses.check(&format!("{what} dqkv"), &dqkv, &dqkv_c, 2.0 * tol(dtype));
+                    // No atomics: a second run is bit-identical.
+                    let (out2, _, dqkv2) = run(&dev);
+                    misses.check(&format!("{what} out rerun"), &out2, &out, 0.0);
+                    misses.check(&format!("{what} dqkv rerun"), &dqkv2, &dqkv, 0.0);
+                }
+            }
+        }
+    }
+    misses.finish();
+}
+
+/// A GPT-shaped model whose heads the kernels support (d 128, 2 heads of 64), with dropout.
+fn flash_gpt() -> ModelSpec {
+    ModelSpec {
+        name: "flash-gpt".into(),
+        d_model: 128,
+        n_heads: 2,
+        d_ff: 256,
+        seq_len: 96,
+        dropout: 0.1,
+        ..small_gpt()
+    }
+}
+
+#[test]
+fn cuda_flash_engine_matches_the_materialized_engine() {
+    let dev = gpu();
+    let mut misses = Misses::default();
+    for spec in [
+        flash_gpt(),
+        ModelSpec {
+            causal: false,
+            ..flash_gpt()
+        },
+    ] {
+        let data = Data::open(&DataSpec::Random, &spec).unwrap();
+        let batch = data.batch(3, 0, 0, 4, &dev).unwrap();
+        for (precision, grad_tol) in [(Precision::Bf16, 0.5), (Precision::Fp16, 0.4)] {
+            let run = |engine| {
+                let mut trainer = Trainer::new(&spec, Knobs::new(4, precision), &dev, 3).unwrap();
+                trainer.set_engine(engine);
+                trainer.gradients(std::slice::from_ref(&batch)).unwrap()
+            };
+            let (g, loss) = run(Engine::Explicit);
+            let (g_ref, loss_ref) = run(Engine::ExplicitMaterialized);
+            let what = format!("engine causal={} {precision}", u8::from(spec.causal));
+            eprintln!("{what}: loss flash {loss:.6} materialized {loss_ref:.6}");
+            if ((loss - loss_ref) / loss_ref).abs() > 1e-3 {
+                misses.0.push(format!("{what}: loss {loss} vs {loss_ref}"));
+            }
+            let worst = g
+                .iter()
+                .zip(&g_ref)
+                .map(|(a, b)| errors(a, b).1)
+                .fold(0f64, f64::max);
+            eprintln!("{what}: worst gradient rel error {worst:.3e} (tol {grad_tol})");
+            if worst.is_nan() || worst > grad_tol {
+                misses.0.push(format!("{what}: gradient error {worst:e}"));
+            }
+        }
+    }
+    misses.finish();
+}
+
+/// Median milliseconds of `f` over `reps` runs after three warm-ups.
+fn time_ms(dev: &Device, reps: usize, mut f: impl FnMut()) -> f64 {
+    for _ in 0..3 {
+        f();
+    }
+    dev.synchronize().unwrap();
+    let mut times: Vec<f64> = (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            dev.synchronize().unwrap();
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[reps / 2]
+}
+
+/// Forward and backward times at the seed's and gpt-124m's attention shapes, with the rates
+/// they reach counting the useful products only (forward 4·b·h·s²·hd, backward 2.5× that, half
+/// of each when causal), for comparison with the ~780 TFLOP/s bf16 ceiling of the H200.
+#[test]
+fn cuda_flash_attention_timings() {
+    let dev = gpu();
+    for (name, batch, seq, heads, causal, dropout) in [
+        (
+            "seed b512",
+            512,
+            128,
+            8,
+            false,
+            Some(DropoutMask { p: 0.1, key: 3 }),
+        ),
+        ("gpt-124m b16", 16, 1024, 12, true, None),
+    ] {
+        let shape = AttentionShape {
+            batch,
+            seq,
+            heads,
+            causal,
+        };
+        let hd = 64;
+        let d = heads * hd;
+        let qkv = random(&[batch * seq, 3 * d], 1.0, 0.0, 1, DType::BF16)
+            .to_device(&dev)
+            .unwrap();
+        let dout = random(&[batch * seq, d], 1.0, 0.0, 2, DType::BF16)
+            .to_device(&dev)
+            .unwrap();
+        let (out, lse) = ops::flash_attention(&qkv, &shape, dropout).unwrap();
+        let fwd = time_ms(&dev, 20, || {
+            ops::flash_attention(&qkv, &shape, dropout).unwrap();
+        });
+        let bwd = time_ms(&dev, 20, || {
+            ops::flash_attention_backward(&qkv, &out, &lse, &dout, &shape, dropout).unwrap();
+        });
+        let flops = 4.0
+            * (batch * heads) as f64
+            * (seq * seq) as f64
+            * hd as f64
+            * if causal { 0.5 } else { 1.0 };
+        eprintln!(
+            "flash {name} bf16 (s {seq}, h {heads}, hd {hd}, causal {causal}, dropout {}): forward {fwd:.3} ms ({:.0} TFLOP/s), backward {bwd:.3} ms ({:.0} TFLOP/s)",
+            dropout.is_some(),
+            flops / fwd / 1e9,
+            2.5 * flops / bwd / 1e9
+        );
+    }
+}
+
+/// The one-launch Adam over many tensors against the per-tensor kernels, for Adam with L2
+/// decay and AdamW: the same arithmetic, so bit-identical weights and moments.
+#[test]
+fn cuda_multi_tensor_adam_matches_per_tensor_adam() {
+    use autotune::spec::model::OptimizerSpec;
+    use autotune::train::host_math::AdamConsts;
+    let dev = gpu();
+    let mut misses = Misses::default();
+    let sizes = [1usize, 7, 2048, 2049, 100_000, 3 * 4096 + 5];
+    for spec in [
+        OptimizerSpec {
+            weight_decay: 0.01,
+            ..OptimizerSpec::adam(1e-3)
+        },
+        OptimizerSpec::adamw(3e-4),
+    ] {
+        let fresh = |seed: u64, scale: f32| -> Vec<Tensor> {
+            sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| {
+                    random(&[n], scale, 0.0, seed + i as u64, DType::F32)
+                        .abs()
+                        .unwrap()
+                        .to_device(&dev)
+                        .unwrap()
+                })
+                .collect()
+        };
+        let copies =
+            |ts: &[Tensor]| -> Vec<Tensor> { ts.iter().map(|t| t.copy().unwrap()).collect() };
+        let (theta, m, v, g) = (
+            fresh(1, 1.0),
+            fresh(20, 0.1),
+            fresh(40, 0.01),
+            fresh(60, 1.0),
+        );
+        let (theta2, m2, v2) = (copies(&theta), copies(&m), copies(&v));
+        for step in 1..=3 {
+            let consts = AdamConsts::new(&spec, step);
+            ops::adam_update_all(&theta, &m, &v, &g, &consts).unwrap();
+            for i in 0..sizes.len() {
+                ops::adam_update(&theta2[i], &m2[i], &v2[i], &g[i], &consts).unwrap();
+            }
+        }
+        for i in 0..sizes.len() {
+            let what = format!("adam {:?} n={}", spec.kind, sizes[i]);
+            misses.check(&format!("{what} theta"), &theta[i], &theta2[i], 0.0);
+            misses.check(&format!("{what} m"), &m[i], &m2[i], 0.0);
+            misses.check(&format!("{what} v"), &v[i], &v2[i], 0.0);
+        }
+    }
+    misses.finish();
+}
