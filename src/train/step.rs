@@ -186,6 +186,7 @@ impl Trainer {
 
     /// Runs one optimizer step on the next `grad_accum` micro-batches of `data`.
     pub fn step(&mut self, data: &Data) -> Result<StepReport> {
+        let started = std::time::Instant::now();
         let knobs = self.setup.knobs;
         let batches = (0..knobs.grad_accum as u64)
             .map(|micro| {
@@ -198,7 +199,15 @@ impl Trainer {
                 )
             })
             .collect::<Result<Vec<_>>>()?;
-        self.step_on(&batches)
+        let prepared = started.elapsed();
+        let report = self.step_on(&batches)?;
+        tracing::trace!(
+            target: "autotune::timing",
+            batches_ms = prepared.as_secs_f64() * 1e3,
+            step_ms = (started.elapsed() - prepared).as_secs_f64() * 1e3,
+            "step queued (the optimizer update may still run)"
+        );
+        Ok(report)
     }
 
     /// Runs one optimizer step on explicit micro-batches.

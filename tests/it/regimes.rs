@@ -301,3 +301,27 @@ fn checkpointing_lowers_the_measured_peak_and_offload_state_is_counted() {
         "offload peak {offload} B is below the estimate {estimate} B: host state not counted"
     );
 }
+
+#[test]
+fn flash_attention_keeps_no_probabilities() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("long.json"),
+        r#"{"preset": "tiny", "seq_len": 256}"#,
+    )
+    .unwrap();
+    let flash = peak_host(dir.path(), "long.json", &[]);
+    let materialized = peak_host(
+        dir.path(),
+        "long.json",
+        &["--engine", "explicit-materialized"],
+    );
+    // The materialised path keeps every layer's f32 probabilities (batch · heads · seq²) for
+    // the backward pass; most of that must be missing from the flash path's peak.
+    let spec = ModelSpec::from_file(&dir.path().join("long.json")).unwrap();
+    let probs = 16 * spec.n_layers * spec.n_heads * spec.seq_len * spec.seq_len * 4;
+    assert!(
+        (flash as f64) < materialized as f64 - 0.75 * probs as f64,
+        "flash {flash} B vs materialized {materialized} B; probabilities {probs} B"
+    );
+}

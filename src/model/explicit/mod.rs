@@ -56,6 +56,7 @@ pub fn forward_backward(
     loss_factor: f64,
     sink: &mut dyn FnMut(usize, Tensor) -> Result<()>,
 ) -> Result<f64> {
+    let started = std::time::Instant::now();
     let mut grads = Grads::new(model, sink);
     let (b, s) = batch.inputs.dims2()?;
     let weights = block_weights(model, dtype, attention, batch.inputs.device())?;
@@ -105,7 +106,17 @@ pub fn forward_backward(
     }
     embed_backward(model, &batch.inputs, &dx, embed_mask, &mut grads)?;
     grads.finish(model)?;
-    Ok(loss.to_scalar::<f64>()?)
+    // The first read of the step: it waits for the device. A long enqueue and a short wait
+    // mean the device starved while the host queued work.
+    let enqueued = started.elapsed();
+    let loss = loss.to_scalar::<f64>()?;
+    tracing::trace!(
+        target: "autotune::timing",
+        enqueue_ms = enqueued.as_secs_f64() * 1e3,
+        wait_ms = (started.elapsed() - enqueued).as_secs_f64() * 1e3,
+        "forward and backward queued, then waited for"
+    );
+    Ok(loss)
 }
 
 /// The mean loss of `batch` without dropout, keeping nothing.

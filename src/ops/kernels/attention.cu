@@ -8,7 +8,7 @@
 //
 // Grids are (batch·heads, tiles of 64 rows): the long dimension in x, which has no 65535 limit.
 // Forward (one block per 64 query rows of one (batch, head), four warps of 16 rows): stream
-// 64-key tiles of k and v through shared memory, keep the running row maximum and sum of the
+// 64-key tiles of k and v through double-buffered shared memory, keep the running row maximum and sum of the
 // online softmax in registers, and save one log-sum-exp per row (f32) for the backward pass.
 // Backward, as two kernels that never need atomics (so every gradient is deterministic):
 //   dq:   one block per 64 query rows; also writes D = rowsum(dO ⊙ O) for the next kernel;
@@ -116,19 +116,46 @@ __device__ __forceinline__ void frag_a_global(uint32_t (&a)[4], const T *x, long
     a[3] = at(r1, c + 8);
 }
 
-// Copies `TILE` rows of width HD (rows row0.. of a global matrix) into shared memory with 16-byte
-// vectors, zero-filling rows at or past `rows`: zero v rows keep masked-out keys from feeding
-// NaN garbage into 0 · v.
+// Copies `TILE` rows of width HD (rows row0.. of a global matrix) into shared memory as
+// asynchronous 16-byte copies (sm_80 `cp.async`), so the next tile streams in while the current
+// one is computed on; complete it with `cp_async_wait` and a barrier. Rows at or past `rows`
+// are zero-filled: zero v rows keep masked-out keys from feeding NaN garbage into 0 · v.
 template <typename T, int HD>
-__device__ __forceinline__ void load_tile(T *dst, const T *src, long long stride, int row0,
-                                          int rows) {
+__device__ __forceinline__ void load_tile_async(T *dst, const T *src, long long stride, int row0,
+                                                int rows) {
     constexpr int VEC = 8;
     constexpr int PER_ROW = HD / VEC;
     for (int i = threadIdx.x; i < TILE * PER_ROW; i += THREADS) {
         const int r = i / PER_ROW, c = (i % PER_ROW) * VEC;
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (row0 + r < rows) v = *reinterpret_cast<const uint4 *>(src + (row0 + r) * stride + c);
-        *reinterpret_cast<uint4 *>(dst + r * (HD + PAD) + c) = v;
+        const bool valid = row0 + r < rows;
+        const T *from = valid ? src + (row0 + r) * stride + c : src;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                         smem_addr(dst + r * (HD + PAD) + c)),
+                     "l"(from), "r"(valid ? 16 : 0));
+    }
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// Waits until at most N of this thread's committed copy groups are still in flight.
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Issues tile `next` (if any) into the other buffer and waits for tile `cur`'s copies: the
+// double-buffered pipeline every kernel's tile loop runs.
+template <typename T, int HD>
+__device__ __forceinline__ void pipeline_step(T (*a)[TILE * (HD + PAD)],
+                                              T (*b)[TILE * (HD + PAD)], const T *sa,
+                                              long long stride_a, const T *sb,
+                                              long long stride_b, int next, int tiles, int rows) {
+    if (next < tiles) {
+        load_tile_async<T, HD>(a[next & 1], sa, stride_a, next * TILE, rows);
+        load_tile_async<T, HD>(b[next & 1], sb, stride_b, next * TILE, rows);
+        cp_async_commit();
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
     }
 }
 
@@ -154,8 +181,8 @@ __device__ __forceinline__ bool kept(const Dims &p, int bh, int i, int j) {
 template <typename T, int HD>
 __device__ void forward(const T *qkv, T *out, float *lse, Dims p) {
     constexpr int PITCH = HD + PAD;
-    __shared__ __align__(16) T ks[TILE * PITCH];
-    __shared__ __align__(16) T vs[TILE * PITCH];
+    __shared__ __align__(16) T kbuf[2][TILE * PITCH];
+    __shared__ __align__(16) T vbuf[2][TILE * PITCH];
     const int d = p.heads * HD, S = p.seq;
     const long long stride = 3LL * d;
     const int bh = blockIdx.x, b = bh / p.heads, h = bh % p.heads;
@@ -177,11 +204,13 @@ __device__ void forward(const T *qkv, T *out, float *lse, Dims p) {
     int tiles = (S + TILE - 1) / TILE;
     if (p.causal) tiles = min(tiles, tile + 1);
 
+    load_tile_async<T, HD>(kbuf[0], k, stride, 0, S);
+    load_tile_async<T, HD>(vbuf[0], v, stride, 0, S);
+    cp_async_commit();
     for (int j = 0; j < tiles; ++j) {
-        __syncthreads();  // everyone is done reading the previous tile
-        load_tile<T, HD>(ks, k, stride, j * TILE, S);
-        load_tile<T, HD>(vs, v, stride, j * TILE, S);
-        __syncthreads();
+        pipeline_step<T, HD>(kbuf, vbuf, k, stride, v, stride, j + 1, tiles, S);
+        __syncthreads();  // tile j is in for every thread's copies
+        const T *ks = kbuf[j & 1], *vs = vbuf[j & 1];
 
         float s[TILE / 8][4] = {};
 #pragma unroll
@@ -254,6 +283,7 @@ __device__ void forward(const T *qkv, T *out, float *lse, Dims p) {
                 Mma<T>::run(acc[dt + 1], pa, bf[2], bf[3]);
             }
         }
+        __syncthreads();  // everyone is done with tile j before its buffer is refilled
     }
 
     const int t = threadIdx.x & 3;
@@ -280,8 +310,8 @@ template <typename T, int HD>
 __device__ void backward_dq(const T *qkv, const T *out, const T *dout, const float *lse,
                             float *dsum, T *dqkv, Dims p) {
     constexpr int PITCH = HD + PAD;
-    __shared__ __align__(16) T ks[TILE * PITCH];
-    __shared__ __align__(16) T vs[TILE * PITCH];
+    __shared__ __align__(16) T kbuf[2][TILE * PITCH];
+    __shared__ __align__(16) T vbuf[2][TILE * PITCH];
     const int d = p.heads * HD, S = p.seq;
     const long long stride = 3LL * d;
     const int bh = blockIdx.x, b = bh / p.heads, h = bh % p.heads;
@@ -329,11 +359,13 @@ __device__ void backward_dq(const T *qkv, const T *out, const T *dout, const flo
     const float sl2 = p.scale * LOG2E;
     int tiles = (S + TILE - 1) / TILE;
     if (p.causal) tiles = min(tiles, tile + 1);
+    load_tile_async<T, HD>(kbuf[0], k, stride, 0, S);
+    load_tile_async<T, HD>(vbuf[0], v, stride, 0, S);
+    cp_async_commit();
     for (int j = 0; j < tiles; ++j) {
+        pipeline_step<T, HD>(kbuf, vbuf, k, stride, v, stride, j + 1, tiles, S);
         __syncthreads();
-        load_tile<T, HD>(ks, k, stride, j * TILE, S);
-        load_tile<T, HD>(vs, v, stride, j * TILE, S);
-        __syncthreads();
+        const T *ks = kbuf[j & 1], *vs = vbuf[j & 1];
 
         float s[TILE / 8][4] = {}, dp[TILE / 8][4] = {};
 #pragma unroll
@@ -377,6 +409,7 @@ __device__ void backward_dq(const T *qkv, const T *out, const T *dout, const flo
                 Mma<T>::run(acc[dt + 1], sa, bf[2], bf[3]);
             }
         }
+        __syncthreads();
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -397,8 +430,8 @@ template <typename T, int HD>
 __device__ void backward_dkdv(const T *qkv, const T *dout, const float *lse, const float *dsum,
                               T *dqkv, Dims p) {
     constexpr int PITCH = HD + PAD;
-    __shared__ __align__(16) T qs[TILE * PITCH];
-    __shared__ __align__(16) T dos[TILE * PITCH];
+    __shared__ __align__(16) T qbuf[2][TILE * PITCH];
+    __shared__ __align__(16) T dobuf[2][TILE * PITCH];
     __shared__ float l2s[TILE];
     __shared__ float ds[TILE];
     const int d = p.heads * HD, S = p.seq;
@@ -420,10 +453,13 @@ __device__ void backward_dkdv(const T *qkv, const T *dout, const float *lse, con
     float dk[HD / 8][4] = {}, dv[HD / 8][4] = {};
     const float sl2 = p.scale * LOG2E;
     const int tiles = (S + TILE - 1) / TILE;
-    for (int i = p.causal ? blockIdx.y : 0; i < tiles; ++i) {
-        __syncthreads();
-        load_tile<T, HD>(qs, q, stride, i * TILE, S);
-        load_tile<T, HD>(dos, dog, d, i * TILE, S);
+    const int first = p.causal ? blockIdx.y : 0;
+    load_tile_async<T, HD>(qbuf[first & 1], q, stride, first * TILE, S);
+    load_tile_async<T, HD>(dobuf[first & 1], dog, d, first * TILE, S);
+    cp_async_commit();
+    for (int i = first; i < tiles; ++i) {
+        pipeline_step<T, HD>(qbuf, dobuf, q, stride, dog, d, i + 1, tiles, S);
+        const T *qs = qbuf[i & 1], *dos = dobuf[i & 1];
         for (int r = threadIdx.x; r < TILE; r += THREADS) {
             const int row = i * TILE + r;
             l2s[r] = row < S ? lse[(long long)bh * S + row] * LOG2E : 0.f;
@@ -513,6 +549,7 @@ __device__ void backward_dkdv(const T *qkv, const T *dout, const float *lse, con
                 Mma<T>::run(dk[dt + 1], sa, bf[2], bf[3]);
             }
         }
+        __syncthreads();
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
