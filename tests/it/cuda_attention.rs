@@ -290,3 +290,46 @@ fn cuda_multi_tensor_adam_matches_per_tensor_adam() {
     }
     misses.finish();
 }
+
+/// What the host spends per launch, the bound on how fast small kernels can be fed: 2,000
+/// queued ops of each kind on tiny tensors, the time to queue them (no wait) and to finish.
+#[test]
+fn cuda_host_time_per_op() {
+    let dev = gpu();
+    let a = random(&[1024], 1.0, 0.0, 1, DType::BF16)
+        .to_device(&dev)
+        .unwrap();
+    let b = random(&[1024], 1.0, 0.0, 2, DType::BF16)
+        .to_device(&dev)
+        .unwrap();
+    let m = random(&[64, 64], 1.0, 0.0, 3, DType::BF16)
+        .to_device(&dev)
+        .unwrap();
+    let kinds: [(&str, &dyn Fn() -> Tensor); 4] = [
+        ("candle add", &|| (&a + &b).unwrap()),
+        ("candle cast", &|| a.to_dtype(DType::F32).unwrap()),
+        ("candle matmul 64", &|| m.matmul(&m).unwrap()),
+        ("epilogue (ours)", &|| {
+            ops::epilogue(&a.reshape((32, 32)).unwrap(), None, None, None, None).unwrap()
+        }),
+    ];
+    for (name, op) in kinds {
+        for _ in 0..100 {
+            op();
+        }
+        dev.synchronize().unwrap();
+        let n = 2000;
+        let t = Instant::now();
+        for _ in 0..n {
+            op();
+        }
+        let queued = t.elapsed().as_secs_f64();
+        dev.synchronize().unwrap();
+        let done = t.elapsed().as_secs_f64();
+        eprintln!(
+            "host per op {name:<18}: queue {:.2} µs, done {:.2} µs",
+            queued / n as f64 * 1e6,
+            done / n as f64 * 1e6
+        );
+    }
+}
