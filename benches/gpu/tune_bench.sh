@@ -30,14 +30,16 @@
 #   BIN             autotune binary (default .gpu/autotune; target/debug/autotune for a CPU dry run)
 #   DEVICE          target profile for tune/run (default rtx4090-32g; `cpu` for a CPU dry run)
 #   PROBE_DEVICE    --device of the grid probes (default cuda; cpu when DEVICE=cpu)
-#   GPU_CAPACITY    --gpu-capacity of grid probes (default 24564MiB; empty = omit)
+#   GPU_CAPACITY    --gpu-capacity of grid probes (default 24564MiB, none on a CPU; empty = omit)
 #   HOST_BUDGET     --host-budget of grid probes (default 32GiB)
-#   REGIMES         grid regimes, PRECISION:CHECKPOINTING:OFFLOAD separated by spaces (default: the
-#                   plan's search space: bf16 × {none,all} × {none,optimizer} on a GPU,
-#                   fp32 × {none,all} × none on a CPU)
+#   REGIMES         grid regimes, PRECISION:CHECKPOINTING:OFFLOAD[:MB,MB,...] separated by spaces
+#                   (default: the plan's search space: bf16 × {none,all} × {none,optimizer} on a
+#                   GPU, fp32 × {none,all} × none on a CPU); a list of micro-batches replaces the
+#                   doubling schedule for that regime (probed ascending, up to the first that
+#                   does not fit), e.g. bf16:all:optimizer:1,64 for a slow regime
 #   MAX_MB          largest grid micro-batch (default 1024, tune's --max-micro-batch default)
 #   GRID_SECONDS    time for the whole grid (default 240)
-#   GRID_WARMUP, GRID_STEPS   steps per grid probe (default 2 and 5, as tune's trials)
+#   GRID_WARMUP, GRID_STEPS   steps per grid probe (default 2 and 5)
 #   BENCH_SECONDS   hard limit for this script: stage timeouts and the grid shrink to fit (default none)
 #   FINDERS         finders to run (default lightning-binsearch,accelerate; empty = skip)
 #   FINDER_CAP_MIB  PyTorch allocator cap for the finders (default 24052 = 24564 - 512 MiB context)
@@ -53,9 +55,10 @@
 #                   wrong when the tree was copied over an older checkout)
 set -euo pipefail
 export LC_NUMERIC=C   # awk and printf read and write decimal points
+export NO_COLOR=1     # plain log lines (autotune's debug output is parsed from the log)
 
 if [[ $# -ne 2 || "$1" == -h || "$1" == --help ]]; then
-  sed -n '2,51p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,55p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 
@@ -69,7 +72,8 @@ cd "$ROOT"
 BIN="${BIN:-.gpu/autotune}"
 DEVICE="${DEVICE:-rtx4090-32g}"
 if [[ "$DEVICE" == cpu ]]; then PROBE_DEVICE="${PROBE_DEVICE:-cpu}"; else PROBE_DEVICE="${PROBE_DEVICE:-cuda}"; fi
-GPU_CAPACITY="${GPU_CAPACITY-24564MiB}"
+# A CPU probe cannot emulate a GPU size.
+if [[ "$PROBE_DEVICE" == cpu ]]; then GPU_CAPACITY="${GPU_CAPACITY-}"; else GPU_CAPACITY="${GPU_CAPACITY-24564MiB}"; fi
 HOST_BUDGET="${HOST_BUDGET:-32GiB}"
 MAX_MB="${MAX_MB:-1024}"
 GRID_SECONDS="${GRID_SECONDS:-240}"
@@ -255,8 +259,8 @@ else
   REGIME_LIST=(bf16:none:none bf16:all:none bf16:none:optimizer bf16:all:optimizer)
 fi
 for r in "${REGIME_LIST[@]}"; do
-  [[ "$r" =~ ^(fp32|bf16|fp16):(none|all|every-[0-9]+):(none|optimizer)$ ]] \
-    || { echo "tune_bench.sh: bad regime '$r' (want PRECISION:none|all|every-K:none|optimizer)" >&2; exit 2; }
+  [[ "$r" =~ ^(fp32|bf16|fp16):(none|all|every-[0-9]+):(none|optimizer)(:[0-9]+(,[0-9]+)*)?$ ]] \
+    || { echo "tune_bench.sh: bad regime '$r' (want PRECISION:none|all|every-K:none|optimizer[:MB,...])" >&2; exit 2; }
 done
 # The precisions the probes will use, for the warm-up.
 declare -A PRECISIONS=()
@@ -398,12 +402,22 @@ grid_end="$(awk -v s="$grid_t0" -v b="$GRID_BUDGET" 'BEGIN { printf "%.3f", s + 
 say "grid: ${#REGIME_LIST[@]} regimes within ${GRID_BUDGET}s"
 left=${#REGIME_LIST[@]}
 for regime in "${REGIME_LIST[@]}"; do
-  IFS=: read -r precision ckpt offload <<< "$regime"
+  IFS=: read -r precision ckpt offload listed <<< "$regime"
   label="$precision/ckpt=$ckpt/offload=$offload"
   # An even share of the time left; what a regime does not use passes on to the next.
   deadline="$(awk -v n="$(now)" -v e="$grid_end" -v k="$left" 'BEGIN { r = (e - n) / k; printf "%.3f", n + (r > 0 ? r : 0) }')"
   left=$(( left - 1 ))
   prev_s=""; prev_mb=""; last_fit=0; first_oom=0; stopped=0
+  if [[ -n "$listed" ]]; then
+    # The listed micro-batches only, ascending, up to the first that does not fit.
+    for mb in $(tr ',' '\n' <<< "$listed" | sort -n -u); do
+      if ! next_ok "$mb"; then skip_point "$label" "$mb"; break; fi
+      probe_point "$label" "$precision" "$ckpt" "$offload" "$mb"
+      [[ "$OUTCOME" == fits ]] || break
+      prev_s="$POINT_S"; prev_mb="$mb"
+    done
+    continue
+  fi
   mb=1
   while (( mb <= MAX_MB )); do
     if ! next_ok "$mb"; then skip_point "$label" "$mb"; stopped=1; break; fi

@@ -4,11 +4,12 @@
     python3 benches/gpu/tune_report.py OUTDIR MODEL            # writes OUTDIR/MODEL.summary.md
     python3 benches/gpu/tune_report.py OUTDIR MODEL --out -    # to stdout only
 
-Reads OUTDIR/MODEL.{plan.json, grid.jsonl, finders.jsonl, run.json}; any of them may be missing
-or partial, and the matching section then says so. Sections:
+Reads OUTDIR/MODEL.{plan.json, grid.jsonl, finders.jsonl, run.json, log}; any of them may be
+missing or partial, and the matching section then says so. Sections:
 
 (a) search cost: tune's wall time and trials (len(evidence)) against each finder's wall time,
-    trials and batch found;
+    trials and batch found; with `tune -v`, where the trials' time went (the `trial phases`
+    debug lines in the log: setup, steps, evaluation, checkpoint dry run);
 (b) plan quality: the plan's measured tokens/s over the best feasible grid point (feasible = fits
     and the measured peaks within (1 - budget.headroom) x budget.gpu_bytes / host_bytes, read
     from the plan);
@@ -25,6 +26,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 
 TARGET_PLAN_RATIO = 0.98
@@ -67,6 +69,32 @@ def load_jsonl(path: str):
     except OSError as e:
         return None, f"unreadable ({e})"
     return rows, (f"{bad} unreadable line(s)" if bad else None)
+
+
+PHASES = ("setup_s", "steps_s", "eval_s", "checkpoint_s")
+PHASE_LINE = re.compile(r"trial phases .*?" + r" ".join(rf"{p}=([-+.\deE]+)" for p in PHASES))
+
+
+def tune_phases(path: str):
+    """Per-phase seconds summed over the tune stage's `trial phases` lines (between the log's
+    `== tune` marker and the next `== ` marker), and how many trials logged them; None without
+    any."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    totals, trials, inside = dict.fromkeys(PHASES, 0.0), 0, False
+    for line in lines:
+        if line.startswith("== "):
+            inside = line.strip() == "== tune"
+            continue
+        m = PHASE_LINE.search(line) if inside else None
+        if m:
+            trials += 1
+            for phase, value in zip(PHASES, m.groups()):
+                totals[phase] += float(value)
+    return (totals, trials) if trials else None
 
 
 # ---------------------------------------------------------------------------
@@ -157,6 +185,32 @@ def affine_fit(points: list[tuple[float, float]]):
 # trusts a prediction further out without probing it).
 MIN_MODEL_POINTS = 3
 MAX_EXTRAPOLATION = 2
+# The plan's memory model (`MemoryModel::fit`) fits only its upper range of micro-batches: those
+# at least 1/UPPER_RANGE_DIVISOR of the largest, or the three largest (fit/memory.rs).
+UPPER_RANGE_DIVISOR = 8
+
+
+def upper_range(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The points the plan's memory model is fitted to (see UPPER_RANGE_DIVISOR)."""
+    if not points:
+        return []
+    largest = max(mb for mb, _ in points)
+    upper = [(mb, y) for mb, y in points if mb * UPPER_RANGE_DIVISOR >= largest]
+    if len(upper) >= 3:
+        return upper
+    return sorted(points, key=lambda p: -p[0])[:max(3, len(upper))]
+
+
+def model_range_errors(pts, grid_points, key):
+    """Relative errors on the grid of the fit to the model's upper range, judged where the model
+    is used: from the smallest micro-batch of that range to MAX_EXTRAPOLATION× the largest."""
+    upper = upper_range(pts)
+    fit = affine_fit(upper)
+    if not fit:
+        return []
+    lo, hi = min(mb for mb, _ in upper), MAX_EXTRAPOLATION * max(mb for mb, _ in upper)
+    return [abs(fit[0] + fit[1] * g["micro_batch"] - g[key]) / g[key] for g in grid_points
+            if g.get("outcome") == "fits" and g.get(key) and lo <= g["micro_batch"] <= hi]
 
 
 class Budget:
@@ -267,6 +321,14 @@ def report(outdir: str, model: str) -> str:
               "at the batch found), not autotune's. "
               f"Target: tune time below Lightning's — {verdict(tune_faster)}"
               + ("" if tune_faster is None else f" ({tw:.1f} s vs {lw:.1f} s)") + ".", ""]
+    phases = tune_phases(base + ".log")
+    if phases:
+        totals, n = phases
+        inside = sum(totals.values())
+        lines += [f"Where the trials' time went (`tune -v`, {n} trials that ran to the end): "
+                  f"setup {totals['setup_s']:.1f} s, steps {totals['steps_s']:.1f} s, evaluation "
+                  f"{totals['eval_s']:.1f} s, checkpoint dry run {totals['checkpoint_s']:.1f} s "
+                  f"(sum {inside:.1f} s; trials that ran out of memory log no phases).", ""]
 
     # ---- (b) plan vs grid best ---------------------------------------------------------
     lines += ["## (b) Plan vs. the best feasible grid point", ""]
@@ -335,7 +397,7 @@ def report(outdir: str, model: str) -> str:
         if e.get("outcome") == "fits" and k and k.get("grad_accum", 1) == 1 and e.get(key) is not None:
             ev_by_regime.setdefault(regime_of(k), []).append((k["micro_batch"], e[key]))
     usable = budget.usable_gpu if budget.on_gpu else budget.usable_host
-    rows, all_errs = [], []
+    rows, all_errs, model_errs = [], [], []
     for r in sorted(set(ev_by_regime) | set(by_regime), key=regime_label):
         pts = ev_by_regime.get(r, [])
         fit = affine_fit(pts)
@@ -351,6 +413,7 @@ def report(outdir: str, model: str) -> str:
             errs = [abs(a + b * g["micro_batch"] - g[key]) / g[key] for g in grid_fits]
             if modelled:
                 all_errs += errs
+                model_errs += model_range_errors(pts, by_regime.get(r, []), key)
         missed = None
         if fit and usable is not None:
             # An OOM point the model places under the usable budget would be planned as safe.
@@ -372,6 +435,14 @@ def report(outdir: str, model: str) -> str:
     lines += ["", f"Over the modelled regimes: max {pct(worst)}, mean "
               f"{pct(sum(all_errs) / len(all_errs) if all_errs else None)} over {len(all_errs)} points — "
               f"target ≤ {TARGET_MEM_ERROR:.0%}: {verdict(None if worst is None else worst <= TARGET_MEM_ERROR)}."]
+    model_worst = max(model_errs) if model_errs else None
+    lines += ["", "In the model's own range (the plan's memory model is fitted to the trials of at least "
+              f"1/{UPPER_RANGE_DIVISOR} of the largest micro-batch, where small-batch workspaces no longer "
+              "bend the law; fitted the same way here and judged from the smallest of those trials to "
+              f"{MAX_EXTRAPOLATION}× the largest): max {pct(model_worst)}, mean "
+              f"{pct(sum(model_errs) / len(model_errs) if model_errs else None)} over {len(model_errs)} points — "
+              f"target ≤ {TARGET_MEM_ERROR:.0%}: "
+              f"{verdict(None if model_worst is None else model_worst <= TARGET_MEM_ERROR)}."]
     me = (plan or {}).get("model_error") if has_plan else None
     if me:
         lines.append(f"The plan's own leave-one-out errors: memory {pct(me.get('memory_loo_rel_error'))}, "
@@ -410,6 +481,8 @@ def report(outdir: str, model: str) -> str:
          f"{fmt(tw, '{:.1f}')} s vs {fmt(lw, '{:.1f}')} s", verdict(tune_faster)],
         [f"memory model error ≤ {TARGET_MEM_ERROR:.0%} on the grid", f"max {pct(worst)}",
          verdict(None if worst is None else worst <= TARGET_MEM_ERROR)],
+        [f"the same in the model's own range (mb ≥ largest/{UPPER_RANGE_DIVISOR})", f"max {pct(model_worst)}",
+         verdict(None if model_worst is None else model_worst <= TARGET_MEM_ERROR)],
         ["zero OOMs training with the plan", "none" if ok else ("–" if ok is None else "failed"), verdict(ok)],
     ])
     if acc and acc.get("wall_s") is not None and tw is not None:

@@ -20,9 +20,21 @@
 //!    - out of memory if the memory model predicts a peak above the profile's budget limits
 //!      (the full bytes, where the recording's prober failed, not the usable ones);
 //!    - otherwise it fits, with the predicted peaks, `accum ×` the predicted micro-batch step
-//!      time, a zero spread, and the requested timed steps. Accumulation's extra gradient
+//!      time, a zero spread, and the requested timed steps. Beyond the regime's largest
+//!      recorded micro-batch the step time is at least proportional to the batch from there
+//!      (throughput no higher than recorded at the top): a fit through small batches, where
+//!      the device is idle and step time flat, would otherwise predict runaway throughput
+//!      (checkpointing recorded at 1–4 sequences, asked at 300). Accumulation's extra gradient
 //!      buffer is not modelled (no fit sees it), so a predicted accumulating trial is
 //!      optimistic by that buffer.
+//!
+//!    A predicted trial's `wall_s` estimates what it would have cost on the recorded machine,
+//!    so that a replay's summed `wall_s` is the search's cost, not just its timed steps: a
+//!    trial that fits takes its steps at the predicted step time plus the median, over the
+//!    regime's recorded trials that fitted, of their wall time less their steps (building the
+//!    model, the evaluation pass, the checkpoint dry run); one that runs out of memory takes
+//!    the median wall time of the regime's recorded out-of-memory trials (of the profile's, if
+//!    the regime has none), since it fails in its first step.
 //! 4. **Not in profile**: otherwise (an unrecorded regime, or one with fewer than two fitting
 //!    micro-batches) the trial is answered as crashed with a reason that says so, which the
 //!    search treats as infeasible.
@@ -133,14 +145,64 @@ impl ReplayProber {
             };
         }
         let (outcome, answer) = self.predict(request);
-        let step = outcome.measurement().map_or(0.0, |m| m.step_time_median_s);
+        let wall_s = self.predicted_wall_s(request, &outcome);
         Replayed {
             result: ProbeResult {
                 request: *request,
                 outcome,
-                wall_s: step * (request.warmup_steps + request.timed_steps) as f64,
+                wall_s,
             },
             answer,
+        }
+    }
+
+    /// `fitted_s`, the step time the fit predicts at micro-batch `b`, but no less than the
+    /// regime's largest recorded micro-batch `b_top` takes per sequence once `b` is beyond it:
+    /// `t(b_top) · b / b_top` (see the module docs).
+    fn capped_step_time_s(&self, regime: Regime, b: usize, fitted_s: f64) -> f64 {
+        let top = crate::fit::samples(regime, &self.profile.probes)
+            .into_iter()
+            .max_by_key(|(micro_batch, _)| *micro_batch);
+        match top {
+            Some((b_top, m)) if b > b_top => {
+                fitted_s.max(m.step_time_median_s * b as f64 / b_top as f64)
+            }
+            _ => fitted_s,
+        }
+    }
+
+    /// What a predicted trial would have cost on the recorded machine (see the module docs).
+    fn predicted_wall_s(&self, request: &ProbeRequest, outcome: &Outcome) -> f64 {
+        let regime = request.knobs.regime();
+        let probes = &self.profile.probes;
+        let of_regime = || probes.iter().filter(|r| r.request.knobs.regime() == regime);
+        let out_of_memory = |r: &&ProbeResult| matches!(r.outcome, Outcome::OutOfMemory { .. });
+        match outcome.measurement() {
+            Some(m) => {
+                let steps = |r: &ProbeRequest| (r.warmup_steps + r.timed_steps) as f64;
+                let overheads = of_regime().filter_map(|r| {
+                    let recorded = r.outcome.measurement()?;
+                    Some((r.wall_s - recorded.step_time_median_s * steps(&r.request)).max(0.0))
+                });
+                m.step_time_median_s * steps(request) + median(overheads.collect())
+            }
+            None => {
+                let regime_ooms: Vec<f64> = of_regime()
+                    .filter(out_of_memory)
+                    .map(|r| r.wall_s)
+                    .collect();
+                if regime_ooms.is_empty() {
+                    median(
+                        probes
+                            .iter()
+                            .filter(out_of_memory)
+                            .map(|r| r.wall_s)
+                            .collect(),
+                    )
+                } else {
+                    median(regime_ooms)
+                }
+            }
         }
     }
 
@@ -195,7 +257,7 @@ impl ReplayProber {
             };
             return (oom, Answer::Predicted);
         }
-        let step = time.step_time_s(b) * accum as f64;
+        let step = self.capped_step_time_s(regime, b, time.step_time_s(b)) * accum as f64;
         let tokens = (b * accum * self.profile.model.seq_len) as f64;
         let measurement = Measurement {
             peak_gpu_bytes: gpu,
@@ -207,4 +269,10 @@ impl ReplayProber {
         };
         (Outcome::Fits(measurement), Answer::Predicted)
     }
+}
+
+/// The median of `values` (the upper one of an even count); 0 when there are none.
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
 }

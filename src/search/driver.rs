@@ -6,13 +6,19 @@
 //! micro-batch ranging over the space's candidates:
 //!
 //! 1. **Grow**: probe the start candidate, then repeatedly the smallest candidate at least
-//!    twice the largest feasible one, until one is infeasible or the largest candidate fits.
+//!    twice the largest feasible one (and at least the bases' reach, see below), until one is
+//!    infeasible or the largest candidate fits.
 //! 2. **Jump**: fit the affine memory model through the two largest measured micro-batches
 //!    and probe its predicted largest fitting micro-batch `b*` (rounded down to a candidate,
 //!    kept strictly between the largest feasible and the smallest infeasible micro-batch).
 //! 3. **Pin**: probe the candidate next to the new bracket edge (`b*+1` after a fit, `b*−1`
 //!    after a miss). With an exact law the boundary is now known.
-//! 4. **Bisect**: after those two model-guided probes, halve the open bracket of candidates.
+//! 4. **Correct**: once more, the secant through the two largest measured micro-batches.
+//!    Device memory bends a little near the boundary (the memory pool reserves in chunks), so
+//!    the jump and the pin can both land a step off; the secant through them then lands on the
+//!    boundary (gpt-124m: 26 and 25 fitted only inside the headroom, the secant gave 24, which
+//!    fits), where bisection of the rest would take three more probes.
+//! 5. **Bisect**: after those three model-guided probes, halve the open bracket of candidates.
 //!
 //! A probe is *feasible* when it fitted and its peaks stay within the budget's usable bytes
 //! (the headroom); an out-of-memory, a crash, or a fit above the usable bytes is infeasible.
@@ -23,17 +29,53 @@
 //! `saturation_gain` (the regime is *saturated*): past that point a larger batch buys memory
 //! pressure, not speed, and the boundary need not be found.
 //!
-//! A regime that only saves memory (checkpointing, offload) is not probed at all (it is
-//! *dominated*) when an earlier regime of the same precision without those knobs stopped
-//! growing before its memory boundary (saturated, or every candidate fit): it would run the
-//! same micro-batches with more work each, and larger ones were already found not to pay.
+//! # Regimes that add memory savings
 //!
-//! A regime stops early (is *pruned*) when even an optimistic bound on its throughput cannot
-//! beat the best setting measured in an earlier regime: step time does not fall as the batch
-//! grows, so every unprobed micro-batch `b` above the largest feasible one `lo` runs at most
-//! `tokens_per_s(lo) · b / lo`, and at most what the step-time secant predicts; the bound takes
-//! the largest `b` still possible, which is also capped at twice the memory model's predicted
-//! boundary.
+//! A regime's *bases* are the earlier regimes of the same precision with a subset of its memory
+//! savings (plain is a base of checkpointing, offload and both; checkpointing and offload are
+//! bases of both). Checkpointing buys device memory with recompute, offload with host work:
+//! what such a regime is for is the micro-batches its bases cannot run.
+//!
+//! - **Dominated**: it is not probed at all when a base that saves nothing stopped growing
+//!   before its memory boundary (saturated, or every candidate fit): it would run the same
+//!   micro-batches with more work each, and larger ones were already found not to pay.
+//! - **Start**: otherwise it grows from its bases' *reach*, the largest micro-batch any base
+//!   ran feasibly (or the space's start, if larger), not from the space's start. An offloaded
+//!   regime whose offload twin ran first probes the space's start once before that: the
+//!   cheapest step measures its host work, which usually prunes it there (see Pruning).
+//!   Assumption: the regime's throughput does not fall as the batch grows up to its bases'
+//!   reach, so nothing below it beats what is measured from there on. That holds when its
+//!   extra step time over a base is a constant (the host-side optimizer) plus a term growing
+//!   with the batch (recompute), given that the base's throughput was still rising there (else
+//!   the base would dominate it). It does not need the regime to be slower than its base at
+//!   equal batches, which is not always so: on the gpt-124m recording checkpointing ran 3–13 %
+//!   faster than the plain regime at micro-batches 4–16, while rising monotonically with the
+//!   batch. If the first probe does not fit (offload can run out of host memory), the bracket
+//!   below it is refined as usual.
+//!
+//! # Pruning
+//!
+//! A regime stops early (is *pruned*) when even an optimistic bound on its throughput, raised by
+//! [`PRUNE_SLACK`] for timing noise, cannot beat the best setting measured in an earlier regime.
+//! The bound covers every unprobed micro-batch `b` above the largest feasible one `lo`, up to a
+//! *reach*: twice the memory model's predicted boundary (the secant through the two largest
+//! feasible trials; an offloaded regime with a single feasible trial takes its offload twin's
+//! bytes per sequence through that trial, since offload moves optimizer state, not
+//! activations), or the largest candidate without a model. It is the smallest of:
+//!
+//! - `tokens_per_s(lo) · b / lo`: step time does not fall as the batch grows;
+//! - what the step-time secant through the two largest feasible trials predicts: step time
+//!   grows at least linearly once the device is busy;
+//! - for an offloaded regime whose *offload twin* (the same regime without offload) ran
+//!   earlier, `tokens · b / (c·b + h)`: the offloaded step runs the twin's passes plus host
+//!   work `h` that neither overlaps them nor depends on the batch (each gradient copy waits
+//!   for the device, then the update runs on the host); `h` is the offloaded trial's step time
+//!   minus the twin's at a batch at least as large, and `c` the twin's smallest rise of step
+//!   time per sequence over a doubling of the batch in its upper range. This ends an offloaded
+//!   regime after its first trial: on the gpt-124m recording the host work is 0.45 s per step,
+//!   against 0.2–0.45 s for a whole plain or checkpointed step at the boundary.
+//!
+//! Each bound's premises are stated where it is computed (`driver/bound.rs`).
 //!
 //! # Choice and verification
 //!
@@ -51,17 +93,22 @@
 //!
 //! Search probes never repeat knobs. Per regime the count is at most
 //! [`SearchDriver::regime_probe_bound`]; for candidates `1..=M` and a boundary `B` with
-//! `2^k ≤ B < 2^(k+1) ≤ M` that is `2k + 4` (growth `k + 2`, two model-guided probes, bisection
-//! of at most `2^k − 3` open candidates in `k` probes), and `k + 4` when memory follows the
-//! affine law exactly. Add one verification, plus one per failed verification. Example: a
-//! memory law of 1 GiB + 37 MiB per sequence against 10 GiB with 5 % headroom takes the 11
-//! trials 1, 2, 4, …, 128, 256 (out of memory), 235 (fits), 236 (inside the headroom), then
-//! verifies 235.
+//! `2^k ≤ B < 2^(k+1) ≤ M` that is `2k + 5` (growth `k + 2`, three model-guided probes,
+//! bisection of at most `2^k − 4` open candidates in `k` probes), and `k + 4` when memory
+//! follows the affine law exactly (the jump and the pin find the boundary). A regime that grows
+//! from its bases' reach `s` and fits there takes no more than that; one that does not fit
+//! there refines the `s − 1` candidates below, in at most `4 + ⌈log2(s − 3)⌉` probes. An
+//! offloaded regime may add one probe at the space's start before it grows from `s`; when its
+//! host work rules it out, that probe is its only one. Add one verification, plus one per
+//! failed verification. Example: a memory law of 1 GiB + 37 MiB per sequence against 10 GiB
+//! with 5 % headroom takes the 11 trials 1, 2, 4, …, 128, 256 (out of memory), 235 (fits), 236
+//! (inside the headroom), then verifies 235.
 
 use std::collections::HashSet;
 
 use super::decision::{Candidate, Decision, Next, RegimeEnd, RegimeProgress, RegimeState};
 use super::hint::no_feasible_hint;
+use super::relatives;
 use super::space::SearchSpace;
 use crate::fit::{Capacity, MemoryModel};
 use crate::knobs::Knobs;
@@ -74,11 +121,12 @@ use crate::Result;
 pub const PRUNE_SLACK: f64 = 0.05;
 
 /// How far past the memory model's predicted boundary the pruning bound still looks (see
-/// `memory_reach`).
+/// the module docs, "Pruning").
 const MEMORY_REACH_FACTOR: usize = 2;
 
-/// Model-guided probes per regime before falling back to bisection: the jump and the pin.
-const MODEL_GUIDED_PROBES: usize = 2;
+/// Model-guided probes per regime before falling back to bisection: the jump, the pin and the
+/// correction.
+const MODEL_GUIDED_PROBES: usize = 3;
 
 /// The pure search policy: history in, next action out. See the module docs for the strategy.
 #[derive(Debug, Clone)]
@@ -86,6 +134,21 @@ pub struct SearchDriver {
     space: SearchSpace,
     budget: Budget,
     candidates: Vec<usize>,
+}
+
+/// One regime's search probes: `(history index, result)` in history order.
+type Probes<'h> = [(usize, &'h ProbeResult)];
+
+/// What earlier regimes of the space tell about one regime (see [`relatives`]).
+struct Kin<'a, 'h> {
+    /// Where the regime's first probe goes (before rounding up to a candidate).
+    start: usize,
+    /// The largest micro-batch that a base of the regime (the same training with fewer memory
+    /// savings) ran feasibly; 0 if none did. Growth does not probe below it.
+    bases_reach: usize,
+    /// The search probes of the regime's offload twin, when the regime offloads and its twin
+    /// was searched before it.
+    offload_twin: Option<&'a Probes<'h>>,
 }
 
 /// The history sorted into search probes per regime and verification results.
@@ -177,12 +240,32 @@ impl SearchDriver {
         self.ranked(&self.ledger(history))
     }
 
-    /// The most search probes one regime can take: the worst case over where the growth phase
-    /// meets its first infeasible candidate, of the growth probes plus the refinement of that
-    /// bracket (two model-guided probes, then bisection).
+    /// The most search probes one regime can take: the worst case over where it grows from
+    /// (the space's start, or any larger candidate where its bases stopped, see the module
+    /// docs) and over where the growth phase meets its first infeasible candidate, of the
+    /// growth probes plus the refinement of that bracket (three model-guided probes, then
+    /// bisection). An offloaded regime with a twin in the space may add one probe at the
+    /// space's start before it grows from its bases' reach.
     pub fn regime_probe_bound(&self) -> usize {
+        let regimes = &self.space.regimes;
+        let offload_first = (0..regimes.len()).any(|i| {
+            regimes[..i]
+                .iter()
+                .any(|&earlier| relatives::is_offload_twin(earlier, regimes[i]))
+        });
+        let first = self
+            .candidates
+            .partition_point(|&b| b < self.space.start_micro_batch);
+        (first..self.candidates.len())
+            .map(|from| self.probe_bound_from(from) + usize::from(offload_first && from > first))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// [`Self::regime_probe_bound`] for a regime whose first probe is candidate `start` (an
+    /// index).
+    fn probe_bound_from(&self, start: usize) -> usize {
         let c = &self.candidates;
-        let start = c.partition_point(|&b| b < self.space.start_micro_batch);
         // Growth chain as indices into the candidates.
         let mut chain = vec![start];
         while let Some(&last) = chain.last() {
@@ -226,6 +309,33 @@ impl SearchDriver {
         ledger
     }
 
+    /// What the regimes before regime `i` tell about it.
+    fn kin<'a, 'h>(&self, ledger: &'a Ledger<'h>, i: usize) -> Kin<'a, 'h> {
+        let regime = self.space.regimes[i];
+        let earlier = || self.space.regimes[..i].iter().zip(&ledger.search);
+        let bases_reach = earlier()
+            .filter(|(r, _)| relatives::is_base(**r, regime))
+            .flat_map(|(_, probes)| probes.iter())
+            .filter(|(_, r)| self.is_feasible(r))
+            .map(|(_, r)| r.request.knobs.micro_batch)
+            .max()
+            .unwrap_or(0);
+        let offload_twin = earlier()
+            .find(|(r, _)| relatives::is_offload_twin(**r, regime))
+            .map(|(_, probes)| probes.as_slice());
+        // An offloaded regime with a twin first measures its host work where a step is
+        // cheapest; every other regime starts where its bases stopped.
+        let start = match offload_twin {
+            Some(_) => self.space.start_micro_batch,
+            None => self.space.start_micro_batch.max(bases_reach),
+        };
+        Kin {
+            start,
+            bases_reach,
+            offload_twin,
+        }
+    }
+
     fn survey(&self, ledger: &Ledger<'_>) -> Vec<RegimeState> {
         let failed: Vec<Knobs> = ledger
             .verifications
@@ -241,14 +351,14 @@ impl SearchDriver {
             let dominator = || {
                 states
                     .iter()
-                    .position(|s: &RegimeState| dominates(s, regime))
+                    .position(|s: &RegimeState| relatives::dominates(s, regime))
             };
             let progress = if exploring && probes.is_empty() {
                 RegimeProgress::Waiting
             } else if let Some(by) = probes.is_empty().then(dominator).flatten() {
                 RegimeProgress::Finished(RegimeEnd::Dominated { by })
             } else {
-                self.progress(probes, best_earlier)
+                self.progress(probes, &self.kin(ledger, i), best_earlier)
             };
             exploring |= matches!(progress, RegimeProgress::Exploring { .. });
             let best = probes
@@ -275,15 +385,21 @@ impl SearchDriver {
         states
     }
 
-    /// The next step of one regime, given the best throughput measured in earlier regimes.
-    fn progress(&self, probes: &[(usize, &ProbeResult)], best_earlier: f64) -> RegimeProgress {
+    /// The next step of one regime, given what earlier regimes found: the best throughput
+    /// measured there, and the trials of related regimes.
+    fn progress(
+        &self,
+        probes: &Probes<'_>,
+        kin: &Kin<'_, '_>,
+        best_earlier: f64,
+    ) -> RegimeProgress {
         let c = &self.candidates;
         let top = *c.last().expect("a validated space has candidates");
         let explore = |b| RegimeProgress::Exploring {
             next_micro_batch: b,
         };
         if probes.is_empty() {
-            return explore(c[c.partition_point(|&b| b < self.space.start_micro_batch)]);
+            return explore(c[c.partition_point(|&b| b < kin.start).min(c.len() - 1)]);
         }
         let feasible = |r: &ProbeResult| self.is_feasible(r);
         let mb = |r: &ProbeResult| r.request.knobs.micro_batch;
@@ -316,11 +432,7 @@ impl SearchDriver {
                 .and_then(|(_, r)| r.outcome.measurement())
                 .map_or(0.0, |m| m.tokens_per_s);
             let top_open = *open.last().expect("open is not empty");
-            let reach = self
-                .memory_reach(probes)
-                .map_or(top_open, |r| r.min(top_open));
-            let bound = (lo_tokens * reach as f64 / lo as f64)
-                .min(self.secant_bound(probes, reach).unwrap_or(f64::INFINITY));
+            let bound = self.throughput_bound(probes, kin.offload_twin, lo, lo_tokens, top_open);
             if bound * (1.0 + PRUNE_SLACK) < best_earlier {
                 return RegimeProgress::Finished(RegimeEnd::Pruned {
                     largest: lo,
@@ -338,8 +450,9 @@ impl SearchDriver {
                     return RegimeProgress::Finished(RegimeEnd::Saturated { largest: lo, gain });
                 }
             }
-            // Growth: at least double.
-            return explore(open[open.partition_point(|&b| b < 2 * lo).min(open.len() - 1)]);
+            // Growth: at least double, and not below what the bases ran.
+            let next = (2 * lo).max(kin.bases_reach);
+            return explore(open[open.partition_point(|&b| b < next).min(open.len() - 1)]);
         };
         let first_miss = probes
             .iter()
@@ -352,47 +465,6 @@ impl SearchDriver {
             }
         }
         explore(open[open.len() / 2])
-    }
-
-    /// Throughput at `b` predicted by the step-time secant through the two largest feasible
-    /// trials, `t(b) = t0 + c·b`; `None` unless the secant rises (c > 0). Tokens per sequence
-    /// come from the trials themselves (`tokens/s · t / b`). Step time grows at least linearly
-    /// once the device is saturated, so this is already an optimistic bound there; it is what
-    /// lets a slow regime (offload, recompute) be pruned before its memory boundary.
-    fn secant_bound(&self, probes: &[(usize, &ProbeResult)], b: usize) -> Option<f64> {
-        let mut points: Vec<(f64, f64, f64)> = probes
-            .iter()
-            .filter(|(_, r)| self.is_feasible(r))
-            .filter_map(|(_, r)| {
-                let m = r.outcome.measurement()?;
-                Some((
-                    r.request.knobs.micro_batch as f64,
-                    m.step_time_median_s,
-                    m.tokens_per_s,
-                ))
-            })
-            .collect();
-        points.sort_by(|a, b| b.0.total_cmp(&a.0));
-        let (&(b2, t2, tps2), &(b1, t1, _)) = (points.first()?, points.get(1)?);
-        let c = (t2 - t1) / (b2 - b1);
-        if c.is_nan() || c <= 0.0 || t2 <= 0.0 {
-            return None;
-        }
-        let tokens_per_sequence = tps2 * t2 / b2;
-        let t0 = (t2 - c * b2).max(0.0);
-        Some(tokens_per_sequence * b as f64 / (t0 + c * b as f64))
-    }
-
-    /// The largest micro-batch this regime could still reach, for the pruning bound: twice the
-    /// memory model's largest fitting micro-batch (the secant through the two largest feasible
-    /// trials, as for the jump). The factor two keeps the bound optimistic when memory grows
-    /// less than linearly; `None` when no model can be fitted or memory does not grow.
-    fn memory_reach(&self, probes: &[(usize, &ProbeResult)]) -> Option<usize> {
-        let feasible = probes.iter().filter(|(_, r)| self.is_feasible(r));
-        match secant_memory_model(feasible)?.max_micro_batch_within(&self.budget) {
-            Capacity::UpTo(b) => Some(b.saturating_mul(MEMORY_REACH_FACTOR)),
-            Capacity::Unbounded => None,
-        }
     }
 
     /// Relative throughput gain from the second-largest to the largest feasible micro-batch.
@@ -494,23 +566,6 @@ fn secant_memory_model<'h>(
     MemoryModel::fit(&points[..points.len().min(2)])
 }
 
-/// Whether `earlier` makes `regime` pointless: `regime` saves memory (checkpointing or offload)
-/// at `earlier`'s precision, and `earlier` saves none and stopped growing before its memory
-/// boundary.
-fn dominates(earlier: &RegimeState, regime: crate::knobs::Regime) -> bool {
-    use crate::knobs::{Checkpointing, Offload};
-    let plain = |r: crate::knobs::Regime| {
-        r.checkpointing == Checkpointing::None && r.offload == Offload::None
-    };
-    plain(earlier.regime)
-        && !plain(regime)
-        && earlier.regime.precision == regime.precision
-        && matches!(
-            earlier.progress,
-            RegimeProgress::Finished(RegimeEnd::Saturated { .. } | RegimeEnd::AllFit { .. })
-        )
-}
-
 fn bisection_bound(open: usize) -> usize {
     (usize::BITS - open.leading_zeros()) as usize
 }
@@ -525,5 +580,6 @@ fn refinement_bound(open: usize) -> usize {
     }
 }
 
+mod bound;
 #[cfg(test)]
 mod tests;

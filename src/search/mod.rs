@@ -30,6 +30,7 @@
 pub mod decision;
 pub mod driver;
 mod hint;
+mod relatives;
 pub mod report;
 pub mod run;
 pub mod sim;

@@ -98,6 +98,60 @@ fn unrecorded_micro_batches_are_predicted_from_the_fits() {
 }
 
 #[test]
+fn predicted_trials_cost_their_steps_plus_the_regimes_recorded_overhead() {
+    let (_, _, _, mut profile) = recorded(spaces().remove(0));
+    // The simulator's trials are all steps; give the recorded ones that fitted a setup cost
+    // that grows with the batch (1.0 s, 1.1 s, …) and leave out-of-memory trials as they are.
+    let mut added = Vec::new();
+    for r in &mut profile.probes {
+        if r.outcome.measurement().is_some() && r.request.knobs.regime() == bf16() {
+            let overhead = 1.0 + 0.1 * added.len() as f64;
+            r.wall_s += overhead;
+            added.push(overhead);
+        }
+    }
+    let median = added[added.len() / 2];
+    // Out-of-memory trials fail in their first step: a predicted one costs what recorded ones
+    // did.
+    let mut oom_walls = Vec::new();
+    for r in &mut profile.probes {
+        if matches!(r.outcome, Outcome::OutOfMemory { .. }) && r.request.knobs.regime() == bf16() {
+            r.wall_s = 0.7 + 0.1 * oom_walls.len() as f64;
+            oom_walls.push(r.wall_s);
+        }
+    }
+    let smallest_oom = profile
+        .probes
+        .iter()
+        .filter(|r| r.request.knobs.regime() == bf16())
+        .filter(|r| matches!(r.outcome, Outcome::OutOfMemory { .. }))
+        .map(|r| r.request.knobs.micro_batch)
+        .min()
+        .expect("bf16 runs out of memory in the fixture");
+    let ask = |replay: &mut ReplayProber, micro_batch| {
+        replay.replay(&ProbeRequest {
+            knobs: Knobs::with_batch(bf16(), micro_batch, 1),
+            warmup_steps: 1,
+            timed_steps: 4,
+        })
+    };
+    let mut replay = ReplayProber::new(profile);
+    let fits = ask(&mut replay, 3);
+    assert_eq!(fits.answer, Answer::Predicted);
+    let m = fits.result.outcome.measurement().expect("3 sequences fit");
+    let expected = 5.0 * m.step_time_median_s + median;
+    assert!(
+        (fits.result.wall_s - expected).abs() < 1e-9,
+        "{} vs {expected}",
+        fits.result.wall_s
+    );
+    let oom = ask(&mut replay, smallest_oom + 1);
+    assert_eq!(oom.answer, Answer::Predicted);
+    assert!(oom.result.outcome.measurement().is_none());
+    assert_eq!(oom.result.wall_s, oom_walls[oom_walls.len() / 2]);
+}
+
+#[test]
 fn predictions_respect_recorded_ooms_and_the_budget() {
     let (_, _, _, profile) = recorded(spaces().remove(0));
     let smallest_oom = profile

@@ -1,6 +1,6 @@
 //! The driver against simulated devices with known laws. This file: shared helpers, exact
 //! boundaries and probe counts. `choice`: throughput choice, global batch, verification,
-//! hints, pruning, limits and events.
+//! hints, pruning, limits and events. `kin`: regimes that add memory savings to earlier ones.
 
 use std::collections::HashSet;
 
@@ -12,6 +12,7 @@ use crate::search::run::{run_search, SearchOutcome};
 use crate::search::sim::{Law, SimRegime, Simulator};
 
 mod choice;
+mod kin;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -260,7 +261,7 @@ fn finds_the_exact_boundary_within_the_stated_probe_count() {
         );
         if c.start == 1 && expected < c.max_micro_batch {
             let k = log2_floor(expected);
-            let bound = if c.affine { k + 4 } else { 2 * k + 4 };
+            let bound = if c.affine { k + 4 } else { 2 * k + 5 };
             assert!(
                 probes <= bound,
                 "{}: {probes} probes for boundary {expected}, bound {bound}",
@@ -312,7 +313,9 @@ fn the_documented_example_takes_eleven_probes_and_one_verification() {
         outcome.decision,
         Decision::Chosen(Knobs::new(235, Precision::Bf16))
     );
-    assert_eq!(driver.regime_probe_bound(), 22);
+    // Growth 1 … 512 and 1024 (11), three model-guided probes, bisection of the 508 candidates
+    // left between 513 and 1023 (9).
+    assert_eq!(driver.regime_probe_bound(), 23);
 }
 
 /// `(history of (micro_batch, outcome) in regime bf16)` → the next action, step by step.
@@ -372,14 +375,28 @@ fn next_actions_from_hand_written_histories() {
                 .collect(),
             probe(bf16(), 10),
         ),
-        // 10 is out: bf16 is done at 9; ckpt starts at 1.
+        // 10 is out: bf16 is done at 9; ckpt, which only adds recompute to it, starts where
+        // bf16 ended.
         (
             [1, 2, 4, 8, 9]
                 .map(|b| result(bf16(), b, law(b as u64)))
                 .into_iter()
                 .chain([result(bf16(), 16, oom()), result(bf16(), 10, oom())])
                 .collect(),
-            probe(ckpt(), 1),
+            probe(ckpt(), 9),
+        ),
+        // ckpt does not fit at 9: bisect below it.
+        (
+            [1, 2, 4, 8, 9]
+                .map(|b| result(bf16(), b, law(b as u64)))
+                .into_iter()
+                .chain([
+                    result(bf16(), 16, oom()),
+                    result(bf16(), 10, oom()),
+                    result(ckpt(), 9, oom()),
+                ])
+                .collect(),
+            probe(ckpt(), 5),
         ),
         // Nothing fits in ckpt either at 1: choose bf16 at 9, which is unverified.
         (
@@ -434,7 +451,7 @@ fn bisects_when_the_model_keeps_missing() {
     assert_eq!(outcome.chosen().unwrap().micro_batch, expected);
     let state = driver.regime_states(&outcome.history)[0];
     assert!(
-        state.probes <= 2 * log2_floor(expected) + 4,
+        state.probes <= 2 * log2_floor(expected) + 5,
         "{} probes",
         state.probes
     );

@@ -1,0 +1,88 @@
+//! How the regimes of one space relate: which one is the same training with fewer memory
+//! savings, and which one differs only by offload.
+//!
+//! Checkpointing and offload buy device memory with extra work (recompute, the host-side
+//! optimizer). A regime with fewer of them is measured first in the default space, and what it
+//! measured bounds what the later regime can gain (see the driver docs).
+
+use super::decision::{RegimeEnd, RegimeProgress, RegimeState};
+use crate::knobs::{Checkpointing, Offload, Regime};
+
+/// Whether `earlier` is a base of `regime`: the same precision, and each memory saving of
+/// `earlier` is off or the same as in `regime`, which has at least one more.
+pub(super) fn is_base(earlier: Regime, regime: Regime) -> bool {
+    earlier != regime
+        && earlier.precision == regime.precision
+        && (earlier.checkpointing == Checkpointing::None
+            || earlier.checkpointing == regime.checkpointing)
+        && (earlier.offload == Offload::None || earlier.offload == regime.offload)
+}
+
+/// Whether `earlier` is `regime` without optimizer offload (and `regime` offloads).
+pub(super) fn is_offload_twin(earlier: Regime, regime: Regime) -> bool {
+    regime.offload == Offload::Optimizer
+        && earlier
+            == Regime {
+                offload: Offload::None,
+                ..regime
+            }
+}
+
+/// Whether `earlier` makes `regime` pointless: `earlier` saves no memory, is a base of
+/// `regime`, and stopped growing before its memory boundary.
+pub(super) fn dominates(earlier: &RegimeState, regime: Regime) -> bool {
+    let plain = earlier.regime.checkpointing == Checkpointing::None
+        && earlier.regime.offload == Offload::None;
+    plain
+        && is_base(earlier.regime, regime)
+        && matches!(
+            earlier.progress,
+            RegimeProgress::Finished(RegimeEnd::Saturated { .. } | RegimeEnd::AllFit { .. })
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::knobs::Precision;
+
+    fn r(precision: Precision, checkpointing: Checkpointing, offload: Offload) -> Regime {
+        Regime {
+            precision,
+            checkpointing,
+            offload,
+        }
+    }
+
+    #[test]
+    fn bases_have_a_subset_of_the_memory_savings_at_the_same_precision() {
+        let (none, all, every2) = (
+            Checkpointing::None,
+            Checkpointing::EveryKth(1),
+            Checkpointing::EveryKth(2),
+        );
+        let bf16 = |c, o| r(Precision::Bf16, c, o);
+        let plain = bf16(none, Offload::None);
+        let ckpt = bf16(all, Offload::None);
+        let offload = bf16(none, Offload::Optimizer);
+        let both = bf16(all, Offload::Optimizer);
+        // (earlier, later, is a base, is the offload twin)
+        let table = [
+            (plain, ckpt, true, false),
+            (plain, offload, true, true),
+            (plain, both, true, false),
+            (ckpt, both, true, true),
+            (offload, both, true, false),
+            (ckpt, offload, false, false),
+            (offload, ckpt, false, false),
+            (plain, plain, false, false),
+            (ckpt, bf16(every2, Offload::None), false, false),
+            (r(Precision::Fp32, none, Offload::None), ckpt, false, false),
+            (r(Precision::Fp32, all, Offload::None), both, false, false),
+        ];
+        for (earlier, later, base, twin) in table {
+            assert_eq!(is_base(earlier, later), base, "{earlier} → {later}");
+            assert_eq!(is_offload_twin(earlier, later), twin, "{earlier} → {later}");
+        }
+    }
+}
