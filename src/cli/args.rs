@@ -98,6 +98,14 @@ pub struct KnobArgs {
     /// Optimizer offload: none or optimizer.
     #[arg(long, default_value = "none")]
     pub offload: Offload,
+    /// Data parallelism: train on N GPUs of this host (`cuda:0` … `cuda:N-1`, or N CPU processes
+    /// with `--device cpu`), one process per GPU launched by autotune; micro-batch and
+    /// accumulation are per GPU, so a step takes micro-batch × accumulation × N sequences.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub data_parallel: usize,
+    /// With `--data-parallel`: shard the Adam moments over the GPUs (ZeRO stage 1).
+    #[arg(long)]
+    pub shard_optimizer: bool,
 }
 
 /// How search trials are isolated.
@@ -279,6 +287,10 @@ impl KnobArgs {
             precision: self.precision,
             checkpointing: self.checkpointing,
             offload: self.offload,
+            data_parallel: autotune::knobs::DataParallel {
+                degree: self.data_parallel,
+                shard_optimizer: self.shard_optimizer,
+            },
         }
     }
 }

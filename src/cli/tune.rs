@@ -265,6 +265,7 @@ fn regimes(
                     precision,
                     checkpointing,
                     offload,
+                    data_parallel: autotune::knobs::DataParallel::SINGLE,
                 };
                 if !out.contains(&r) {
                     out.push(r);
@@ -425,6 +426,7 @@ mod tests {
             precision,
             checkpointing,
             offload,
+            data_parallel: autotune::knobs::DataParallel::SINGLE,
         }
     }
 

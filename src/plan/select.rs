@@ -133,6 +133,7 @@ pub(crate) mod tests {
             precision: Precision::Bf16,
             checkpointing: Checkpointing::None,
             offload: Offload::None,
+            data_parallel: crate::knobs::DataParallel::SINGLE,
         };
         let ckpt = Regime {
             checkpointing: Checkpointing::EveryKth(1),

@@ -96,6 +96,7 @@ impl SearchSpace {
             precision,
             checkpointing,
             offload,
+            data_parallel: crate::knobs::DataParallel::SINGLE,
         };
         let all = Checkpointing::EveryKth(1);
         match kind {

@@ -127,6 +127,12 @@ impl OffloadAdam {
         Ok(())
     }
 
+    /// The gradient sums, flat in parameter order: data-parallel ranks add theirs together
+    /// here before the update.
+    pub fn gradient_sums_mut(&mut self) -> &mut [f32] {
+        &mut self.grads
+    }
+
     /// Divides the summed gradients by the loss scale and reports whether all are finite.
     pub fn unscale_and_check(&mut self, scale: f64) -> bool {
         let inv = (scale != 1.0).then_some((1.0 / scale) as f32);
