@@ -422,4 +422,45 @@ mod tests {
         assert_eq!(back, k);
         assert_eq!(k.global_batch(), 32);
     }
+
+    #[test]
+    fn data_parallel_knobs_are_per_gpu_and_appear_only_when_used() {
+        let k = Knobs {
+            grad_accum: 4,
+            data_parallel: DataParallel {
+                degree: 2,
+                shard_optimizer: true,
+            },
+            ..Knobs::new(8, Precision::Bf16)
+        };
+        let json = serde_json::to_string(&k).unwrap();
+        assert!(
+            json.ends_with(r#""data_parallel":{"degree":2,"shard_optimizer":true}}"#),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<Knobs>(&json).unwrap(), k);
+        assert_eq!((k.per_rank_batch(), k.global_batch()), (32, 64));
+        assert_eq!(
+            k.to_string(),
+            "mb=8 accum=4 bf16 ckpt=none offload=none dp=2 zero1"
+        );
+        assert!(k.regime().saves_memory());
+        let field = |k: Knobs| match k.validate("knobs", "") {
+            Err(crate::Error::InvalidSpec { field, .. }) => field,
+            other => panic!("expected invalid knobs, got {other:?}"),
+        };
+        let one = Knobs {
+            data_parallel: DataParallel {
+                degree: 1,
+                shard_optimizer: true,
+            },
+            ..k
+        };
+        assert_eq!(field(one), "data_parallel.shard_optimizer");
+        let zero = Knobs {
+            data_parallel: DataParallel::replicated(0),
+            ..k
+        };
+        assert_eq!(field(zero), "data_parallel.degree");
+    }
 }

@@ -143,6 +143,11 @@ pub struct TuneArgs {
     /// GPU, none on a CPU.
     #[arg(long)]
     pub offload: Vec<autotune::Offload>,
+    /// Data-parallel degrees to consider (repeatable, each at most the profile's gpu_count);
+    /// default every GPU of the profile and the powers of two below. `--global-batch` is then
+    /// the batch over all GPUs.
+    #[arg(long, value_name = "N")]
+    pub data_parallel: Vec<usize>,
     /// Fraction of each memory budget kept free (default 0.05).
     #[arg(long)]
     pub headroom: Option<f64>,
@@ -216,9 +221,11 @@ pub struct ExportArgs {
     /// deepspeed (a ds_config.json) or trainer (Hugging Face Trainer / Accelerate arguments).
     #[arg(long, value_parser = ["deepspeed", "trainer"])]
     pub format: String,
-    /// Data-parallel processes (DeepSpeed's train_batch_size = micro × accum × world size).
-    #[arg(long, default_value_t = 1)]
-    pub world_size: usize,
+    /// Data-parallel processes (DeepSpeed's train_batch_size = micro × accum × world size);
+    /// default the plan's own data-parallel degree. More than that runs the plan's per-GPU
+    /// setting on a larger cluster.
+    #[arg(long)]
+    pub world_size: Option<usize>,
 }
 
 #[derive(Debug, Args)]

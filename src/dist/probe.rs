@@ -104,7 +104,7 @@ fn combine(
         return (*oom).clone();
     }
     // The out-of-memory killer's signal is host memory running out, as for a single child.
-    if exits.iter().any(|e| *e == RankExit::Signal(9)) {
+    if exits.contains(&RankExit::Signal(9)) {
         return Outcome::OutOfMemory {
             memory: MemoryKind::Host,
             phase: Phase::ForwardBackward,
@@ -161,8 +161,7 @@ pub fn check_degree(degree: usize, device: &str, flag: &str) -> Result<()> {
             "data parallelism",
             flag,
             format!(
-                "asks for {degree} GPUs but {visible} are visible; use --data-parallel {} or fewer (or check CUDA_VISIBLE_DEVICES)",
-                visible.max(1)
+                "asks for {degree} GPUs but {visible} are visible (CUDA_VISIBLE_DEVICES applies); use at most {visible}, or run on a host with {degree}"
             ),
         ));
     }

@@ -151,7 +151,7 @@ mod tests {
         let mut id = [0u8; NCCL_ID_BYTES];
         id.iter_mut()
             .enumerate()
-            .for_each(|(i, b)| *b = i as u8 * 3);
+            .for_each(|(i, b)| *b = (i * 3) as u8);
         let nccl = Rendezvous::Nccl(id);
         assert_eq!(Rendezvous::parse(&nccl.to_string()).unwrap(), nccl);
         for bad in ["udp:1", "tcp:nohost", "nccl:12"] {

@@ -1,8 +1,13 @@
 //! Building a [`Plan`] from a finished search.
 
-use super::schema::{Alternative, Headroom, ModelError, Plan, Predicted, Tool, SCHEMA_VERSION};
+use super::schema::{
+    Alternative, DataParallelReport, Headroom, ModelError, Plan, Predicted, Tool, SCHEMA_VERSION,
+    SINGLE_GPU_SCHEMA_VERSION,
+};
 use crate::fit::RegimeFit;
 use crate::knobs::Regime;
+use crate::knobs::{DataParallel, Knobs};
+use crate::probe::outcome::ProbeResult;
 use crate::search::decision::Candidate;
 use crate::search::driver::SearchDriver;
 use crate::search::run::SearchOutcome;
@@ -57,8 +62,14 @@ impl Plan {
             .into_iter()
             .filter(|c| c.knobs != knobs)
             .collect();
+        let data_parallel =
+            (!knobs.data_parallel.is_single()).then(|| scaling_report(knobs, &outcome.history));
         Some(Plan {
-            schema_version: SCHEMA_VERSION,
+            schema_version: if data_parallel.is_some() {
+                SCHEMA_VERSION
+            } else {
+                SINGLE_GPU_SCHEMA_VERSION
+            },
             tool: Tool::current(),
             created_unix_s,
             model: model.clone(),
@@ -71,7 +82,37 @@ impl Plan {
             evidence: outcome.history.clone(),
             model_error,
             alternatives: alternatives(&others, knobs.regime()),
+            data_parallel,
         })
+    }
+}
+
+/// The layout of data-parallel `knobs` and its measured scaling: the search trial of the same
+/// per-GPU setting (without accumulation) at the chosen degree against one on a single GPU.
+fn scaling_report(knobs: Knobs, history: &[ProbeResult]) -> DataParallelReport {
+    let trial_tokens_per_s = |data_parallel: DataParallel| {
+        let wanted = Knobs {
+            grad_accum: 1,
+            data_parallel,
+            ..knobs
+        };
+        history
+            .iter()
+            .filter(|r| r.request.knobs == wanted)
+            .find_map(|r| r.outcome.measurement().map(|m| m.tokens_per_s))
+    };
+    let single = trial_tokens_per_s(DataParallel::SINGLE);
+    let parallel = trial_tokens_per_s(knobs.data_parallel);
+    let degree = knobs.data_parallel.degree;
+    DataParallelReport {
+        degree,
+        shard_optimizer: knobs.data_parallel.shard_optimizer,
+        global_batch: knobs.global_batch(),
+        single_gpu_tokens_per_s: single,
+        scaling_efficiency: single
+            .zip(parallel)
+            .filter(|(s, _)| *s > 0.0)
+            .map(|(s, p)| p / (degree as f64 * s)),
     }
 }
 

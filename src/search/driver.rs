@@ -494,17 +494,14 @@ fn secant_memory_model<'h>(
     MemoryModel::fit(&points[..points.len().min(2)])
 }
 
-/// Whether `earlier` makes `regime` pointless: `regime` saves memory (checkpointing or offload)
-/// at `earlier`'s precision, and `earlier` saves none and stopped growing before its memory
-/// boundary.
+/// Whether `earlier` makes `regime` pointless: `regime` saves memory (checkpointing, offload or
+/// optimizer sharding) at `earlier`'s precision and GPU count, and `earlier` saves none and
+/// stopped growing before its memory boundary.
 fn dominates(earlier: &RegimeState, regime: crate::knobs::Regime) -> bool {
-    use crate::knobs::{Checkpointing, Offload};
-    let plain = |r: crate::knobs::Regime| {
-        r.checkpointing == Checkpointing::None && r.offload == Offload::None
-    };
-    plain(earlier.regime)
-        && !plain(regime)
+    !earlier.regime.saves_memory()
+        && regime.saves_memory()
         && earlier.regime.precision == regime.precision
+        && earlier.regime.data_parallel.degree == regime.data_parallel.degree
         && matches!(
             earlier.progress,
             RegimeProgress::Finished(RegimeEnd::Saturated { .. } | RegimeEnd::AllFit { .. })

@@ -334,6 +334,8 @@ fn copy_into(
 /// - **`Offload::None`.** The optimizer stays on the device; a checkpoint copies one tensor at a
 ///   time to the host and then into its byte image: `2·4·L`.
 /// - **Both.** One step's token batches, inputs and targets as u32: `8 · global_batch · seq_len`.
+/// - **Data parallel.** Every rank of the host holds its own offloaded state: the state term
+///   counts `degree` times (the token term already counts all ranks' batches).
 ///
 /// Not included: the process baseline (runtime, the driver's host allocations) and, on a CPU
 /// device, the model, activations and gradients, which live in host memory there.
@@ -354,7 +356,7 @@ pub fn host_bytes_estimate(spec: &ModelSpec, knobs: &Knobs) -> u64 {
     let state = match knobs.offload {
         Offload::Optimizer => {
             let staging = if b < 4 { 2 } else { 0 };
-            p * (16 + staging) + largest * b + 256 * 1024
+            (p * (16 + staging) + largest * b + 256 * 1024) * knobs.data_parallel.degree as u64
         }
         Offload::None => 2 * 4 * largest,
     };
