@@ -181,6 +181,59 @@ fn a_sharded_optimizer_trains_the_same_weights_holding_half_the_moments_per_rank
     assert_eq!(plain[0].owned_params, (total, total));
 }
 
+/// The fp16 overflow decision is the group's: rank 1 alone starts at a loss scale that
+/// overflows, and rank 0, whose own gradients are finite, skips that step with it (the ranks'
+/// gradients are summed before the check), so their weights stay equal.
+#[test]
+fn one_ranks_fp16_overflow_makes_every_rank_skip_the_step() {
+    let spec = small_gpt();
+    let k = Knobs {
+        precision: Precision::Fp16,
+        ..knobs(4, 1, DataParallel::replicated(2))
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let run = move |group: Collective, scale: f64| {
+        let data = Data::open(&DataSpec::Pattern, &spec).unwrap();
+        let mut trainer = Trainer::in_group(&spec, k, &Device::Cpu, 5, group).unwrap();
+        trainer.scaler_mut().scale = scale;
+        let reports: Vec<_> = (0..2).map(|_| trainer.step(&data).unwrap()).collect();
+        let weights = trainer
+            .master_weights()
+            .unwrap()
+            .iter()
+            .map(|t| t.flatten_all().unwrap().to_vec1::<f32>().unwrap())
+            .collect::<Vec<_>>();
+        (reports, weights)
+    };
+    let other = {
+        let run = run.clone();
+        std::thread::spawn(move || {
+            run(
+                Collective::Tcp(TcpGroup::join(1, 2, addr).unwrap()),
+                2f64.powi(40),
+            )
+        })
+    };
+    let (root, root_weights) = run(
+        Collective::Tcp(TcpGroup::host(&listener, 2).unwrap()),
+        1024.0,
+    );
+    let (one, one_weights) = other.join().unwrap();
+    assert!(root[0].skipped && one[0].skipped, "{root:?} / {one:?}");
+    // Each rank halves its own scale; rank 1's still overflows, so both skip again.
+    assert!(root[1].skipped && one[1].skipped, "{root:?} / {one:?}");
+    assert_eq!(
+        (root[1].loss_scale, one[1].loss_scale),
+        (256.0, 2f64.powi(38))
+    );
+    assert_eq!(
+        root[0].loss, one[0].loss,
+        "the reported loss is the global mean"
+    );
+    assert!(bits(&root_weights) == bits(&one_weights));
+}
+
 /// `autotune ARGS --json` in `dir`; its JSON document.
 fn json_of(dir: &Path, args: &[&str]) -> Value {
     let mut argv = args.to_vec();
