@@ -186,7 +186,11 @@ fn live(args: &TuneArgs, printer: &Printer) -> anyhow::Result<Tuned> {
         }
     };
     progress.finish();
-    let plan = Plan::from_search(&driver, &outcome, &spec, &profile, now());
+    let mut plan = Plan::from_search(&driver, &outcome, &spec, &profile, now());
+    if let Some(plan) = plan.as_mut() {
+        // Scaling efficiency is measured, never assumed: one GPU's trial if the search ran none.
+        plan.measure_scaling(driver.space(), &mut |r| ranks.probe(r))?;
+    }
     let recorded = backend::recorded_device(&device, &profile);
     Ok(Tuned {
         spec,

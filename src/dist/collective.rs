@@ -31,6 +31,10 @@ pub enum Collective {
 impl Collective {
     /// Joins the group described by `env`, on `device` (NCCL needs the rank's GPU).
     pub fn join(env: &RankEnv, device: &Device) -> Result<Self> {
+        if env.world_size == 1 {
+            // A group of one (a single-GPU trial run as a rank) has nobody to talk to.
+            return Ok(Collective::Single);
+        }
         match &env.rendezvous {
             Rendezvous::Tcp(addr) => Ok(Collective::Tcp(TcpGroup::join(
                 env.rank,
