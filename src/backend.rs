@@ -116,10 +116,21 @@ pub fn detect_gpu_profile() -> Result<Option<DeviceProfile>> {
             )
         })?;
         let driver = nvml.sys_driver_version().ok();
+        // GPUs like the first one (same name and size) are the ones data parallelism can use.
+        let count = nvml.device_count().unwrap_or(1);
+        let alike = (0..count)
+            .filter_map(|i| nvml.device_by_index(i).ok())
+            .filter(|d| {
+                d.name().ok().as_deref() == Some(name.as_str())
+                    && d.memory_info().is_ok_and(|m| m.total == memory.total)
+            })
+            .count()
+            .max(1);
         Ok(Some(DeviceProfile {
             name,
             kind: crate::spec::device::DeviceKind::Cuda,
             gpu_memory_bytes: Some(memory.total),
+            gpu_count: alike,
             host_memory_bytes: host_memory_bytes().unwrap_or(32 << 30),
             host_to_device_gbps: None,
             notes: Some(format!(
@@ -130,6 +141,17 @@ pub fn detect_gpu_profile() -> Result<Option<DeviceProfile>> {
     }
     #[cfg(not(feature = "cuda"))]
     Ok(None)
+}
+
+/// CUDA devices this process can open (`CUDA_VISIBLE_DEVICES` applies); 0 without CUDA.
+pub fn cuda_device_count() -> usize {
+    #[cfg(feature = "cuda")]
+    {
+        candle_core::cuda_backend::cudarc::driver::CudaContext::device_count()
+            .map_or(0, |n| n.max(0) as usize)
+    }
+    #[cfg(not(feature = "cuda"))]
+    0
 }
 
 /// Total host memory from `/proc/meminfo`, where the platform has it.

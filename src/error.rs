@@ -68,6 +68,15 @@ pub enum Error {
         parameter: String,
     },
 
+    /// Data-parallel ranks could not meet or lost each other (a rank died, a port was taken).
+    #[error("data parallel, rank {rank}: {problem}")]
+    Collective {
+        /// The rank that saw the failure.
+        rank: usize,
+        /// What happened, naming the peer where one is involved.
+        problem: String,
+    },
+
     /// An error from the tensor backend that is not an expected outcome such as out-of-memory.
     #[error(transparent)]
     Backend(#[from] candle_core::Error),

@@ -1,7 +1,9 @@
-//! The settings a plan chooses: micro-batch, accumulation, precision, checkpointing, offload.
+//! The settings a plan chooses: micro-batch, accumulation, precision, checkpointing, offload,
+//! and data parallelism over several GPUs.
 //!
 //! [`Knobs`] is one point of the search space. [`Regime`] is a point with the batch sizes
 //! removed: memory and step time are modelled per regime as functions of the micro-batch.
+//! Micro-batch and accumulation are per GPU; [`DataParallel`] says how many GPUs run them.
 
 use std::fmt;
 use std::str::FromStr;
@@ -151,6 +153,59 @@ impl FromStr for Offload {
     }
 }
 
+/// Data parallelism: how many GPUs of one host (one process each) train on distinct slices of
+/// every optimizer step's batch, and whether they split the optimizer state between them.
+///
+/// In JSON it is absent from knobs and regimes that train on one GPU, so single-GPU documents
+/// read and write exactly as before; otherwise `{"degree": N, "shard_optimizer": bool}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataParallel {
+    /// GPUs (ranks) per step; 1 = no data parallelism.
+    pub degree: usize,
+    /// ZeRO stage 1: each rank keeps the Adam moments of its share of the parameters only,
+    /// updates that share, and the updated weights are broadcast to the other ranks.
+    #[serde(default)]
+    pub shard_optimizer: bool,
+}
+
+impl DataParallel {
+    /// One GPU, nothing shared.
+    pub const SINGLE: DataParallel = DataParallel {
+        degree: 1,
+        shard_optimizer: false,
+    };
+
+    /// `degree` ranks without sharding.
+    pub fn replicated(degree: usize) -> Self {
+        Self {
+            degree,
+            shard_optimizer: false,
+        }
+    }
+
+    /// Whether this is one GPU without sharding (the JSON omits it then).
+    pub fn is_single(&self) -> bool {
+        *self == Self::SINGLE
+    }
+}
+
+impl Default for DataParallel {
+    fn default() -> Self {
+        Self::SINGLE
+    }
+}
+
+impl fmt::Display for DataParallel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "dp={}", self.degree)?;
+        if self.shard_optimizer {
+            f.write_str(" zero1")?;
+        }
+        Ok(())
+    }
+}
+
 /// The batch-independent part of a plan: memory and time are modelled per regime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Regime {
@@ -160,6 +215,18 @@ pub struct Regime {
     pub checkpointing: Checkpointing,
     /// Optimizer placement.
     pub offload: Offload,
+    /// GPUs per step and optimizer sharding.
+    #[serde(default, skip_serializing_if = "DataParallel::is_single")]
+    pub data_parallel: DataParallel,
+}
+
+impl Regime {
+    /// Whether the regime trades speed for memory (checkpointing, offload or sharding).
+    pub fn saves_memory(&self) -> bool {
+        self.checkpointing != Checkpointing::None
+            || self.offload != Offload::None
+            || self.data_parallel.shard_optimizer
+    }
 }
 
 impl fmt::Display for Regime {
@@ -168,7 +235,11 @@ impl fmt::Display for Regime {
             f,
             "{} ckpt={} offload={}",
             self.precision, self.checkpointing, self.offload
-        )
+        )?;
+        if !self.data_parallel.is_single() {
+            write!(f, " {}", self.data_parallel)?;
+        }
+        Ok(())
     }
 }
 
@@ -188,6 +259,9 @@ pub struct Knobs {
     /// Optimizer placement.
     #[serde(default = "no_offload")]
     pub offload: Offload,
+    /// GPUs per step and optimizer sharding; micro-batch and accumulation are per GPU.
+    #[serde(default, skip_serializing_if = "DataParallel::is_single")]
+    pub data_parallel: DataParallel,
 }
 
 fn no_checkpointing() -> Checkpointing {
@@ -207,11 +281,17 @@ impl Knobs {
             precision,
             checkpointing: Checkpointing::None,
             offload: Offload::None,
+            data_parallel: DataParallel::SINGLE,
         }
     }
 
-    /// Sequences per optimizer step.
+    /// Sequences per optimizer step over all GPUs: micro-batch × accumulation × degree.
     pub fn global_batch(&self) -> usize {
+        self.per_rank_batch() * self.data_parallel.degree
+    }
+
+    /// Sequences one GPU (rank) runs per optimizer step: micro-batch × accumulation.
+    pub fn per_rank_batch(&self) -> usize {
         self.micro_batch * self.grad_accum
     }
 
@@ -221,6 +301,7 @@ impl Knobs {
             precision: self.precision,
             checkpointing: self.checkpointing,
             offload: self.offload,
+            data_parallel: self.data_parallel,
         }
     }
 
@@ -232,6 +313,7 @@ impl Knobs {
             precision: regime.precision,
             checkpointing: regime.checkpointing,
             offload: regime.offload,
+            data_parallel: regime.data_parallel,
         }
     }
 
@@ -256,6 +338,28 @@ impl Knobs {
                 what,
                 format!("{field_prefix}checkpointing"),
                 "k must be at least 1 (1 = every block)",
+            ));
+        }
+        let dp = self.data_parallel;
+        if dp.degree == 0 {
+            return Err(crate::Error::invalid(
+                what,
+                format!("{field_prefix}data_parallel.degree"),
+                "must be at least 1 (1 = one GPU)",
+            ));
+        }
+        if dp.shard_optimizer && dp.degree == 1 {
+            return Err(crate::Error::invalid(
+                what,
+                format!("{field_prefix}data_parallel.shard_optimizer"),
+                "needs a data-parallel degree of at least 2 (one GPU has nothing to share the state with)",
+            ));
+        }
+        if dp.shard_optimizer && self.offload == Offload::Optimizer {
+            return Err(crate::Error::invalid(
+                what,
+                format!("{field_prefix}data_parallel.shard_optimizer"),
+                "cannot be combined with optimizer offload yet; shard the optimizer or offload it, not both",
             ));
         }
         Ok(())
@@ -317,5 +421,46 @@ mod tests {
         let back: Knobs = serde_json::from_str(&json).unwrap();
         assert_eq!(back, k);
         assert_eq!(k.global_batch(), 32);
+    }
+
+    #[test]
+    fn data_parallel_knobs_are_per_gpu_and_appear_only_when_used() {
+        let k = Knobs {
+            grad_accum: 4,
+            data_parallel: DataParallel {
+                degree: 2,
+                shard_optimizer: true,
+            },
+            ..Knobs::new(8, Precision::Bf16)
+        };
+        let json = serde_json::to_string(&k).unwrap();
+        assert!(
+            json.ends_with(r#""data_parallel":{"degree":2,"shard_optimizer":true}}"#),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<Knobs>(&json).unwrap(), k);
+        assert_eq!((k.per_rank_batch(), k.global_batch()), (32, 64));
+        assert_eq!(
+            k.to_string(),
+            "mb=8 accum=4 bf16 ckpt=none offload=none dp=2 zero1"
+        );
+        assert!(k.regime().saves_memory());
+        let field = |k: Knobs| match k.validate("knobs", "") {
+            Err(crate::Error::InvalidSpec { field, .. }) => field,
+            other => panic!("expected invalid knobs, got {other:?}"),
+        };
+        let one = Knobs {
+            data_parallel: DataParallel {
+                degree: 1,
+                shard_optimizer: true,
+            },
+            ..k
+        };
+        assert_eq!(field(one), "data_parallel.shard_optimizer");
+        let zero = Knobs {
+            data_parallel: DataParallel::replicated(0),
+            ..k
+        };
+        assert_eq!(field(zero), "data_parallel.degree");
     }
 }

@@ -9,10 +9,12 @@
 //! ```
 //!
 //! `model` is the Transformer and `train` the step that honours every knob; both run on
-//! candle's CPU device and, with the `cuda` feature, on the GPU.
+//! candle's CPU device and, with the `cuda` feature, on the GPU. `dist` spreads training over
+//! several GPUs of one host (data parallelism, one process per GPU).
 
 pub mod atomic_file;
 pub mod backend;
+pub mod dist;
 pub mod error;
 pub mod fit;
 pub mod hash;

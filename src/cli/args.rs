@@ -99,6 +99,14 @@ pub struct KnobArgs {
     /// Optimizer offload: none or optimizer.
     #[arg(long, default_value = "none")]
     pub offload: Offload,
+    /// Data parallelism: train on N GPUs of this host (`cuda:0` … `cuda:N-1`, or N CPU processes
+    /// with `--device cpu`), one process per GPU launched by autotune; micro-batch and
+    /// accumulation are per GPU, so a step takes micro-batch × accumulation × N sequences.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub data_parallel: usize,
+    /// With `--data-parallel`: shard the Adam moments over the GPUs (ZeRO stage 1).
+    #[arg(long)]
+    pub shard_optimizer: bool,
 }
 
 /// How search trials are isolated.
@@ -136,6 +144,11 @@ pub struct TuneArgs {
     /// GPU, none on a CPU.
     #[arg(long)]
     pub offload: Vec<autotune::Offload>,
+    /// Data-parallel degrees to consider (repeatable, each at most the profile's gpu_count);
+    /// default every GPU of the profile and the powers of two below. `--global-batch` is then
+    /// the batch over all GPUs.
+    #[arg(long, value_name = "N")]
+    pub data_parallel: Vec<usize>,
     /// Fraction of each memory budget kept free (default 0.05).
     #[arg(long)]
     pub headroom: Option<f64>,
@@ -209,9 +222,11 @@ pub struct ExportArgs {
     /// deepspeed (a ds_config.json) or trainer (Hugging Face Trainer / Accelerate arguments).
     #[arg(long, value_parser = ["deepspeed", "trainer"])]
     pub format: String,
-    /// Data-parallel processes (DeepSpeed's train_batch_size = micro × accum × world size).
-    #[arg(long, default_value_t = 1)]
-    pub world_size: usize,
+    /// Data-parallel processes (DeepSpeed's train_batch_size = micro × accum × world size);
+    /// default the plan's own data-parallel degree. More than that runs the plan's per-GPU
+    /// setting on a larger cluster.
+    #[arg(long)]
+    pub world_size: Option<usize>,
 }
 
 #[derive(Debug, Args)]
@@ -280,6 +295,10 @@ impl KnobArgs {
             precision: self.precision,
             checkpointing: self.checkpointing,
             offload: self.offload,
+            data_parallel: autotune::knobs::DataParallel {
+                degree: self.data_parallel,
+                shard_optimizer: self.shard_optimizer,
+            },
         }
     }
 }

@@ -11,6 +11,7 @@ use candle_core::Device;
 use serde::Serialize;
 
 use autotune::backend;
+use autotune::dist::probe::DataParallelProber;
 use autotune::probe::live::LiveProber;
 use autotune::probe::outcome::{MemoryKind, Outcome, Phase, ProbeRequest};
 use autotune::profile::check::{check, recheck, CheckReport, SettingCheck, Tolerance, Verdict};
@@ -129,7 +130,21 @@ pub fn run(args: CheckArgs, printer: &Printer) -> anyhow::Result<Status> {
                 Some(profile.budget.host_bytes),
                 meter.as_mut(),
             );
-            let fresh = recheck(&profile, &mut |r: &ProbeRequest| prober.probe(r), &reporter)?;
+            // Data-parallel settings are re-measured on as many ranks as they were recorded on.
+            let exe = std::env::current_exe()
+                .map_err(|e| anyhow::anyhow!("cannot locate the autotune executable: {e}"))?;
+            let mut ranks = DataParallelProber::new(
+                exe,
+                &profile.model,
+                backend::describe(&device),
+                profile.budget.gpu_bytes,
+                Some(profile.budget.host_bytes),
+            );
+            let mut probe = |r: &ProbeRequest| match r.knobs.data_parallel.degree {
+                1 => prober.probe(r),
+                _ => ranks.probe(r),
+            };
+            let fresh = recheck(&profile, &mut probe, &reporter)?;
             (fresh, format!("live:{}", backend::describe(&device)))
         }
     };

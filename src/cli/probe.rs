@@ -2,6 +2,9 @@
 
 use serde::Serialize;
 
+use autotune::dist::probe::DataParallelProber;
+use autotune::dist::rank::rank_device;
+use autotune::dist::{Collective, RankEnv};
 use autotune::probe::child::ChildJob;
 use autotune::probe::live::LiveProber;
 use autotune::probe::outcome::{Outcome, ProbeRequest, ProbeResult};
@@ -32,22 +35,27 @@ pub fn run(args: ProbeArgs, printer: &Printer) -> anyhow::Result<Status> {
     let knobs = args.knobs.knobs();
     knobs.validate("knobs", "--")?;
     let host_budget = args.host_budget.as_deref().map(parse_bytes).transpose()?;
-    let device = device::open(&args.model.device)?;
     let request = ProbeRequest {
         knobs,
         warmup_steps: args.warmup,
         timed_steps: args.steps,
     };
-    printer.status(format!(
-        "probing {} at {knobs} on {}",
-        spec.name,
-        device::describe(&device)
-    ));
     let gpu_capacity = args.gpu_capacity.as_deref().map(parse_bytes).transpose()?;
-    let mut memory = device::memory_meter(&device, gpu_capacity)?;
-    let result = LiveProber::new(&spec, &device, host_budget, memory.as_mut())
-        .with_engine(args.model.engine)
-        .probe(&request)?;
+    let (result, device_name) = if knobs.data_parallel.degree > 1 {
+        probe_data_parallel(&args, &spec, &request, gpu_capacity, host_budget, printer)?
+    } else {
+        let device = device::open(&args.model.device)?;
+        printer.status(format!(
+            "probing {} at {knobs} on {}",
+            spec.name,
+            device::describe(&device)
+        ));
+        let mut memory = device::memory_meter(&device, gpu_capacity)?;
+        let result = LiveProber::new(&spec, &device, host_budget, memory.as_mut())
+            .with_engine(args.model.engine)
+            .probe(&request)?;
+        (result, device::describe(&device).to_string())
+    };
     printer.data_json_line(&ProbeLine {
         implementation: "autotune",
         model: &spec.name,
@@ -55,7 +63,7 @@ pub fn run(args: ProbeArgs, printer: &Printer) -> anyhow::Result<Status> {
         micro_batch: knobs.micro_batch,
         seq_len: spec.seq_len,
         params: spec.parameter_count(),
-        device: device::describe(&device).to_string(),
+        device: device_name,
         result: &result,
     });
     match &result.outcome {
@@ -77,14 +85,52 @@ pub fn run(args: ProbeArgs, printer: &Printer) -> anyhow::Result<Status> {
     })
 }
 
-/// The child side of isolated probing: one job on stdin, one result line on stdout.
+/// A data-parallel trial: the ranks run as `probe-one` children, one per GPU.
+fn probe_data_parallel(
+    args: &ProbeArgs,
+    spec: &ModelSpec,
+    request: &ProbeRequest,
+    gpu_capacity: Option<u64>,
+    host_budget: Option<u64>,
+    printer: &Printer,
+) -> anyhow::Result<(ProbeResult, String)> {
+    if args.model.engine != autotune::model::Engine::default() {
+        anyhow::bail!("`--engine` applies to single-GPU probes; drop it or --data-parallel");
+    }
+    let degree = request.knobs.data_parallel.degree;
+    let device_name = match args.model.device.as_str() {
+        "auto" if device::cuda_device_count() > 0 => "cuda",
+        "auto" | "cpu" => "cpu",
+        _ => "cuda",
+    };
+    autotune::dist::probe::check_degree(degree, device_name, "--data-parallel")?;
+    printer.status(format!(
+        "probing {} at {} on {degree} {device_name} ranks",
+        spec.name, request.knobs
+    ));
+    let exe = std::env::current_exe()
+        .map_err(|e| anyhow::anyhow!("cannot locate the autotune executable: {e}"))?;
+    let mut prober = DataParallelProber::new(exe, spec, device_name, gpu_capacity, host_budget);
+    Ok((prober.probe(request)?, device_name.to_string()))
+}
+
+/// The child side of isolated probing: one job on stdin, one result line on stdout. Started
+/// as a rank (the rank variables are set), it runs the trial together with the other ranks.
 pub fn run_child(printer: &Printer) -> anyhow::Result<Status> {
     let job: ChildJob = serde_json::from_reader(std::io::stdin().lock())
         .map_err(|e| anyhow::anyhow!("probe-one: the job on stdin is not valid JSON: {e}"))?;
-    let device = device::open(&job.device)?;
+    let rank = RankEnv::from_env()?;
+    let device_name = match &rank {
+        Some(r) => rank_device(&job.device, r.rank),
+        None => job.device.clone(),
+    };
+    let device = device::open(&device_name)?;
     let mut memory = device::memory_meter(&device, job.gpu_capacity)?;
-    let result = LiveProber::new(&job.model, &device, job.host_budget, memory.as_mut())
-        .probe(&job.request)?;
+    let mut prober = LiveProber::new(&job.model, &device, job.host_budget, memory.as_mut());
+    if let Some(rank) = &rank {
+        prober = prober.with_group(Collective::join(rank, &device)?);
+    }
+    let result = prober.probe(&job.request)?;
     printer.data_json_line(&result);
     Ok(Status::Success)
 }

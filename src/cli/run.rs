@@ -52,6 +52,7 @@ pub fn run(args: RunArgs, printer: &Printer) -> anyhow::Result<Status> {
     ));
     let training = PlanTraining {
         plan,
+        plan_path: &plan_path,
         steps: args.train.steps,
         data: &args.train.data,
         checkpoint_dir: Some(args.train.run_dir.join("checkpoints")),

@@ -1,4 +1,8 @@
 //! `autotune train`: train with explicit knobs or a plan, rendering progress and handling Ctrl-C.
+//!
+//! With a data-parallel degree above 1 (`--data-parallel N`, or a plan that has one) this
+//! process becomes the launcher of N ranks ([`super::launch`]); a process started as a rank
+//! (the rank variables are set) trains as that rank instead.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,6 +13,7 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 
 use autotune::backend as device;
+use autotune::dist::{Collective, RankEnv};
 use autotune::plan::schema::Plan;
 use autotune::probe::host_memory;
 use autotune::spec::device::DeviceKind;
@@ -24,10 +29,12 @@ use super::tune::gib;
 use super::Status;
 
 pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
+    let rank = RankEnv::from_env()?;
     if let Some(path) = &args.plan {
         let plan = Plan::load(path)?;
         let training = PlanTraining {
             plan: &plan,
+            plan_path: path,
             steps: args.steps,
             data: &args.data,
             checkpoint_dir: args.checkpoint_dir.clone(),
@@ -36,14 +43,34 @@ pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
             seed: args.model.seed,
             resume: args.resume,
         };
+        if let Some(rank) = rank {
+            return super::launch::run_rank(plan_job(&training, Some(&rank))?, rank);
+        }
         let (summary, status) = train_with_plan(&training, printer)?;
         printer.data_json(&TrainReport::new(&plan.model, plan.knobs, &summary));
         return Ok(status);
     }
     let spec = ModelSpec::resolve(&args.model.model)?;
     let knobs = args.knobs.knobs();
+    check_data_parallel_flags(&args)?;
     knobs.validate("knobs", "--")?;
-    let device = device::open(&args.model.device)?;
+    let degree = knobs.data_parallel.degree;
+    if degree > 1 && rank.is_none() {
+        let launched = super::launch::Launched {
+            args: std::env::args_os().skip(1).collect(),
+            degree,
+            device: &args.model.device,
+            total_steps: args.steps,
+        };
+        let summary = launched.run(printer)?;
+        printer.data_json(&TrainReport::new(&spec, knobs, &summary));
+        return Ok(status_of(&summary));
+    }
+    let device_name = match &rank {
+        Some(r) => autotune::dist::rank::rank_device(&args.model.device, r.rank),
+        None => args.model.device.clone(),
+    };
+    let device = device::open(&device_name)?;
     // On a GPU the meter also configures the memory pool (keep freed memory, as a caching
     // allocator does); it must live as long as training does.
     let _pool = device::memory_meter(&device, None)?;
@@ -61,16 +88,43 @@ pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
         seed: args.model.seed,
         resume: args.resume,
         engine: args.model.engine,
+        host_limit: None,
+        _pool,
     };
+    if let Some(rank) = rank {
+        return super::launch::run_rank(job, rank);
+    }
     let summary = job.run(printer)?;
     printer.data_json(&TrainReport::new(&spec, knobs, &summary));
     Ok(status_of(&summary))
+}
+
+/// The data-parallel flags against each other and this machine, with the flag to change.
+fn check_data_parallel_flags(args: &TrainArgs) -> anyhow::Result<()> {
+    let degree = args.knobs.data_parallel;
+    if degree == 0 {
+        anyhow::bail!("`--data-parallel 0`: it is the number of GPUs to train on; use 1 or more");
+    }
+    if args.knobs.shard_optimizer && degree < 2 {
+        anyhow::bail!(
+            "`--shard-optimizer` splits the optimizer state between GPUs; add `--data-parallel N` with N of 2 or more"
+        );
+    }
+    if args.knobs.shard_optimizer && args.knobs.offload == autotune::Offload::Optimizer {
+        anyhow::bail!(
+            "`--shard-optimizer` cannot be combined with `--offload optimizer` yet; drop one of them"
+        );
+    }
+    autotune::dist::probe::check_degree(degree, &args.model.device, "--data-parallel")?;
+    Ok(())
 }
 
 /// Training with a plan: its model and knobs, on the kind of device it was made for, inside
 /// its memory limits (a smaller GPU emulated exactly as during tuning).
 pub struct PlanTraining<'a> {
     pub plan: &'a Plan,
+    /// Where the plan is, for the ranks of a data-parallel plan to read.
+    pub plan_path: &'a std::path::Path,
     pub steps: u64,
     pub data: &'a str,
     pub checkpoint_dir: Option<PathBuf>,
@@ -85,15 +139,81 @@ pub fn train_with_plan(
     printer: &Printer,
 ) -> anyhow::Result<(RunSummary, Status)> {
     let plan = t.plan;
-    let device = match plan.device.kind {
-        DeviceKind::Cpu => Device::Cpu,
-        DeviceKind::Cuda => device::open("cuda")?,
+    let degree = plan.knobs.data_parallel.degree;
+    if degree > 1 {
+        let device = match plan.device.kind {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Cuda => "cuda",
+        };
+        autotune::dist::probe::check_degree(degree, device, "knobs.data_parallel.degree")
+            .map_err(|e| anyhow::anyhow!("plan `{}`: {e}", t.plan_path.display()))?;
+        let launched = super::launch::Launched {
+            args: t.rank_args(),
+            degree,
+            device,
+            total_steps: t.steps,
+        };
+        let summary = launched.run(printer)?;
+        let status = status_of(&summary);
+        return Ok((summary, status));
+    }
+    let job = plan_job(t, None)?;
+    let summary = job.run(printer)?;
+    if host_memory::is_counting() && host_memory::limit_exceeded() {
+        anyhow::bail!(
+            "training reached {} of host heap, over the plan's host budget of {}; re-tune with a larger --headroom",
+            gib(host_memory::peak_bytes()),
+            gib(plan.budget.host_bytes)
+        );
+    }
+    host_memory::set_soft_limit(None);
+    let status = status_of(&summary);
+    Ok((summary, status))
+}
+
+impl PlanTraining<'_> {
+    /// The `autotune train` arguments a rank of this plan's data-parallel run gets.
+    fn rank_args(&self) -> Vec<std::ffi::OsString> {
+        let mut args: Vec<std::ffi::OsString> = vec!["train".into(), "--plan".into()];
+        args.push(self.plan_path.as_os_str().to_owned());
+        for (flag, value) in [
+            ("--steps", self.steps.to_string()),
+            ("--data", self.data.to_string()),
+            ("--checkpoint-every", self.checkpoint_every.to_string()),
+            ("--eval-every", self.eval_every.to_string()),
+            ("--seed", self.seed.to_string()),
+        ] {
+            args.push(flag.into());
+            args.push(value.into());
+        }
+        if let Some(dir) = &self.checkpoint_dir {
+            args.push("--checkpoint-dir".into());
+            args.push(dir.as_os_str().to_owned());
+        }
+        if self.resume {
+            args.push("--resume".into());
+        }
+        args
+    }
+}
+
+/// The training job a plan describes, in this process or as one of its ranks: the plan's kind
+/// of device (rank r on `cuda:r`), inside its memory limits (a smaller GPU emulated exactly as
+/// during tuning; the ranks of one host share its host budget evenly).
+fn plan_job<'a>(t: &'a PlanTraining, rank: Option<&RankEnv>) -> anyhow::Result<Job<'a>> {
+    let plan = t.plan;
+    let device = match (plan.device.kind, rank) {
+        (DeviceKind::Cpu, _) => Device::Cpu,
+        (DeviceKind::Cuda, None) => device::open("cuda")?,
+        (DeviceKind::Cuda, Some(r)) => device::open(&format!("cuda:{}", r.rank))?,
     };
     // Holding back memory makes the run see the plan's card, so "fits in the plan" means
     // "fits on that card"; the meter must live as long as training does.
-    let _emulation = device::memory_meter(&device, plan.device.gpu_memory_bytes)?;
-    host_memory::set_soft_limit(Some(plan.budget.host_bytes));
-    let job = Job {
+    let pool = device::memory_meter(&device, plan.device.gpu_memory_bytes)?;
+    let ranks = rank.map_or(1, |r| r.world_size) as u64;
+    let host_limit = plan.budget.host_bytes / ranks;
+    host_memory::set_soft_limit(Some(host_limit));
+    Ok(Job {
         spec: &plan.model,
         knobs: plan.knobs,
         device,
@@ -108,18 +228,9 @@ pub fn train_with_plan(
         resume: t.resume,
         // Plans are tuned with the default engine.
         engine: autotune::model::Engine::default(),
-    };
-    let summary = job.run(printer)?;
-    if host_memory::is_counting() && host_memory::limit_exceeded() {
-        anyhow::bail!(
-            "training reached {} of host heap, over the plan's host budget of {}; re-tune with a larger --headroom",
-            gib(host_memory::peak_bytes()),
-            gib(plan.budget.host_bytes)
-        );
-    }
-    host_memory::set_soft_limit(None);
-    let status = status_of(&summary);
-    Ok((summary, status))
+        host_limit: Some(host_limit),
+        _pool: pool,
+    })
 }
 
 fn status_of(summary: &RunSummary) -> Status {
@@ -131,22 +242,28 @@ fn status_of(summary: &RunSummary) -> Status {
 }
 
 /// One training run, however its knobs were chosen.
-struct Job<'a> {
-    spec: &'a ModelSpec,
-    knobs: Knobs,
-    device: Device,
-    data: &'a str,
-    config: RunConfig,
-    seed: u64,
-    resume: bool,
-    engine: autotune::model::Engine,
+pub struct Job<'a> {
+    pub spec: &'a ModelSpec,
+    pub knobs: Knobs,
+    pub device: Device,
+    pub data: &'a str,
+    pub config: RunConfig,
+    pub seed: u64,
+    pub resume: bool,
+    pub engine: autotune::model::Engine,
+    /// The host heap limit in force (a plan's budget, or a rank's share of it).
+    pub host_limit: Option<u64>,
+    /// The device-memory meter (on a GPU it also configures the memory pool and emulates the
+    /// plan's card): it must live as long as training does.
+    pub _pool: Box<dyn autotune::probe::live::DeviceMemory>,
 }
 
 impl Job<'_> {
-    fn run(self, printer: &Printer) -> anyhow::Result<RunSummary> {
+    /// The data and a trainer in `group`, restored from the latest checkpoint when resuming.
+    pub fn prepare(&self, group: Collective) -> anyhow::Result<(DataSpec, Data, Trainer)> {
         let data_spec = DataSpec::parse(self.data);
         let data = Data::open(&data_spec, self.spec)?;
-        let mut trainer = Trainer::new(self.spec, self.knobs, &self.device, self.seed)?;
+        let mut trainer = Trainer::in_group(self.spec, self.knobs, &self.device, self.seed, group)?;
         trainer.set_engine(self.engine);
         if self.resume {
             let dir = self
@@ -156,6 +273,11 @@ impl Job<'_> {
                 .ok_or_else(|| anyhow::anyhow!("`--resume` needs `--checkpoint-dir`"))?;
             resume(dir, &mut trainer, &data_spec, self.knobs)?;
         }
+        Ok((data_spec, data, trainer))
+    }
+
+    fn run(self, printer: &Printer) -> anyhow::Result<RunSummary> {
+        let (data_spec, data, mut trainer) = self.prepare(Collective::Single)?;
         printer.status(format!(
             "training {} ({:.1}M parameters) on {} with {}, data {data_spec}",
             self.spec.name,
@@ -205,7 +327,7 @@ fn resume(
 }
 
 /// First Ctrl-C asks the loop to checkpoint and stop; a second one exits at once.
-fn interrupt_flag(printer: &Printer) -> Arc<AtomicBool> {
+pub fn interrupt_flag(printer: &Printer) -> Arc<AtomicBool> {
     static FLAG: std::sync::OnceLock<Arc<AtomicBool>> = std::sync::OnceLock::new();
     let flag = FLAG.get_or_init(|| {
         let flag = Arc::new(AtomicBool::new(false));
@@ -228,14 +350,14 @@ fn interrupt_flag(printer: &Printer) -> Arc<AtomicBool> {
     flag.clone()
 }
 
-struct Progress {
-    bar: ProgressBar,
+pub struct Progress {
+    pub bar: ProgressBar,
     printer: Printer,
     log_every: u64,
 }
 
 impl Progress {
-    fn new(printer: &Printer, total: u64) -> Self {
+    pub fn new(printer: &Printer, total: u64) -> Self {
         let bar = printer.progress(total, "{bar:30} {pos}/{len} steps  {msg}  ETA {eta}");
         Self {
             bar,
@@ -318,7 +440,7 @@ impl<'a> TrainReport<'a> {
     }
 }
 
-fn report(printer: &Printer, summary: &RunSummary) {
+pub fn report(printer: &Printer, summary: &RunSummary) {
     let verb = if summary.interrupted {
         "interrupted at"
     } else {

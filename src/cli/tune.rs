@@ -12,6 +12,7 @@ use candle_core::Device;
 use serde::Serialize;
 
 use autotune::backend;
+use autotune::dist::probe::DataParallelProber;
 use autotune::plan::schema::Plan;
 use autotune::probe::child::ChildProber;
 use autotune::probe::live::LiveProber;
@@ -133,7 +134,32 @@ fn live(args: &TuneArgs, printer: &Printer) -> anyhow::Result<Tuned> {
         backend::describe(&device),
     ));
     let progress = SearchProgress::new(printer);
-    let outcome = match args.isolation {
+    let device_name = match profile.kind {
+        DeviceKind::Cpu => "cpu",
+        DeviceKind::Cuda => "cuda",
+    };
+    let exe = std::env::current_exe().context("cannot locate the autotune executable")?;
+    // Trials of data-parallel regimes run as that many ranks, one process per GPU.
+    let mut ranks = DataParallelProber::new(
+        exe.clone(),
+        &spec,
+        device_name,
+        profile.gpu_memory_bytes,
+        Some(profile.host_memory_bytes),
+    );
+    let data_parallel = driver
+        .space()
+        .regimes
+        .iter()
+        .any(|r| r.data_parallel.degree > 1);
+    let isolation = if data_parallel {
+        // An in-process trial keeps its memory pool on GPU 0, where rank 0 of the next
+        // data-parallel trial would find it missing.
+        ProbeIsolation::Child
+    } else {
+        args.isolation
+    };
+    let outcome = match isolation {
         ProbeIsolation::InProcess => {
             let mut meter = backend::memory_meter(&device, profile.gpu_memory_bytes)?;
             let mut prober = LiveProber::new(
@@ -145,11 +171,6 @@ fn live(args: &TuneArgs, printer: &Printer) -> anyhow::Result<Tuned> {
             run_search(&driver, &mut |r: &ProbeRequest| prober.probe(r), &progress)?
         }
         ProbeIsolation::Child => {
-            let exe = std::env::current_exe().context("cannot locate the autotune executable")?;
-            let device_name = match profile.kind {
-                DeviceKind::Cpu => "cpu",
-                DeviceKind::Cuda => "cuda",
-            };
             let mut prober = ChildProber::new(
                 exe,
                 &spec,
@@ -157,11 +178,19 @@ fn live(args: &TuneArgs, printer: &Printer) -> anyhow::Result<Tuned> {
                 profile.gpu_memory_bytes,
                 Some(profile.host_memory_bytes),
             );
-            run_search(&driver, &mut |r: &ProbeRequest| prober.probe(r), &progress)?
+            let mut probe = |r: &ProbeRequest| match r.knobs.data_parallel.degree {
+                1 => prober.probe(r),
+                _ => ranks.probe(r),
+            };
+            run_search(&driver, &mut probe, &progress)?
         }
     };
     progress.finish();
-    let plan = Plan::from_search(&driver, &outcome, &spec, &profile, now());
+    let mut plan = Plan::from_search(&driver, &outcome, &spec, &profile, now());
+    if let Some(plan) = plan.as_mut() {
+        // Scaling efficiency is measured, never assumed: one GPU's trial if the search ran none.
+        plan.measure_scaling(driver.space(), &mut |r| ranks.probe(r))?;
+    }
     let recorded = backend::recorded_device(&device, &profile);
     Ok(Tuned {
         spec,
@@ -265,6 +294,7 @@ fn regimes(
                     precision,
                     checkpointing,
                     offload,
+                    data_parallel: autotune::knobs::DataParallel::SINGLE,
                 };
                 if !out.contains(&r) {
                     out.push(r);
@@ -293,6 +323,12 @@ fn search_space(args: &TuneArgs, profile: &DeviceProfile) -> anyhow::Result<Sear
         &args.checkpointing,
         &args.offload,
     );
+    let degrees = SearchSpace::data_parallel_degrees(
+        &args.data_parallel,
+        profile.gpu_count,
+        args.global_batch,
+    )?;
+    let regimes = SearchSpace::with_data_parallel(&regimes, &degrees);
     // One warm-up step suffices on both: trials share the device's memory pool, so the first
     // step's allocations are already cached after the first trial; three timed steps give a
     // median. The chosen setting's verification times more.
@@ -425,6 +461,7 @@ mod tests {
             precision,
             checkpointing,
             offload,
+            data_parallel: autotune::knobs::DataParallel::SINGLE,
         }
     }
 

@@ -3,6 +3,10 @@
 //!
 //! These are translations of the chosen setting, not guarantees: the memory and speed were
 //! measured on autotune's own training step, and another framework allocates differently.
+//!
+//! A data-parallel plan's micro-batch and accumulation are per GPU, as in DeepSpeed, so a plan
+//! measured on the GPUs of one host carries over to a cluster of such hosts by raising the
+//! world size: `train_batch_size` grows with it and the per-GPU memory stays what was measured.
 
 use serde::{Deserialize, Serialize};
 
@@ -37,10 +41,12 @@ pub struct OffloadOptimizer {
 /// DeepSpeed's `zero_optimization` section.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ZeroSection {
-    /// ZeRO stage; 2 when offloading (ZeRO-Offload is built on stage 2).
+    /// ZeRO stage: 2 when offloading (ZeRO-Offload is built on stage 2), 1 when the optimizer
+    /// state is sharded over the GPUs.
     pub stage: u8,
-    /// Where the optimizer state and update live.
-    pub offload_optimizer: OffloadOptimizer,
+    /// Where the optimizer state and update live; present only with offload.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offload_optimizer: Option<OffloadOptimizer>,
 }
 
 /// DeepSpeed's `activation_checkpointing` section (read by `deepspeed.checkpointing`, which the
@@ -68,7 +74,7 @@ pub struct DeepSpeedConfig {
     pub bf16: Enabled,
     /// fp16 mixed precision.
     pub fp16: Fp16Section,
-    /// Present only with optimizer offload.
+    /// Present only with optimizer offload or sharding.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub zero_optimization: Option<ZeroSection>,
     /// Present only with activation checkpointing.
@@ -76,13 +82,33 @@ pub struct DeepSpeedConfig {
     pub activation_checkpointing: Option<ActivationCheckpointing>,
 }
 
-/// The DeepSpeed fragment for `knobs` on `world_size` data-parallel GPUs.
+fn is_one(n: &usize) -> bool {
+    *n == 1
+}
+
+/// The DeepSpeed fragment for `knobs` on `world_size` data-parallel GPUs (the plan's own
+/// degree, or more to run the same per-GPU setting on a larger cluster).
 pub fn deepspeed_config(knobs: &Knobs, world_size: usize) -> DeepSpeedConfig {
     let fp16 = knobs.precision == Precision::Fp16;
+    let world_size = world_size.max(1);
+    let zero_optimization = match (knobs.offload, knobs.data_parallel.shard_optimizer) {
+        (Offload::Optimizer, _) => Some(ZeroSection {
+            stage: 2,
+            offload_optimizer: Some(OffloadOptimizer {
+                device: "cpu".into(),
+                pin_memory: true,
+            }),
+        }),
+        (Offload::None, true) => Some(ZeroSection {
+            stage: 1,
+            offload_optimizer: None,
+        }),
+        (Offload::None, false) => None,
+    };
     DeepSpeedConfig {
         train_micro_batch_size_per_gpu: knobs.micro_batch,
         gradient_accumulation_steps: knobs.grad_accum,
-        train_batch_size: knobs.global_batch() * world_size.max(1),
+        train_batch_size: knobs.per_rank_batch() * world_size,
         bf16: Enabled {
             enabled: knobs.precision == Precision::Bf16,
         },
@@ -90,13 +116,7 @@ pub fn deepspeed_config(knobs: &Knobs, world_size: usize) -> DeepSpeedConfig {
             enabled: fp16,
             loss_scale: fp16.then_some(0),
         },
-        zero_optimization: (knobs.offload == Offload::Optimizer).then(|| ZeroSection {
-            stage: 2,
-            offload_optimizer: OffloadOptimizer {
-                device: "cpu".into(),
-                pin_memory: true,
-            },
-        }),
+        zero_optimization,
         activation_checkpointing: (knobs.checkpointing != Checkpointing::None).then_some(
             ActivationCheckpointing {
                 partition_activations: false,
@@ -121,6 +141,10 @@ pub struct TrainerArgs {
     pub mixed_precision: String,
     /// Recompute activations in backward (every layer: these tools have no every-k-th).
     pub gradient_checkpointing: bool,
+    /// Processes (one per GPU): `accelerate launch --num_processes N`, `torchrun
+    /// --nproc-per-node N`; absent for one.
+    #[serde(skip_serializing_if = "is_one", default = "one")]
+    pub num_processes: usize,
     /// Parts of the plan these arguments do not carry; empty when they carry all of it.
     #[serde(skip_serializing_if = "Vec::is_empty", default)]
     pub warnings: Vec<String>,
@@ -136,6 +160,13 @@ pub fn trainer_args(knobs: &Knobs) -> TrainerArgs {
                  slower)"
             ));
         }
+    }
+    if knobs.data_parallel.shard_optimizer {
+        warnings.push(
+            "the plan shards the optimizer state over the GPUs (ZeRO stage 1), which these arguments cannot \
+             express; use the DeepSpeed export or Accelerate's DeepSpeed plugin with zero_stage 1"
+                .into(),
+        );
     }
     if knobs.offload == Offload::Optimizer {
         warnings.push(
@@ -154,8 +185,13 @@ pub fn trainer_args(knobs: &Knobs) -> TrainerArgs {
         }
         .into(),
         gradient_checkpointing: knobs.checkpointing != Checkpointing::None,
+        num_processes: knobs.data_parallel.degree,
         warnings,
     }
+}
+
+fn one() -> usize {
+    1
 }
 
 #[cfg(test)]
@@ -213,6 +249,37 @@ mod tests {
         assert_eq!(
             serde_json::to_value(fp16.fp16).unwrap(),
             json!({"enabled": true, "loss_scale": 0})
+        );
+    }
+
+    #[test]
+    fn data_parallel_plans_carry_their_layout() {
+        let k = Knobs {
+            data_parallel: crate::knobs::DataParallel {
+                degree: 4,
+                shard_optimizer: true,
+            },
+            ..knobs(8, 2, Precision::Bf16)
+        };
+        assert_eq!(
+            serde_json::to_value(deepspeed_config(&k, k.data_parallel.degree)).unwrap(),
+            json!({
+                "train_micro_batch_size_per_gpu": 8,
+                "gradient_accumulation_steps": 2,
+                "train_batch_size": 64,
+                "bf16": {"enabled": true},
+                "fp16": {"enabled": false},
+                "zero_optimization": {"stage": 1},
+            })
+        );
+        // Sixteen GPUs of a cluster keep the per-GPU setting and scale the batch.
+        assert_eq!(deepspeed_config(&k, 16).train_batch_size, 256);
+        let args = trainer_args(&k);
+        assert_eq!(args.num_processes, 4);
+        assert!(
+            args.warnings[0].contains("ZeRO stage 1"),
+            "{:?}",
+            args.warnings
         );
     }
 

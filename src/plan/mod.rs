@@ -9,4 +9,7 @@ pub mod schema;
 pub mod select;
 
 pub use exports::{deepspeed_config, trainer_args, DeepSpeedConfig, TrainerArgs};
-pub use schema::{Alternative, Headroom, ModelError, Plan, Predicted, Tool, SCHEMA_VERSION};
+pub use schema::{
+    Alternative, DataParallelReport, Headroom, ModelError, Plan, Predicted, Tool, SCHEMA_VERSION,
+    SINGLE_GPU_SCHEMA_VERSION,
+};

@@ -1,27 +1,31 @@
 //! `Plan`: the chosen setting and its evidence, as a versioned JSON document.
 //!
-//! # Wire format (schema version 1)
+//! # Wire format (schema versions 1 and 2)
 //!
 //! A plan file holds one JSON object. Readers reject unknown fields and any
-//! `schema_version` other than 1, so a plan is never half-understood. Byte counts are
+//! `schema_version` other than 1 or 2, so a plan is never half-understood. Version 1 plans
+//! train on one GPU; version 2 is version 1 plus data parallelism (the `data_parallel` fields
+//! below), and autotune writes it only for plans that train on several GPUs, so single-GPU
+//! plans stay readable by versions of autotune that know version 1 only. Byte counts are
 //! integers, times are seconds, throughputs are tokens per second, and relative errors are
 //! fractions (0.02 = 2 %). Optional values are `null`, never absent, when written by autotune.
 //!
 //! | field | type | meaning |
 //! |---|---|---|
-//! | `schema_version` | integer | Always `1` for this format. |
+//! | `schema_version` | integer | `1` for a single-GPU plan, `2` for a data-parallel one. |
 //! | `tool` | object | `{"name": "autotune", "version": "0.1.0"}`: what wrote the plan. |
 //! | `created_unix_s` | integer | When the plan was made, seconds since the Unix epoch (UTC). |
 //! | `model` | object | The model spec trained (`ModelSpec` JSON: `name`, `vocab_size`, `d_model`, `n_heads`, `n_layers`, `d_ff`, `seq_len`, `causal`, `norm`, `activation`, `positions`, `dropout`, `norm_eps`, `optimizer`). |
-//! | `device` | object | The target device profile: `name`, `kind` (`"cuda"` or `"cpu"`), `gpu_memory_bytes` (`null` on a CPU), `host_memory_bytes`, `host_to_device_gbps`, `notes`. |
+//! | `device` | object | The target device profile: `name`, `kind` (`"cuda"` or `"cpu"`), `gpu_memory_bytes` (per GPU; `null` on a CPU), `gpu_count` (version 2, absent when 1), `host_memory_bytes` (shared by all GPUs), `host_to_device_gbps`, `notes`. |
 //! | `budget` | object | The limits the plan was chosen under: `gpu_bytes` (`null` on a CPU), `host_bytes`, `headroom` (fraction of each limit kept free). |
-//! | `knobs` | object | The chosen setting: `micro_batch`, `grad_accum`, `precision` (`"fp32"`, `"bf16"`, `"fp16"`), `checkpointing` (`{"mode": "none"}` or `{"mode": "every_kth", "k": K}`, K = 1 recomputes every block), `offload` (`"none"` or `"optimizer"`). |
+//! | `knobs` | object | The chosen setting: `micro_batch`, `grad_accum` (both per GPU), `precision` (`"fp32"`, `"bf16"`, `"fp16"`), `checkpointing` (`{"mode": "none"}` or `{"mode": "every_kth", "k": K}`, K = 1 recomputes every block), `offload` (`"none"` or `"optimizer"`); version 2 adds `data_parallel`: `{"degree": N, "shard_optimizer": bool}` (N GPUs, one process each; `shard_optimizer` is ZeRO stage 1). |
 //! | `predicted` | object | What the fitted models predict at `knobs`: `peak_gpu_bytes`, `peak_host_bytes` (integers or `null` when too few trials fitted; `peak_gpu_bytes` is `null` on a CPU), `tokens_per_s` (number or `null`). |
-//! | `measured` | object | The verification trial of `knobs`: `peak_gpu_bytes`, `peak_host_bytes`, `step_time_median_s` (one optimizer step, all micro-batches), `step_time_spread` ((p90 − p10) / median), `timed_steps`, `tokens_per_s`. |
+//! | `measured` | object | The verification trial of `knobs`: `peak_gpu_bytes` (the largest of any GPU), `peak_host_bytes` (all ranks together), `step_time_median_s` (one optimizer step, all micro-batches), `step_time_spread` ((p90 − p10) / median), `timed_steps`, `tokens_per_s` (all GPUs). |
 //! | `headroom` | object | Bytes of the budget left unused at the measured peak: `gpu_bytes` (`null` on a CPU), `host_bytes`. |
 //! | `evidence` | array | Every trial of the search, in order, the verification last. Each is `{"request": {"knobs": …, "warmup_steps": N, "timed_steps": N}, "outcome": …, "wall_s": S}` plus the outcome's fields: `"outcome": "fits"` with the `measured` fields above; `"outcome": "out_of_memory"` with `memory` (`"gpu"` or `"host"`) and `phase` (`"setup"`, `"forward_backward"`, `"optimizer_step"`, `"eval"`, `"checkpoint"`); or `"outcome": "crashed"` with `reason`. |
 //! | `model_error` | object | Worst leave-one-out relative error of the chosen regime's fits: `memory_loo_rel_error`, `time_loo_rel_error` (`null` below three trials). |
 //! | `alternatives` | array | Up to five other feasible settings, best first: `{"knobs": …, "tokens_per_s": T, "peak_gpu_bytes": B, "peak_host_bytes": B}`, measured without accumulation. The best of each other regime is always included. |
+//! | `data_parallel` | object | Version 2 only: `degree`, `shard_optimizer` (as in `knobs`), `global_batch` (sequences per step over all GPUs), `single_gpu_tokens_per_s` (the trial of the same per-GPU setting on one GPU: the search's, or one run after the search when it ran none; `null` if that did not fit), `scaling_efficiency` (the chosen setting's search trial tokens/s ÷ (degree × `single_gpu_tokens_per_s`), `null` with it). Both throughputs are measured, never modelled. |
 
 use std::path::Path;
 
@@ -34,8 +38,11 @@ use crate::spec::device::{field_of_serde_message, DeviceProfile};
 use crate::spec::model::ModelSpec;
 use crate::{Error, Result};
 
-/// The plan format this version reads and writes.
-pub const SCHEMA_VERSION: u32 = 1;
+/// The newest plan format this version reads and writes (data-parallel plans).
+pub const SCHEMA_VERSION: u32 = 2;
+
+/// The format of single-GPU plans, which autotune keeps writing for them.
+pub const SINGLE_GPU_SCHEMA_VERSION: u32 = 1;
 
 const WHAT: &str = "plan";
 
@@ -43,7 +50,7 @@ const WHAT: &str = "plan";
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Plan {
-    /// Always [`SCHEMA_VERSION`].
+    /// [`SINGLE_GPU_SCHEMA_VERSION`], or [`SCHEMA_VERSION`] for a data-parallel plan.
     pub schema_version: u32,
     /// What wrote the plan.
     pub tool: Tool,
@@ -69,6 +76,25 @@ pub struct Plan {
     pub model_error: ModelError,
     /// Other feasible settings, best first.
     pub alternatives: Vec<Alternative>,
+    /// The data-parallel layout and its measured scaling (version 2 only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_parallel: Option<DataParallelReport>,
+}
+
+/// How a data-parallel plan spreads over GPUs, and what that was measured to gain.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataParallelReport {
+    /// GPUs, one process each (`knobs.data_parallel.degree`).
+    pub degree: usize,
+    /// Whether the optimizer state is sharded (ZeRO stage 1).
+    pub shard_optimizer: bool,
+    /// Sequences per optimizer step over all GPUs.
+    pub global_batch: usize,
+    /// Measured tokens/s of the same per-GPU setting on one GPU, if the search ran it.
+    pub single_gpu_tokens_per_s: Option<f64>,
+    /// Measured tokens/s on `degree` GPUs ÷ (`degree` × `single_gpu_tokens_per_s`).
+    pub scaling_efficiency: Option<f64>,
 }
 
 /// The program that wrote a plan.
@@ -167,13 +193,14 @@ impl Plan {
                     "is missing; is this an autotune plan?",
                 )
             })?;
-        if version.as_u64() != Some(u64::from(SCHEMA_VERSION)) {
+        let known = [SINGLE_GPU_SCHEMA_VERSION, SCHEMA_VERSION].map(u64::from);
+        if !version.as_u64().is_some_and(|v| known.contains(&v)) {
             return Err(Error::invalid(
                 WHAT,
                 "schema_version",
                 format!(
-                    "is {version}, but {} {} reads only version {SCHEMA_VERSION}; make the plan again or use the \
-                     autotune that wrote it",
+                    "is {version}, but {} {} reads only versions {SINGLE_GPU_SCHEMA_VERSION} and {SCHEMA_VERSION}; make \
+                     the plan again or use the autotune that wrote it",
                     env!("CARGO_PKG_NAME"),
                     env!("CARGO_PKG_VERSION")
                 ),
@@ -202,6 +229,55 @@ impl Plan {
                 WHAT,
                 "budget.gpu_bytes",
                 "must be null exactly when the device has no GPU",
+            ));
+        }
+        self.validate_data_parallel()
+    }
+
+    /// Version 1 plans are single-GPU; version 2 ones carry a `data_parallel` report that
+    /// agrees with the knobs, on a device with enough GPUs.
+    fn validate_data_parallel(&self) -> Result<()> {
+        let dp = self.knobs.data_parallel;
+        if self.schema_version == SINGLE_GPU_SCHEMA_VERSION {
+            if !dp.is_single() || self.data_parallel.is_some() || self.device.gpu_count > 1 {
+                return Err(Error::invalid(
+                    WHAT,
+                    "schema_version",
+                    format!(
+                        "is {SINGLE_GPU_SCHEMA_VERSION}, a single-GPU plan, but it has data-parallel fields; \
+                         data-parallel plans are version {SCHEMA_VERSION}"
+                    ),
+                ));
+            }
+            return Ok(());
+        }
+        let Some(report) = self.data_parallel else {
+            return Err(Error::invalid(
+                WHAT,
+                "data_parallel",
+                format!(
+                    "is missing; version {SCHEMA_VERSION} plans carry their data-parallel layout"
+                ),
+            ));
+        };
+        if report.degree != dp.degree
+            || report.shard_optimizer != dp.shard_optimizer
+            || report.global_batch != self.knobs.global_batch()
+        {
+            return Err(Error::invalid(
+                WHAT,
+                "data_parallel",
+                "disagrees with knobs (degree, shard_optimizer, or global_batch = micro_batch × grad_accum × degree)",
+            ));
+        }
+        if dp.degree > self.device.gpu_count {
+            return Err(Error::invalid(
+                WHAT,
+                "knobs.data_parallel.degree",
+                format!(
+                    "is {} but device.gpu_count is {}; a plan cannot use more GPUs than its device has",
+                    dp.degree, self.device.gpu_count
+                ),
             ));
         }
         Ok(())

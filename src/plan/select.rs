@@ -1,8 +1,13 @@
 //! Building a [`Plan`] from a finished search.
 
-use super::schema::{Alternative, Headroom, ModelError, Plan, Predicted, Tool, SCHEMA_VERSION};
+use super::schema::{
+    Alternative, DataParallelReport, Headroom, ModelError, Plan, Predicted, Tool, SCHEMA_VERSION,
+    SINGLE_GPU_SCHEMA_VERSION,
+};
 use crate::fit::RegimeFit;
 use crate::knobs::Regime;
+use crate::knobs::{DataParallel, Knobs};
+use crate::probe::outcome::ProbeResult;
 use crate::search::decision::Candidate;
 use crate::search::driver::SearchDriver;
 use crate::search::run::SearchOutcome;
@@ -57,8 +62,14 @@ impl Plan {
             .into_iter()
             .filter(|c| c.knobs != knobs)
             .collect();
+        let data_parallel =
+            (!knobs.data_parallel.is_single()).then(|| scaling_report(knobs, &outcome.history));
         Some(Plan {
-            schema_version: SCHEMA_VERSION,
+            schema_version: if data_parallel.is_some() {
+                SCHEMA_VERSION
+            } else {
+                SINGLE_GPU_SCHEMA_VERSION
+            },
             tool: Tool::current(),
             created_unix_s,
             model: model.clone(),
@@ -71,7 +82,75 @@ impl Plan {
             evidence: outcome.history.clone(),
             model_error,
             alternatives: alternatives(&others, knobs.regime()),
+            data_parallel,
         })
+    }
+}
+
+impl Plan {
+    /// Completes a data-parallel plan's scaling efficiency when the search never ran the chosen
+    /// per-GPU setting on one GPU (a single-GPU regime pruned early, say): `probe` runs that
+    /// trial, as long as a search trial, and its throughput is recorded. Nothing to do for a
+    /// single-GPU plan or one whose search measured it; a trial that does not fit leaves the
+    /// efficiency `null`.
+    pub fn measure_scaling(
+        &mut self,
+        space: &crate::search::space::SearchSpace,
+        probe: &mut dyn FnMut(&crate::probe::outcome::ProbeRequest) -> crate::Result<ProbeResult>,
+    ) -> crate::Result<()> {
+        let Some(report) = &mut self.data_parallel else {
+            return Ok(());
+        };
+        if report.single_gpu_tokens_per_s.is_some() {
+            return Ok(());
+        }
+        let single = Knobs {
+            data_parallel: DataParallel::SINGLE,
+            ..self.knobs
+        };
+        let result = probe(&space.search_request(single.regime(), single.micro_batch))?;
+        let parallel = Knobs {
+            grad_accum: 1,
+            ..self.knobs
+        };
+        let history: Vec<ProbeResult> = self
+            .evidence
+            .iter()
+            .filter(|r| r.request.knobs == parallel)
+            .cloned()
+            .chain(std::iter::once(result))
+            .collect();
+        *report = scaling_report(self.knobs, &history);
+        Ok(())
+    }
+}
+
+/// The layout of data-parallel `knobs` and its measured scaling: the search trial of the same
+/// per-GPU setting (without accumulation) at the chosen degree against one on a single GPU.
+fn scaling_report(knobs: Knobs, history: &[ProbeResult]) -> DataParallelReport {
+    let trial_tokens_per_s = |data_parallel: DataParallel| {
+        let wanted = Knobs {
+            grad_accum: 1,
+            data_parallel,
+            ..knobs
+        };
+        history
+            .iter()
+            .filter(|r| r.request.knobs == wanted)
+            .find_map(|r| r.outcome.measurement().map(|m| m.tokens_per_s))
+    };
+    let single = trial_tokens_per_s(DataParallel::SINGLE);
+    let parallel = trial_tokens_per_s(knobs.data_parallel);
+    let degree = knobs.data_parallel.degree;
+    DataParallelReport {
+        degree,
+        shard_optimizer: knobs.data_parallel.shard_optimizer,
+        global_batch: knobs.global_batch(),
+        single_gpu_tokens_per_s: single,
+        scaling_efficiency: single
+            .zip(parallel)
+            .filter(|(s, _)| *s > 0.0)
+            .map(|(s, p)| p / (degree as f64 * s)),
     }
 }
 
@@ -133,6 +212,7 @@ pub(crate) mod tests {
             precision: Precision::Bf16,
             checkpointing: Checkpointing::None,
             offload: Offload::None,
+            data_parallel: crate::knobs::DataParallel::SINGLE,
         };
         let ckpt = Regime {
             checkpointing: Checkpointing::EveryKth(1),
@@ -215,5 +295,53 @@ pub(crate) mod tests {
             Plan::from_search(&driver, &outcome, &model, &device, 0),
             None
         );
+    }
+
+    #[test]
+    fn a_data_parallel_plan_measures_its_missing_single_gpu_trial() {
+        use crate::knobs::DataParallel;
+        use crate::probe::outcome::{Outcome, ProbeRequest};
+        let (driver, _, mut plan) = sample();
+        plan.knobs.data_parallel = DataParallel::replicated(2);
+        let parallel = Knobs {
+            grad_accum: 1,
+            ..plan.knobs
+        };
+        // As if the search had pruned the single-GPU regime before that micro-batch.
+        let single = Knobs {
+            data_parallel: DataParallel::SINGLE,
+            ..parallel
+        };
+        let mut trial = plan.evidence[0].clone();
+        plan.evidence.retain(|r| r.request.knobs != single);
+        trial.request.knobs = parallel;
+        let Outcome::Fits(m) = &mut trial.outcome else {
+            panic!("the sample's first trial fits");
+        };
+        m.tokens_per_s = 1800.0;
+        plan.evidence.push(trial.clone());
+        plan.data_parallel = Some(scaling_report(plan.knobs, &plan.evidence));
+        assert_eq!(plan.data_parallel.unwrap().scaling_efficiency, None);
+
+        let mut asked: Vec<ProbeRequest> = Vec::new();
+        plan.measure_scaling(driver.space(), &mut |r| {
+            asked.push(*r);
+            let mut single = trial.clone();
+            single.request = *r;
+            if let Outcome::Fits(m) = &mut single.outcome {
+                m.tokens_per_s = 1000.0;
+            }
+            Ok(single)
+        })
+        .unwrap();
+        assert_eq!(asked.len(), 1);
+        assert_eq!(asked[0].knobs.data_parallel, DataParallel::SINGLE);
+        assert_eq!(asked[0].knobs.grad_accum, 1);
+        let report = plan.data_parallel.unwrap();
+        assert_eq!(report.single_gpu_tokens_per_s, Some(1000.0));
+        assert!((report.scaling_efficiency.unwrap() - 0.9).abs() < 1e-12);
+        // Measured once: a second call runs nothing.
+        plan.measure_scaling(driver.space(), &mut |_| panic!("no second trial"))
+            .unwrap();
     }
 }

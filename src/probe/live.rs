@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use candle_core::Device;
 
+use crate::dist::Collective;
 use crate::knobs::Knobs;
 use crate::model::Engine;
 use crate::probe::host_memory;
@@ -48,6 +49,8 @@ pub struct LiveProber<'a> {
     host_budget: Option<u64>,
     device_memory: &'a mut dyn DeviceMemory,
     engine: Engine,
+    /// This process's data-parallel group, for one trial of a data-parallel setting.
+    group: Option<Collective>,
 }
 
 impl<'a> LiveProber<'a> {
@@ -66,7 +69,14 @@ impl<'a> LiveProber<'a> {
             host_budget,
             device_memory,
             engine: Engine::default(),
+            group: None,
         }
+    }
+
+    /// Runs the next trial as one rank of `group` (a data-parallel trial runs on every rank).
+    pub fn with_group(mut self, group: Collective) -> Self {
+        self.group = Some(group);
+        self
     }
 
     /// Trains with `engine` instead of the default.
@@ -101,7 +111,8 @@ impl<'a> LiveProber<'a> {
     fn trial(&mut self, request: &ProbeRequest) -> std::result::Result<Outcome, Failure> {
         let knobs = request.knobs;
         let mut clock = PhaseClock::start();
-        let mut trainer = Trainer::new(&self.spec, knobs, &self.device, self.seed)
+        let group = self.group.take().unwrap_or(Collective::Single);
+        let mut trainer = Trainer::in_group(&self.spec, knobs, &self.device, self.seed, group)
             .map_err(in_phase(Phase::Setup))?;
         trainer.set_engine(self.engine);
         let data = Data::open(&DataSpec::Random, &self.spec).map_err(Failure::Error)?;

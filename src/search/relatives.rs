@@ -8,14 +8,16 @@
 use super::decision::{RegimeEnd, RegimeProgress, RegimeState};
 use crate::knobs::{Checkpointing, Offload, Regime};
 
-/// Whether `earlier` is a base of `regime`: the same precision, and each memory saving of
-/// `earlier` is off or the same as in `regime`, which has at least one more.
+/// Whether `earlier` is a base of `regime`: the same precision and GPU count, and each memory
+/// saving of `earlier` is off or the same as in `regime`, which has at least one more.
 pub(super) fn is_base(earlier: Regime, regime: Regime) -> bool {
     earlier != regime
         && earlier.precision == regime.precision
+        && earlier.data_parallel.degree == regime.data_parallel.degree
         && (earlier.checkpointing == Checkpointing::None
             || earlier.checkpointing == regime.checkpointing)
         && (earlier.offload == Offload::None || earlier.offload == regime.offload)
+        && (!earlier.data_parallel.shard_optimizer || regime.data_parallel.shard_optimizer)
 }
 
 /// Whether `earlier` is `regime` without optimizer offload (and `regime` offloads).
@@ -31,9 +33,7 @@ pub(super) fn is_offload_twin(earlier: Regime, regime: Regime) -> bool {
 /// Whether `earlier` makes `regime` pointless: `earlier` saves no memory, is a base of
 /// `regime`, and stopped growing before its memory boundary.
 pub(super) fn dominates(earlier: &RegimeState, regime: Regime) -> bool {
-    let plain = earlier.regime.checkpointing == Checkpointing::None
-        && earlier.regime.offload == Offload::None;
-    plain
+    !earlier.regime.saves_memory()
         && is_base(earlier.regime, regime)
         && matches!(
             earlier.progress,
@@ -51,6 +51,7 @@ mod tests {
             precision,
             checkpointing,
             offload,
+            data_parallel: Default::default(),
         }
     }
 

@@ -1,10 +1,14 @@
 //! `SearchSpace`: which settings the search may try, and how long each trial runs.
+//!
+//! On a host with several GPUs the regimes also range over the data-parallel degree (and
+//! optimizer sharding): a regime at degree N is probed on N GPUs, so its memory per GPU and its
+//! throughput are measured like any other regime's. With one GPU nothing changes.
 
 use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
-use crate::knobs::{Checkpointing, Knobs, Offload, Precision, Regime};
+use crate::knobs::{Checkpointing, DataParallel, Knobs, Offload, Precision, Regime};
 use crate::probe::outcome::ProbeRequest;
 use crate::spec::device::DeviceKind;
 use crate::{Error, Result};
@@ -96,6 +100,7 @@ impl SearchSpace {
             precision,
             checkpointing,
             offload,
+            data_parallel: crate::knobs::DataParallel::SINGLE,
         };
         let all = Checkpointing::EveryKth(1);
         match kind {
@@ -110,6 +115,104 @@ impl SearchSpace {
                 regime(Precision::Fp32, all, Offload::None),
             ],
         }
+    }
+
+    /// The data-parallel degrees worth trying on a host with `gpu_count` GPUs, largest (expected
+    /// fastest) first: every GPU, then the powers of two below, down to one GPU.
+    pub fn default_degrees(gpu_count: usize) -> Vec<usize> {
+        let mut degrees = vec![gpu_count.max(1)];
+        let mut d = gpu_count.max(1).next_power_of_two();
+        while d > 1 {
+            d /= 2;
+            if d < degrees[0] {
+                degrees.push(d);
+            }
+        }
+        degrees
+    }
+
+    /// The single-GPU `regimes` at each of `degrees`, in that order: at a degree above 1 every
+    /// regime, each regime that keeps the optimizer on the GPU followed by its sharded
+    /// variant (ZeRO-1 saves optimizer memory for a little communication). With `[1]` the
+    /// regimes come back unchanged.
+    pub fn with_data_parallel(regimes: &[Regime], degrees: &[usize]) -> Vec<Regime> {
+        let mut out = Vec::new();
+        for &degree in degrees {
+            for r in regimes {
+                let at = |data_parallel| Regime {
+                    data_parallel,
+                    ..*r
+                };
+                out.push(at(DataParallel::replicated(degree)));
+                if degree > 1 && r.offload == Offload::None {
+                    out.push(at(DataParallel {
+                        degree,
+                        shard_optimizer: true,
+                    }));
+                }
+            }
+        }
+        out
+    }
+
+    /// Checks requested data-parallel `degrees` (empty: [`Self::default_degrees`]) against a
+    /// host with `gpu_count` GPUs and against the global batch; errors name the flag to change.
+    pub fn data_parallel_degrees(
+        requested: &[usize],
+        gpu_count: usize,
+        global_batch: Option<usize>,
+    ) -> Result<Vec<usize>> {
+        let degrees = if requested.is_empty() {
+            Self::default_degrees(gpu_count)
+        } else {
+            requested.to_vec()
+        };
+        let mut seen = HashSet::new();
+        for &d in &degrees {
+            if d == 0 || d > gpu_count {
+                return Err(Error::invalid(
+                    WHAT,
+                    "--data-parallel",
+                    format!(
+                        "{d} is not between 1 and the device profile's gpu_count ({gpu_count}); use 1..={gpu_count}, or a profile with more GPUs"
+                    ),
+                ));
+            }
+            if !seen.insert(d) {
+                return Err(Error::invalid(
+                    WHAT,
+                    "--data-parallel",
+                    format!("{d} is given twice"),
+                ));
+            }
+            if let Some(n) = global_batch.filter(|n| n % d != 0) {
+                return Err(Error::invalid(
+                    WHAT,
+                    "--global-batch",
+                    format!(
+                        "{n} sequences cannot be split evenly over {d} GPUs; use a multiple of {d}, or drop --data-parallel {d}"
+                    ),
+                ));
+            }
+        }
+        Ok(degrees)
+    }
+
+    /// The least common multiple of the regimes' data-parallel degrees: a micro-batch must
+    /// divide `global_batch / lcm` for every regime to reach the global batch with a whole
+    /// accumulation count.
+    fn degree_lcm(&self) -> usize {
+        fn gcd(a: usize, b: usize) -> usize {
+            if b == 0 {
+                a
+            } else {
+                gcd(b, a % b)
+            }
+        }
+        self.regimes
+            .iter()
+            .map(|r| r.data_parallel.degree.max(1))
+            .fold(1, |l, d| l / gcd(l, d) * d)
     }
 
     /// Checks the space can be searched; errors name the field.
@@ -144,6 +247,22 @@ impl SearchSpace {
             return bad("global_batch", "must be at least 1".into());
         }
         if let Some(n) = self.global_batch {
+            if let Some((i, r)) = self
+                .regimes
+                .iter()
+                .enumerate()
+                .find(|(_, r)| n % r.data_parallel.degree.max(1) != 0)
+            {
+                return bad(
+                    "global_batch",
+                    format!(
+                        "({n}) is not divisible by regimes[{i}]'s data-parallel degree {}",
+                        r.data_parallel.degree
+                    ),
+                );
+            }
+        }
+        if let Some(n) = self.global_batch {
             if self
                 .candidates()
                 .iter()
@@ -171,14 +290,17 @@ impl SearchSpace {
     }
 
     /// The micro-batches that may be tried, ascending: the divisors of the global batch up to
-    /// `max_micro_batch`, or every size from 1 to `max_micro_batch`.
+    /// `max_micro_batch`, or every size from 1 to `max_micro_batch`. With data-parallel regimes
+    /// the global batch is first divided by the degrees' least common multiple, so that every
+    /// candidate splits evenly in every regime (on one GPU that divisor is 1).
     pub fn candidates(&self) -> Vec<usize> {
-        let top = match self.global_batch {
+        let per_rank = self.global_batch.map(|n| n / self.degree_lcm());
+        let top = match per_rank {
             Some(n) => n.min(self.max_micro_batch),
             None => self.max_micro_batch,
         };
         (1..=top)
-            .filter(|b| self.global_batch.is_none_or(|n| n % b == 0))
+            .filter(|b| per_rank.is_none_or(|n| n % b == 0))
             .collect()
     }
 
@@ -188,9 +310,14 @@ impl SearchSpace {
         self.global_batch.map_or(1, |n| n / micro_batch.max(1))
     }
 
-    /// The knobs a plan runs: `regime` at `micro_batch` with the real accumulation.
+    /// The knobs a plan runs: `regime` at `micro_batch` with the real accumulation (per GPU:
+    /// micro-batch × accumulation × degree is the global batch).
     pub fn plan_knobs(&self, regime: Regime, micro_batch: usize) -> Knobs {
-        Knobs::with_batch(regime, micro_batch, self.grad_accum_for(micro_batch))
+        let degree = regime.data_parallel.degree.max(1);
+        let accum = self
+            .global_batch
+            .map_or(1, |n| n / (micro_batch.max(1) * degree));
+        Knobs::with_batch(regime, micro_batch, accum.max(1))
     }
 
     /// A search trial: `regime` at `micro_batch` without accumulation (memory and speed per
@@ -300,6 +427,60 @@ mod tests {
             }),
             "max_probes"
         );
+    }
+
+    #[test]
+    fn one_gpu_keeps_the_regimes_and_several_add_degrees_and_sharding() {
+        assert_eq!(SearchSpace::default_degrees(1), vec![1]);
+        assert_eq!(SearchSpace::default_degrees(8), vec![8, 4, 2, 1]);
+        assert_eq!(SearchSpace::default_degrees(6), vec![6, 4, 2, 1]);
+        let base = SearchSpace::default_regimes(DeviceKind::Cuda);
+        assert_eq!(SearchSpace::with_data_parallel(&base, &[1]), base);
+        let dp = SearchSpace::with_data_parallel(&base, &[2, 1]);
+        // Two regimes keep the optimizer on the GPU and gain a sharded variant at degree 2.
+        assert_eq!(dp.len(), base.len() + 2 + base.len());
+        assert_eq!(dp[0].data_parallel, DataParallel::replicated(2));
+        assert!(dp[1].data_parallel.shard_optimizer);
+        assert_eq!(&dp[dp.len() - base.len()..], &base[..]);
+        SearchSpace::new(dp).validate().unwrap();
+    }
+
+    #[test]
+    fn data_parallel_batches_split_the_global_batch_per_gpu() {
+        let base = SearchSpace::default_regimes(DeviceKind::Cuda);
+        let s = SearchSpace {
+            global_batch: Some(48),
+            ..SearchSpace::new(SearchSpace::with_data_parallel(&base[..1], &[4, 1]))
+        };
+        // Every candidate divides 48 / 4, so both degrees reach 48 with whole accumulations.
+        assert_eq!(s.candidates(), vec![1, 2, 3, 4, 6, 12]);
+        let four = s.plan_knobs(s.regimes[0], 3);
+        assert_eq!((four.grad_accum, four.global_batch()), (4, 48));
+        let one = s.plan_knobs(*s.regimes.last().unwrap(), 3);
+        assert_eq!((one.grad_accum, one.global_batch()), (16, 48));
+        let odd = SearchSpace {
+            global_batch: Some(6),
+            ..s.clone()
+        };
+        assert!(odd.validate().is_err());
+    }
+
+    #[test]
+    fn data_parallel_degrees_are_checked_against_the_profile_and_the_global_batch() {
+        let field = |r: Result<Vec<usize>>| match r {
+            Err(Error::InvalidSpec { field, problem, .. }) => (field, problem),
+            other => panic!("expected an error, got {other:?}"),
+        };
+        assert_eq!(
+            SearchSpace::data_parallel_degrees(&[], 4, None).unwrap(),
+            vec![4, 2, 1]
+        );
+        let (f, problem) = field(SearchSpace::data_parallel_degrees(&[8], 4, None));
+        assert_eq!(f, "--data-parallel");
+        assert!(problem.contains("gpu_count (4)"), "{problem}");
+        let (f, problem) = field(SearchSpace::data_parallel_degrees(&[4], 4, Some(6)));
+        assert_eq!(f, "--global-batch");
+        assert!(problem.contains("multiple of 4"), "{problem}");
     }
 
     #[test]

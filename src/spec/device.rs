@@ -21,13 +21,16 @@ pub enum DeviceKind {
 
 /// A target machine.
 ///
-/// JSON form (every field is required except `host_to_device_gbps` and `notes`, unknown fields
-/// are rejected):
+/// JSON form (every field is required except `gpu_count`, `host_to_device_gbps` and `notes`,
+/// unknown fields are rejected):
 ///
 /// ```json
 /// {"name": "rtx4090-32g", "kind": "cuda", "gpu_memory_bytes": 25757220864,
 ///  "host_memory_bytes": 34359738368, "host_to_device_gbps": 25.0, "notes": "..."}
 /// ```
+///
+/// `gpu_count` (default 1, omitted when 1) is how many such GPUs the host has for data
+/// parallelism; `gpu_memory_bytes` is per GPU and `host_memory_bytes` is shared by all of them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceProfile {
@@ -35,9 +38,12 @@ pub struct DeviceProfile {
     pub name: String,
     /// GPU or CPU.
     pub kind: DeviceKind,
-    /// Total device memory in bytes; `null` for a CPU.
+    /// Total device memory in bytes of one GPU; `null` for a CPU.
     #[serde(default)]
     pub gpu_memory_bytes: Option<u64>,
+    /// GPUs of this kind in the host, for data parallelism (1 on a CPU).
+    #[serde(default = "one_gpu", skip_serializing_if = "is_one_gpu")]
+    pub gpu_count: usize,
     /// Host memory in bytes available to training.
     pub host_memory_bytes: u64,
     /// Measured host-to-device copy bandwidth in GB/s (10^9 bytes), if known; `null` for a CPU.
@@ -46,6 +52,14 @@ pub struct DeviceProfile {
     /// Free text: where the numbers come from.
     #[serde(default)]
     pub notes: Option<String>,
+}
+
+fn one_gpu() -> usize {
+    1
+}
+
+fn is_one_gpu(count: &usize) -> bool {
+    *count == 1
 }
 
 /// The names accepted by [`DeviceProfile::builtin`].
@@ -138,6 +152,16 @@ impl DeviceProfile {
         if self.host_memory_bytes == 0 {
             return bad("host_memory_bytes", "must be a positive byte count");
         }
+        match (self.kind, self.gpu_count) {
+            (_, 0) => return bad("gpu_count", "must be at least 1 (leave it out for one GPU)"),
+            (DeviceKind::Cpu, n) if n > 1 => {
+                return bad(
+                    "gpu_count",
+                    "must be 1 (or absent) for a cpu device; data parallelism needs cuda GPUs",
+                )
+            }
+            _ => {}
+        }
         if let Some(gbps) = self.host_to_device_gbps {
             if !(gbps > 0.0 && gbps.is_finite()) {
                 return bad(
@@ -227,6 +251,25 @@ mod tests {
             field(r#"{"name": "x", "kind": "cpu"}"#),
             "host_memory_bytes"
         );
+        assert_eq!(field(&format!(r#"{{{ok}, "gpu_count": 0}}"#)), "gpu_count");
+        assert_eq!(
+            field(r#"{"name": "x", "kind": "cpu", "host_memory_bytes": 1, "gpu_count": 2}"#),
+            "gpu_count"
+        );
+    }
+
+    #[test]
+    fn gpu_count_defaults_to_one_and_is_written_only_when_larger() {
+        let one = DeviceProfile::builtin("h200").unwrap();
+        assert_eq!(one.gpu_count, 1);
+        assert!(!serde_json::to_string(&one).unwrap().contains("gpu_count"));
+        let eight = DeviceProfile {
+            gpu_count: 8,
+            ..one
+        };
+        let json = serde_json::to_string(&eight).unwrap();
+        assert!(json.contains(r#""gpu_count":8"#), "{json}");
+        assert_eq!(DeviceProfile::from_json(&json).unwrap(), eight);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! renamed into place, then `DIR/latest` is replaced atomically, so an interrupted save never
 //! leaves a half-written checkpoint behind `latest`.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::Device;
@@ -50,6 +51,18 @@ pub struct RunState {
 
 /// Writes a checkpoint of `trainer` under `dir` and points `dir/latest` at it.
 pub fn save(dir: &Path, trainer: &Trainer, data: &DataSpec, tokens_seen: u64) -> Result<PathBuf> {
+    save_with_moments(dir, trainer, data, tokens_seen, None)
+}
+
+/// [`save`], with the optimizer moments given (those a sharded optimizer gathered from every
+/// rank, see [`Trainer::gather_optimizer_state`]) instead of read from the trainer's optimizer.
+pub fn save_with_moments(
+    dir: &Path,
+    trainer: &Trainer,
+    data: &DataSpec,
+    tokens_seen: u64,
+    moments: Option<HashMap<String, candle_core::Tensor>>,
+) -> Result<PathBuf> {
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::file("cannot create checkpoint directory", dir, e))?;
     let name = format!("step-{:06}", trainer.steps());
@@ -70,7 +83,8 @@ pub fn save(dir: &Path, trainer: &Trainer, data: &DataSpec, tokens_seen: u64) ->
         Optimizer::OnDevice(adam) => {
             candle_core::safetensors::save(&params.named_tensors(), &model_file)
                 .map_err(|e| Error::file(cannot, &model_file, e))?;
-            candle_core::safetensors::save(&adam.state_tensors(params.names()), &optim_file)
+            let moments = moments.unwrap_or_else(|| adam.state_tensors(params.names()));
+            candle_core::safetensors::save(&moments, &optim_file)
                 .map_err(|e| Error::file(cannot, &optim_file, e))?;
         }
         Optimizer::Offloaded(offload) => {

@@ -127,6 +127,12 @@ impl OffloadAdam {
         Ok(())
     }
 
+    /// The gradient sums, flat in parameter order: data-parallel ranks add theirs together
+    /// here before the update.
+    pub fn gradient_sums_mut(&mut self) -> &mut [f32] {
+        &mut self.grads
+    }
+
     /// Divides the summed gradients by the loss scale and reports whether all are finite.
     pub fn unscale_and_check(&mut self, scale: f64) -> bool {
         let inv = (scale != 1.0).then_some((1.0 / scale) as f32);
@@ -328,6 +334,8 @@ fn copy_into(
 /// - **`Offload::None`.** The optimizer stays on the device; a checkpoint copies one tensor at a
 ///   time to the host and then into its byte image: `2·4·L`.
 /// - **Both.** One step's token batches, inputs and targets as u32: `8 · global_batch · seq_len`.
+/// - **Data parallel.** Every rank of the host holds its own offloaded state: the state term
+///   counts `degree` times (the token term already counts all ranks' batches).
 ///
 /// Not included: the process baseline (runtime, the driver's host allocations) and, on a CPU
 /// device, the model, activations and gradients, which live in host memory there.
@@ -348,7 +356,7 @@ pub fn host_bytes_estimate(spec: &ModelSpec, knobs: &Knobs) -> u64 {
     let state = match knobs.offload {
         Offload::Optimizer => {
             let staging = if b < 4 { 2 } else { 0 };
-            p * (16 + staging) + largest * b + 256 * 1024
+            (p * (16 + staging) + largest * b + 256 * 1024) * knobs.data_parallel.degree as u64
         }
         Offload::None => 2 * 4 * largest,
     };

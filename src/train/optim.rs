@@ -5,6 +5,7 @@
 //! bit-identically; and Adam with L2 decay (the seed's `torch.optim.Adam`) is missing.
 
 use std::collections::HashMap;
+use std::ops::Range;
 
 use candle_core::{Tensor, Var};
 
@@ -14,9 +15,15 @@ use crate::train::offload::OffloadAdam;
 use crate::Result;
 
 /// Adam / AdamW with per-parameter first and second moments.
+///
+/// It may own only a contiguous share of the model's parameters (optimizer sharding across
+/// data-parallel ranks): it then keeps moments for that share alone and updates only it, while
+/// indices and names stay those of the whole model.
 pub struct Adam {
     spec: OptimizerSpec,
     vars: Vec<Var>,
+    /// Index of `vars[0]` among the model's parameters.
+    offset: usize,
     first: Vec<Tensor>,
     second: Vec<Tensor>,
     steps: u64,
@@ -25,14 +32,32 @@ pub struct Adam {
 impl Adam {
     /// Zero-initialised state for `vars` (all f32).
     pub fn new(vars: &[Var], spec: OptimizerSpec) -> Result<Self> {
+        Self::for_share(vars, 0..vars.len(), spec)
+    }
+
+    /// Zero-initialised state for the parameters `owned` of `vars` only.
+    pub fn for_share(vars: &[Var], owned: Range<usize>, spec: OptimizerSpec) -> Result<Self> {
+        let vars = &vars[owned.clone()];
         let zeros = |v: &Var| v.as_tensor().zeros_like();
         Ok(Self {
             spec,
             first: vars.iter().map(zeros).collect::<candle_core::Result<_>>()?,
             second: vars.iter().map(zeros).collect::<candle_core::Result<_>>()?,
             vars: vars.to_vec(),
+            offset: owned.start,
             steps: 0,
         })
+    }
+
+    /// The parameters (model indices) this optimizer updates.
+    pub fn owned(&self) -> Range<usize> {
+        self.offset..self.offset + self.vars.len()
+    }
+
+    /// The first and second moments of model parameter `index`, if this optimizer owns it.
+    pub fn moments(&self, index: usize) -> Option<(&Tensor, &Tensor)> {
+        let i = index.checked_sub(self.offset)?;
+        Some((self.first.get(i)?, self.second.get(i)?))
     }
 
     /// Optimizer steps taken so far.
@@ -45,11 +70,12 @@ impl Adam {
         self.spec.lr
     }
 
-    /// Applies one update with `grads[i]` for `vars[i]` (already unscaled and averaged).
+    /// Applies one update with `grads[i]` for model parameter `i` (already unscaled and
+    /// averaged; one per model parameter, of which this optimizer reads its own).
     pub fn step(&mut self, grads: &[Tensor]) -> Result<()> {
         self.steps += 1;
         let consts = AdamConsts::new(&self.spec, self.steps);
-        let grads = grads
+        let grads = grads[self.offset..self.offset + self.vars.len()]
             .iter()
             .map(|g| g.to_dtype(candle_core::DType::F32)?.contiguous())
             .collect::<candle_core::Result<Vec<_>>>()?;
@@ -58,10 +84,11 @@ impl Adam {
         Ok(())
     }
 
-    /// The moments as named tensors (`m.<name>`, `v.<name>`) for a checkpoint.
+    /// The moments as named tensors (`m.<name>`, `v.<name>`) for a checkpoint; `names` are the
+    /// model's (a share's optimizer names its own parameters only).
     pub fn state_tensors(&self, names: &[String]) -> HashMap<String, Tensor> {
         let mut out = HashMap::new();
-        for (i, name) in names.iter().enumerate() {
+        for (i, name) in names[self.owned()].iter().enumerate() {
             out.insert(format!("m.{name}"), self.first[i].clone());
             out.insert(format!("v.{name}"), self.second[i].clone());
         }
@@ -75,7 +102,8 @@ impl Adam {
         tensors: &HashMap<String, Tensor>,
         steps: u64,
     ) -> std::result::Result<(), String> {
-        for (i, name) in names.iter().enumerate() {
+        let owned = self.owned();
+        for (i, name) in names[owned].iter().enumerate() {
             for (prefix, slot) in [("m", &mut self.first[i]), ("v", &mut self.second[i])] {
                 let key = format!("{prefix}.{name}");
                 let t = tensors

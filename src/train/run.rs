@@ -3,6 +3,10 @@
 //! The loop reads a shared interrupt flag once per step (set by the binary's Ctrl-C handler),
 //! saves a checkpoint and returns, so stopping a run never loses more than the current step.
 //! It reports progress as [`TrainEvent`]s; rendering them is the caller's business.
+//!
+//! As one rank of a data-parallel group, every rank runs this same loop in step: whether to
+//! stop is agreed on (any rank's interrupt stops all of them after the same step), and only
+//! the root rank writes checkpoints (all ranks take part in gathering a sharded optimizer).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,7 +31,8 @@ pub struct RunConfig {
 }
 
 /// Progress of a run.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case", tag = "event")]
 pub enum TrainEvent {
     /// The loop starts at `start_step` (non-zero after resume) and will stop at `total_steps`.
     Started {
@@ -75,7 +80,7 @@ impl TrainObserver for NoObserver {
 }
 
 /// How a run ended.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RunSummary {
     /// Steps completed in total.
     pub steps: u64,
@@ -120,7 +125,7 @@ pub fn run(
     let started = Instant::now();
     let mut tokens_this_run = 0u64;
     while trainer.steps() < config.total_steps {
-        if interrupt.load(Ordering::SeqCst) {
+        if trainer.any_rank(interrupt.load(Ordering::SeqCst))? {
             summary.interrupted = true;
             break;
         }
@@ -170,7 +175,7 @@ pub fn eval(trainer: &Trainer, data: &Data) -> Result<f64> {
 }
 
 fn save(
-    trainer: &Trainer,
+    trainer: &mut Trainer,
     data_spec: &DataSpec,
     config: &RunConfig,
     tokens_seen: u64,
@@ -179,7 +184,11 @@ fn save(
     let Some(dir) = &config.checkpoint_dir else {
         return Ok(None);
     };
-    let path = checkpoint::save(dir, trainer, data_spec, tokens_seen)?;
+    let gathered = trainer.gather_optimizer_state()?;
+    if !trainer.is_root() {
+        return Ok(None);
+    }
+    let path = checkpoint::save_with_moments(dir, trainer, data_spec, tokens_seen, gathered)?;
     observer.on_event(&TrainEvent::CheckpointSaved {
         step: trainer.steps(),
         path: path.clone(),

@@ -7,11 +7,23 @@
 //! run in bf16 or f16, and f16 adds dynamic loss scaling. Checkpointed blocks are recomputed in
 //! the backward pass ([`crate::train::recompute`]); with offload the gradient sums, masters and
 //! moments live in host memory and the update runs there ([`crate::train::offload`]).
+//!
+//! Data parallel: each rank of a [`Collective`] runs micro-batches `rank·grad_accum ..
+//! (rank+1)·grad_accum` of the step (data and dropout are functions of the global micro index),
+//! scales each loss by `1/(grad_accum·ranks)` exactly as one process accumulating all of them
+//! would, and the per-rank sums are summed over ranks before the update. So N ranks of `a`
+//! micro-batches compute the gradient of one process accumulating `N·a`; with `a = 1` it is
+//! the same floating-point sum in the same order (bit-identical), otherwise it differs only in
+//! how the sum is associated. The fp16 overflow decision reads the summed gradients, which
+//! every rank holds identically, so all ranks skip or apply together. With optimizer sharding
+//! ([`crate::knobs::DataParallel::shard_optimizer`]) each rank's Adam owns a contiguous share of
+//! the parameters and, after its update, broadcasts that share to the others.
 
 use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor};
 
+use crate::dist::collective::{balanced_ranges, Collective};
 use crate::knobs::{Knobs, Offload};
 use crate::model::dropout::Dropout;
 use crate::model::layers::{cast, cross_entropy};
@@ -24,16 +36,20 @@ use crate::train::recompute::{forward_backward, SegmentPlan};
 use crate::train::scaler::{LossScaler, ScaleDecision};
 use crate::Result;
 
+/// Gradient buckets summed over ranks hold at most this many f32 values (64 MiB), so the
+/// transient copy costs a bounded amount of device memory whatever the model size.
+const BUCKET_ELEMS: usize = 1 << 24;
+
 /// What one optimizer step did.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StepReport {
-    /// Mean training loss over the step's micro-batches (unscaled).
+    /// Mean training loss over the step's micro-batches of all ranks (unscaled).
     pub loss: f64,
     /// Whether the update was skipped because f16 gradients overflowed.
     pub skipped: bool,
     /// Loss scale after the step (1 unless fp16).
     pub loss_scale: f64,
-    /// Tokens the step consumed.
+    /// Tokens the step consumed, over all ranks.
     pub tokens: usize,
 }
 
@@ -43,6 +59,7 @@ pub struct Trainer {
     optimizer: Optimizer,
     scaler: LossScaler,
     steps: u64,
+    group: Collective,
 }
 
 /// What forward and backward passes read; kept apart from the optimizer so that a step can
@@ -54,6 +71,10 @@ struct Setup {
     device: Device,
     seed: u64,
     engine: Engine,
+    /// Global index of this rank's first micro-batch in every step.
+    micro_offset: u64,
+    /// Ranks whose gradients are summed: each loss is scaled by `1 / (micro-batches · ranks)`.
+    ranks: usize,
 }
 
 impl Trainer {
@@ -62,7 +83,30 @@ impl Trainer {
     /// With `Offload::Optimizer` the f32 masters and moments are allocated in host memory and
     /// the model's parameters on `device` are working copies.
     pub fn new(spec: &ModelSpec, knobs: Knobs, device: &Device, seed: u64) -> Result<Self> {
+        Self::in_group(spec, knobs, device, seed, Collective::Single)
+    }
+
+    /// [`Trainer::new`] as one rank of a data-parallel `group`, whose size must be the knobs'
+    /// data-parallel degree. Every rank starts from the same seed, hence the same weights.
+    pub fn in_group(
+        spec: &ModelSpec,
+        knobs: Knobs,
+        device: &Device,
+        seed: u64,
+        group: Collective,
+    ) -> Result<Self> {
         knobs.validate("knobs", "")?;
+        if knobs.data_parallel.degree != group.world_size() {
+            return Err(crate::Error::invalid(
+                "knobs",
+                "data_parallel.degree",
+                format!(
+                    "is {} but this process is one of {} ranks; data parallelism runs through `autotune train --data-parallel N`",
+                    knobs.data_parallel.degree,
+                    group.world_size()
+                ),
+            ));
+        }
         let masters = match knobs.offload {
             Offload::None => Masters::Device,
             Offload::Optimizer => Masters::Host {
@@ -70,8 +114,18 @@ impl Trainer {
             },
         };
         let mut model = Transformer::with_masters(spec, device, seed, masters)?;
+        let vars = model.params().vars();
+        let share = if knobs.data_parallel.shard_optimizer {
+            share_ranges(vars, group.world_size())[group.rank()].clone()
+        } else {
+            0..vars.len()
+        };
         let optimizer = match model.params_mut().take_host_masters() {
-            None => Optimizer::OnDevice(Adam::new(model.params().vars(), spec.optimizer)?),
+            None => Optimizer::OnDevice(Adam::for_share(
+                model.params().vars(),
+                share,
+                spec.optimizer,
+            )?),
             Some(master) => Optimizer::Offloaded(OffloadAdam::new(
                 model.params().vars(),
                 master,
@@ -91,11 +145,55 @@ impl Trainer {
                 device: device.clone(),
                 seed,
                 engine: Engine::default(),
+                micro_offset: (group.rank() * knobs.grad_accum) as u64,
+                ranks: group.world_size(),
             },
             optimizer,
             scaler,
             steps: 0,
+            group,
         })
+    }
+
+    /// The data-parallel group this trainer is a rank of ([`Collective::Single`] alone).
+    pub fn group(&self) -> &Collective {
+        &self.group
+    }
+
+    /// Whether this is the rank that writes checkpoints and output (always, alone).
+    pub fn is_root(&self) -> bool {
+        self.group.is_root()
+    }
+
+    /// Whether any rank asks to stop; every rank gets the same answer, so all stop together.
+    pub fn any_rank(&mut self, flag: bool) -> Result<bool> {
+        self.group.any(flag)
+    }
+
+    /// With a sharded optimizer, the moments of every parameter gathered from their owners
+    /// (on the root rank, as host tensors named `m.<name>`, `v.<name>`; empty elsewhere). Every
+    /// rank must call it together. `None` when this rank's optimizer holds all of them.
+    pub fn gather_optimizer_state(&mut self) -> Result<Option<HashMap<String, Tensor>>> {
+        let Optimizer::OnDevice(adam) = &self.optimizer else {
+            return Ok(None);
+        };
+        if !self.setup.knobs.data_parallel.shard_optimizer {
+            return Ok(None);
+        }
+        let params = self.setup.model.params();
+        let owners = share_owners(params.vars(), self.group.world_size());
+        let mut out = HashMap::new();
+        for (i, (var, name)) in params.vars().iter().zip(params.names()).enumerate() {
+            let zeros = var.as_tensor().zeros_like()?;
+            let (m, v) = adam.moments(i).unwrap_or((&zeros, &zeros));
+            for (prefix, moment) in [("m", m), ("v", v)] {
+                let full = self.group.broadcast(moment, owners[i])?;
+                if self.group.is_root() {
+                    out.insert(format!("{prefix}.{name}"), full.to_device(&Device::Cpu)?);
+                }
+            }
+        }
+        Ok(Some(out))
     }
 
     /// Chooses the fused or the composite (reference) implementation of norms, softmax and loss.
@@ -193,7 +291,7 @@ impl Trainer {
                 data.batch(
                     self.setup.seed,
                     self.steps,
-                    micro,
+                    self.setup.micro_offset + micro,
                     knobs.micro_batch,
                     &self.setup.device,
                 )
@@ -210,17 +308,23 @@ impl Trainer {
         Ok(report)
     }
 
-    /// Runs one optimizer step on explicit micro-batches.
+    /// Runs one optimizer step on explicit micro-batches (this rank's share of the step).
     pub fn step_on(&mut self, batches: &[Batch]) -> Result<StepReport> {
         let check = self.setup.knobs.precision.needs_loss_scaling();
         let scale = self.scaler.scale;
+        let shard = self.setup.knobs.data_parallel.shard_optimizer;
         let (loss, decision) = match &mut self.optimizer {
             Optimizer::OnDevice(adam) => {
                 let (grads, loss) = self.setup.device_gradients(self.steps, scale, batches)?;
+                let grads = sum_over_ranks(&mut self.group, grads)?;
                 let finite = !check || all_finite(&grads)?;
                 let decision = self.scaler.update(finite);
                 if decision == ScaleDecision::Apply {
                     adam.step(&grads)?;
+                    if shard {
+                        drop(grads);
+                        share_updated_weights(&mut self.group, &self.setup.model, adam.owned())?;
+                    }
                 }
                 (loss, decision)
             }
@@ -231,6 +335,8 @@ impl Trainer {
                     batches,
                     &mut |micro, i, g| offload.accumulate(i, &g, micro == 0),
                 )?;
+                self.group
+                    .all_reduce_sum_host(offload.gradient_sums_mut(), &self.setup.device)?;
                 // Without loss scaling the scale is 1 and there is nothing to unscale or check.
                 let finite = !check || offload.unscale_and_check(scale);
                 let decision = self.scaler.update(finite);
@@ -240,8 +346,16 @@ impl Trainer {
                 (loss, decision)
             }
         };
+        // The global mean: every rank ran as many micro-batches, so the mean of the rank means.
+        let mut losses = [loss];
+        self.group.sum_scalars(&mut losses)?;
+        let loss = losses[0] / self.setup.ranks as f64;
         self.steps += 1;
-        let tokens = batches.iter().map(|b| b.targets.elem_count()).sum();
+        let tokens = self.setup.ranks
+            * batches
+                .iter()
+                .map(|b| b.targets.elem_count())
+                .sum::<usize>();
         Ok(StepReport {
             loss,
             skipped: decision == ScaleDecision::Skip,
@@ -293,10 +407,10 @@ impl Setup {
         sink: &mut dyn FnMut(usize, usize, Tensor) -> Result<()>,
     ) -> Result<f64> {
         let dtype = self.knobs.precision.compute_dtype();
-        let factor = scale / batches.len() as f64;
+        let factor = scale / (batches.len() * self.ranks) as f64;
         let mut loss_total = 0.0;
         for (micro, batch) in batches.iter().enumerate() {
-            let key = Dropout::key(self.seed, step, micro as u64);
+            let key = Dropout::key(self.seed, step, self.micro_offset + micro as u64);
             let p = self.model.spec().dropout;
             if let Some(attention) = self.engine.explicit_attention() {
                 loss_total += explicit::forward_backward(
@@ -358,6 +472,73 @@ impl Setup {
             .collect::<Result<Vec<_>>>()?;
         Ok((grads, loss))
     }
+}
+
+/// Sums each rank's gradients over the group, in buckets of at most [`BUCKET_ELEMS`] values
+/// (consecutive parameters concatenated into one flat tensor, so a bucket is one collective).
+fn sum_over_ranks(group: &mut Collective, grads: Vec<Tensor>) -> Result<Vec<Tensor>> {
+    if group.world_size() == 1 {
+        return Ok(grads);
+    }
+    let mut out = Vec::with_capacity(grads.len());
+    let mut start = 0;
+    while start < grads.len() {
+        let mut end = start + 1;
+        let mut elems = grads[start].elem_count();
+        while end < grads.len() && elems + grads[end].elem_count() <= BUCKET_ELEMS {
+            elems += grads[end].elem_count();
+            end += 1;
+        }
+        let flat: Vec<Tensor> = grads[start..end]
+            .iter()
+            .map(|g| g.flatten_all())
+            .collect::<candle_core::Result<_>>()?;
+        let summed = group.all_reduce_sum(Tensor::cat(&flat, 0)?)?;
+        let mut at = 0;
+        for g in &grads[start..end] {
+            let n = g.elem_count();
+            out.push(summed.narrow(0, at, n)?.reshape(g.dims())?);
+            at += n;
+        }
+        start = end;
+    }
+    Ok(out)
+}
+
+/// After a sharded update: every parameter is broadcast from the rank that updated it, and the
+/// others overwrite their copy with it.
+fn share_updated_weights(
+    group: &mut Collective,
+    model: &Transformer,
+    owned: std::ops::Range<usize>,
+) -> Result<()> {
+    let vars = model.params().vars();
+    for (i, owner) in share_owners(vars, group.world_size())
+        .into_iter()
+        .enumerate()
+    {
+        let updated = group.broadcast(vars[i].as_tensor(), owner)?;
+        if !owned.contains(&i) {
+            vars[i].set(&updated)?;
+        }
+    }
+    Ok(())
+}
+
+/// Each rank's contiguous share of the parameters, balanced by element count; every rank
+/// computes the same split on its own.
+fn share_ranges(vars: &[candle_core::Var], ranks: usize) -> Vec<std::ops::Range<usize>> {
+    let sizes: Vec<usize> = vars.iter().map(|v| v.elem_count()).collect();
+    balanced_ranges(&sizes, ranks)
+}
+
+/// The rank owning each parameter under [`share_ranges`].
+fn share_owners(vars: &[candle_core::Var], ranks: usize) -> Vec<usize> {
+    let mut owners = vec![0; vars.len()];
+    for (rank, range) in share_ranges(vars, ranks).into_iter().enumerate() {
+        owners[range].iter_mut().for_each(|o| *o = rank);
+    }
+    owners
 }
 
 /// One device reduction and one host read for all gradients: inf or NaN anywhere makes the sum

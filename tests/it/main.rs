@@ -6,6 +6,9 @@ mod util;
 /// The training step: accumulation, gradients, precisions, loss scaling, learning, resume.
 mod training;
 
+/// Data parallelism on CPU ranks: equal to one process, sharding, the launcher, exports.
+mod data_parallel;
+
 /// The command line: exit codes and messages for bad input.
 mod cli;
 

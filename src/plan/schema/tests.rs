@@ -67,10 +67,10 @@ fn save_and_load_round_trip() {
 fn other_schema_versions_are_refused_clearly() {
     let (_, _, plan) = sample();
     let mut value = serde_json::to_value(&plan).unwrap();
-    value["schema_version"] = 2.into();
+    value["schema_version"] = 3.into();
     let err = Plan::from_json(&value.to_string()).unwrap_err();
     assert!(
-        err.to_string().contains("is 2") && err.to_string().contains("only version 1"),
+        err.to_string().contains("is 3") && err.to_string().contains("only versions 1 and 2"),
         "{err}"
     );
     assert_eq!(field_of(err), "schema_version");
@@ -160,5 +160,47 @@ fn json_uses_the_documented_names() {
     assert_eq!(
         value["knobs"]["checkpointing"],
         serde_json::json!({"mode": "every_kth", "k": 1})
+    );
+}
+
+#[test]
+fn single_gpu_plans_stay_version_1_and_data_parallel_ones_are_version_2() {
+    let (_, _, plan) = sample();
+    assert_eq!(plan.schema_version, SINGLE_GPU_SCHEMA_VERSION);
+    assert!(!plan.to_json().contains("data_parallel"));
+
+    let mut dp = plan.clone();
+    dp.schema_version = SCHEMA_VERSION;
+    dp.device.gpu_count = 4;
+    dp.knobs.data_parallel = crate::knobs::DataParallel::replicated(4);
+    dp.data_parallel = Some(DataParallelReport {
+        degree: 4,
+        shard_optimizer: false,
+        global_batch: dp.knobs.global_batch(),
+        single_gpu_tokens_per_s: Some(1000.0),
+        scaling_efficiency: Some(0.9),
+    });
+    let back = Plan::from_json(&dp.to_json()).unwrap();
+    assert_eq!(back.data_parallel, dp.data_parallel);
+
+    // Data-parallel fields in a version-1 document, or a version-2 one without its report,
+    // or more GPUs than the device has: each is refused, naming the field.
+    let mut v1 = serde_json::to_value(&dp).unwrap();
+    v1["schema_version"] = 1.into();
+    assert_eq!(
+        field_of(Plan::from_json(&v1.to_string()).unwrap_err()),
+        "schema_version"
+    );
+    let mut missing = serde_json::to_value(&dp).unwrap();
+    missing.as_object_mut().unwrap().remove("data_parallel");
+    assert_eq!(
+        field_of(Plan::from_json(&missing.to_string()).unwrap_err()),
+        "data_parallel"
+    );
+    let mut small = serde_json::to_value(&dp).unwrap();
+    small["device"]["gpu_count"] = 2.into();
+    assert_eq!(
+        field_of(Plan::from_json(&small.to_string()).unwrap_err()),
+        "knobs.data_parallel.degree"
     );
 }

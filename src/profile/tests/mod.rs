@@ -23,6 +23,7 @@ fn bf16() -> Regime {
         precision: Precision::Bf16,
         checkpointing: Checkpointing::None,
         offload: Offload::None,
+        data_parallel: crate::knobs::DataParallel::SINGLE,
     }
 }
 

@@ -22,6 +22,7 @@ fn regime(precision: Precision, checkpointing: Checkpointing, offload: Offload) 
         precision,
         checkpointing,
         offload,
+        data_parallel: crate::knobs::DataParallel::SINGLE,
     }
 }
 

@@ -1,0 +1,368 @@
+//! The launcher: starts one child process per rank, relays what they say, and ends the group
+//! cleanly when one of them dies.
+//!
+//! Children are this same executable with the same arguments and the rank variables of
+//! [`crate::dist::rank`] set. Their stdout and stderr lines come back as [`LaunchEvent`]s on
+//! the caller's thread (reader threads feed a channel), so the caller renders them however it
+//! renders the rest of its output.
+//!
+//! A rank that exits with an error or is killed cannot be waited out: the others would block
+//! in their next collective (over TCP they see the broken connection, over NCCL they may hang
+//! for good), so the launcher kills them at once and reports the first rank that failed. A
+//! rank that exits successfully while others still run is given [`Launch::grace_after_exit`]
+//! (when set) before the rest are killed as stuck, which is what a trial needs when one rank
+//! stops early at an out-of-memory outcome.
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::dist::rank::{RankEnv, Rendezvous};
+use crate::{Error, Result};
+
+/// The line a launcher writes on a rank's stdin to ask it to checkpoint and stop.
+pub const INTERRUPT_LINE: &str = "interrupt";
+
+/// What the launcher does with each rank's stdin.
+#[derive(Debug, Clone)]
+pub enum RankInput {
+    /// Keeps it open and writes [`INTERRUPT_LINE`] when the interrupt flag is set; ranks stop
+    /// when it closes (the launcher is gone).
+    Interrupts,
+    /// Writes these bytes and closes it (a trial's job description).
+    Job(Vec<u8>),
+}
+
+/// A group of ranks to start.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    /// The executable (normally the running `autotune`).
+    pub program: PathBuf,
+    /// Its arguments, the same for every rank.
+    pub args: Vec<OsString>,
+    /// Ranks to start.
+    pub world_size: usize,
+    /// Where they meet.
+    pub rendezvous: Rendezvous,
+    /// What goes to their stdin.
+    pub input: RankInput,
+    /// How long the others may keep running after one rank exited successfully.
+    pub grace_after_exit: Option<Duration>,
+}
+
+/// How one rank ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RankExit {
+    /// It exited with this code.
+    Code(i32),
+    /// A signal ended it (the out-of-memory killer's is 9).
+    Signal(i32),
+    /// The launcher killed it because another rank had failed or it outlived the grace period.
+    Stopped,
+}
+
+impl RankExit {
+    fn of(status: ExitStatus) -> Self {
+        #[cfg(unix)]
+        {
+            use std::os::unix::process::ExitStatusExt;
+            if let Some(signal) = status.signal() {
+                return RankExit::Signal(signal);
+            }
+        }
+        RankExit::Code(status.code().unwrap_or(-1))
+    }
+
+    /// Whether the rank finished on its own with exit code 0.
+    pub fn is_success(self) -> bool {
+        self == RankExit::Code(0)
+    }
+}
+
+impl std::fmt::Display for RankExit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RankExit::Code(c) => write!(f, "exited with code {c}"),
+            RankExit::Signal(9) => {
+                f.write_str("was killed (signal 9: out of host memory, or killed by hand)")
+            }
+            RankExit::Signal(s) => write!(f, "was killed by signal {s}"),
+            RankExit::Stopped => f.write_str("was stopped by the launcher"),
+        }
+    }
+}
+
+/// Something a rank did, in the order the launcher saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LaunchEvent {
+    /// The rank's process started.
+    Started {
+        /// Its rank.
+        rank: usize,
+        /// Its process id.
+        pid: u32,
+    },
+    /// A line of the rank's stdout (its messages).
+    Output {
+        /// Its rank.
+        rank: usize,
+        /// The line, without the newline.
+        line: String,
+    },
+    /// A line of the rank's stderr (warnings, errors).
+    Log {
+        /// Its rank.
+        rank: usize,
+        /// The line, without the newline.
+        line: String,
+    },
+    /// The rank's process ended.
+    Exited {
+        /// Its rank.
+        rank: usize,
+        /// How.
+        exit: RankExit,
+    },
+}
+
+/// The first rank that failed, with its last words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankFailure {
+    /// The rank.
+    pub rank: usize,
+    /// How it ended.
+    pub exit: RankExit,
+    /// Its last non-empty stderr line (its error message, when it printed one).
+    pub last_log: Option<String>,
+}
+
+impl std::fmt::Display for RankFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "rank {} {}", self.rank, self.exit)?;
+        if let Some(line) = &self.last_log {
+            write!(f, ": {line}")?;
+        }
+        Ok(())
+    }
+}
+
+/// How the whole group ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchOutcome {
+    /// Each rank's exit, by rank.
+    pub exits: Vec<RankExit>,
+    /// The first rank that failed, if any did.
+    pub failure: Option<RankFailure>,
+}
+
+enum Line {
+    Out(usize, String),
+    Err(usize, String),
+}
+
+/// Starts the ranks and runs until all have ended; `on_event` sees everything they do.
+/// Spawning errors are errors; anything a rank does, dying included, is in the outcome.
+pub fn run(
+    launch: &Launch,
+    interrupt: &AtomicBool,
+    on_event: &mut dyn FnMut(LaunchEvent),
+) -> Result<LaunchOutcome> {
+    let (tx, rx) = mpsc::channel::<Line>();
+    let mut children: Vec<Child> = Vec::with_capacity(launch.world_size);
+    let mut stdins: Vec<Option<ChildStdin>> = Vec::with_capacity(launch.world_size);
+    for rank in 0..launch.world_size {
+        let mut command = Command::new(&launch.program);
+        command
+            .args(&launch.args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        RankEnv {
+            rank,
+            world_size: launch.world_size,
+            rendezvous: launch.rendezvous.clone(),
+        }
+        .apply(&mut command);
+        let mut child = match command.spawn() {
+            Ok(child) => child,
+            Err(e) => {
+                stop_all(&mut children);
+                return Err(Error::file(
+                    "cannot start a data-parallel rank",
+                    &launch.program,
+                    e,
+                ));
+            }
+        };
+        on_event(LaunchEvent::Started {
+            rank,
+            pid: child.id(),
+        });
+        if let Some(out) = child.stdout.take() {
+            forward_lines(out, tx.clone(), move |l| Line::Out(rank, l));
+        }
+        if let Some(err) = child.stderr.take() {
+            forward_lines(err, tx.clone(), move |l| Line::Err(rank, l));
+        }
+        let stdin = child.stdin.take();
+        match (&launch.input, stdin) {
+            (RankInput::Job(bytes), Some(mut pipe)) => {
+                // A rank that died at once has closed its stdin; its exit tells the story.
+                let _ = pipe.write_all(bytes);
+                stdins.push(None);
+            }
+            (_, stdin) => stdins.push(stdin),
+        }
+        children.push(child);
+    }
+    drop(tx);
+
+    let mut exits: Vec<Option<RankExit>> = vec![None; launch.world_size];
+    let mut last_log: Vec<Option<String>> = vec![None; launch.world_size];
+    let mut failure: Option<RankFailure> = None;
+    let mut interrupted = false;
+    let mut first_success: Option<Instant> = None;
+    let mut lines_open = true;
+    loop {
+        match rx.recv_timeout(Duration::from_millis(20)) {
+            Ok(Line::Out(rank, line)) => on_event(LaunchEvent::Output { rank, line }),
+            Ok(Line::Err(rank, line)) => {
+                if !line.trim().is_empty() {
+                    last_log[rank] = Some(line.clone());
+                }
+                on_event(LaunchEvent::Log { rank, line });
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => lines_open = false,
+        }
+        if !interrupted && interrupt.load(Ordering::SeqCst) {
+            interrupted = true;
+            for pipe in stdins.iter_mut().flatten() {
+                // A rank that is gone cannot be asked; its exit is reported anyway.
+                let _ = writeln!(pipe, "{INTERRUPT_LINE}").and_then(|()| pipe.flush());
+            }
+        }
+        let mut newly_failed = Vec::new();
+        for (rank, child) in children.iter_mut().enumerate() {
+            if exits[rank].is_some() {
+                continue;
+            }
+            let Ok(Some(status)) = child.try_wait() else {
+                continue;
+            };
+            let exit = RankExit::of(status);
+            exits[rank] = Some(exit);
+            stdins[rank] = None;
+            if exit.is_success() {
+                first_success.get_or_insert_with(Instant::now);
+            } else {
+                newly_failed.push((rank, exit));
+            }
+        }
+        if failure.is_none() {
+            // A rank killed by a signal is the cause; the others then fail on the broken link.
+            newly_failed.sort_by_key(|(rank, exit)| (!matches!(exit, RankExit::Signal(_)), *rank));
+            if let Some(&(rank, exit)) = newly_failed.first() {
+                failure = Some(RankFailure {
+                    rank,
+                    exit,
+                    last_log: None,
+                });
+            }
+        }
+        let outlived = match (first_success, launch.grace_after_exit) {
+            (Some(t), Some(grace)) => t.elapsed() > grace,
+            _ => false,
+        };
+        if failure.is_some() || outlived {
+            for (rank, child) in children.iter_mut().enumerate() {
+                if exits[rank].is_none() {
+                    // Already gone is fine: it is about to be reaped.
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    exits[rank] = Some(RankExit::Stopped);
+                }
+            }
+        }
+        if exits.iter().all(Option::is_some) && !lines_open {
+            break;
+        }
+    }
+    let exits: Vec<RankExit> = exits.into_iter().flatten().collect();
+    for (rank, exit) in exits.iter().enumerate() {
+        on_event(LaunchEvent::Exited { rank, exit: *exit });
+    }
+    if let Some(f) = &mut failure {
+        f.last_log = last_log[f.rank].take();
+    }
+    Ok(LaunchOutcome { exits, failure })
+}
+
+fn forward_lines<R: std::io::Read + Send + 'static>(
+    reader: R,
+    tx: mpsc::Sender<Line>,
+    wrap: impl Fn(String) -> Line + Send + 'static,
+) {
+    std::thread::spawn(move || {
+        for line in BufReader::new(reader).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(wrap(line)).is_err() {
+                break;
+            }
+        }
+    });
+}
+
+fn stop_all(children: &mut [Child]) {
+    for child in children {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// A rendezvous for ranks on this host: a free loopback port for TCP.
+///
+/// The port is found by binding port 0 and releasing it, so another process could take it in
+/// between; rank 0 then fails to listen and says so, and a second launch picks another port.
+pub fn local_tcp_rendezvous() -> Result<Rendezvous> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::Collective {
+        rank: 0,
+        problem: format!("cannot find a free loopback port ({e})"),
+    })?;
+    let addr = listener.local_addr().map_err(|e| Error::Collective {
+        rank: 0,
+        problem: format!("cannot read the loopback port ({e})"),
+    })?;
+    Ok(Rendezvous::Tcp(addr))
+}
+
+/// The rendezvous for ranks on `device_kind` GPUs: NCCL when this build has it, else TCP
+/// (which also runs on GPUs, copying through the host).
+pub fn rendezvous_for(cuda: bool) -> Result<Rendezvous> {
+    #[cfg(feature = "nccl")]
+    if cuda {
+        return Ok(Rendezvous::Nccl(crate::dist::nccl::new_unique_id()?));
+    }
+    let _ = cuda;
+    local_tcp_rendezvous()
+}
+
+/// Watches stdin of a rank started with [`RankInput::Interrupts`]: [`INTERRUPT_LINE`], or the
+/// launcher going away (stdin closes), sets `flag`.
+pub fn watch_launcher(flag: std::sync::Arc<AtomicBool>) {
+    std::thread::spawn(move || {
+        let stdin = std::io::stdin();
+        for line in stdin.lock().lines() {
+            match line {
+                Ok(l) if l.trim() == INTERRUPT_LINE => flag.store(true, Ordering::SeqCst),
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        flag.store(true, Ordering::SeqCst);
+    });
+}
