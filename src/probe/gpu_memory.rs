@@ -9,10 +9,9 @@
 //! outside the pool; they are measured as what the driver reports in use minus the pool's
 //! reservation and the emulation hold-back, and added to the peak.
 //!
-//! The pool is also told to keep freed memory (release threshold: unlimited), as PyTorch's
-//! caching allocator does: by default it returns memory to the driver at every
-//! synchronisation and maps it again in the next step, which costs time and makes the
-//! reservation, and so the peak, vary from run to run.
+//! Opening the device tells the pool to keep freed memory (`crate::backend`), as PyTorch's
+//! caching allocator does, so a trial's reservation grows as training's will; each trial starts
+//! from an empty reservation because [`DeviceMemory::reset_peak`] trims the pool first.
 //!
 //! Emulation: to plan for a smaller card on a larger one, the difference is allocated outside
 //! the pool (`cuMemAlloc`) and held, so the pool itself runs out of memory at the target's size
