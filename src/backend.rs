@@ -33,6 +33,15 @@ pub fn open(name: &str) -> Result<Device> {
     }
 }
 
+/// Fails as opening a GPU would when this build has no CUDA support; opens nothing.
+pub fn require_cuda_build() -> Result<()> {
+    if cfg!(feature = "cuda") {
+        Ok(())
+    } else {
+        cuda(0).map(drop)
+    }
+}
+
 #[cfg(feature = "cuda")]
 fn cuda(ordinal: usize) -> Result<Device> {
     let device = Device::new_cuda(ordinal)?;
@@ -193,14 +202,16 @@ pub fn host_memory_bytes() -> Option<u64> {
 
 /// The machine trials run on, for recorded profiles: the target profile plus what is detected.
 pub fn recorded_device(
-    device: &Device,
+    on_gpu: bool,
     target: &DeviceProfile,
 ) -> crate::profile::record::RecordedDevice {
     #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
-    let mut recorded =
-        crate::profile::record::RecordedDevice::new(target.clone(), describe(device));
+    let mut recorded = crate::profile::record::RecordedDevice::new(
+        target.clone(),
+        if on_gpu { "cuda" } else { "cpu" },
+    );
     #[cfg(feature = "cuda")]
-    if device.is_cuda() {
+    if on_gpu {
         if let Ok(nvml) = nvml_wrapper::Nvml::init() {
             if let Ok(gpu) = nvml.device_by_index(0) {
                 recorded.name = gpu.name().unwrap_or_else(|_| "cuda".into());

@@ -114,8 +114,25 @@ pub struct KnobArgs {
 pub enum ProbeIsolation {
     /// In this process: fastest; an out-of-memory is caught and the device reused.
     InProcess,
-    /// One child process per trial: survives sticky device errors and host allocation aborts.
+    /// One child process per trial: survives sticky device errors and host allocation aborts,
+    /// and every trial meets the device as training will, in a fresh process.
     Child,
+}
+
+impl ProbeIsolation {
+    /// The default for a target: child processes on a GPU, in-process on the CPU.
+    ///
+    /// Measured on an H200 (`benches/results/2026-12-02-h200-isolation-pool/`): after earlier
+    /// trials in the same process, the memory pool's peak came out 13 % (seed, micro-batch 1024)
+    /// to 20 % (gpt-124m, 37) above a fresh process's at the same setting, so in-process trials
+    /// misjudge the boundary; child trials land within 2–4 % and cost about 0.5 s each (seed
+    /// tune 8.7 s instead of 3.2 s). On the CPU the heap is counted exactly in any process.
+    pub fn default_for(kind: autotune::spec::device::DeviceKind) -> Self {
+        match kind {
+            autotune::spec::device::DeviceKind::Cuda => ProbeIsolation::Child,
+            autotune::spec::device::DeviceKind::Cpu => ProbeIsolation::InProcess,
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -165,9 +182,9 @@ pub struct TuneArgs {
     /// Timed steps per trial (default 3).
     #[arg(long)]
     pub timed_steps: Option<usize>,
-    /// How trials are isolated.
-    #[arg(long, value_enum, default_value_t = ProbeIsolation::InProcess)]
-    pub isolation: ProbeIsolation,
+    /// How trials are isolated (default: child processes on a GPU, in-process on the CPU).
+    #[arg(long, value_enum)]
+    pub isolation: Option<ProbeIsolation>,
     /// Where trials run: `live` (this machine) or `replay:PROFILE` (answered from a recorded
     /// profile, offline and deterministic; the profile's model, device and space are used).
     #[arg(long, default_value = "live")]

@@ -120,33 +120,6 @@ fn live(args: &TuneArgs, printer: &Printer) -> anyhow::Result<Tuned> {
     budget.validate()?;
     let space = search_space(args, &profile)?;
     let driver = SearchDriver::new(space, budget)?;
-    let device = match profile.kind {
-        DeviceKind::Cpu => Device::Cpu,
-        DeviceKind::Cuda => backend::open("cuda")?,
-    };
-    printer.status(format!(
-        "tuning {} ({:.1}M parameters, seq {}) for {} ({}), probing on {}",
-        spec.name,
-        spec.parameter_count() as f64 / 1e6,
-        spec.seq_len,
-        profile.name,
-        describe_budget(&budget),
-        backend::describe(&device),
-    ));
-    let progress = SearchProgress::new(printer);
-    let device_name = match profile.kind {
-        DeviceKind::Cpu => "cpu",
-        DeviceKind::Cuda => "cuda",
-    };
-    let exe = std::env::current_exe().context("cannot locate the autotune executable")?;
-    // Trials of data-parallel regimes run as that many ranks, one process per GPU.
-    let mut ranks = DataParallelProber::new(
-        exe.clone(),
-        &spec,
-        device_name,
-        profile.gpu_memory_bytes,
-        Some(profile.host_memory_bytes),
-    );
     let data_parallel = driver
         .space()
         .regimes
@@ -158,9 +131,47 @@ fn live(args: &TuneArgs, printer: &Printer) -> anyhow::Result<Tuned> {
         ProbeIsolation::Child
     } else {
         args.isolation
+            .unwrap_or_else(|| ProbeIsolation::default_for(profile.kind))
     };
+    // Only in-process trials use a device here: with child trials this process opens none, so
+    // its CUDA context takes no memory from the children's (emulated) card.
+    let device = match (profile.kind, isolation) {
+        (DeviceKind::Cuda, ProbeIsolation::InProcess) => Some(backend::open("cuda")?),
+        (DeviceKind::Cuda, ProbeIsolation::Child) => {
+            backend::require_cuda_build()?;
+            None
+        }
+        (DeviceKind::Cpu, _) => None,
+    };
+    let device_name = match profile.kind {
+        DeviceKind::Cpu => "cpu",
+        DeviceKind::Cuda => "cuda",
+    };
+    printer.status(format!(
+        "tuning {} ({:.1}M parameters, seq {}) for {} ({}), probing on {device_name}{}",
+        spec.name,
+        spec.parameter_count() as f64 / 1e6,
+        spec.seq_len,
+        profile.name,
+        describe_budget(&budget),
+        match isolation {
+            ProbeIsolation::InProcess => "",
+            ProbeIsolation::Child => " in child processes",
+        },
+    ));
+    let progress = SearchProgress::new(printer);
+    let exe = std::env::current_exe().context("cannot locate the autotune executable")?;
+    // Trials of data-parallel regimes run as that many ranks, one process per GPU.
+    let mut ranks = DataParallelProber::new(
+        exe.clone(),
+        &spec,
+        device_name,
+        profile.gpu_memory_bytes,
+        Some(profile.host_memory_bytes),
+    );
     let outcome = match isolation {
         ProbeIsolation::InProcess => {
+            let device = device.clone().unwrap_or(Device::Cpu);
             let mut meter = backend::memory_meter(&device, profile.gpu_memory_bytes)?;
             let mut prober = LiveProber::new(
                 &spec,
@@ -191,7 +202,7 @@ fn live(args: &TuneArgs, printer: &Printer) -> anyhow::Result<Tuned> {
         // Scaling efficiency is measured, never assumed: one GPU's trial if the search ran none.
         plan.measure_scaling(driver.space(), &mut |r| ranks.probe(r))?;
     }
-    let recorded = backend::recorded_device(&device, &profile);
+    let recorded = backend::recorded_device(profile.kind == DeviceKind::Cuda, &profile);
     Ok(Tuned {
         spec,
         profile,
