@@ -19,9 +19,13 @@ fn repo(path: &str) -> PathBuf {
 /// re-runs below were checked against.
 const FUSED_ENGINE_SEED: &str = "profiles/recorded/rtx4090-32g-on-h200/fused-engine/seed.json";
 
-const RECORDINGS: [&str; 4] = [
+/// Every committed recording: the fused engine's, the explicit engine's with materialised
+/// attention, and the current engine's (flash attention, trials in child processes).
+const RECORDINGS: [&str; 6] = [
     FUSED_ENGINE_SEED,
     "profiles/recorded/rtx4090-32g-on-h200/fused-engine/gpt-124m.json",
+    "profiles/recorded/rtx4090-32g-on-h200/explicit-materialized/seed.json",
+    "profiles/recorded/rtx4090-32g-on-h200/explicit-materialized/gpt-124m.json",
     "profiles/recorded/rtx4090-32g-on-h200/seed.json",
     "profiles/recorded/rtx4090-32g-on-h200/gpt-124m.json",
 ];
