@@ -38,18 +38,10 @@ impl DataParallelProber {
         gpu_capacity: Option<u64>,
         host_budget: Option<u64>,
     ) -> Self {
-        let job = ChildJob {
-            model: model.clone(),
-            device: device.to_string(),
-            gpu_capacity,
-            host_budget,
-            request: ProbeRequest {
-                knobs: crate::Knobs::new(1, crate::Precision::Fp32),
-                warmup_steps: 0,
-                timed_steps: 0,
-            },
-        };
-        Self { executable, job }
+        Self {
+            executable,
+            job: ChildJob::new(model, device, gpu_capacity, host_budget),
+        }
     }
 
     /// Runs one trial on all ranks; a rank's crash or out-of-memory is an outcome.

@@ -32,6 +32,28 @@ pub struct ChildJob {
     pub request: ProbeRequest,
 }
 
+impl ChildJob {
+    /// The job for trials of `model` on `device`; each trial sets its own `request`.
+    pub fn new(
+        model: &ModelSpec,
+        device: &str,
+        gpu_capacity: Option<u64>,
+        host_budget: Option<u64>,
+    ) -> Self {
+        Self {
+            model: model.clone(),
+            device: device.to_string(),
+            gpu_capacity,
+            host_budget,
+            request: ProbeRequest {
+                knobs: crate::Knobs::new(1, crate::Precision::Fp32),
+                warmup_steps: 0,
+                timed_steps: 0,
+            },
+        }
+    }
+}
+
 /// Runs trials in child processes of `executable probe-one`.
 pub struct ChildProber {
     executable: PathBuf,
@@ -47,18 +69,10 @@ impl ChildProber {
         gpu_capacity: Option<u64>,
         host_budget: Option<u64>,
     ) -> Self {
-        let job = ChildJob {
-            model: model.clone(),
-            device: device.to_string(),
-            gpu_capacity,
-            host_budget,
-            request: ProbeRequest {
-                knobs: crate::Knobs::new(1, crate::Precision::Fp32),
-                warmup_steps: 0,
-                timed_steps: 0,
-            },
-        };
-        Self { executable, job }
+        Self {
+            executable,
+            job: ChildJob::new(model, device, gpu_capacity, host_budget),
+        }
     }
 
     /// Runs one trial in a fresh child; crashes and kills become outcomes.
