@@ -164,6 +164,44 @@ __device__ __forceinline__ void pipeline_step(T (*a)[TILE * (HD + PAD)],
 __device__ __forceinline__ int acc_row(int e) { return (threadIdx.x & 31) / 4 + (e >> 1) * 8; }
 __device__ __forceinline__ int acc_col(int e) { return 2 * (threadIdx.x & 3) + (e & 1); }
 
+// The two products every kernel runs, for one warp's 16 rows (A in registers, 16 columns from
+// k0) against a shared tile X of TILE rows × HD:
+//   c (16 × TILE) += A · X[.., k0 .. k0+16]ᵀ     (scores: q·kᵀ, dO·vᵀ, k·qᵀ, v·dOᵀ)
+//   c (16 × HD)   += A · X[k0 .. k0+16, ..]       (outputs: P·v, dS·k, Pᵀ·dO, dSᵀ·q)
+template <typename T, int HD>
+__device__ __forceinline__ void mma_by_rows_t(float (&c)[TILE / 8][4], const uint32_t (&a)[4],
+                                              const T *x, int k0) {
+#pragma unroll
+    for (int nt = 0; nt < TILE / 8; nt += 2) {
+        uint32_t bf[4];
+        frag_b_rows(bf, x, HD + PAD, nt * 8, k0);
+        Mma<T>::run(c[nt], a, bf[0], bf[1]);
+        Mma<T>::run(c[nt + 1], a, bf[2], bf[3]);
+    }
+}
+
+template <typename T, int HD>
+__device__ __forceinline__ void mma_by_rows(float (&c)[HD / 8][4], const uint32_t (&a)[4],
+                                            const T *x, int k0) {
+#pragma unroll
+    for (int dt = 0; dt < HD / 8; dt += 2) {
+        uint32_t bf[4];
+        frag_b_cols(bf, x, HD + PAD, k0, dt * 8);
+        Mma<T>::run(c[dt], a, bf[0], bf[1]);
+        Mma<T>::run(c[dt + 1], a, bf[2], bf[3]);
+    }
+}
+
+// The A operand for columns kk·16 .. kk·16+16 of a 16 × TILE accumulator: the accumulator
+// layout of two m16n8 tiles is the A layout of one m16k16 (FlashAttention-2's register reuse).
+template <typename T>
+__device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&c)[TILE / 8][4], int kk) {
+    a[0] = Mma<T>::pack(c[2 * kk][0], c[2 * kk][1]);
+    a[1] = Mma<T>::pack(c[2 * kk][2], c[2 * kk][3]);
+    a[2] = Mma<T>::pack(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+    a[3] = Mma<T>::pack(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+}
+
 struct Dims {
     int batch, heads, seq;
     float scale;         // 1/√hd
@@ -214,15 +252,7 @@ __device__ void forward(const T *qkv, T *out, float *lse, Dims p) {
 
         float s[TILE / 8][4] = {};
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; ++kk) {
-#pragma unroll
-            for (int nt = 0; nt < TILE / 8; nt += 2) {
-                uint32_t bf[4];
-                frag_b_rows(bf, ks, PITCH, nt * 8, kk * 16);
-                Mma<T>::run(s[nt], qf[kk], bf[0], bf[1]);
-                Mma<T>::run(s[nt + 1], qf[kk], bf[2], bf[3]);
-            }
-        }
+        for (int kk = 0; kk < HD / 16; ++kk) mma_by_rows_t<T, HD>(s, qf[kk], ks, kk * 16);
         // Scores in the log2 domain; masked keys at -inf. Then the new row maxima.
         float mnew[2] = {m[0], m[1]};
 #pragma unroll
@@ -269,19 +299,9 @@ __device__ void forward(const T *qkv, T *out, float *lse, Dims p) {
         // acc += P · V, the probabilities reused in registers as the A operand.
 #pragma unroll
         for (int kk = 0; kk < TILE / 16; ++kk) {
-            const uint32_t pa[4] = {
-                Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]),
-                Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]),
-                Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]),
-            };
-#pragma unroll
-            for (int dt = 0; dt < HD / 8; dt += 2) {
-                uint32_t bf[4];
-                frag_b_cols(bf, vs, PITCH, kk * 16, dt * 8);
-                Mma<T>::run(acc[dt], pa, bf[0], bf[1]);
-                Mma<T>::run(acc[dt + 1], pa, bf[2], bf[3]);
-            }
+            uint32_t pa[4];
+            acc_to_a<T>(pa, s, kk);
+            mma_by_rows<T, HD>(acc, pa, vs, kk * 16);
         }
         __syncthreads();  // everyone is done with tile j before its buffer is refilled
     }
@@ -370,16 +390,8 @@ __device__ void backward_dq(const T *qkv, const T *out, const T *dout, const flo
         float s[TILE / 8][4] = {}, dp[TILE / 8][4] = {};
 #pragma unroll
         for (int kk = 0; kk < HD / 16; ++kk) {
-#pragma unroll
-            for (int nt = 0; nt < TILE / 8; nt += 2) {
-                uint32_t bf[4];
-                frag_b_rows(bf, ks, PITCH, nt * 8, kk * 16);
-                Mma<T>::run(s[nt], qf[kk], bf[0], bf[1]);
-                Mma<T>::run(s[nt + 1], qf[kk], bf[2], bf[3]);
-                frag_b_rows(bf, vs, PITCH, nt * 8, kk * 16);
-                Mma<T>::run(dp[nt], df[kk], bf[0], bf[1]);
-                Mma<T>::run(dp[nt + 1], df[kk], bf[2], bf[3]);
-            }
+            mma_by_rows_t<T, HD>(s, qf[kk], ks, kk * 16);
+            mma_by_rows_t<T, HD>(dp, df[kk], vs, kk * 16);
         }
 #pragma unroll
         for (int nt = 0; nt < TILE / 8; ++nt) {
@@ -395,19 +407,9 @@ __device__ void backward_dq(const T *qkv, const T *out, const T *dout, const flo
         }
 #pragma unroll
         for (int kk = 0; kk < TILE / 16; ++kk) {
-            const uint32_t sa[4] = {
-                Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]),
-                Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]),
-                Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]),
-            };
-#pragma unroll
-            for (int dt = 0; dt < HD / 8; dt += 2) {
-                uint32_t bf[4];
-                frag_b_cols(bf, ks, PITCH, kk * 16, dt * 8);
-                Mma<T>::run(acc[dt], sa, bf[0], bf[1]);
-                Mma<T>::run(acc[dt + 1], sa, bf[2], bf[3]);
-            }
+            uint32_t sa[4];
+            acc_to_a<T>(sa, s, kk);
+            mma_by_rows<T, HD>(acc, sa, ks, kk * 16);
         }
         __syncthreads();
     }
@@ -470,15 +472,7 @@ __device__ void backward_dkdv(const T *qkv, const T *dout, const float *lse, con
         // Sᵀ = k · qᵀ, then Pᵀ; `kept_bits` remembers the dropout mask for dPᵀ.
         float s[TILE / 8][4] = {};
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; ++kk) {
-#pragma unroll
-            for (int nt = 0; nt < TILE / 8; nt += 2) {
-                uint32_t bf[4];
-                frag_b_rows(bf, qs, PITCH, nt * 8, kk * 16);
-                Mma<T>::run(s[nt], kf[kk], bf[0], bf[1]);
-                Mma<T>::run(s[nt + 1], kf[kk], bf[2], bf[3]);
-            }
-        }
+        for (int kk = 0; kk < HD / 16; ++kk) mma_by_rows_t<T, HD>(s, kf[kk], qs, kk * 16);
         uint32_t kept_bits = 0xffffffffu;
 #pragma unroll
         for (int nt = 0; nt < TILE / 8; ++nt) {
@@ -502,26 +496,12 @@ __device__ void backward_dkdv(const T *qkv, const T *dout, const float *lse, con
             }
             const uint32_t pa[4] = {Mma<T>::pack(z[0], z[1]), Mma<T>::pack(z[2], z[3]),
                                     Mma<T>::pack(z[4], z[5]), Mma<T>::pack(z[6], z[7])};
-#pragma unroll
-            for (int dt = 0; dt < HD / 8; dt += 2) {
-                uint32_t bf[4];
-                frag_b_cols(bf, dos, PITCH, kk * 16, dt * 8);
-                Mma<T>::run(dv[dt], pa, bf[0], bf[1]);
-                Mma<T>::run(dv[dt + 1], pa, bf[2], bf[3]);
-            }
+            mma_by_rows<T, HD>(dv, pa, dos, kk * 16);
         }
         // dPᵀ = v · dOᵀ, then dSᵀ = Pᵀ ⊙ (dropout(dPᵀ) − D) in place of Pᵀ.
         float dp[TILE / 8][4] = {};
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; ++kk) {
-#pragma unroll
-            for (int nt = 0; nt < TILE / 8; nt += 2) {
-                uint32_t bf[4];
-                frag_b_rows(bf, dos, PITCH, nt * 8, kk * 16);
-                Mma<T>::run(dp[nt], vf[kk], bf[0], bf[1]);
-                Mma<T>::run(dp[nt + 1], vf[kk], bf[2], bf[3]);
-            }
-        }
+        for (int kk = 0; kk < HD / 16; ++kk) mma_by_rows_t<T, HD>(dp, vf[kk], dos, kk * 16);
 #pragma unroll
         for (int nt = 0; nt < TILE / 8; ++nt) {
 #pragma unroll
@@ -535,19 +515,9 @@ __device__ void backward_dkdv(const T *qkv, const T *dout, const float *lse, con
         // dk += dSᵀ · q.
 #pragma unroll
         for (int kk = 0; kk < TILE / 16; ++kk) {
-            const uint32_t sa[4] = {
-                Mma<T>::pack(s[2 * kk][0], s[2 * kk][1]),
-                Mma<T>::pack(s[2 * kk][2], s[2 * kk][3]),
-                Mma<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                Mma<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]),
-            };
-#pragma unroll
-            for (int dt = 0; dt < HD / 8; dt += 2) {
-                uint32_t bf[4];
-                frag_b_cols(bf, qs, PITCH, kk * 16, dt * 8);
-                Mma<T>::run(dk[dt], sa, bf[0], bf[1]);
-                Mma<T>::run(dk[dt + 1], sa, bf[2], bf[3]);
-            }
+            uint32_t sa[4];
+            acc_to_a<T>(sa, s, kk);
+            mma_by_rows<T, HD>(dk, sa, qs, kk * 16);
         }
         __syncthreads();
     }
