@@ -22,13 +22,12 @@ fn workdir() -> tempfile::TempDir {
 /// `autotune tune --model micro.json --device small-cpu.json ARGS --json` in `dir`: it must
 /// succeed, and its stdout is the plan.
 fn tune_micro(dir: &Path, args: &[&str]) -> Value {
-    let mut argv = vec![
-        "tune",
-        "--model",
-        "micro.json",
-        "--device",
-        "small-cpu.json",
-    ];
+    tune_micro_on(dir, "small-cpu.json", args)
+}
+
+/// [`tune_micro`] for the device profile file `device` in `dir`.
+fn tune_micro_on(dir: &Path, device: &str, args: &[&str]) -> Value {
+    let mut argv = vec!["tune", "--model", "micro.json", "--device", device];
     argv.extend_from_slice(args);
     argv.push("--json");
     let out = autotune_in(dir, &argv);
@@ -204,25 +203,18 @@ const TWELVE_MIB_CPU: &str = r#"{"name": "twelve-mib-cpu", "kind": "cpu", "gpu_m
 fn global_batch_is_honoured_with_accumulation() {
     let dir = workdir();
     std::fs::write(dir.path().join("twelve-mib-cpu.json"), TWELVE_MIB_CPU).unwrap();
-    let out = autotune_in(
+    let plan = tune_micro_on(
         dir.path(),
+        "twelve-mib-cpu.json",
         &[
-            "tune",
-            "--model",
-            "micro.json",
-            "--device",
-            "twelve-mib-cpu.json",
             "--precision",
             "fp32",
             "--checkpointing",
             "none",
             "--global-batch",
             "96",
-            "--json",
         ],
     );
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let plan: Value = serde_json::from_str(&stdout(&out)).unwrap();
     let (mb, accum) = (
         plan["knobs"]["micro_batch"].as_u64().unwrap(),
         plan["knobs"]["grad_accum"].as_u64().unwrap(),
