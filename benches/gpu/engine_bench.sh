@@ -3,8 +3,9 @@
 #
 #   benches/gpu/engine_bench.sh OUTDIR
 #
-#   1. the CUDA tests (flash attention vs the CPU, the one-launch Adam, the explicit engine and
-#      its kernels vs the CPU), output in OUTDIR/cuda_tests.txt; the flash timings are in there;
+#   1. the CUDA tests (flash attention with and without key padding vs the CPU, the one-launch
+#      Adam, the explicit engine and its kernels, padded cross-entropy included, vs the CPU),
+#      output in OUTDIR/cuda_tests.txt; the flash timings are in there;
 #   2. run.sh: the default engine and the materialised-attention engine against PyTorch eager on
 #      $ROWS (default: seed bf16 32/128/512, seed fp32 128/512, gpt-124m bf16 4/16);
 #   3. kernels.sh: one Nsight Compute kernel table per row of $KERNEL_ROWS for ours and PyTorch
@@ -13,14 +14,14 @@
 # Needs the CUDA build in .gpu/ (cuda-build.sh --out .gpu, plus a copy of gpu-env.sh) and the
 # test binary in .gpux/
 # (cuda-build.sh --out .gpux --test it; only the `it-*` file is needed). Environment: ROWS,
-# KERNEL_ROWS ("MODEL:PRECISION:MB ..."; empty skips), TESTS (default: the four groups above).
+# KERNEL_ROWS ("MODEL:PRECISION:MB ..."; empty skips), TESTS (default: the groups above).
 set -uo pipefail
-if [[ $# -ne 1 || "$1" == -h ]]; then sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2; fi
+if [[ $# -ne 1 || "$1" == -h ]]; then sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2; fi
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 mkdir -p "$1"; OUTDIR="$(cd "$1" && pwd)"; cd "$ROOT"
 ROWS="${ROWS:-seed:bf16:32,128,512 seed:fp32:128,512 gpt-124m:bf16:4,16}"
 KERNEL_ROWS="${KERNEL_ROWS-gpt-124m:bf16:16}"
-TESTS="${TESTS:-cuda_attention cuda_explicit cuda_ops::cuda_backward cuda_ops::cuda_softmax}"
+TESTS="${TESTS:-cuda_attention cuda_explicit cuda_ops::cuda_backward cuda_ops::cuda_softmax cuda_ops::cuda_cross_entropy}"
 stamp() { echo "engine_bench.sh [$(date -u +%H:%M:%S)] $*" >&2; }
 
 TEST_BIN="$(ls .gpux/it-* 2>/dev/null | head -n 1)"

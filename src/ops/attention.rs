@@ -15,6 +15,9 @@
 //! of `qkv` has `qkv`'s shape. Dropout masks use the element index of the probability tensor the
 //! materialised path would have, so both paths draw the same masks.
 //!
+//! Key padding ([`flash_attention_padded`]): per sequence, keys from a given length on are
+//! masked for every query, as PyTorch's `key_padding_mask`; the kernels skip their tiles.
+//!
 //! CPU: straightforward f32 loops (f64 row sums), one thread per group of heads; the reference
 //! the CUDA kernels (`kernels/attention.cu`) are tested against. CUDA: bf16 and f16 with head
 //! widths [`FLASH_HEAD_DIMS`]; see [`flash_attention_supported`].
@@ -95,10 +98,34 @@ pub fn flash_attention(
     shape: &AttentionShape,
     dropout: Option<DropoutMask>,
 ) -> Result<(Tensor, Tensor)> {
+    forward(qkv, shape, dropout, None)
+}
+
+/// [`flash_attention`] with padded keys: in sequence `b`, the keys at positions
+/// `key_lengths[b]` and beyond are padding that no query sees. `key_lengths` holds `batch` u32
+/// values in `1..=seq` on `qkv`'s device; out of range is an error on the CPU and clamped into
+/// range on CUDA, where a kernel cannot report errors. Padding queries still attend to the real
+/// keys (their rows are whatever a loss makes of them).
+pub fn flash_attention_padded(
+    qkv: &Tensor,
+    shape: &AttentionShape,
+    dropout: Option<DropoutMask>,
+    key_lengths: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    forward(qkv, shape, dropout, Some(key_lengths))
+}
+
+fn forward(
+    qkv: &Tensor,
+    shape: &AttentionShape,
+    dropout: Option<DropoutMask>,
+    key_lengths: Option<&Tensor>,
+) -> Result<(Tensor, Tensor)> {
     check_input(qkv, NAME)?;
     let d = shape.width(qkv)?;
     let qkv = aligned(qkv)?;
-    let args = Args::new(shape, d, dropout);
+    let lens = KeyLengths::new(key_lengths, shape)?;
+    let args = Args::new(shape, d, dropout, lens.on_cpu()?)?;
     let (storage, layout) = qkv.storage_and_layout();
     let (out, lse) = match &*storage {
         Storage::Cpu(s) => {
@@ -110,7 +137,9 @@ pub fn flash_attention(
         }
         #[cfg(feature = "cuda")]
         Storage::Cuda(s) => {
-            let (out, lse) = gpu::forward(s, layout, &args)?;
+            let lens = lens.storage();
+            let lens = lens.as_ref().map(|(s, l)| (&**s, *l));
+            let (out, lse) = gpu::forward(s, layout, lens, &args)?;
             (Storage::Cuda(out), Storage::Cuda(lse))
         }
         _ => bail!("{NAME}: runs on the CPU and CUDA only"),
@@ -131,6 +160,32 @@ pub fn flash_attention_backward(
     dout: &Tensor,
     shape: &AttentionShape,
     dropout: Option<DropoutMask>,
+) -> Result<Tensor> {
+    backward(qkv, out, lse, dout, shape, dropout, None)
+}
+
+/// [`flash_attention_backward`] of [`flash_attention_padded`], with the same `key_lengths`;
+/// padding keys get zero gradients.
+pub fn flash_attention_padded_backward(
+    qkv: &Tensor,
+    out: &Tensor,
+    lse: &Tensor,
+    dout: &Tensor,
+    shape: &AttentionShape,
+    dropout: Option<DropoutMask>,
+    key_lengths: &Tensor,
+) -> Result<Tensor> {
+    backward(qkv, out, lse, dout, shape, dropout, Some(key_lengths))
+}
+
+fn backward(
+    qkv: &Tensor,
+    out: &Tensor,
+    lse: &Tensor,
+    dout: &Tensor,
+    shape: &AttentionShape,
+    dropout: Option<DropoutMask>,
+    key_lengths: Option<&Tensor>,
 ) -> Result<Tensor> {
     check_input(qkv, NAME)?;
     let d = shape.width(qkv)?;
@@ -156,7 +211,8 @@ pub fn flash_attention_backward(
     let out = aligned(&out.to_dtype(qkv.dtype())?)?;
     let dout = aligned(&dout.to_dtype(qkv.dtype())?)?;
     let lse = lse.contiguous()?;
-    let args = Args::new(shape, d, dropout);
+    let lens = KeyLengths::new(key_lengths, shape)?;
+    let args = Args::new(shape, d, dropout, lens.on_cpu()?)?;
     let (sq, lq) = qkv.storage_and_layout();
     let (so, lo) = out.storage_and_layout();
     let (sl, ll) = lse.storage_and_layout();
@@ -174,15 +230,59 @@ pub fn flash_attention_backward(
         }
         #[cfg(feature = "cuda")]
         (Storage::Cuda(q), Storage::Cuda(o), Storage::Cuda(l), Storage::Cuda(g)) => {
-            Storage::Cuda(gpu::backward((q, lq), (o, lo), (l, ll), (g, ld), &args)?)
+            let lens = lens.storage();
+            let lens = lens.as_ref().map(|(s, l)| (&**s, *l));
+            Storage::Cuda(gpu::backward(
+                (q, lq),
+                (o, lo),
+                (l, ll),
+                (g, ld),
+                lens,
+                &args,
+            )?)
         }
         _ => bail!("{NAME}: all inputs must be on one device, the CPU or CUDA"),
     };
     Ok(fresh(dqkv, (rows, 3 * d)))
 }
 
+/// A key-padding mask's lengths, checked against the call's shape.
+struct KeyLengths(Option<Tensor>);
+
+impl KeyLengths {
+    fn new(lengths: Option<&Tensor>, shape: &AttentionShape) -> Result<Self> {
+        let Some(t) = lengths else {
+            return Ok(Self(None));
+        };
+        if t.dtype() != DType::U32 || t.dims() != [shape.batch] {
+            bail!(
+                "{NAME}: key lengths must be {} u32 values, got {:?} {:?}",
+                shape.batch,
+                t.dtype(),
+                t.shape()
+            );
+        }
+        Ok(Self(Some(t.contiguous()?)))
+    }
+
+    /// The lengths as host values, for the CPU implementation (`None` on CUDA, where the
+    /// kernels read them from device memory); on the CPU each must be in `1..=seq`.
+    fn on_cpu(&self) -> Result<Option<Vec<u32>>> {
+        match &self.0 {
+            Some(t) if t.device().is_cpu() => Ok(Some(t.to_vec1::<u32>()?)),
+            _ => Ok(None),
+        }
+    }
+
+    /// The lengths' storage, when they are given.
+    #[cfg(feature = "cuda")]
+    fn storage(&self) -> Option<(candle_core::StorageRef<'_>, &candle_core::Layout)> {
+        self.0.as_ref().map(|t| t.storage_and_layout())
+    }
+}
+
 /// What both implementations need to know of a call.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Args {
     batch: usize,
     seq: usize,
@@ -192,11 +292,26 @@ struct Args {
     scale: f32,
     /// `(mask, its keep scale)`; `None` without dropout.
     dropout: Option<DropoutMask>,
+    /// Real keys per sequence on the CPU; `None` when every key is real (or on CUDA).
+    key_lengths: Option<Vec<u32>>,
 }
 
 impl Args {
-    fn new(shape: &AttentionShape, d: usize, dropout: Option<DropoutMask>) -> Self {
-        Self {
+    fn new(
+        shape: &AttentionShape,
+        d: usize,
+        dropout: Option<DropoutMask>,
+        key_lengths: Option<Vec<u32>>,
+    ) -> Result<Self> {
+        if let Some(lens) = &key_lengths {
+            if let Some(bad) = lens.iter().find(|&&l| l == 0 || l as usize > shape.seq) {
+                bail!(
+                    "{NAME}: key length {bad} is outside 1..={} (the sequence length)",
+                    shape.seq
+                );
+            }
+        }
+        Ok(Self {
             batch: shape.batch,
             seq: shape.seq,
             heads: shape.heads,
@@ -204,7 +319,15 @@ impl Args {
             causal: shape.causal,
             scale: shape.scale(d),
             dropout: dropout.filter(|m| m.threshold() > 0),
-        }
+            key_lengths,
+        })
+    }
+
+    /// Keys of sequence `b` that are not padding.
+    fn keys(&self, b: usize) -> usize {
+        self.key_lengths
+            .as_ref()
+            .map_or(self.seq, |lens| lens[b] as usize)
     }
 
     fn width(&self) -> usize {

@@ -5,6 +5,12 @@
 //! writes `(softmax − onehot) · upstream` straight into a logits-dtype buffer, so no f32 copy,
 //! probability or log-probability tensor ever exists. The composite reference keeps an f32
 //! copy (for bf16/f16 logits), the shifted logits, their exponentials and the log-probabilities.
+//!
+//! Padding: a row may hold more columns than classes ([`cross_entropy_rows_padded`]). The
+//! explicit engine pads the vocabulary head to a multiple of 64 rows, because cuBLAS picks
+//! aligned tensor-core kernels only when every matrix dimension is; GPT-2's 50257 classes
+//! otherwise run the three head products on a far slower kernel. Padding columns take no part
+//! in the loss and get a zero gradient, so the padded head's results are the unpadded ones.
 
 #![allow(unsafe_code)]
 
@@ -31,8 +37,19 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
 /// none. An out-of-range target is an error on the CPU and a NaN loss on the GPU, where a
 /// kernel cannot report errors. Memory saved for backward: the logits and the returned losses.
 pub fn cross_entropy_rows(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    cross_entropy_rows_padded(logits, targets, logits.dims2()?.1)
+}
+
+/// [`cross_entropy_rows`] over the first `classes` columns of each row; the others are padding
+/// that takes no part in the loss (and gets a zero gradient).
+pub fn cross_entropy_rows_padded(
+    logits: &Tensor,
+    targets: &Tensor,
+    classes: usize,
+) -> Result<Tensor> {
     check_input(logits, NAME)?;
-    let (rows, _) = logits.dims2()?;
+    let (rows, cols) = logits.dims2()?;
+    check_classes(classes, cols)?;
     let targets = targets.flatten_all()?;
     if targets.dtype() != DType::U32 || targets.elem_count() != rows {
         bail!(
@@ -43,18 +60,27 @@ pub fn cross_entropy_rows(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
     }
     logits
         .contiguous()?
-        .apply_op2(&targets.contiguous()?, CrossEntropy)
+        .apply_op2(&targets.contiguous()?, CrossEntropy { classes })
 }
 
-/// The gradient of the logits from per-row `losses` (as [`cross_entropy_rows`] returns them)
-/// and the per-row upstream gradient `row_grad` (`rows`, f32), outside any graph, in the
-/// logits' dtype.
+fn check_classes(classes: usize, cols: usize) -> Result<()> {
+    if classes == 0 || classes > cols {
+        bail!("{NAME}: {classes} classes in rows of {cols} columns");
+    }
+    Ok(())
+}
+
+/// The gradient of the logits from per-row `losses` (as [`cross_entropy_rows_padded`] returns
+/// them for the same `classes`) and the per-row upstream gradient `row_grad` (`rows`, f32),
+/// outside any graph, in the logits' dtype; zero in padding columns.
 pub fn cross_entropy_backward(
     logits: &Tensor,
     targets: &Tensor,
+    classes: usize,
     losses: &Tensor,
     row_grad: &Tensor,
 ) -> Result<Tensor> {
+    check_classes(classes, logits.dims2()?.1)?;
     let loss_grad = Tensor::cat(
         &[
             &losses.detach().to_dtype(DType::F32)?,
@@ -65,17 +91,21 @@ pub fn cross_entropy_backward(
     logits.contiguous()?.apply_op3_no_bwd(
         &targets.flatten_all()?.contiguous()?,
         &loss_grad,
-        &CrossEntropyGrad,
+        &CrossEntropyGrad { classes },
     )
 }
 
-/// Forward: `(logits, targets) → per-row loss`.
-struct CrossEntropy;
+/// Forward: `(logits, targets) → per-row loss` over the first `classes` columns.
+struct CrossEntropy {
+    classes: usize,
+}
 
 /// Backward: `(logits, targets, [loss; grad]) → grad_logits`. The third input packs the
 /// per-row losses and upstream gradients into one `2·rows` f32 tensor because custom ops take
 /// at most three inputs.
-struct CrossEntropyGrad;
+struct CrossEntropyGrad {
+    classes: usize,
+}
 
 impl CustomOp2 for CrossEntropy {
     fn name(&self) -> &'static str {
@@ -91,7 +121,7 @@ impl CustomOp2 for CrossEntropy {
     ) -> Result<(CpuStorage, Shape)> {
         let (rows, cols) = rows_cols(l1);
         let targets = contiguous(u32::cpu_storage_as_slice(s2)?, l2, NAME)?;
-        let loss = fwd_cpu(&input_f32(s1, l1, NAME)?, targets, cols)?;
+        let loss = fwd_cpu(&input_f32(s1, l1, NAME)?, targets, self.classes, cols)?;
         Ok((CpuStorage::F32(loss), Shape::from(rows)))
     }
 
@@ -104,7 +134,7 @@ impl CustomOp2 for CrossEntropy {
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let (rows, _) = rows_cols(l1);
-        let loss = super::cuda::float_slice!(NAME, s1, v => gpu::fwd(v, l1, s2, l2, &s1.device)?);
+        let loss = super::cuda::float_slice!(NAME, s1, v => gpu::fwd(v, l1, s2, l2, self.classes, &s1.device)?);
         Ok((loss, Shape::from(rows)))
     }
 
@@ -117,7 +147,13 @@ impl CustomOp2 for CrossEntropy {
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let grad = grad.detach().to_dtype(DType::F32)?;
         let loss_grad = Tensor::cat(&[&loss.detach(), &grad], 0)?;
-        let dlogits = logits.apply_op3_no_bwd(targets, &loss_grad, &CrossEntropyGrad)?;
+        let dlogits = logits.apply_op3_no_bwd(
+            targets,
+            &loss_grad,
+            &CrossEntropyGrad {
+                classes: self.classes,
+            },
+        )?;
         Ok((Some(dlogits), None))
     }
 }
@@ -139,7 +175,13 @@ impl CustomOp3 for CrossEntropyGrad {
         let (_, cols) = rows_cols(l1);
         let targets = contiguous(u32::cpu_storage_as_slice(s2)?, l2, NAME)?;
         let loss_grad = contiguous(f32::cpu_storage_as_slice(s3)?, l3, NAME)?;
-        let dx = bwd_cpu(&input_f32(s1, l1, NAME)?, targets, loss_grad, cols);
+        let dx = bwd_cpu(
+            &input_f32(s1, l1, NAME)?,
+            targets,
+            loss_grad,
+            self.classes,
+            cols,
+        );
         Ok((output(dx, s1.dtype())?, l1.shape().clone()))
     }
 
@@ -153,19 +195,18 @@ impl CustomOp3 for CrossEntropyGrad {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let out =
-            super::cuda::float_slice!(NAME, s1, v => gpu::bwd(v, l1, s2, l2, s3, l3, &s1.device)?);
+        let out = super::cuda::float_slice!(NAME, s1, v => gpu::bwd(v, l1, s2, l2, s3, l3, self.classes, &s1.device)?);
         Ok((out, l1.shape().clone()))
     }
 }
 
-fn fwd_cpu(logits: &[f32], targets: &[u32], cols: usize) -> Result<Vec<f32>> {
+fn fwd_cpu(logits: &[f32], targets: &[u32], classes: usize, cols: usize) -> Result<Vec<f32>> {
     let mut loss = Vec::with_capacity(targets.len());
     for (r, &target) in targets.iter().enumerate() {
-        let row = &logits[r * cols..(r + 1) * cols];
+        let row = &logits[r * cols..r * cols + classes];
         let t = target as usize;
-        if t >= cols {
-            bail!("{NAME}: target {t} out of range for {cols} classes");
+        if t >= classes {
+            bail!("{NAME}: target {t} out of range for {classes} classes");
         }
         let mut max = f32::NEG_INFINITY;
         for &v in row {
@@ -182,19 +223,26 @@ fn fwd_cpu(logits: &[f32], targets: &[u32], cols: usize) -> Result<Vec<f32>> {
     Ok(loss)
 }
 
-fn bwd_cpu(logits: &[f32], targets: &[u32], loss_grad: &[f32], cols: usize) -> Vec<f32> {
+fn bwd_cpu(
+    logits: &[f32],
+    targets: &[u32],
+    loss_grad: &[f32],
+    classes: usize,
+    cols: usize,
+) -> Vec<f32> {
     let rows = targets.len();
     let mut dx = vec![0f32; logits.len()];
     for r in 0..rows {
         // Forward already rejected out-of-range targets on this device.
         let t = targets[r] as usize;
+        // Padding columns keep their zeros.
         let (row, out) = (
-            &logits[r * cols..(r + 1) * cols],
-            &mut dx[r * cols..(r + 1) * cols],
+            &logits[r * cols..r * cols + classes],
+            &mut dx[r * cols..r * cols + classes],
         );
         let lse = loss_grad[r] + row[t];
         let g = loss_grad[rows + r];
-        for j in 0..cols {
+        for j in 0..classes {
             let p = (row[j] - lse).exp();
             out[j] = if j == t { (p - 1.0) * g } else { p * g };
         }
@@ -219,6 +267,7 @@ mod gpu {
         l1: &Layout,
         targets: &CudaStorage,
         l2: &Layout,
+        classes: usize,
         dev: &CudaDevice,
     ) -> Result<CudaStorage> {
         let (rows, cols) = rows_cols(l1);
@@ -227,16 +276,21 @@ mod gpu {
         let func = cuda::kernel(dev, &cuda::CROSS_ENTROPY, "ce_fwd", T::DTYPE)?;
         // SAFETY: the kernel launched below writes every element.
         let mut loss = unsafe { cuda::output::<f32>(dev, rows) }?;
-        let n_cols = cuda::dim(cols, "classes")?;
+        let (n_classes, n_cols) = (cuda::dim(classes, "classes")?, cuda::dim(cols, "columns")?);
         let stream = dev.cuda_stream();
         let mut args = stream.launch_builder(&func);
-        args.arg(&x).arg(&t).arg(&mut loss).arg(&n_cols);
-        // SAFETY: the arguments match `ce_fwd_<T>(const T*, const uint32_t*, float*, int)`;
+        args.arg(&x)
+            .arg(&t)
+            .arg(&mut loss)
+            .arg(&n_classes)
+            .arg(&n_cols);
+        // SAFETY: the arguments match `ce_fwd_<T>(const T*, const uint32_t*, float*, int, int)`;
         // `x` holds rows·cols elements, `t` and `loss` rows, and the grid has one block per row.
         unsafe { args.launch(cuda::row_config(rows, cols)?) }.w()?;
         Ok(CudaStorage::wrap_cuda_slice(loss, dev.clone()))
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn bwd<T: Elem>(
         logits: &CudaSlice<T>,
         l1: &Layout,
@@ -244,6 +298,7 @@ mod gpu {
         l2: &Layout,
         loss_grad: &CudaStorage,
         l3: &Layout,
+        classes: usize,
         dev: &CudaDevice,
     ) -> Result<CudaStorage> {
         let (rows, cols) = rows_cols(l1);
@@ -253,7 +308,11 @@ mod gpu {
         let func = cuda::kernel(dev, &cuda::CROSS_ENTROPY, "ce_bwd", T::DTYPE)?;
         // SAFETY: the kernel launched below writes every element.
         let mut dx = unsafe { cuda::output::<T>(dev, rows * cols) }?;
-        let (n_rows, n_cols) = (cuda::dim(rows, "rows")?, cuda::dim(cols, "classes")?);
+        let (n_rows, n_classes, n_cols) = (
+            cuda::dim(rows, "rows")?,
+            cuda::dim(classes, "classes")?,
+            cuda::dim(cols, "columns")?,
+        );
         let stream = dev.cuda_stream();
         let mut args = stream.launch_builder(&func);
         args.arg(&x)
@@ -261,9 +320,10 @@ mod gpu {
             .arg(&lg)
             .arg(&mut dx)
             .arg(&n_rows)
+            .arg(&n_classes)
             .arg(&n_cols);
         // SAFETY: the arguments match `ce_bwd_<T>(const T*, const uint32_t*, const float*, T*,
-        // int, int)`; `lg` holds 2·rows floats, `x` and `dx` rows·cols elements.
+        // int, int, int)`; `lg` holds 2·rows floats, `x` and `dx` rows·cols elements.
         unsafe { args.launch(cuda::row_config(rows, cols)?) }.w()?;
         Ok(CudaStorage::wrap_cuda_slice(dx, dev.clone()))
     }

@@ -27,10 +27,12 @@ mod softmax;
 
 pub use adam::{adam_update, adam_update_all};
 pub use attention::{
-    flash_attention, flash_attention_backward, flash_attention_supported, AttentionShape,
-    FLASH_HEAD_DIMS,
+    flash_attention, flash_attention_backward, flash_attention_padded,
+    flash_attention_padded_backward, flash_attention_supported, AttentionShape, FLASH_HEAD_DIMS,
 };
-pub use cross_entropy::{cross_entropy, cross_entropy_backward, cross_entropy_rows};
+pub use cross_entropy::{
+    cross_entropy, cross_entropy_backward, cross_entropy_rows, cross_entropy_rows_padded,
+};
 pub use epilogue::{dropout, embed, embed_backward, epilogue, epilogue_backward, DropoutMask};
 pub use layer_norm::{layer_norm, layer_norm_backward};
 pub use permute::permute_contiguous;

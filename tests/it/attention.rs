@@ -1,6 +1,6 @@
 //! Flash attention on the CPU against an f64 autograd reference: outputs, log-sum-exps and the
-//! gradients of q, k and v, causal or not, with and without dropout, on fresh random inputs of
-//! a sequence length that is no multiple of any tile.
+//! gradients of q, k and v, causal or not, with and without dropout and key padding, on fresh
+//! random inputs of a sequence length that is no multiple of any tile.
 //!
 //! The reference is candle's autograd over f64 primitives (a composite softmax with the row
 //! maximum detached, which softmax is invariant to), with the dropout mask built element by
@@ -61,11 +61,27 @@ fn keep_factors(shape: &AttentionShape, mask: Option<DropoutMask>) -> Tensor {
     .unwrap()
 }
 
+/// `-inf` at the keys of each sequence from its length on, `(b, 1, 1, s)`.
+fn key_padding(shape: &AttentionShape, lens: &[u32]) -> Tensor {
+    let s = shape.seq;
+    let m: Vec<f64> = (0..shape.batch * s)
+        .map(|x| {
+            if x % s >= lens[x / s] as usize {
+                f64::NEG_INFINITY
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    Tensor::from_vec(m, (shape.batch, 1, 1, s), &Device::Cpu).unwrap()
+}
+
 fn reference(
     qkv: &Tensor,
     dout: &Tensor,
     shape: &AttentionShape,
     mask: Option<DropoutMask>,
+    lens: Option<&[u32]>,
 ) -> Reference {
     let qkv = Var::from_tensor(&qkv.to_dtype(DType::F64).unwrap()).unwrap();
     let heads = split(qkv.as_tensor(), shape);
@@ -89,6 +105,9 @@ fn reference(
             .collect();
         let m = Tensor::from_vec(m, (s, s), &Device::Cpu).unwrap();
         scores = scores.broadcast_add(&m).unwrap();
+    }
+    if let Some(lens) = lens {
+        scores = scores.broadcast_add(&key_padding(shape, lens)).unwrap();
     }
     let max = scores.max_keepdim(D::Minus1).unwrap().detach();
     let e = scores.broadcast_sub(&max).unwrap().exp().unwrap();
@@ -130,7 +149,7 @@ fn flash_attention_matches_an_f64_reference() {
                     let d = heads * hd;
                     let qkv = random(&[batch * seq, 3 * d], 1.0, 0.0, seed, dtype);
                     let dout = random(&[batch * seq, d], 1.0, 0.0, seed + 1000, dtype);
-                    let want = reference(&qkv, &dout, &shape, dropout);
+                    let want = reference(&qkv, &dout, &shape, dropout, None);
                     let (out, lse) = ops::flash_attention(&qkv, &shape, dropout).unwrap();
                     let dqkv =
                         ops::flash_attention_backward(&qkv, &out, &lse, &dout, &shape, dropout)
@@ -155,6 +174,102 @@ fn flash_attention_matches_an_f64_reference() {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn padded_flash_attention_matches_an_f64_reference() {
+    let mask = DropoutMask { p: 0.2, key: 43 };
+    let mut seed = 300;
+    // Lengths of one key, a full sequence, and 64 and 65 (one tile exactly, and one more key).
+    for (batch, seq, heads, hd, lens) in [
+        (3, 37, 2, 16, vec![37u32, 20, 1]),
+        (2, 70, 1, 32, vec![64, 65]),
+    ] {
+        for causal in [false, true] {
+            for dropout in [None, Some(mask)] {
+                for dtype in DTYPES {
+                    seed += 1;
+                    let shape = AttentionShape {
+                        batch,
+                        seq,
+                        heads,
+                        causal,
+                    };
+                    let d = heads * hd;
+                    let qkv = random(&[batch * seq, 3 * d], 1.0, 0.0, seed, dtype);
+                    let dout = random(&[batch * seq, d], 1.0, 0.0, seed + 1000, dtype);
+                    let want = reference(&qkv, &dout, &shape, dropout, Some(&lens));
+                    let lengths = Tensor::new(lens.as_slice(), &Device::Cpu).unwrap();
+                    let (out, lse) =
+                        ops::flash_attention_padded(&qkv, &shape, dropout, &lengths).unwrap();
+                    let dqkv = ops::flash_attention_padded_backward(
+                        &qkv, &out, &lse, &dout, &shape, dropout, &lengths,
+                    )
+                    .unwrap();
+                    let what = format!(
+                        "b{batch} s{seq} h{heads} hd{hd} lens {lens:?} causal={causal} dropout={} {dtype:?}",
+                        dropout.is_some()
+                    );
+                    assert_close(&format!("{what} out"), &out, &want.out, tol(dtype));
+                    assert_close(&format!("{what} lse"), &lse, &want.lse, tol(DType::F32));
+                    let grad_tol = if dtype == DType::F32 {
+                        tol(dtype)
+                    } else {
+                        2.0 * tol(dtype)
+                    };
+                    assert_close(&format!("{what} dqkv"), &dqkv, &want.dqkv, grad_tol);
+                    // Padding keys get exactly zero k and v gradients.
+                    let g: Vec<f32> = dqkv
+                        .to_dtype(DType::F32)
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1()
+                        .unwrap();
+                    for (b, &len) in lens.iter().enumerate() {
+                        for j in len as usize..seq {
+                            let row = &g[(b * seq + j) * 3 * d..][..3 * d];
+                            assert!(
+                                row[d..].iter().all(|&x| x == 0.0),
+                                "{what}: padding key {j} of sequence {b} got a gradient"
+                            );
+                        }
+                    }
+                    // A sequence without padding comes out as the unpadded op computes it.
+                    if let Some(full) = lens.iter().position(|&l| l as usize == seq) {
+                        let (plain, _) = ops::flash_attention(&qkv, &shape, dropout).unwrap();
+                        let rows = |t: &Tensor| t.narrow(0, full * seq, seq).unwrap();
+                        assert_close(
+                            &format!("{what} unpadded sequence"),
+                            &rows(&out),
+                            &rows(&plain),
+                            0.0,
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn padded_flash_attention_rejects_bad_lengths() {
+    let shape = AttentionShape {
+        batch: 2,
+        seq: 5,
+        heads: 2,
+        causal: true,
+    };
+    let qkv = random(&[10, 24], 1.0, 0.0, 1, DType::F32);
+    for (lens, message) in [
+        (vec![5u32, 0], "outside 1..=5"),
+        (vec![6, 1], "outside 1..=5"),
+        (vec![5], "must be 2 u32 values"),
+    ] {
+        let lengths = Tensor::new(lens.as_slice(), &Device::Cpu).unwrap();
+        let err = ops::flash_attention_padded(&qkv, &shape, None, &lengths).unwrap_err();
+        assert!(err.to_string().contains(message), "{lens:?}: {err}");
     }
 }
 

@@ -113,6 +113,62 @@ fn cuda_flash_attention_matches_the_cpu() {
     misses.finish();
 }
 
+#[test]
+fn cuda_padded_flash_attention_matches_the_cpu() {
+    let dev = gpu();
+    let mut misses = Misses::default();
+    let mask = DropoutMask { p: 0.1, key: 11 };
+    let mut seed = 700;
+    // Lengths of one key, of whole tiles (64, 128), one past a tile (65) and the full sequence.
+    for (batch, seq, heads, hd, lens) in [
+        (4, 200, 2, 64, vec![200u32, 1, 64, 65]),
+        (2, 129, 3, 32, vec![128, 129]),
+        (2, 70, 2, 16, vec![7, 70]),
+    ] {
+        for causal in [false, true] {
+            for dropout in [None, Some(mask)] {
+                for dtype in [DType::BF16, DType::F16] {
+                    seed += 2;
+                    let shape = AttentionShape {
+                        batch,
+                        seq,
+                        heads,
+                        causal,
+                    };
+                    let d = heads * hd;
+                    let qkv = random(&[batch * seq, 3 * d], 1.0, 0.0, seed, dtype);
+                    let dout = random(&[batch * seq, d], 1.0, 0.0, seed + 1, dtype);
+                    let lengths = Tensor::new(lens.as_slice(), &Device::Cpu).unwrap();
+                    let run = |device: &Device| {
+                        let qkv = qkv.to_device(device).unwrap();
+                        let dout = dout.to_device(device).unwrap();
+                        let lengths = lengths.to_device(device).unwrap();
+                        let (out, lse) =
+                            ops::flash_attention_padded(&qkv, &shape, dropout, &lengths).unwrap();
+                        let dqkv = ops::flash_attention_padded_backward(
+                            &qkv, &out, &lse, &dout, &shape, dropout, &lengths,
+                        )
+                        .unwrap();
+                        (out, lse, dqkv)
+                    };
+                    poison_pool(&dev);
+                    let (out, lse, dqkv) = run(&dev);
+                    let (out_c, lse_c, dqkv_c) = run(&Device::Cpu);
+                    let what = format!(
+                        "b{batch} s{seq} h{heads} hd{hd} lens {lens:?} causal={} drop={} {dtype:?}",
+                        u8::from(causal),
+                        u8::from(dropout.is_some())
+                    );
+                    misses.check(&format!("{what} out"), &out, &out_c, tol(dtype));
+                    misses.check(&format!("{what} lse"), &lse, &lse_c, tol(DType::F32) * 10.0);
+                    misses.check(&format!("{what} dqkv"), &dqkv, &dqkv_c, 2.0 * tol(dtype));
+                }
+            }
+        }
+    }
+    misses.finish();
+}
+
 /// A GPT-shaped model whose heads the kernels support (d 128, 2 heads of 64), with dropout.
 fn flash_gpt() -> ModelSpec {
     ModelSpec {

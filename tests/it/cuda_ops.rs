@@ -75,24 +75,34 @@ fn with_grad(x: &Tensor, w: &Tensor, f: impl Fn(&Tensor) -> Tensor) -> (Tensor, 
 #[test]
 fn cuda_cross_entropy_matches_cpu() {
     let dev = gpu();
+    // (rows, classes, columns: the classes then padding, scale, offset)
     let cases = [
-        (1, 2, 1.0, 0.0),
-        (33, 1000, 3.0, 0.0),
-        (4096, 10_000, 2.0, 0.0),
-        (7, 10_000, 30.0, 500.0),
-        (1024, 50_257, 2.0, 0.0),
+        (1, 2, 2, 1.0, 0.0),
+        (33, 1000, 1000, 3.0, 0.0),
+        (33, 1000, 1024, 3.0, 0.0),
+        (4096, 10_000, 10_000, 2.0, 0.0),
+        (7, 10_000, 10_000, 30.0, 500.0),
+        (1024, 50_257, 50_257, 2.0, 0.0),
+        (1024, 50_257, 50_304, 2.0, 0.0),
     ];
-    for (i, &(rows, classes, scale, offset)) in cases.iter().enumerate() {
+    for (i, &(rows, classes, cols, scale, offset)) in cases.iter().enumerate() {
         for dtype in DTYPES {
-            let shape = format!("{rows}x{classes}");
+            let shape = format!("{rows}x{classes}/{cols}");
             let logits = random(&[rows, classes], scale, offset, 10 + i as u64, dtype);
+            // Padding far above the classes' values: it would dominate any sum it entered.
+            let logits = if cols > classes {
+                let pad = random(&[rows, cols - classes], 1.0, offset + 40.0, 30, dtype);
+                Tensor::cat(&[&logits, &pad], 1).unwrap()
+            } else {
+                logits
+            };
             let t = targets(rows, classes, 10 + i as u64);
             let w = random(&[rows], 1.0, 0.0, 20 + i as u64, DType::F32);
             let run = |device: &Device| {
                 let x = logits.to_device(device).unwrap();
                 let (t, w) = (t.to_device(device).unwrap(), w.to_device(device).unwrap());
                 with_grad(&x, &w.unsqueeze(1).unwrap(), |x| {
-                    ops::cross_entropy_rows(x, &t)
+                    ops::cross_entropy_rows_padded(x, &t, classes)
                         .unwrap()
                         .unsqueeze(1)
                         .unwrap()
@@ -109,8 +119,21 @@ fn cuda_cross_entropy_matches_cpu() {
                 &loss_c,
                 1e-5,
             );
-            let t = ce_grad_tol(dtype, &logits);
+            let t = ce_grad_tol(dtype, &logits.narrow(1, 0, classes).unwrap());
             check("cross-entropy", dtype, &shape, "dx", &dx_g, &dx_c, t);
+            if cols > classes {
+                let pad = dx_g.narrow(1, classes, cols - classes).unwrap();
+                let nonzero = pad
+                    .to_dtype(DType::F32)
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap();
+                assert_eq!(nonzero, 0.0, "{dtype:?} {shape}: padding got a gradient");
+            }
         }
     }
 }

@@ -220,6 +220,70 @@ fn per_row_cross_entropy_takes_per_row_upstream_gradients_and_any_layout() {
 }
 
 #[test]
+fn padded_cross_entropy_ignores_the_padding_columns() {
+    // 37 classes in rows of 64 columns; the padding holds large values that would dominate
+    // the log-sum-exp if they took part.
+    let (rows, classes, cols) = (9, 37, 64);
+    for dtype in DTYPES {
+        let logits = random(&[rows, classes], 2.0, 0.0, 11, dtype);
+        let padding = random(&[rows, cols - classes], 1.0, 30.0, 12, dtype);
+        let padded = Tensor::cat(&[&logits, &padding], 1).unwrap();
+        let t = targets(rows, classes, 13);
+        let row_grad = random(&[rows], 1.0, 0.0, 14, DType::F32);
+
+        let want_loss = ops::cross_entropy_rows(&logits, &t).unwrap();
+        let loss = ops::cross_entropy_rows_padded(&padded, &t, classes).unwrap();
+        assert_close(&format!("{dtype:?} padded loss"), &loss, &want_loss, 0.0);
+
+        let want =
+            ops::cross_entropy_backward(&logits, &t, classes, &want_loss, &row_grad).unwrap();
+        let got = ops::cross_entropy_backward(&padded, &t, classes, &loss, &row_grad).unwrap();
+        assert_eq!(got.dims(), &[rows, cols]);
+        assert_close(
+            &format!("{dtype:?} padded grad"),
+            &got.narrow(1, 0, classes).unwrap(),
+            &want,
+            0.0,
+        );
+        let pad_grad = to_vec(&got.narrow(1, classes, cols - classes).unwrap());
+        assert!(
+            pad_grad.iter().all(|&g| g == 0.0),
+            "{dtype:?}: padding got a gradient"
+        );
+
+        // The graph's backward agrees with the explicit one.
+        let var = leaf(&padded);
+        let loss = ops::cross_entropy_rows_padded(var.as_tensor(), &t, classes).unwrap();
+        let grads = (&loss * &row_grad)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        assert_close(
+            &format!("{dtype:?} graph grad"),
+            grads.get(&var).unwrap(),
+            &got,
+            0.0,
+        );
+    }
+    let logits = random(&[3, 8], 1.0, 0.0, 1, DType::F32);
+    let t = Tensor::new(&[0u32, 5, 1], &Device::Cpu).unwrap();
+    assert!(
+        ops::cross_entropy_rows_padded(&logits, &t, 5).is_err(),
+        "target 5 of 5 classes"
+    );
+    assert!(
+        ops::cross_entropy_rows_padded(&logits, &t, 9).is_err(),
+        "9 classes in 8 columns"
+    );
+    assert!(
+        ops::cross_entropy_rows_padded(&logits, &t, 0).is_err(),
+        "no classes"
+    );
+}
+
+#[test]
 fn cross_entropy_rejects_bad_targets() {
     let logits = random(&[3, 5], 1.0, 0.0, 1, DType::F32);
     let out_of_range = Tensor::new(&[0u32, 5, 1], &Device::Cpu).unwrap();

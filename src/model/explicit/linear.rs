@@ -15,14 +15,19 @@ pub(crate) struct Lin<'a> {
     bias: Option<Tensor>,
     weight_var: &'a Var,
     bias_var: Option<&'a Var>,
+    /// The layer's output features; `weight` may have zero rows beyond them (see
+    /// [`Lin::pad_outputs`]).
+    outputs: usize,
 }
 
 impl<'a> Lin<'a> {
     /// Casts the weight once per pass (a no-op for half-precision working copies).
     pub(crate) fn new(layer: &'a Linear, dtype: DType) -> Result<Self> {
+        // Detached: nothing here may record a graph.
+        let weight = layer.weight().as_tensor().detach().to_dtype(dtype)?;
         Ok(Self {
-            // Detached: nothing here may record a graph.
-            weight: layer.weight().as_tensor().detach().to_dtype(dtype)?,
+            outputs: weight.dim(0)?,
+            weight,
             bias: match layer.bias() {
                 Some(b) => Some(b.as_tensor().detach().to_dtype(DType::F32)?),
                 None => None,
@@ -30,6 +35,33 @@ impl<'a> Lin<'a> {
             weight_var: layer.weight(),
             bias_var: layer.bias(),
         })
+    }
+
+    /// Pads the output features with zero weights (and biases) up to a multiple of `multiple`,
+    /// so that every dimension of the layer's three products is one, which cuBLAS needs for its
+    /// aligned tensor-core kernels. The padded outputs are zero; a consumer must give them a
+    /// zero gradient, and then the layer's gradients are exactly the unpadded ones.
+    pub(crate) fn pad_outputs(mut self, multiple: usize) -> Result<Self> {
+        let padded = self.outputs.div_ceil(multiple.max(1)) * multiple.max(1);
+        let extra = padded - self.outputs;
+        if extra > 0 {
+            let zeros = Tensor::zeros(
+                (extra, self.weight.dim(1)?),
+                self.weight.dtype(),
+                self.weight.device(),
+            )?;
+            self.weight = Tensor::cat(&[&self.weight, &zeros], 0)?;
+            if let Some(b) = &self.bias {
+                let zeros = Tensor::zeros(extra, b.dtype(), b.device())?;
+                self.bias = Some(Tensor::cat(&[b, &zeros], 0)?);
+            }
+        }
+        Ok(self)
+    }
+
+    /// The layer's output features, without padding.
+    pub(crate) fn outputs(&self) -> usize {
+        self.outputs
     }
 
     /// `x · Wᵀ` for `x` of `(rows, in)`: the product before the epilogue.
@@ -68,9 +100,11 @@ impl<'a> Lin<'a> {
     /// Gradient of the product's input from the gradient `dy` of `y = x · Wᵀ + b` (after the
     /// epilogue's own backward); hands the weight's and bias's gradients to `grads`.
     pub(crate) fn backward(&self, dy: &Tensor, x: &Tensor, grads: &mut Grads) -> Result<Tensor> {
-        grads.put(self.weight_var, dy.t()?.matmul(x)?)?;
+        // Rows of a padded weight beyond the outputs are dropped; their gradient is zero.
+        let outputs = self.outputs;
+        grads.put(self.weight_var, dy.t()?.matmul(x)?.narrow(0, 0, outputs)?)?;
         if let Some(b) = self.bias_var {
-            grads.put(b, column_sum(dy)?)?;
+            grads.put(b, column_sum(dy)?.narrow(0, 0, outputs)?)?;
         }
         Ok(dy.matmul(&self.weight)?)
     }

@@ -77,15 +77,17 @@ pub fn forward_backward(
 
     // Head and loss; the logits die as soon as their gradient has been taken.
     let (loss, mut dx) = {
-        let head = Head::new(model, dtype)?;
+        let head = Head::new(model, dtype, head_row_multiple(x.device()))?;
         let (hidden, logits) = head.forward(&x)?;
-        let losses = ops::cross_entropy_rows(&logits, &batch.targets)?;
+        let classes = head.classes();
+        let losses = ops::cross_entropy_rows_padded(&logits, &batch.targets, classes)?;
         let rows = losses.elem_count();
         // Read at the very end: a read now would stall the device until the forward pass is
         // done, leaving it idle while the backward pass is being queued.
         let loss = losses.to_dtype(DType::F64)?.mean_all()?;
         let row_grad = Tensor::full((loss_factor / rows as f64) as f32, rows, x.device())?;
-        let dlogits = ops::cross_entropy_backward(&logits, &batch.targets, &losses, &row_grad)?;
+        let dlogits =
+            ops::cross_entropy_backward(&logits, &batch.targets, classes, &losses, &row_grad)?;
         drop(logits);
         (loss, head.backward(&x, &hidden, dlogits, &mut grads)?)
     };
@@ -136,8 +138,9 @@ pub fn eval_loss(
         let w = BlockWeights::new(&block.layers(), dtype, attention, spec.causal)?;
         x = w.forward(&x, b, s, &off, i as u64, false)?.0;
     }
-    let (_, logits) = Head::new(model, dtype)?.forward(&x)?;
-    let losses = ops::cross_entropy_rows(&logits, &batch.targets)?;
+    let head = Head::new(model, dtype, head_row_multiple(x.device()))?;
+    let (_, logits) = head.forward(&x)?;
+    let losses = ops::cross_entropy_rows_padded(&logits, &batch.targets, head.classes())?;
     Ok(losses
         .to_dtype(DType::F64)?
         .mean_all()?
@@ -160,18 +163,38 @@ fn block_weights<'a>(
         .collect()
 }
 
-/// The final norm (pre-norm models) and the vocabulary head.
+/// The multiple the vocabulary head's rows are padded to on `device`.
+///
+/// cuBLAS runs its aligned tensor-core kernels only when every matrix dimension is a multiple
+/// of 8 half-precision elements; GPT-2's 50257 classes are not, and the head's three products
+/// (the largest of the step) then ran on a far slower kernel, in PyTorch too. 64 as in
+/// nanoGPT's 50304. The CPU gains nothing and computes no padding.
+fn head_row_multiple(device: &candle_core::Device) -> usize {
+    if device.is_cuda() {
+        64
+    } else {
+        1
+    }
+}
+
+/// The final norm (pre-norm models) and the vocabulary head, whose rows may be padded with
+/// zeros (the logits then have padding columns after the classes).
 struct Head<'a> {
     norm: Option<Norm<'a>>,
     lin: Lin<'a>,
 }
 
 impl<'a> Head<'a> {
-    fn new(model: &'a Transformer, dtype: DType) -> Result<Self> {
+    fn new(model: &'a Transformer, dtype: DType, row_multiple: usize) -> Result<Self> {
         Ok(Self {
             norm: model.final_norm().map(Norm::new),
-            lin: Lin::new(model.head_layer(), dtype)?,
+            lin: Lin::new(model.head_layer(), dtype)?.pad_outputs(row_multiple)?,
         })
+    }
+
+    /// The vocabulary size: the logits' leading columns that are classes.
+    fn classes(&self) -> usize {
+        self.lin.outputs()
     }
 
     /// `(the head's input after the final norm, logits)` for the last block's output `x`.
@@ -184,8 +207,8 @@ impl<'a> Head<'a> {
         Ok((hidden, logits))
     }
 
-    /// Gradient of `x` from the logits' gradient (consumed); hands over the head's and the
-    /// norm's parameter gradients.
+    /// Gradient of `x` from the logits' gradient (consumed, zero in padding columns); hands
+    /// over the head's and the norm's parameter gradients.
     fn backward(
         &self,
         x: &Tensor,
@@ -318,5 +341,82 @@ impl<'a> Grads<'a> {
             }),
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{Device, Tensor};
+
+    use super::*;
+    use crate::spec::model::ModelSpec;
+
+    /// Loss, input gradient and parameter gradients of the head for `row_multiple`.
+    fn head_pass(
+        model: &Transformer,
+        x: &Tensor,
+        targets: &Tensor,
+        row_multiple: usize,
+    ) -> (Vec<f32>, Vec<f32>, HashMap<usize, Vec<f32>>, usize) {
+        let mut got = HashMap::new();
+        let mut sink = |i: usize, g: Tensor| -> Result<()> {
+            got.insert(i, g.flatten_all()?.to_vec1::<f32>()?);
+            Ok(())
+        };
+        let mut grads = Grads::new(model, &mut sink);
+        let head = Head::new(model, DType::F32, row_multiple).unwrap();
+        let (hidden, logits) = head.forward(x).unwrap();
+        let columns = logits.dim(1).unwrap();
+        let losses = ops::cross_entropy_rows_padded(&logits, targets, head.classes()).unwrap();
+        let row_grad = Tensor::ones(losses.elem_count(), DType::F32, x.device()).unwrap();
+        let dlogits =
+            ops::cross_entropy_backward(&logits, targets, head.classes(), &losses, &row_grad)
+                .unwrap();
+        let dx = head.backward(x, &hidden, dlogits, &mut grads).unwrap();
+        drop(grads);
+        let losses = losses.to_vec1::<f32>().unwrap();
+        let dx = dx.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        (losses, dx, got, columns)
+    }
+
+    #[test]
+    fn a_padded_head_computes_what_the_unpadded_one_does() {
+        let spec = ModelSpec {
+            vocab_size: 37,
+            ..ModelSpec::tiny()
+        };
+        let device = Device::Cpu;
+        let model = Transformer::new(&spec, &device, 3).unwrap();
+        let rows = 10;
+        let x = Tensor::randn(0f32, 1.0, (rows, spec.d_model), &device).unwrap();
+        let targets = Tensor::arange(0u32, rows as u32, &device)
+            .unwrap()
+            .affine(3.0, 1.0)
+            .unwrap();
+
+        let (loss, dx, grads, columns) = head_pass(&model, &x, &targets, 1);
+        assert_eq!(columns, 37);
+        let (padded_loss, padded_dx, padded_grads, padded_columns) =
+            head_pass(&model, &x, &targets, 16);
+        assert_eq!(padded_columns, 48, "padded to a multiple of 16");
+        // Same values up to the products' summation order (on this CPU they are identical).
+        let close = |what: &str, got: &[f32], want: &[f32]| {
+            assert_eq!(got.len(), want.len(), "{what}: lengths");
+            let scale = want.iter().fold(1e-30f32, |m, v| m.max(v.abs()));
+            for (g, w) in got.iter().zip(want) {
+                assert!((g - w).abs() <= 1e-6 * scale, "{what}: {g} vs {w}");
+            }
+        };
+        close("loss", &padded_loss, &loss);
+        close("dx", &padded_dx, &dx);
+        // The head's weight (and the final norm's parameters) got gradients of the same shape
+        // and values: the padding rows were cut off.
+        assert!(!grads.is_empty());
+        assert_eq!(padded_grads.len(), grads.len());
+        for (i, want) in &grads {
+            close(&format!("parameter {i}"), &padded_grads[i], want);
+        }
+        let head_weight = model.head_layer().weight().elem_count();
+        assert!(grads.values().any(|g| g.len() == head_weight));
     }
 }

@@ -26,12 +26,13 @@ impl Head<'_> {
             .collect()
     }
 
-    /// Keys query `i` sees.
+    /// Keys query `i` sees: those up to `i` when causal, and none of the padding.
     fn seen(&self, i: usize) -> usize {
+        let keys = self.args.keys(self.b);
         if self.args.causal {
-            i + 1
+            (i + 1).min(keys)
         } else {
-            self.args.seq
+            keys
         }
     }
 

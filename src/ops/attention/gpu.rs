@@ -6,9 +6,11 @@
 
 #![allow(unsafe_code)]
 
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaView, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
+};
 use candle_core::cuda_backend::WrapErr;
-use candle_core::{bail, CudaDevice, CudaStorage, Layout, Result};
+use candle_core::{bail, CudaDevice, CudaStorage, Layout, Result, Storage};
 
 use super::{Args, NAME};
 use crate::ops::cuda::{self, Elem};
@@ -69,6 +71,32 @@ fn config(a: &Args) -> Result<LaunchConfig> {
     })
 }
 
+/// A key-padding mask's lengths as the kernels read them: a device pointer, or null.
+pub(super) type Lengths<'a> = Option<(&'a Storage, &'a Layout)>;
+
+enum LengthsArg<'a> {
+    View(CudaView<'a, u32>),
+    Null(u64),
+}
+
+impl<'a> LengthsArg<'a> {
+    fn new(lens: Lengths<'a>) -> Result<Self> {
+        match lens {
+            None => Ok(Self::Null(0)),
+            Some((Storage::Cuda(s), l)) => Ok(Self::View(cuda::view::<u32>(s, l, NAME)?)),
+            Some(_) => bail!("{NAME}: key lengths must be on the GPU with q/k/v"),
+        }
+    }
+
+    fn push<'b>(&'b self, args: &mut LaunchArgs<'b>) {
+        match self {
+            Self::View(v) => args.arg(v),
+            // A null `const uint32_t*`: the kernels then see every key.
+            Self::Null(zero) => args.arg(zero),
+        };
+    }
+}
+
 /// The kernel's name without its dtype suffix, e.g. `flash_fwd_h64`.
 fn name(base: &str, a: &Args, dtype: candle_core::DType) -> Result<String> {
     if !matches!(dtype, candle_core::DType::BF16 | candle_core::DType::F16) {
@@ -87,19 +115,22 @@ fn name(base: &str, a: &Args, dtype: candle_core::DType) -> Result<String> {
 pub(super) fn forward(
     qkv: &CudaStorage,
     l: &Layout,
+    lens: Lengths,
     a: &Args,
 ) -> Result<(CudaStorage, CudaStorage)> {
-    let out = cuda::float_slice!(NAME, qkv, v => forward_typed(v, l, a, &qkv.device)?);
+    let out = cuda::float_slice!(NAME, qkv, v => forward_typed(v, l, lens, a, &qkv.device)?);
     Ok(out)
 }
 
 fn forward_typed<T: Elem>(
     qkv: &candle_core::cuda_backend::cudarc::driver::CudaSlice<T>,
     l: &Layout,
+    lens: Lengths,
     a: &Args,
     dev: &CudaDevice,
 ) -> Result<(CudaStorage, CudaStorage)> {
     let qkv = cuda::slice_view(qkv, l, NAME)?;
+    let lens = LengthsArg::new(lens)?;
     let func = cuda::kernel(
         dev,
         &cuda::ATTENTION,
@@ -114,10 +145,12 @@ fn forward_typed<T: Elem>(
     let dims = Dims::new(a)?;
     let stream = dev.cuda_stream();
     let mut args = stream.launch_builder(&func);
-    args.arg(&qkv).arg(&mut out).arg(&mut lse).arg(&dims);
-    // SAFETY: the arguments match `flash_fwd_h<hd>_<T>(const T*, T*, float*, Dims)`; `qkv`
-    // holds rows·3d elements starting 16-byte aligned (`super::aligned`), `out` rows·d and
-    // `lse` batch·heads·seq.
+    args.arg(&qkv);
+    lens.push(&mut args);
+    args.arg(&mut out).arg(&mut lse).arg(&dims);
+    // SAFETY: the arguments match `flash_fwd_h<hd>_<T>(const T*, const uint32_t*, T*, float*,
+    // Dims)`; `qkv` holds rows·3d elements starting 16-byte aligned (`super::aligned`), the
+    // lengths (or null) batch u32, `out` rows·d and `lse` batch·heads·seq.
     unsafe { args.launch(config(a)?) }.w()?;
     Ok((
         CudaStorage::wrap_cuda_slice(out, dev.clone()),
@@ -132,9 +165,10 @@ pub(super) fn backward(
     out: Input,
     lse: Input,
     dout: Input,
+    lens: Lengths,
     a: &Args,
 ) -> Result<CudaStorage> {
-    let dqkv = cuda::float_slice!(NAME, qkv.0, v => backward_typed(v, qkv.1, out, lse, dout, a, &qkv.0.device)?);
+    let dqkv = cuda::float_slice!(NAME, qkv.0, v => backward_typed(v, qkv.1, out, lse, dout, lens, a, &qkv.0.device)?);
     Ok(dqkv)
 }
 
@@ -145,10 +179,12 @@ fn backward_typed<T: Elem>(
     (out, lo): Input,
     (lse, ll): Input,
     (dout, ld): Input,
+    lens: Lengths,
     a: &Args,
     dev: &CudaDevice,
 ) -> Result<CudaStorage> {
     let qkv = cuda::slice_view(qkv, lq, NAME)?;
+    let lens = LengthsArg::new(lens)?;
     let out = cuda::view::<T>(out, lo, NAME)?;
     let dout = cuda::view::<T>(dout, ld, NAME)?;
     let lse = cuda::view::<f32>(lse, ll, NAME)?;
@@ -169,15 +205,17 @@ fn backward_typed<T: Elem>(
         T::DTYPE,
     )?;
     let mut args = stream.launch_builder(&dq);
-    args.arg(&qkv)
-        .arg(&out)
+    args.arg(&qkv);
+    lens.push(&mut args);
+    args.arg(&out)
         .arg(&dout)
         .arg(&lse)
         .arg(&mut dsum)
         .arg(&mut dqkv)
         .arg(&dims);
-    // SAFETY: the arguments match `flash_bwd_dq_h<hd>_<T>(const T* qkv, const T* out, const T*
-    // dout, const float* lse, float* dsum, T* dqkv, Dims)` with the sizes above.
+    // SAFETY: the arguments match `flash_bwd_dq_h<hd>_<T>(const T* qkv, const uint32_t* lens,
+    // const T* out, const T* dout, const float* lse, float* dsum, T* dqkv, Dims)` with the
+    // sizes above.
     unsafe { args.launch(cfg) }.w()?;
 
     let dkdv = cuda::kernel(
@@ -187,15 +225,16 @@ fn backward_typed<T: Elem>(
         T::DTYPE,
     )?;
     let mut args = stream.launch_builder(&dkdv);
-    args.arg(&qkv)
-        .arg(&dout)
+    args.arg(&qkv);
+    lens.push(&mut args);
+    args.arg(&dout)
         .arg(&lse)
         .arg(&dsum)
         .arg(&mut dqkv)
         .arg(&dims);
-    // SAFETY: the arguments match `flash_bwd_dkdv_h<hd>_<T>(const T* qkv, const T* dout, const
-    // float* lse, const float* dsum, T* dqkv, Dims)`; it runs after the dq kernel on the same
-    // stream, so `dsum` is complete.
+    // SAFETY: the arguments match `flash_bwd_dkdv_h<hd>_<T>(const T* qkv, const uint32_t* lens,
+    // const T* dout, const float* lse, const float* dsum, T* dqkv, Dims)`; it runs after the
+    // dq kernel on the same stream, so `dsum` is complete.
     unsafe { args.launch(cfg) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(dqkv, dev.clone()))
 }

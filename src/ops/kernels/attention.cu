@@ -25,6 +25,10 @@
 // site, with the element index of the (batch, heads, seq, seq) probability tensor the
 // materialised path would have: masks agree with it exactly and are regenerated, not stored.
 // The row sums of the softmax are taken before dropout.
+//
+// Key padding: with `lens` (one u32 per sequence), keys at positions lens[b] and beyond are
+// masked for every query, as PyTorch's `key_padding_mask`; tiles past the last real key are
+// skipped. Without it (a null pointer) every key is real.
 #include "common.cuh"
 
 namespace flash {
@@ -211,13 +215,19 @@ struct Dims {
     float keep_scale;    // 1/(1-p)
 };
 
+// Keys of sequence b that are not padding: lens[b] clamped into 1..S (a kernel cannot report a
+// bad length), or all S without a key-padding mask (lens null).
+__device__ __forceinline__ int key_count(const uint32_t *lens, int b, int S) {
+    return lens ? (int)min(max(lens[b], 1u), (uint32_t)S) : S;
+}
+
 __device__ __forceinline__ bool kept(const Dims &p, int bh, int i, int j) {
     const uint64_t idx = ((uint64_t)bh * p.seq + i) * p.seq + j;
     return dropout_keep(p.key, idx, p.threshold);
 }
 
 template <typename T, int HD>
-__device__ void forward(const T *qkv, T *out, float *lse, Dims p) {
+__device__ void forward(const T *qkv, const uint32_t *lens, T *out, float *lse, Dims p) {
     constexpr int PITCH = HD + PAD;
     __shared__ __align__(16) T kbuf[2][TILE * PITCH];
     __shared__ __align__(16) T vbuf[2][TILE * PITCH];
@@ -239,7 +249,8 @@ __device__ void forward(const T *qkv, T *out, float *lse, Dims p) {
     float acc[HD / 8][4] = {};
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     const float sl2 = p.scale * LOG2E;
-    int tiles = (S + TILE - 1) / TILE;
+    const int keys = key_count(lens, b, S);
+    int tiles = (keys + TILE - 1) / TILE;
     if (p.causal) tiles = min(tiles, tile + 1);
 
     load_tile_async<T, HD>(kbuf[0], k, stride, 0, S);
@@ -261,7 +272,7 @@ __device__ void forward(const T *qkv, T *out, float *lse, Dims p) {
             for (int e = 0; e < 4; ++e) {
                 const int row = row0 + acc_row(e), col = j * TILE + nt * 8 + acc_col(e);
                 float x = s[nt][e] * sl2;
-                if (col >= S || (p.causal && col > row)) x = -INFINITY;
+                if (col >= keys || (p.causal && col > row)) x = -INFINITY;
                 s[nt][e] = x;
                 mnew[e >> 1] = fmaxf(mnew[e >> 1], x);
             }
@@ -327,8 +338,8 @@ __device__ void forward(const T *qkv, T *out, float *lse, Dims p) {
 
 // dq = scale · Σ_j dS_ij k_j with dS = P ⊙ (dP − D), dP = dropout(dO · vᵀ); writes D first.
 template <typename T, int HD>
-__device__ void backward_dq(const T *qkv, const T *out, const T *dout, const float *lse,
-                            float *dsum, T *dqkv, Dims p) {
+__device__ void backward_dq(const T *qkv, const uint32_t *lens, const T *out, const T *dout,
+                            const float *lse, float *dsum, T *dqkv, Dims p) {
     constexpr int PITCH = HD + PAD;
     __shared__ __align__(16) T kbuf[2][TILE * PITCH];
     __shared__ __align__(16) T vbuf[2][TILE * PITCH];
@@ -377,7 +388,8 @@ __device__ void backward_dq(const T *qkv, const T *out, const T *dout, const flo
 
     float acc[HD / 8][4] = {};
     const float sl2 = p.scale * LOG2E;
-    int tiles = (S + TILE - 1) / TILE;
+    const int keys = key_count(lens, b, S);
+    int tiles = (keys + TILE - 1) / TILE;
     if (p.causal) tiles = min(tiles, tile + 1);
     load_tile_async<T, HD>(kbuf[0], k, stride, 0, S);
     load_tile_async<T, HD>(vbuf[0], v, stride, 0, S);
@@ -398,7 +410,7 @@ __device__ void backward_dq(const T *qkv, const T *out, const T *dout, const flo
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int row = row0 + acc_row(e), col = j * TILE + nt * 8 + acc_col(e);
-                const bool visible = row < S && col < S && !(p.causal && col > row);
+                const bool visible = row < S && col < keys && !(p.causal && col > row);
                 const float pe = visible ? exp2f(s[nt][e] * sl2 - l2[e >> 1]) : 0.f;
                 float z = 1.f;
                 if (p.threshold) z = visible && kept(p, bh, row, col) ? p.keep_scale : 0.f;
@@ -429,8 +441,8 @@ __device__ void backward_dq(const T *qkv, const T *out, const T *dout, const flo
 // dv = Σ_i dropout(P)_ij dO_i and dk = scale · Σ_i dS_ij q_i for this block's 64 keys; the
 // products run transposed (keys as rows), so P and dS come out as Pᵀ and dSᵀ fragments.
 template <typename T, int HD>
-__device__ void backward_dkdv(const T *qkv, const T *dout, const float *lse, const float *dsum,
-                              T *dqkv, Dims p) {
+__device__ void backward_dkdv(const T *qkv, const uint32_t *lens, const T *dout,
+                              const float *lse, const float *dsum, T *dqkv, Dims p) {
     constexpr int PITCH = HD + PAD;
     __shared__ __align__(16) T qbuf[2][TILE * PITCH];
     __shared__ __align__(16) T dobuf[2][TILE * PITCH];
@@ -454,11 +466,15 @@ __device__ void backward_dkdv(const T *qkv, const T *dout, const float *lse, con
     }
     float dk[HD / 8][4] = {}, dv[HD / 8][4] = {};
     const float sl2 = p.scale * LOG2E;
-    const int tiles = (S + TILE - 1) / TILE;
+    const int keys = key_count(lens, b, S);
+    // A block of padding keys only writes their zero gradients.
+    const int tiles = blockIdx.y * TILE < keys ? (S + TILE - 1) / TILE : 0;
     const int first = p.causal ? blockIdx.y : 0;
-    load_tile_async<T, HD>(qbuf[first & 1], q, stride, first * TILE, S);
-    load_tile_async<T, HD>(dobuf[first & 1], dog, d, first * TILE, S);
-    cp_async_commit();
+    if (first < tiles) {
+        load_tile_async<T, HD>(qbuf[first & 1], q, stride, first * TILE, S);
+        load_tile_async<T, HD>(dobuf[first & 1], dog, d, first * TILE, S);
+        cp_async_commit();
+    }
     for (int i = first; i < tiles; ++i) {
         pipeline_step<T, HD>(qbuf, dobuf, q, stride, dog, d, i + 1, tiles, S);
         const T *qs = qbuf[i & 1], *dos = dobuf[i & 1];
@@ -479,7 +495,7 @@ __device__ void backward_dkdv(const T *qkv, const T *dout, const float *lse, con
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int key = key0 + acc_row(e), lq = nt * 8 + acc_col(e), row = i * TILE + lq;
-                const bool visible = row < S && key < S && !(p.causal && key > row);
+                const bool visible = row < S && key < keys && !(p.causal && key > row);
                 s[nt][e] = visible ? exp2f(s[nt][e] * sl2 - l2s[lq]) : 0.f;
                 if (p.threshold && !(visible && kept(p, bh, row, key)))
                     kept_bits &= ~(1u << (nt * 4 + e));
@@ -540,18 +556,21 @@ __device__ void backward_dkdv(const T *qkv, const T *dout, const float *lse, con
 
 #define FLASH_KERNELS(T, NAME, HD)                                                             \
     extern "C" __global__ void __launch_bounds__(flash::THREADS)                               \
-        flash_fwd_h##HD##_##NAME(const T *qkv, T *out, float *lse, flash::Dims p) {            \
-        flash::forward<T, HD>(qkv, out, lse, p);                                               \
+        flash_fwd_h##HD##_##NAME(const T *qkv, const uint32_t *lens, T *out, float *lse,       \
+                                 flash::Dims p) {                                              \
+        flash::forward<T, HD>(qkv, lens, out, lse, p);                                         \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(flash::THREADS)                               \
-        flash_bwd_dq_h##HD##_##NAME(const T *qkv, const T *out, const T *dout,                 \
-                                    const float *lse, float *dsum, T *dqkv, flash::Dims p) {   \
-        flash::backward_dq<T, HD>(qkv, out, dout, lse, dsum, dqkv, p);                         \
+        flash_bwd_dq_h##HD##_##NAME(const T *qkv, const uint32_t *lens, const T *out,          \
+                                    const T *dout, const float *lse, float *dsum, T *dqkv,     \
+                                    flash::Dims p) {                                           \
+        flash::backward_dq<T, HD>(qkv, lens, out, dout, lse, dsum, dqkv, p);                   \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(flash::THREADS)                               \
-        flash_bwd_dkdv_h##HD##_##NAME(const T *qkv, const T *dout, const float *lse,           \
-                                      const float *dsum, T *dqkv, flash::Dims p) {             \
-        flash::backward_dkdv<T, HD>(qkv, dout, lse, dsum, dqkv, p);                            \
+        flash_bwd_dkdv_h##HD##_##NAME(const T *qkv, const uint32_t *lens, const T *dout,       \
+                                      const float *lse, const float *dsum, T *dqkv,            \
+                                      flash::Dims p) {                                         \
+        flash::backward_dkdv<T, HD>(qkv, lens, dout, lse, dsum, dqkv, p);                      \
     }
 
 FLASH_KERNELS(__nv_bfloat16, bf16, 16)

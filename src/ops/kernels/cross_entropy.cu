@@ -1,20 +1,23 @@
 // Softmax cross-entropy from logits. One block per row; T is the logits dtype, all arithmetic
-// in f32.
+// in f32. A row holds `cols` values of which the first `classes` are classes; the rest are
+// padding (a vocabulary head padded to a multiple of 64 runs cuBLAS's aligned kernels) that
+// takes no part in the loss and gets a zero gradient.
 #include "common.cuh"
 
 // loss[row] = logsumexp(logits[row]) - logits[row][target], computed as
 // log(sum) - (logit[target] - max) so large logits do not cancel; NaN for an out-of-range
 // target (a kernel cannot return an error, and NaN makes the bad batch visible in the loss).
 template <typename T>
-__device__ void ce_fwd(const T *logits, const uint32_t *targets, float *loss, int cols) {
+__device__ void ce_fwd(const T *logits, const uint32_t *targets, float *loss, int classes,
+                       int cols) {
     const size_t row = blockIdx.x;
     const T *x = logits + row * cols;
     float m = -INFINITY, s = 0.f;
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) lse_add(m, s, to_f32(x[j]));
+    for (int j = threadIdx.x; j < classes; j += blockDim.x) lse_add(m, s, to_f32(x[j]));
     block_lse(m, s);
     if (threadIdx.x == 0) {
         const uint32_t t = targets[row];
-        loss[row] = t < (uint32_t)cols ? logf(s) - (to_f32(x[t]) - m) : NAN;
+        loss[row] = t < (uint32_t)classes ? logf(s) - (to_f32(x[t]) - m) : NAN;
     }
 }
 
@@ -23,28 +26,29 @@ __device__ void ce_fwd(const T *logits, const uint32_t *targets, float *loss, in
 // per-row losses followed by the per-row upstream gradients (2 * rows floats).
 template <typename T>
 __device__ void ce_bwd(const T *logits, const uint32_t *targets, const float *loss_grad,
-                       T *dlogits, int rows, int cols) {
+                       T *dlogits, int rows, int classes, int cols) {
     const size_t row = blockIdx.x;
     const T *x = logits + row * cols;
     T *dx = dlogits + row * cols;
     const uint32_t t = targets[row];
     const float g = loss_grad[rows + row];
-    const float lse = t < (uint32_t)cols ? loss_grad[row] + to_f32(x[t]) : NAN;
+    const float lse = t < (uint32_t)classes ? loss_grad[row] + to_f32(x[t]) : NAN;
     for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-        const float p = expf(to_f32(x[j]) - lse);
+        const float p = j < classes ? expf(to_f32(x[j]) - lse) : 0.f;
         dx[j] = from_f32<T>((p - (j == (int)t ? 1.f : 0.f)) * g);
     }
 }
 
 #define CE_KERNELS(T, NAME)                                                                    \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                  \
-        ce_fwd_##NAME(const T *logits, const uint32_t *targets, float *loss, int cols) {       \
-        ce_fwd<T>(logits, targets, loss, cols);                                                \
+        ce_fwd_##NAME(const T *logits, const uint32_t *targets, float *loss, int classes,      \
+                      int cols) {                                                              \
+        ce_fwd<T>(logits, targets, loss, classes, cols);                                       \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                  \
         ce_bwd_##NAME(const T *logits, const uint32_t *targets, const float *loss_grad,        \
-                      T *dlogits, int rows, int cols) {                                        \
-        ce_bwd<T>(logits, targets, loss_grad, dlogits, rows, cols);                            \
+                      T *dlogits, int rows, int classes, int cols) {                           \
+        ce_bwd<T>(logits, targets, loss_grad, dlogits, rows, classes, cols);                   \
     }
 
 CE_KERNELS(float, f32)
