@@ -11,7 +11,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::model::block::{Block, InitScheme};
 use crate::model::dropout::Dropout;
 use crate::model::layers::{cast, LayerNorm, Linear};
-use crate::model::params::{Init, ParamStore};
+use crate::model::params::{Init, InitValues, ParamStore};
 use crate::spec::model::{ModelSpec, NormPlacement, Positions};
 use crate::Result;
 
@@ -120,12 +120,24 @@ impl Transformer {
         seed: u64,
         masters: Masters,
     ) -> Result<Self> {
+        Self::build(spec, device, seed, masters, InitValues::Seeded)
+    }
+
+    /// [`Transformer::with_masters`] with initial values from `values`.
+    pub fn build(
+        spec: &ModelSpec,
+        device: &Device,
+        seed: u64,
+        masters: Masters,
+        values: InitValues,
+    ) -> Result<Self> {
         let mut store = match masters {
             Masters::Device => ParamStore::new(device, seed),
             Masters::Host { compute } => {
                 ParamStore::with_host_masters(device, seed, compute, spec.parameter_count())
             }
-        };
+        }
+        .with_values(values);
         let init = InitScheme::for_spec(spec);
         let d = spec.d_model;
         let embed_init = match spec.positions {

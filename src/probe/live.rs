@@ -27,6 +27,9 @@ pub trait DeviceMemory {
     fn reset_peak(&mut self) -> Result<()>;
     /// Peak device bytes since the last reset, including what the driver holds outside the pool.
     fn peak_bytes(&mut self) -> Result<u64>;
+    /// Device bytes still held once everything unused is released: 0 when the next trial
+    /// starts as it would in a fresh process.
+    fn leftover_bytes(&mut self) -> Result<u64>;
 }
 
 /// No device memory to measure (CPU runs).
@@ -37,6 +40,9 @@ impl DeviceMemory for NoDeviceMemory {
         Ok(())
     }
     fn peak_bytes(&mut self) -> Result<u64> {
+        Ok(0)
+    }
+    fn leftover_bytes(&mut self) -> Result<u64> {
         Ok(0)
     }
 }
@@ -112,7 +118,7 @@ impl<'a> LiveProber<'a> {
         let knobs = request.knobs;
         let mut clock = PhaseClock::start();
         let group = self.group.take().unwrap_or(Collective::Single);
-        let mut trainer = Trainer::in_group(&self.spec, knobs, &self.device, self.seed, group)
+        let mut trainer = Trainer::for_trial(&self.spec, knobs, &self.device, self.seed, group)
             .map_err(in_phase(Phase::Setup))?;
         trainer.set_engine(self.engine);
         let data = Data::open(&DataSpec::Random, &self.spec).map_err(Failure::Error)?;

@@ -27,6 +27,7 @@ use crate::dist::collective::{balanced_ranges, Collective};
 use crate::knobs::{Knobs, Offload};
 use crate::model::dropout::Dropout;
 use crate::model::layers::{cast, cross_entropy};
+use crate::model::params::InitValues;
 use crate::model::{explicit, Ctx, Engine, Masters, Transformer};
 use crate::spec::model::ModelSpec;
 use crate::train::data::{Batch, Data};
@@ -95,6 +96,37 @@ impl Trainer {
         seed: u64,
         group: Collective,
     ) -> Result<Self> {
+        Self::build(spec, knobs, device, seed, group, InitValues::Seeded)
+    }
+
+    /// [`Trainer::in_group`] for a trial, which measures memory and speed and trains nothing
+    /// worth keeping: on a GPU the initial weights are drawn on the device
+    /// ([`InitValues::OnDevice`]), from the same distributions but not from `seed`. Ranks of a
+    /// data-parallel trial still start from the seed, so that they hold the same weights as
+    /// training's ranks do.
+    pub fn for_trial(
+        spec: &ModelSpec,
+        knobs: Knobs,
+        device: &Device,
+        seed: u64,
+        group: Collective,
+    ) -> Result<Self> {
+        let values = if device.is_cuda() && group.world_size() == 1 {
+            InitValues::OnDevice
+        } else {
+            InitValues::Seeded
+        };
+        Self::build(spec, knobs, device, seed, group, values)
+    }
+
+    fn build(
+        spec: &ModelSpec,
+        knobs: Knobs,
+        device: &Device,
+        seed: u64,
+        group: Collective,
+        values: InitValues,
+    ) -> Result<Self> {
         knobs.validate("knobs", "")?;
         if knobs.data_parallel.degree != group.world_size() {
             return Err(crate::Error::invalid(
@@ -113,7 +145,7 @@ impl Trainer {
                 compute: knobs.precision.compute_dtype(),
             },
         };
-        let mut model = Transformer::with_masters(spec, device, seed, masters)?;
+        let mut model = Transformer::build(spec, device, seed, masters, values)?;
         let vars = model.params().vars();
         let share = if knobs.data_parallel.shard_optimizer {
             share_ranges(vars, group.world_size())[group.rank()].clone()
