@@ -46,6 +46,10 @@ pub enum Command {
     /// (the isolated-probe protocol; used by the search).
     #[command(hide = true)]
     ProbeOne,
+    /// Run trials described by JSON lines on stdin, one JSON reply line each, until stdin ends
+    /// (the probe-worker protocol; used by the search).
+    #[command(hide = true)]
+    ProbeServe,
 }
 
 impl Command {
@@ -53,7 +57,7 @@ impl Command {
         match self {
             Command::Train(a) => a.json,
             Command::Probe(a) => a.json,
-            Command::ProbeOne => true,
+            Command::ProbeOne | Command::ProbeServe => true,
             Command::Tune(a) => a.json,
             Command::Run(a) => a.tune.json,
             Command::Export(_) => true,
@@ -117,19 +121,23 @@ pub enum ProbeIsolation {
     /// One child process per trial: survives sticky device errors and host allocation aborts,
     /// and every trial meets the device as training will, in a fresh process.
     Child,
+    /// One child process serves trial after trial, and is replaced after any trial that ran
+    /// out of memory, crashed or left device memory behind: each trial starts from an empty
+    /// memory pool, as in a fresh process, without paying a process start and a CUDA context.
+    Worker,
 }
 
 impl ProbeIsolation {
-    /// The default for a target: child processes on a GPU, in-process on the CPU.
+    /// The default for a target: a worker process on a GPU, in-process on the CPU.
     ///
-    /// Measured on an H200 (`benches/results/2026-12-02-h200-isolation-pool/`): after earlier
-    /// trials in the same process, the memory pool's peak came out 13 % (seed, micro-batch 1024)
-    /// to 20 % (gpt-124m, 37) above a fresh process's at the same setting, so in-process trials
-    /// misjudge the boundary; child trials land within 2–4 % and cost about 0.5 s each (seed
-    /// tune 8.7 s instead of 3.2 s). On the CPU the heap is counted exactly in any process.
+    /// Measured on an H200 (`benches/results/2026-12-03-h200-worker-trials/`): a worker's
+    /// trials start from an empty memory pool every time (checked after each trial) and cost
+    /// what a trial's own steps cost, where a fresh child per trial added about 0.5 s of process
+    /// start and CUDA context each (gpt-124m tune: 39 s with children). The parent opens no
+    /// device either way. On the CPU the heap is counted exactly in any process.
     pub fn default_for(kind: autotune::spec::device::DeviceKind) -> Self {
         match kind {
-            autotune::spec::device::DeviceKind::Cuda => ProbeIsolation::Child,
+            autotune::spec::device::DeviceKind::Cuda => ProbeIsolation::Worker,
             autotune::spec::device::DeviceKind::Cpu => ProbeIsolation::InProcess,
         }
     }
@@ -182,7 +190,7 @@ pub struct TuneArgs {
     /// Timed steps per trial (default 3).
     #[arg(long)]
     pub timed_steps: Option<usize>,
-    /// How trials are isolated (default: child processes on a GPU, in-process on the CPU).
+    /// How trials are isolated (default: a worker process on a GPU, in-process on the CPU).
     #[arg(long, value_enum)]
     pub isolation: Option<ProbeIsolation>,
     /// Where trials run: `live` (this machine) or `replay:PROFILE` (answered from a recorded

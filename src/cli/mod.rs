@@ -65,6 +65,7 @@ fn run(command: Command, printer: &Printer) -> anyhow::Result<Status> {
         Command::Train(args) => train::run(args, printer),
         Command::Probe(args) => probe::run(args, printer),
         Command::ProbeOne => probe::run_child(printer),
+        Command::ProbeServe => probe::run_worker(printer),
         Command::Tune(args) => tune::run(args, printer),
         Command::Run(args) => run::run(args, printer),
         Command::Export(args) => export::run(args, printer),
@@ -94,5 +95,7 @@ fn init_tracing(verbose: u8, quiet: bool) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colours only for people: a parent process reading a worker's log wants plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }

@@ -1,5 +1,7 @@
 //! `autotune probe`: measure one setting with real steps and print the outcome.
 
+use std::io::BufRead;
+
 use serde::Serialize;
 
 use autotune::dist::probe::DataParallelProber;
@@ -8,6 +10,7 @@ use autotune::dist::{Collective, RankEnv};
 use autotune::probe::child::ChildJob;
 use autotune::probe::live::LiveProber;
 use autotune::probe::outcome::{Outcome, ProbeRequest, ProbeResult};
+use autotune::probe::worker::WorkerReply;
 use autotune::ModelSpec;
 
 use super::args::ProbeArgs;
@@ -133,6 +136,50 @@ pub fn run_child(printer: &Printer) -> anyhow::Result<Status> {
     let result = prober.probe(&job.request)?;
     printer.data_json_line(&result);
     Ok(Status::Success)
+}
+
+/// The worker side of isolated probing: jobs one per line on stdin, each answered by one
+/// [`WorkerReply`] line on stdout, until the input ends. Every job must describe the same model,
+/// device and budgets as the first (the device and its emulated capacity are set up once).
+pub fn run_worker(printer: &Printer) -> anyhow::Result<Status> {
+    let mut lines = std::io::stdin().lock().lines();
+    let parse = |line: std::io::Result<String>| -> anyhow::Result<ChildJob> {
+        let line = line.map_err(|e| anyhow::anyhow!("probe-serve: cannot read stdin: {e}"))?;
+        serde_json::from_str(&line)
+            .map_err(|e| anyhow::anyhow!("probe-serve: a job on stdin is not valid JSON: {e}"))
+    };
+    let Some(first) = lines.next() else {
+        return Ok(Status::Success);
+    };
+    let first = parse(first)?;
+    let device = device::open(&first.device)?;
+    let mut memory = device::memory_meter(&device, first.gpu_capacity)?;
+    let mut job = first.clone();
+    loop {
+        if (&job.model, &job.device, job.gpu_capacity, job.host_budget)
+            != (
+                &first.model,
+                &first.device,
+                first.gpu_capacity,
+                first.host_budget,
+            )
+        {
+            anyhow::bail!(
+                "probe-serve: every job must name the first job's model, device and budgets"
+            );
+        }
+        let result = LiveProber::new(&job.model, &device, job.host_budget, memory.as_mut())
+            .probe(&job.request)?;
+        let leftover_device_bytes = memory.leftover_bytes()?;
+        printer.data_json_line(&WorkerReply {
+            result,
+            leftover_device_bytes,
+        });
+        match lines.next() {
+            Some(line) => job = parse(line)?,
+            None => return Ok(Status::Success),
+        }
+    }
 }
 
 const GIB: f64 = (1u64 << 30) as f64;

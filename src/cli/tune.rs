@@ -15,8 +15,10 @@ use autotune::backend;
 use autotune::dist::probe::DataParallelProber;
 use autotune::plan::schema::Plan;
 use autotune::probe::child::ChildProber;
+use autotune::probe::host_work::adam_update_floor_s;
 use autotune::probe::live::LiveProber;
 use autotune::probe::outcome::{Outcome, ProbeRequest, ProbeResult};
+use autotune::probe::worker::WorkerProber;
 use autotune::profile::record::{Profile, RecordedDevice};
 use autotune::profile::replay::ReplayProber;
 use autotune::search::decision::Decision;
@@ -118,7 +120,18 @@ fn live(args: &TuneArgs, printer: &Printer) -> anyhow::Result<Tuned> {
         budget.headroom = h;
     }
     budget.validate()?;
-    let space = search_space(args, &profile)?;
+    let mut space = search_space(args, &profile)?;
+    if space
+        .regimes
+        .iter()
+        .any(|r| r.offload == autotune::Offload::Optimizer)
+    {
+        space.offload_host_floor_s = adam_update_floor_s(spec.parameter_count());
+        tracing::debug!(
+            floor_s = space.offload_host_floor_s,
+            "host update floor for offloaded regimes"
+        );
+    }
     let driver = SearchDriver::new(space, budget)?;
     let data_parallel = driver
         .space()
@@ -137,7 +150,7 @@ fn live(args: &TuneArgs, printer: &Printer) -> anyhow::Result<Tuned> {
     // its CUDA context takes no memory from the children's (emulated) card.
     let device = match (profile.kind, isolation) {
         (DeviceKind::Cuda, ProbeIsolation::InProcess) => Some(backend::open("cuda")?),
-        (DeviceKind::Cuda, ProbeIsolation::Child) => {
+        (DeviceKind::Cuda, ProbeIsolation::Child | ProbeIsolation::Worker) => {
             backend::require_cuda_build()?;
             None
         }
@@ -157,6 +170,7 @@ fn live(args: &TuneArgs, printer: &Printer) -> anyhow::Result<Tuned> {
         match isolation {
             ProbeIsolation::InProcess => "",
             ProbeIsolation::Child => " in child processes",
+            ProbeIsolation::Worker => " in a worker process",
         },
     ));
     let progress = SearchProgress::new(printer);
@@ -194,6 +208,22 @@ fn live(args: &TuneArgs, printer: &Printer) -> anyhow::Result<Tuned> {
                 _ => ranks.probe(r),
             };
             run_search(&driver, &mut probe, &progress)?
+        }
+        ProbeIsolation::Worker => {
+            let mut prober = WorkerProber::new(
+                exe,
+                &spec,
+                device_name,
+                profile.gpu_memory_bytes,
+                Some(profile.host_memory_bytes),
+            );
+            let mut probe = |r: &ProbeRequest| match r.knobs.data_parallel.degree {
+                1 => prober.probe(r),
+                _ => ranks.probe(r),
+            };
+            let outcome = run_search(&driver, &mut probe, &progress)?;
+            tracing::debug!(workers = prober.workers_started(), "probe workers started");
+            outcome
         }
     };
     progress.finish();

@@ -116,7 +116,7 @@ impl ChildProber {
 
 /// A child that died without a result: the OOM killer's SIGKILL and allocation aborts are host
 /// out-of-memory; anything else is a crash with the child's last words.
-fn classify_exit(status: &std::process::ExitStatus, last_line: String) -> Outcome {
+pub(crate) fn classify_exit(status: &std::process::ExitStatus, last_line: String) -> Outcome {
     #[cfg(unix)]
     {
         use std::os::unix::process::ExitStatusExt;

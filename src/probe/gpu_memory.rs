@@ -144,7 +144,25 @@ impl DeviceMemory for PoolMemory {
             }
             .map_err(driver)?;
         }
+        // A trial should start from an empty pool; what an earlier trial left behind (still
+        // allocated, or reserved and not released by the trim) would distort its peak.
+        tracing::debug!(
+            reserved =
+                self.attribute(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+            used = self.attribute(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+            outside = self.outside_pool_bytes()?,
+            "pool at trial start"
+        );
         Ok(())
+    }
+
+    fn leftover_bytes(&mut self) -> Result<u64> {
+        self.context.bind_to_thread().map_err(driver)?;
+        self.trim()?;
+        let reserved =
+            self.attribute(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?;
+        let used = self.attribute(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?;
+        Ok(reserved.max(used))
     }
 
     fn peak_bytes(&mut self) -> Result<u64> {

@@ -150,6 +150,8 @@ struct Kin<'a, 'h> {
     /// The search probes of the regime's offload twin, when the regime offloads and its twin
     /// was searched before it.
     offload_twin: Option<&'a Probes<'h>>,
+    /// The search probes of the earlier regimes that are bases of the offload twin.
+    twin_bases: Vec<&'a Probes<'h>>,
 }
 
 /// The history sorted into search probes per regime and verification results.
@@ -321,9 +323,15 @@ impl SearchDriver {
             .map(|(_, r)| r.request.knobs.micro_batch)
             .max()
             .unwrap_or(0);
-        let offload_twin = earlier()
-            .find(|(r, _)| relatives::is_offload_twin(**r, regime))
-            .map(|(_, probes)| probes.as_slice());
+        let twin = earlier().find(|(r, _)| relatives::is_offload_twin(**r, regime));
+        let offload_twin = twin.map(|(_, probes)| probes.as_slice());
+        let twin_bases = match twin {
+            Some((&twin, _)) => earlier()
+                .filter(|(r, _)| relatives::is_base(**r, twin))
+                .map(|(_, probes)| probes.as_slice())
+                .collect(),
+            None => Vec::new(),
+        };
         // An offloaded regime with a twin first measures its host work where a step is
         // cheapest; every other regime starts where its bases stopped.
         let start = match offload_twin {
@@ -334,6 +342,7 @@ impl SearchDriver {
             start,
             bases_reach,
             offload_twin,
+            twin_bases,
         }
     }
 
@@ -400,6 +409,15 @@ impl SearchDriver {
             next_micro_batch: b,
         };
         if probes.is_empty() {
+            if let Some(bound) = self.unprobed_offload_bound(kin) {
+                if bound * (1.0 + PRUNE_SLACK) < best_earlier {
+                    return RegimeProgress::Finished(RegimeEnd::Pruned {
+                        largest: 0,
+                        upper_bound_tokens_per_s: bound,
+                        best_tokens_per_s: best_earlier,
+                    });
+                }
+            }
             return explore(c[c.partition_point(|&b| b < kin.start).min(c.len() - 1)]);
         }
         let feasible = |r: &ProbeResult| self.is_feasible(r);
@@ -433,7 +451,7 @@ impl SearchDriver {
                 .and_then(|(_, r)| r.outcome.measurement())
                 .map_or(0.0, |m| m.tokens_per_s);
             let top_open = *open.last().expect("open is not empty");
-            let bound = self.throughput_bound(probes, kin.offload_twin, lo, lo_tokens, top_open);
+            let bound = self.throughput_bound(probes, kin, lo, lo_tokens, top_open);
             if bound * (1.0 + PRUNE_SLACK) < best_earlier {
                 return RegimeProgress::Finished(RegimeEnd::Pruned {
                     largest: lo,
@@ -561,7 +579,6 @@ impl SearchDriver {
     }
 }
 
-/// Probes to bisect `open` candidates down to a boundary: ⌈log2(open + 1)⌉.
 /// The memory model through the two largest measured micro-batches of `probes`: on an affine
 /// law it is the least-squares line, and on a slightly curved one it follows the curve near the
 /// boundary, where a global fit is pulled off by the small batches.
@@ -579,6 +596,7 @@ fn secant_memory_model<'h>(
     MemoryModel::fit(&points[..points.len().min(2)])
 }
 
+/// Probes to bisect `open` candidates down to a boundary: ⌈log2(open + 1)⌉.
 fn bisection_bound(open: usize) -> usize {
     (usize::BITS - open.leading_zeros()) as usize
 }

@@ -50,6 +50,13 @@ pub struct SearchSpace {
     /// 0 disables the rule (growth continues to the memory boundary).
     #[serde(default = "default_saturation_gain")]
     pub saturation_gain: f64,
+    /// Seconds of host work an offloaded optimizer step adds at the least, measured on the
+    /// machine before the search (the host update alone, see
+    /// [`crate::probe::host_work`]); it lets an offloaded regime be pruned before its first
+    /// trial. A fact about the machine rather than a setting, kept here so that a recorded
+    /// search replays with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offload_host_floor_s: Option<f64>,
 }
 
 fn default_saturation_gain() -> f64 {
@@ -84,6 +91,7 @@ impl SearchSpace {
             verify_timed_steps: 10,
             max_probes: None,
             saturation_gain: Self::DEFAULT_SATURATION_GAIN,
+            offload_host_floor_s: None,
         }
     }
 
@@ -285,6 +293,14 @@ impl SearchSpace {
         }
         if self.max_probes == Some(0) {
             return bad("max_probes", "must be at least 1".into());
+        }
+        if let Some(h) = self.offload_host_floor_s {
+            if !(h.is_finite() && h >= 0.0) {
+                return bad(
+                    "offload_host_floor_s",
+                    format!("({h}) must be a finite number of seconds, at least 0"),
+                );
+            }
         }
         Ok(())
     }

@@ -15,6 +15,9 @@ mod cli;
 /// Tuning on the CPU: exact boundaries, model error, plans that train, bad input.
 mod tune;
 
+/// Trials in child processes and in a worker process.
+mod isolation;
+
 /// Fused operations against their composite references.
 mod ops;
 

@@ -6,7 +6,7 @@
 //! under an assumption about how step time and memory grow with the batch; the assumptions are
 //! stated where the bound is computed, and the slack covers timing noise, not a wrong premise.
 
-use super::{secant_memory_model, Probes, SearchDriver, MEMORY_REACH_FACTOR};
+use super::{secant_memory_model, Kin, Probes, SearchDriver, MEMORY_REACH_FACTOR};
 use crate::fit::memory::UPPER_RANGE_DIVISOR;
 use crate::fit::{AffineBytes, Capacity, MemoryModel};
 use crate::probe::outcome::ProbeResult;
@@ -45,27 +45,70 @@ fn timed<'h>(results: impl Iterator<Item = &'h ProbeResult>) -> Vec<Timed> {
 impl SearchDriver {
     /// The smallest optimistic bound on the tokens/s of this regime's micro-batches above `lo`
     /// (its largest feasible one, which ran at `lo_tokens_per_s`) up to `top_open` (its largest
-    /// open candidate). `offload_twin` holds the trials of the same regime without offload, when
-    /// this one offloads and that one was searched earlier.
+    /// open candidate). `kin.offload_twin` holds the trials of the same regime without offload,
+    /// when this one offloads and that one was searched earlier.
     pub(super) fn throughput_bound(
         &self,
         probes: &Probes<'_>,
-        offload_twin: Option<&Probes<'_>>,
+        kin: &Kin<'_, '_>,
         lo: usize,
         lo_tokens_per_s: f64,
         top_open: usize,
     ) -> f64 {
+        let offload_twin = kin.offload_twin;
         let reach = self
             .memory_reach(probes, offload_twin)
             .map_or(top_open, |r| r.min(top_open));
         // Step time does not fall as the batch grows.
         let by_step_time = lo_tokens_per_s * reach as f64 / lo as f64;
         let by_secant = self.secant_bound(probes, reach);
-        let by_host_time = offload_twin.and_then(|twin| host_time_bound(probes, twin, reach));
+        let floor = self.space.offload_host_floor_s.unwrap_or(0.0);
+        let by_host_time =
+            offload_twin.and_then(|twin| host_time_bound(probes, twin, floor, reach));
         [by_secant, by_host_time]
             .into_iter()
             .flatten()
             .fold(by_step_time, f64::min)
+    }
+
+    /// The bound on an offloaded regime that has not run a trial yet, from its offload twin
+    /// and the host work floor measured before the search ([`SearchSpace::offload_host_floor_s`]
+    /// (crate::search::SearchSpace::offload_host_floor_s)): `tokens · b / (c·b + h)` as in
+    /// [`host_time_bound`], with `h` the floor and `b` the most the regime could reach.
+    ///
+    /// Reach: the twin's memory model (the secant through its two largest feasible trials) with
+    /// no fixed part at all, doubled as every reach is. Offload moves the optimizer's state off
+    /// the device and keeps the activation bytes per sequence (see [`borrowed_memory_model`]),
+    /// so the regime's fixed part lies somewhere between the twin's and nothing.
+    ///
+    /// `c`: the twin's per-sequence floor, or where the twin has no two trials a doubling apart
+    /// in its upper range (it grew from its bases' reach), the largest of its bases' floors.
+    /// Assumption: memory savings add work per sequence (recompute) and never remove any, so a
+    /// regime's step time grows at least as fast with the batch as its bases' does.
+    ///
+    /// `None` without a floor, a twin with a memory model, or a twin trial that ran.
+    pub(super) fn unprobed_offload_bound(&self, kin: &Kin<'_, '_>) -> Option<f64> {
+        let host_s = self.space.offload_host_floor_s.filter(|h| *h > 0.0)?;
+        let twin = kin.offload_twin?;
+        let model = secant_memory_model(self.feasible(twin).iter())?;
+        let per_sample = model.gpu.per_sample_bytes;
+        let usable = self.budget.usable_gpu_bytes()? as f64;
+        if per_sample.is_nan() || per_sample <= 0.0 {
+            return None;
+        }
+        let top = *self.candidates.last()? as f64;
+        let reach = ((usable / per_sample).floor() * MEMORY_REACH_FACTOR as f64).min(top);
+        let timed_twin = timed(twin.iter().map(|(_, r)| *r));
+        let tokens = timed_twin.first()?.tokens_per_sequence();
+        let c = match per_sequence_floor(&timed_twin) {
+            c if c > 0.0 => c,
+            _ => kin
+                .twin_bases
+                .iter()
+                .map(|base| per_sequence_floor(&timed(base.iter().map(|(_, r)| *r))))
+                .fold(0.0, f64::max),
+        };
+        Some(tokens * reach / (c * reach + host_s))
     }
 
     /// The feasible ones among `probes`.
@@ -164,9 +207,15 @@ fn borrowed_memory_model(twin: &MemoryModel, trial: &ProbeResult) -> Option<Memo
 /// the one at equal batches, and the largest is taken (the offloaded regime's first trial runs
 /// at the space's start, where the twin ran too, unless the twin started higher). `None` when no
 /// pair exists or `h` is not positive (then offload is not the slower placement here and the
-/// premise fails). The bound rises with `b`, so the caller evaluates it at the largest
+/// premise fails); otherwise `h` is at least `host_floor_s`, the host update's time measured
+/// before the search. The bound rises with `b`, so the caller evaluates it at the largest
 /// reachable batch.
-fn host_time_bound(probes: &Probes<'_>, twin: &Probes<'_>, b: usize) -> Option<f64> {
+fn host_time_bound(
+    probes: &Probes<'_>,
+    twin: &Probes<'_>,
+    host_floor_s: f64,
+    b: usize,
+) -> Option<f64> {
     // Every trial that ran to the end, feasible or not: one that fitted only inside the
     // headroom still measured its step time.
     let own = timed(probes.iter().map(|(_, r)| *r));
@@ -182,6 +231,8 @@ fn host_time_bound(probes: &Probes<'_>, twin: &Probes<'_>, b: usize) -> Option<f
     if host_s.is_nan() || host_s <= 0.0 {
         return None;
     }
+    // The floor measured before the search holds whatever the pairs show.
+    let host_s = host_s.max(host_floor_s);
     let tokens = own.first()?.tokens_per_sequence();
     let b = b as f64;
     Some(tokens * b / (per_sequence_floor(&twin) * b + host_s))
@@ -279,7 +330,7 @@ mod tests {
         ];
         for (i, (own, expected)) in table.into_iter().enumerate() {
             let own = results(own);
-            let got = host_time_bound(&probes(&own), &twin, 100);
+            let got = host_time_bound(&probes(&own), &twin, 0.0, 100);
             match (got, expected) {
                 (Some(g), Some(e)) => assert!((g - e).abs() < 1e-6 * e, "row {i}: {g} vs {e}"),
                 (None, None) => {}

@@ -234,3 +234,93 @@ fn an_offloaded_regime_that_can_win_is_searched_to_its_boundary() {
         Knobs::with_batch(offload(), expected, 1)
     );
 }
+
+#[test]
+fn a_measured_host_floor_prunes_offloaded_regimes_before_their_first_trial() {
+    // The laws of `offloaded_regimes_are_pruned_after_one_trial_each`, with the host update
+    // measured before the search. (floor seconds or none, trials each offloaded regime runs)
+    let b = budget(24 * GIB, 0.05);
+    let law = |regime, fixed: f64, per_mib: f64, t0: f64, per_s: f64| {
+        let mut l = laws(regime, (fixed, per_mib, 0.0), (t0, per_s));
+        l.host_bytes = Law::affine(3.0 * GIB as f64, 0.0);
+        l
+    };
+    let sim = Simulator::with_budget(
+        &b,
+        1024,
+        vec![
+            law(bf16(), 2048.0, 800.0, 0.02, 0.007),
+            law(ckpt(), 2048.0, 290.0, 0.02, 0.0065),
+            law(offload(), 148.0, 800.0, 0.47, 0.007),
+            law(both(), 148.0, 290.0, 0.47, 0.0065),
+        ],
+    );
+    let table: [(Option<f64>, usize); 3] = [
+        // Less host work than the true 0.45 s still rules both out.
+        (Some(0.2), 0),
+        // Too little to rule anything out: each pays its trial at the space's start.
+        (Some(0.001), 1),
+        // Without a floor, as before.
+        (None, 1),
+    ];
+    for (floor, trials) in table {
+        let s = SearchSpace {
+            saturation_gain: 0.03,
+            offload_host_floor_s: floor,
+            ..space(vec![bf16(), ckpt(), offload(), both()], 1024)
+        };
+        let driver = SearchDriver::new(s, b).unwrap();
+        let outcome = search(&driver, &sim);
+        let states = driver.regime_states(&outcome.history);
+        for state in &states[2..] {
+            assert!(
+                matches!(
+                    state.progress,
+                    RegimeProgress::Finished(RegimeEnd::Pruned { .. })
+                ),
+                "{floor:?}: {state:?}"
+            );
+            assert_eq!(state.probes, trials, "{floor:?}: {state:?}");
+        }
+        // Pruning never changes the answer here: checkpointing at its boundary wins.
+        assert_eq!(outcome.chosen().unwrap(), Knobs::with_batch(ckpt(), 73, 1));
+    }
+}
+
+#[test]
+fn a_host_floor_never_prunes_an_offloaded_regime_that_can_win() {
+    // Offload frees 16 GiB for 20 ms of host work per step; a floor of 10 ms leaves it to be
+    // searched to its boundary, as without one.
+    let b = budget(24 * GIB, 0.05);
+    let sim = Simulator::with_budget(
+        &b,
+        128,
+        vec![
+            laws(bf16(), (20480.0, 100.0, 0.0), (0.05, 0.004)),
+            laws(offload(), (4096.0, 100.0, 0.0), (0.07, 0.004)),
+        ],
+    );
+    let s = SearchSpace {
+        offload_host_floor_s: Some(0.01),
+        ..space(vec![bf16(), offload()], 1024)
+    };
+    let driver = SearchDriver::new(s, b).unwrap();
+    let outcome = search(&driver, &sim);
+    let expected = true_boundary(&sim, &b, offload(), &driver.space().candidates());
+    assert_eq!(
+        outcome.chosen().unwrap(),
+        Knobs::with_batch(offload(), expected, 1)
+    );
+}
+
+#[test]
+fn an_invalid_host_floor_is_refused_by_name() {
+    for floor in [-1.0, f64::NAN, f64::INFINITY] {
+        let s = SearchSpace {
+            offload_host_floor_s: Some(floor),
+            ..space(vec![bf16(), offload()], 64)
+        };
+        let err = SearchDriver::new(s, budget(24 * GIB, 0.05)).unwrap_err();
+        assert!(err.to_string().contains("offload_host_floor_s"), "{err}");
+    }
+}

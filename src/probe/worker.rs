@@ -1,0 +1,237 @@
+//! Trials in a long-lived child process (`autotune probe-serve`), replaced when it is not clean.
+//!
+//! A fresh child per trial ([`super::child`]) pays a process start, a CUDA context, cuBLAS
+//! handles and module loads every time: about half a second per trial on an H200, more than
+//! the steps of most trials. A worker pays them once and runs trial after trial, while the
+//! parent still opens no device and survives whatever kills the worker.
+//!
+//! What makes a worker's trial measure what a fresh process would: each trial starts from an
+//! empty device memory pool (the prober trims it before resetting the high-water marks), and
+//! after each trial the worker reports the bytes its pool still holds once trimmed. A worker is
+//! retired, and the next trial starts a new one, after any trial that
+//!
+//! - left device memory behind (a tensor that outlived its trial would sit in the next
+//!   trial's pool and shift its peak), or
+//! - crashed (the worker is gone, or its context may be poisoned).
+//!
+//! An out-of-memory is neither: CUDA reports it as an ordinary error, everything the trial
+//! held is dropped, and on an H200 the pool was empty at the start of every trial after one,
+//! with the same memory outside the pool (`benches/results/2026-12-03-h200-worker-trials/`).
+//!
+//! Protocol: the parent writes one [`ChildJob`] per line on the worker's stdin (the same model,
+//! device and budgets every time, only the request changes) and reads one [`WorkerReply`] per
+//! line from its stdout. End of input ends the worker.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use serde::{Deserialize, Serialize};
+
+use super::child::{classify_exit, ChildJob};
+use crate::probe::outcome::{Outcome, ProbeRequest, ProbeResult};
+use crate::spec::model::ModelSpec;
+use crate::{Error, Result};
+
+/// A worker's answer to one job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerReply {
+    /// The trial.
+    pub result: ProbeResult,
+    /// Device bytes the worker's memory pool still held after the trial, once trimmed; 0 when
+    /// the next trial starts as in a fresh process.
+    pub leftover_device_bytes: u64,
+}
+
+impl WorkerReply {
+    /// Whether the worker may run the next trial (see the module docs).
+    pub fn worker_stays(&self) -> bool {
+        self.leftover_device_bytes == 0 && !matches!(self.result.outcome, Outcome::Crashed { .. })
+    }
+}
+
+/// Runs trials in a long-lived child of `executable probe-serve`.
+pub struct WorkerProber {
+    executable: PathBuf,
+    job: ChildJob,
+    worker: Option<Worker>,
+    started: usize,
+}
+
+impl WorkerProber {
+    /// A prober that starts `executable` (normally the running `autotune`) as its worker.
+    pub fn new(
+        executable: PathBuf,
+        model: &ModelSpec,
+        device: &str,
+        gpu_capacity: Option<u64>,
+        host_budget: Option<u64>,
+    ) -> Self {
+        Self {
+            executable,
+            job: ChildJob::new(model, device, gpu_capacity, host_budget),
+            worker: None,
+            started: 0,
+        }
+    }
+
+    /// Workers started so far.
+    pub fn workers_started(&self) -> usize {
+        self.started
+    }
+
+    /// Runs one trial in the worker, starting one if none is alive; crashes and kills become
+    /// outcomes.
+    pub fn probe(&mut self, request: &ProbeRequest) -> Result<ProbeResult> {
+        self.job.request = *request;
+        let line = serde_json::to_string(&self.job).expect("jobs always serialise");
+        if self.worker.is_none() {
+            self.worker = Some(Worker::start(&self.executable)?);
+            self.started += 1;
+        }
+        let worker = self.worker.as_mut().expect("started above");
+        match worker.ask(&line) {
+            Some(reply) => {
+                if !reply.worker_stays() {
+                    tracing::debug!(
+                        leftover = reply.leftover_device_bytes,
+                        "retiring the probe worker"
+                    );
+                    if let Some(worker) = self.worker.take() {
+                        worker.retire();
+                    }
+                }
+                Ok(reply.result)
+            }
+            None => {
+                let worker = self.worker.take().expect("asked above");
+                Ok(ProbeResult {
+                    request: *request,
+                    outcome: worker.died(),
+                    wall_s: 0.0,
+                })
+            }
+        }
+    }
+}
+
+impl Drop for WorkerProber {
+    fn drop(&mut self) {
+        if let Some(worker) = self.worker.take() {
+            worker.retire();
+        }
+    }
+}
+
+/// One running worker process.
+struct Worker {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    /// The last non-empty line the worker wrote on stderr: its last words if it dies.
+    last_words: Arc<Mutex<String>>,
+    stderr_reader: Option<JoinHandle<()>>,
+}
+
+impl Worker {
+    fn start(executable: &PathBuf) -> Result<Self> {
+        let mut command = Command::new(executable);
+        command.arg("probe-serve");
+        // The worker's trial phases join this process's log when it logs them.
+        let forward = tracing::enabled!(tracing::Level::DEBUG);
+        if forward {
+            command.arg("-v");
+        }
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| Error::file("cannot start the probe worker", executable, e))?;
+        let (Some(stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            return Err(Error::internal(
+                "the probe worker started without its pipes".to_string(),
+            ));
+        };
+        // The worker's stderr is drained all along, so that its logging never blocks it.
+        let last_words = Arc::new(Mutex::new(String::new()));
+        let sink = Arc::clone(&last_words);
+        let stderr_reader = std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
+                if forward {
+                    tracing::debug!("worker: {line}");
+                }
+                if !line.trim().is_empty() {
+                    if let Ok(mut last) = sink.lock() {
+                        *last = line;
+                    }
+                }
+            }
+        });
+        Ok(Self {
+            child,
+            stdin: Some(stdin),
+            stdout: BufReader::new(stdout),
+            last_words,
+            stderr_reader: Some(stderr_reader),
+        })
+    }
+
+    /// Sends one job and reads the reply; `None` when the worker is gone or answered nonsense.
+    fn ask(&mut self, job_line: &str) -> Option<WorkerReply> {
+        let stdin = self.stdin.as_mut()?;
+        stdin.write_all(job_line.as_bytes()).ok()?;
+        stdin.write_all(b"\n").ok()?;
+        stdin.flush().ok()?;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if self.stdout.read_line(&mut line).ok()? == 0 {
+                return None;
+            }
+            // Anything else a library might print on stdout is skipped; a reply is one object.
+            if line.starts_with('{') {
+                return serde_json::from_str(line.trim_end()).ok();
+            }
+        }
+    }
+
+    /// Ends the worker (end of its input) and waits for it.
+    fn retire(mut self) {
+        drop(self.stdin.take());
+        // The worker exits at the end of its input; how it exits tells nothing more.
+        let _ = self.child.wait();
+        self.join_stderr();
+    }
+
+    /// The outcome of a trial whose worker stopped answering.
+    fn died(mut self) -> Outcome {
+        drop(self.stdin.take());
+        let status = match self.child.wait() {
+            Ok(status) => status,
+            Err(e) => {
+                return Outcome::Crashed {
+                    reason: format!("the probe worker could not be waited for: {e}"),
+                }
+            }
+        };
+        self.join_stderr();
+        let last_words = self
+            .last_words
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default();
+        classify_exit(&status, last_words)
+    }
+
+    fn join_stderr(&mut self) {
+        if let Some(reader) = self.stderr_reader.take() {
+            let _ = reader.join();
+        }
+    }
+}

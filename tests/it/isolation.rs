@@ -1,0 +1,122 @@
+//! Trials outside the searching process: a fresh child per trial, and a worker that serves
+//! trial after trial until one of them does not end clean.
+
+use std::path::PathBuf;
+
+use autotune::knobs::{Knobs, Precision};
+use autotune::probe::child::ChildProber;
+use autotune::probe::outcome::{Outcome, ProbeRequest};
+use autotune::probe::worker::WorkerProber;
+
+use crate::util::{self, small_gpt};
+
+fn exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_autotune"))
+}
+
+fn request(micro_batch: usize) -> ProbeRequest {
+    ProbeRequest {
+        knobs: Knobs::new(micro_batch, Precision::Fp32),
+        warmup_steps: 1,
+        timed_steps: 2,
+    }
+}
+
+fn measured(outcome: &Outcome) -> (u64, f64) {
+    let m = outcome.measurement().expect("the trial fits");
+    assert!(m.step_time_median_s > 0.0 && m.tokens_per_s > 0.0, "{m:?}");
+    (m.peak_host_bytes, m.tokens_per_s)
+}
+
+#[test]
+fn a_worker_runs_consecutive_trials_and_measures_them_as_fresh_children_do() {
+    let spec = small_gpt();
+    let mut worker = WorkerProber::new(exe(), &spec, "cpu", None, Some(8 << 30));
+    let mut child = ChildProber::new(exe(), &spec, "cpu", None, Some(8 << 30));
+    for mb in [1, 4, 8] {
+        let by_worker = worker.probe(&request(mb)).unwrap();
+        let by_child = child.probe(&request(mb)).unwrap();
+        assert_eq!(by_worker.request, request(mb));
+        let (worker_host, _) = measured(&by_worker.outcome);
+        let (child_host, _) = measured(&by_child.outcome);
+        // The heap a trial takes is its own: the worker's earlier trials leave nothing that
+        // counts towards the next one's peak beyond a little bookkeeping.
+        let diff = worker_host.abs_diff(child_host) as f64;
+        assert!(
+            diff <= 0.05 * child_host as f64 + (1 << 20) as f64,
+            "mb {mb}: worker {worker_host} vs child {child_host} host bytes"
+        );
+    }
+    assert_eq!(worker.workers_started(), 1, "one worker served every trial");
+}
+
+#[test]
+fn a_trial_that_kills_its_worker_is_a_crash_and_the_next_trial_gets_a_new_worker() {
+    let spec = small_gpt();
+    let mut worker = WorkerProber::new(exe(), &spec, "cpu", None, None);
+    let fits = worker.probe(&request(2)).unwrap();
+    measured(&fits.outcome);
+    // Zero sequences per micro-batch is refused inside the trial: the worker exits with the
+    // error, and its last words become the outcome.
+    let broken = worker.probe(&request(0)).unwrap();
+    match &broken.outcome {
+        Outcome::Crashed { reason } => assert!(reason.contains("micro_batch"), "{reason}"),
+        other => panic!("expected a crash, got {other:?}"),
+    }
+    let again = worker.probe(&request(2)).unwrap();
+    measured(&again.outcome);
+    assert_eq!(worker.workers_started(), 2);
+}
+
+#[test]
+fn tune_with_a_worker_finds_the_same_host_boundary_as_in_process() {
+    // The exact boundary of a host budget does not depend on where trials run.
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model.json");
+    // About 0.4 MB of heap per sequence: the boundary sits at a couple of hundred.
+    std::fs::write(
+        &model,
+        r#"{"preset": "tiny", "name": "micro", "d_model": 32, "n_heads": 2, "d_ff": 64, "seq_len": 32}"#,
+    )
+    .unwrap();
+    let device = dir.path().join("device.json");
+    std::fs::write(
+        &device,
+        r#"{"name": "small-host", "kind": "cpu", "host_memory_bytes": 41943040}"#,
+    )
+    .unwrap();
+    let plan_of = |isolation: &str| {
+        let out = util::autotune(&[
+            "tune",
+            "--model",
+            model.to_str().unwrap(),
+            "--device",
+            device.to_str().unwrap(),
+            "--checkpointing",
+            "none",
+            "--saturation-gain",
+            "0",
+            "--max-micro-batch",
+            "512",
+            "--isolation",
+            isolation,
+            "--json",
+        ]);
+        assert!(out.status.success(), "{}", util::stderr(&out));
+        let plan: serde_json::Value = serde_json::from_str(&util::stdout(&out)).unwrap();
+        let usable = plan["budget"]["host_bytes"].as_f64().unwrap()
+            * (1.0 - plan["budget"]["headroom"].as_f64().unwrap());
+        // The largest micro-batch that fitted the usable bytes: the search pins it exactly.
+        plan["evidence"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["outcome"] == "fits" && t["peak_host_bytes"].as_f64().unwrap() <= usable)
+            .map(|t| t["request"]["knobs"]["micro_batch"].as_u64().unwrap())
+            .max()
+            .unwrap()
+    };
+    let in_process = plan_of("in-process");
+    assert!(in_process > 1 && in_process < 512, "{in_process}");
+    assert_eq!(plan_of("worker"), in_process);
+}
