@@ -31,7 +31,7 @@
 #   SEED_SECONDS, GPT_SECONDS   per-model budgets (default 150, 330)
 #   EXTRA_TUNE_ARGS  appended to tune's arguments (e.g. "--max-micro-batch 16" for a dry run)
 #   OFFLOAD_POINTS   grid micro-batches of the offloaded regimes, "PLAIN CKPT" (default
-#                    "1,24 1,64" for gpt-124m, "1,1024 1,1024" for seed)
+#                    "1,48 1,88" for gpt-124m, "1,1024 1,1024" for seed)
 #   DEVICE           target profile (default rtx4090-32g; `cpu` for a CPU dry run, which also
 #                    leaves the grid to the CPU's regimes)
 #
@@ -64,8 +64,8 @@ settings() {
   local seconds=150 grid=60 steps=20 tune_timeout=60 offload_points="1,1024"
   if [[ "$model" == gpt-124m ]]; then
     seconds="${GPT_SECONDS:-330}"; grid=170; steps=15; tune_timeout=150
-    # Near the plain boundary (24) and the checkpointed one (68).
-    offload_points="${OFFLOAD_POINTS:-1,24 1,64}"
+    # Near the plain boundary (48) and the checkpointed one (88).
+    offload_points="${OFFLOAD_POINTS:-1,48 1,88}"
   else
     seconds="${SEED_SECONDS:-$seconds}"
     offload_points="${OFFLOAD_POINTS:-1,1024 1,1024}"
