@@ -121,9 +121,9 @@ pub enum ProbeIsolation {
     /// One child process per trial: survives sticky device errors and host allocation aborts,
     /// and every trial meets the device as training will, in a fresh process.
     Child,
-    /// One child process serves trial after trial, and is replaced after any trial that ran
-    /// out of memory, crashed or left device memory behind: each trial starts from an empty
-    /// memory pool, as in a fresh process, without paying a process start and a CUDA context.
+    /// One child process serves trial after trial, and is replaced after any trial that
+    /// crashed or left device memory behind: each trial allocates from a new memory pool, as in
+    /// a fresh process, without paying a process start and a CUDA context.
     Worker,
 }
 
@@ -131,10 +131,11 @@ impl ProbeIsolation {
     /// The default for a target: a worker process on a GPU, in-process on the CPU.
     ///
     /// Measured on an H200 (`benches/results/2026-12-03-h200-worker-trials/`): a worker's
-    /// trials start from an empty memory pool every time (checked after each trial) and cost
-    /// what a trial's own steps cost, where a fresh child per trial added about 0.5 s of process
-    /// start and CUDA context each (gpt-124m tune: 39 s with children). The parent opens no
-    /// device either way. On the CPU the heap is counted exactly in any process.
+    /// trials cost what their own steps cost, where a fresh child per trial added about 0.5 s
+    /// of process start and CUDA context each (gpt-124m tune: 39 s with children, 7.6 s in a
+    /// worker). Each trial gets a memory pool of its own, since a reused pool reserved up to
+    /// 20 % more than a fresh process. The parent opens no device either way. On the CPU the
+    /// heap is counted exactly in any process.
     pub fn default_for(kind: autotune::spec::device::DeviceKind) -> Self {
         match kind {
             autotune::spec::device::DeviceKind::Cuda => ProbeIsolation::Worker,
