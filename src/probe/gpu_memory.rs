@@ -92,15 +92,19 @@ impl PoolMemory {
         let mut unlimited: u64 = u64::MAX;
         // SAFETY: the release threshold is a `cuuint64_t`, read from `unlimited`; the device
         // handle and the pool belong to the live context.
-        unsafe {
+        let made_current = unsafe {
             result::mem_pool::set_attribute(
                 fresh,
                 sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
                 (&mut unlimited as *mut u64).cast(),
             )
             .and_then(|()| result::device::set_mem_pool(self.context.cu_device(), fresh))
+        };
+        if let Err(e) = made_current {
+            // SAFETY: `fresh` was created above, never became current, and is destroyed once.
+            let _ = unsafe { result::mem_pool::destroy(fresh) };
+            return Err(driver(e));
         }
-        .map_err(driver)?;
         let previous = std::mem::replace(&mut self.pool, fresh);
         if std::mem::replace(&mut self.pool_is_own, true) {
             // SAFETY: `previous` was created by `start_new_pool` and is destroyed once; it is no
@@ -189,7 +193,10 @@ impl DeviceMemory for PoolMemory {
         // Start each trial from a new, empty pool, so its peak is its own; what the previous
         // pool still reserves goes back to the driver first.
         self.trim()?;
-        self.start_new_pool()?;
+        if let Err(e) = self.start_new_pool() {
+            // The trimmed pool still measures, if less exactly after earlier trials.
+            tracing::warn!("cannot give this trial a memory pool of its own: {e}");
+        }
         for attr in [
             sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
             sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
