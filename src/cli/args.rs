@@ -122,20 +122,21 @@ pub enum ProbeIsolation {
     /// and every trial meets the device as training will, in a fresh process.
     Child,
     /// One child process serves trial after trial, and is replaced after any trial that
-    /// crashed or left device memory behind: each trial allocates from a new memory pool, as in
-    /// a fresh process, without paying a process start and a CUDA context.
+    /// crashed or left device memory behind: each trial starts from an empty memory pool,
+    /// without paying a process start and a CUDA context.
     Worker,
 }
 
 impl ProbeIsolation {
     /// The default for a target: a worker process on a GPU, in-process on the CPU.
     ///
-    /// Measured on an H200 (`benches/results/2026-12-03-h200-worker-trials/`): a worker's
-    /// trials cost what their own steps cost, where a fresh child per trial added about 0.5 s
-    /// of process start and CUDA context each (gpt-124m tune: 39 s with children, 7.6 s in a
-    /// worker). Each trial gets a memory pool of its own, since a reused pool reserved up to
-    /// 20 % more than a fresh process. The parent opens no device either way. On the CPU the
-    /// heap is counted exactly in any process.
+    /// Measured on an H200 (`benches/results/2026-12-03-h200-worker-trials/` and
+    /// `…-worker-trials-own-pool/`): a worker's trials cost what their own steps cost, where a
+    /// fresh child per trial added about 0.5 s of process start and CUDA context each
+    /// (gpt-124m tune: 39 s with children, 7.5 s in a worker). Some of a worker's gpt-124m
+    /// trials peak one logits tensor above a fresh process at the same setting, so the worker
+    /// errs on the safe side: a smaller boundary, never an out-of-memory later. The parent
+    /// opens no device either way. On the CPU the heap is counted exactly in any process.
     pub fn default_for(kind: autotune::spec::device::DeviceKind) -> Self {
         match kind {
             autotune::spec::device::DeviceKind::Cuda => ProbeIsolation::Worker,

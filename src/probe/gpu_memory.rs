@@ -10,14 +10,8 @@
 //! reservation and the emulation hold-back, and added to the peak.
 //!
 //! Opening the device tells the pool to keep freed memory (`crate::backend`), as PyTorch's
-//! caching allocator does, so a trial's reservation grows as training's will.
-//!
-//! Each trial gets a new pool ([`DeviceMemory::reset_peak`] creates one and makes it the
-//! device's current pool, which every `cuMemAllocAsync` draws from). Trimming the one pool
-//! between trials was not enough: on an H200, trials in a long-lived process started from an
-//! empty, trimmed pool and still reserved up to 20 % more than the same setting in a fresh
-//! process (gpt-124m micro-batch 32: 19.2 GiB against 16.0–16.1 GiB in four fresh processes),
-//! so the pool keeps some layout of its earlier reservations. A new pool has none.
+//! caching allocator does, so a trial's reservation grows as training's will; each trial starts
+//! from an empty reservation because [`DeviceMemory::reset_peak`] trims the pool first.
 //!
 //! Emulation: to plan for a smaller card on a larger one, the difference is allocated outside
 //! the pool (`cuMemAlloc`) and held, so the pool itself runs out of memory at the target's size
@@ -39,11 +33,7 @@ const OTHER_USE_WARNING_BYTES: u64 = 2 << 30;
 /// Pool peak measurement and optional capacity hold-back on one CUDA device.
 pub struct PoolMemory {
     context: Arc<CudaContext>,
-    /// The pool allocations come from: the device's default pool until the first trial, then
-    /// the trial's own.
     pool: sys::CUmemoryPool,
-    /// Whether `pool` was created here (and is destroyed when the next trial replaces it).
-    pool_is_own: bool,
     held: Option<sys::CUdeviceptr>,
     held_bytes: u64,
 }
@@ -60,58 +50,9 @@ impl PoolMemory {
         Ok(Self {
             context,
             pool,
-            pool_is_own: false,
             held: None,
             held_bytes: 0,
         })
-    }
-
-    /// Makes a new pool, which keeps freed memory as the default pool is told to, the
-    /// device's current pool, and destroys the previous one if it was made here. Everything
-    /// the previous pool handed out must have been freed: its destruction waits for that
-    /// otherwise, and its memory counts as outside the pool until then.
-    fn start_new_pool(&mut self) -> Result<()> {
-        // SAFETY: an all-zero `CUmemPoolProps` is its documented default (no export handles, no
-        // maximum size); the fields set below make it a device-local pinned pool.
-        let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
-        props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-        props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-        let ordinal = i32::try_from(self.context.ordinal())
-            .map_err(|_| Error::internal("the device ordinal does not fit an int".to_string()))?;
-        // SAFETY: `CUmemLocation` is a 4-byte location type followed by the 4-byte device id
-        // (a plain field in some CUDA headers, the first member of a union in newer ones), so
-        // the int after the type is the id in every layout.
-        unsafe {
-            std::ptr::addr_of_mut!(props.location)
-                .cast::<i32>()
-                .add(1)
-                .write(ordinal)
-        };
-        // SAFETY: `props` is a valid, initialised `CUmemPoolProps`.
-        let fresh = unsafe { result::mem_pool::create(&props) }.map_err(driver)?;
-        let mut unlimited: u64 = u64::MAX;
-        // SAFETY: the release threshold is a `cuuint64_t`, read from `unlimited`; the device
-        // handle and the pool belong to the live context.
-        let made_current = unsafe {
-            result::mem_pool::set_attribute(
-                fresh,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                (&mut unlimited as *mut u64).cast(),
-            )
-            .and_then(|()| result::device::set_mem_pool(self.context.cu_device(), fresh))
-        };
-        if let Err(e) = made_current {
-            // SAFETY: `fresh` was created above, never became current, and is destroyed once.
-            let _ = unsafe { result::mem_pool::destroy(fresh) };
-            return Err(driver(e));
-        }
-        let previous = std::mem::replace(&mut self.pool, fresh);
-        if std::mem::replace(&mut self.pool_is_own, true) {
-            // SAFETY: `previous` was created by `start_new_pool` and is destroyed once; it is no
-            // longer the device's current pool.
-            unsafe { result::mem_pool::destroy(previous) }.map_err(driver)?;
-        }
-        Ok(())
     }
 
     /// Total and free device bytes as the driver sees them.
@@ -190,13 +131,8 @@ impl PoolMemory {
 impl DeviceMemory for PoolMemory {
     fn reset_peak(&mut self) -> Result<()> {
         self.context.bind_to_thread().map_err(driver)?;
-        // Start each trial from a new, empty pool, so its peak is its own; what the previous
-        // pool still reserves goes back to the driver first.
+        // Start each trial from an empty reservation, so its peak is its own.
         self.trim()?;
-        if let Err(e) = self.start_new_pool() {
-            // The trimmed pool still measures, if less exactly after earlier trials.
-            tracing::warn!("cannot give this trial a memory pool of its own: {e}");
-        }
         for attr in [
             sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
             sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,

@@ -20,12 +20,15 @@ fn repo(path: &str) -> PathBuf {
 const FUSED_ENGINE_SEED: &str = "profiles/recorded/rtx4090-32g-on-h200/fused-engine/seed.json";
 
 /// Every committed recording: the fused engine's, the explicit engine's with materialised
-/// attention, and the current engine's (flash attention, trials in child processes).
-const RECORDINGS: [&str; 6] = [
+/// attention, flash attention's with trials in child processes, and the current ones (the
+/// padded vocabulary head, trials in a worker, offload pruned by the measured host floor).
+const RECORDINGS: [&str; 8] = [
     FUSED_ENGINE_SEED,
     "profiles/recorded/rtx4090-32g-on-h200/fused-engine/gpt-124m.json",
     "profiles/recorded/rtx4090-32g-on-h200/explicit-materialized/seed.json",
     "profiles/recorded/rtx4090-32g-on-h200/explicit-materialized/gpt-124m.json",
+    "profiles/recorded/rtx4090-32g-on-h200/child-trials/seed.json",
+    "profiles/recorded/rtx4090-32g-on-h200/child-trials/gpt-124m.json",
     "profiles/recorded/rtx4090-32g-on-h200/seed.json",
     "profiles/recorded/rtx4090-32g-on-h200/gpt-124m.json",
 ];
