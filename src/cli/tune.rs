@@ -203,11 +203,9 @@ fn live(args: &TuneArgs, printer: &Printer) -> anyhow::Result<Tuned> {
                 profile.gpu_memory_bytes,
                 Some(profile.host_memory_bytes),
             );
-            let mut probe = |r: &ProbeRequest| match r.knobs.data_parallel.degree {
-                1 => prober.probe(r),
-                _ => ranks.probe(r),
-            };
-            run_search(&driver, &mut probe, &progress)?
+            let single = |r: &ProbeRequest| prober.probe(r);
+            let outcome = run_search(&driver, &mut with_ranks(single, &mut ranks), &progress)?;
+            outcome
         }
         ProbeIsolation::Worker => {
             let mut prober = WorkerProber::new(
@@ -217,11 +215,8 @@ fn live(args: &TuneArgs, printer: &Printer) -> anyhow::Result<Tuned> {
                 profile.gpu_memory_bytes,
                 Some(profile.host_memory_bytes),
             );
-            let mut probe = |r: &ProbeRequest| match r.knobs.data_parallel.degree {
-                1 => prober.probe(r),
-                _ => ranks.probe(r),
-            };
-            let outcome = run_search(&driver, &mut probe, &progress)?;
+            let single = |r: &ProbeRequest| prober.probe(r);
+            let outcome = run_search(&driver, &mut with_ranks(single, &mut ranks), &progress)?;
             tracing::debug!(workers = prober.workers_started(), "probe workers started");
             outcome
         }
@@ -241,6 +236,17 @@ fn live(args: &TuneArgs, printer: &Printer) -> anyhow::Result<Tuned> {
         plan,
         outcome,
     })
+}
+
+/// A probe function that runs one-GPU trials with `single` and data-parallel ones on `ranks`.
+fn with_ranks<'a>(
+    mut single: impl FnMut(&ProbeRequest) -> autotune::Result<ProbeResult> + 'a,
+    ranks: &'a mut DataParallelProber,
+) -> impl FnMut(&ProbeRequest) -> autotune::Result<ProbeResult> + 'a {
+    move |r: &ProbeRequest| match r.knobs.data_parallel.degree {
+        1 => single(r),
+        _ => ranks.probe(r),
+    }
 }
 
 fn now() -> u64 {

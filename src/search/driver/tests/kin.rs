@@ -164,17 +164,16 @@ fn next_actions_of_regimes_that_add_memory_savings() {
     }
 }
 
-#[test]
-fn offloaded_regimes_are_pruned_after_one_trial_each() {
-    // The table's laws, searched end to end.
-    let b = budget(24 * GIB, 0.05);
+/// The laws of the next-action table above (gpt-124m-like: offload adds 0.45 s of host work
+/// per step), as a simulated device under `budget`.
+fn offload_table_sim(budget: &Budget) -> Simulator {
     let law = |regime, fixed: f64, per_mib: f64, t0: f64, per_s: f64| {
         let mut l = laws(regime, (fixed, per_mib, 0.0), (t0, per_s));
         l.host_bytes = Law::affine(3.0 * GIB as f64, 0.0);
         l
     };
-    let sim = Simulator::with_budget(
-        &b,
+    Simulator::with_budget(
+        budget,
         1024,
         vec![
             law(bf16(), 2048.0, 800.0, 0.02, 0.007),
@@ -182,7 +181,14 @@ fn offloaded_regimes_are_pruned_after_one_trial_each() {
             law(offload(), 148.0, 800.0, 0.47, 0.007),
             law(both(), 148.0, 290.0, 0.47, 0.0065),
         ],
-    );
+    )
+}
+
+#[test]
+fn offloaded_regimes_are_pruned_after_one_trial_each() {
+    // The table's laws, searched end to end.
+    let b = budget(24 * GIB, 0.05);
+    let sim = offload_table_sim(&b);
     let s = SearchSpace {
         saturation_gain: 0.03,
         ..space(vec![bf16(), ckpt(), offload(), both()], 1024)
@@ -240,21 +246,7 @@ fn a_measured_host_floor_prunes_offloaded_regimes_before_their_first_trial() {
     // The laws of `offloaded_regimes_are_pruned_after_one_trial_each`, with the host update
     // measured before the search. (floor seconds or none, trials each offloaded regime runs)
     let b = budget(24 * GIB, 0.05);
-    let law = |regime, fixed: f64, per_mib: f64, t0: f64, per_s: f64| {
-        let mut l = laws(regime, (fixed, per_mib, 0.0), (t0, per_s));
-        l.host_bytes = Law::affine(3.0 * GIB as f64, 0.0);
-        l
-    };
-    let sim = Simulator::with_budget(
-        &b,
-        1024,
-        vec![
-            law(bf16(), 2048.0, 800.0, 0.02, 0.007),
-            law(ckpt(), 2048.0, 290.0, 0.02, 0.0065),
-            law(offload(), 148.0, 800.0, 0.47, 0.007),
-            law(both(), 148.0, 290.0, 0.47, 0.0065),
-        ],
-    );
+    let sim = offload_table_sim(&b);
     let table: [(Option<f64>, usize); 3] = [
         // Less host work than the true 0.45 s still rules both out.
         (Some(0.2), 0),
