@@ -185,66 +185,9 @@ fn offload_table_sim(budget: &Budget) -> Simulator {
 }
 
 #[test]
-fn offloaded_regimes_are_pruned_after_one_trial_each() {
-    // The table's laws, searched end to end.
-    let b = budget(24 * GIB, 0.05);
-    let sim = offload_table_sim(&b);
-    let s = SearchSpace {
-        saturation_gain: 0.03,
-        ..space(vec![bf16(), ckpt(), offload(), both()], 1024)
-    };
-    let driver = SearchDriver::new(s, b).unwrap();
-    let outcome = search(&driver, &sim);
-    let states = driver.regime_states(&outcome.history);
-    for state in &states[2..] {
-        assert!(
-            matches!(
-                state.progress,
-                RegimeProgress::Finished(RegimeEnd::Pruned { .. })
-            ),
-            "{state:?}"
-        );
-        assert_eq!(state.probes, 1, "{state:?}");
-    }
-    assert_eq!(outcome.chosen().unwrap(), Knobs::with_batch(ckpt(), 73, 1));
-    // Checkpointing grew from the plain boundary (26, 52, then the memory model's 73).
-    assert!(states[1].probes <= 5, "{:?}", states[1]);
-}
-
-#[test]
-fn an_offloaded_regime_that_can_win_is_searched_to_its_boundary() {
-    // The plain regime is nearly full of weights and optimizer state; offload frees 16 GiB
-    // for 20 ms of host work per step, and its far larger batches are faster.
-    let b = budget(24 * GIB, 0.05);
-    let sim = Simulator::with_budget(
-        &b,
-        128,
-        vec![
-            laws(bf16(), (20480.0, 100.0, 0.0), (0.05, 0.004)),
-            laws(offload(), (4096.0, 100.0, 0.0), (0.07, 0.004)),
-        ],
-    );
-    let driver = SearchDriver::new(space(vec![bf16(), offload()], 1024), b).unwrap();
-    let outcome = search(&driver, &sim);
-    let states = driver.regime_states(&outcome.history);
-    assert!(
-        matches!(
-            states[1].progress,
-            RegimeProgress::Finished(RegimeEnd::Boundary { .. })
-        ),
-        "{states:?}"
-    );
-    let expected = true_boundary(&sim, &b, offload(), &driver.space().candidates());
-    assert_eq!(
-        outcome.chosen().unwrap(),
-        Knobs::with_batch(offload(), expected, 1)
-    );
-}
-
-#[test]
-fn a_measured_host_floor_prunes_offloaded_regimes_before_their_first_trial() {
-    // The laws of `offloaded_regimes_are_pruned_after_one_trial_each`, with the host update
-    // measured before the search. (floor seconds or none, trials each offloaded regime runs)
+fn offloaded_regimes_are_pruned_after_one_trial_each_or_none_with_a_host_floor() {
+    // The table's laws, searched end to end, with and without the host update measured before
+    // the search. (floor seconds or none, trials each offloaded regime runs)
     let b = budget(24 * GIB, 0.05);
     let sim = offload_table_sim(&b);
     let table: [(Option<f64>, usize); 3] = [
@@ -276,13 +219,16 @@ fn a_measured_host_floor_prunes_offloaded_regimes_before_their_first_trial() {
         }
         // Pruning never changes the answer here: checkpointing at its boundary wins.
         assert_eq!(outcome.chosen().unwrap(), Knobs::with_batch(ckpt(), 73, 1));
+        // Checkpointing grew from the plain boundary (26, 52, then the memory model's 73).
+        assert!(states[1].probes <= 5, "{floor:?}: {:?}", states[1]);
     }
 }
 
 #[test]
-fn a_host_floor_never_prunes_an_offloaded_regime_that_can_win() {
-    // Offload frees 16 GiB for 20 ms of host work per step; a floor of 10 ms leaves it to be
-    // searched to its boundary, as without one.
+fn an_offloaded_regime_that_can_win_is_searched_to_its_boundary() {
+    // The plain regime is nearly full of weights and optimizer state; offload frees 16 GiB
+    // for 20 ms of host work per step, and its far larger batches are faster. A host floor of
+    // 10 ms leaves it to be searched to its boundary, as without one.
     let b = budget(24 * GIB, 0.05);
     let sim = Simulator::with_budget(
         &b,
@@ -292,17 +238,28 @@ fn a_host_floor_never_prunes_an_offloaded_regime_that_can_win() {
             laws(offload(), (4096.0, 100.0, 0.0), (0.07, 0.004)),
         ],
     );
-    let s = SearchSpace {
-        offload_host_floor_s: Some(0.01),
-        ..space(vec![bf16(), offload()], 1024)
-    };
-    let driver = SearchDriver::new(s, b).unwrap();
-    let outcome = search(&driver, &sim);
-    let expected = true_boundary(&sim, &b, offload(), &driver.space().candidates());
-    assert_eq!(
-        outcome.chosen().unwrap(),
-        Knobs::with_batch(offload(), expected, 1)
-    );
+    for floor in [None, Some(0.01)] {
+        let s = SearchSpace {
+            offload_host_floor_s: floor,
+            ..space(vec![bf16(), offload()], 1024)
+        };
+        let driver = SearchDriver::new(s, b).unwrap();
+        let outcome = search(&driver, &sim);
+        let states = driver.regime_states(&outcome.history);
+        assert!(
+            matches!(
+                states[1].progress,
+                RegimeProgress::Finished(RegimeEnd::Boundary { .. })
+            ),
+            "{floor:?}: {states:?}"
+        );
+        let expected = true_boundary(&sim, &b, offload(), &driver.space().candidates());
+        assert_eq!(
+            outcome.chosen().unwrap(),
+            Knobs::with_batch(offload(), expected, 1),
+            "{floor:?}"
+        );
+    }
 }
 
 #[test]
