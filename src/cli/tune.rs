@@ -203,9 +203,8 @@ fn live(args: &TuneArgs, printer: &Printer) -> anyhow::Result<Tuned> {
                 profile.gpu_memory_bytes,
                 Some(profile.host_memory_bytes),
             );
-            let single = |r: &ProbeRequest| prober.probe(r);
-            let outcome = run_search(&driver, &mut with_ranks(single, &mut ranks), &progress)?;
-            outcome
+            let mut probe = with_ranks(|r: &ProbeRequest| prober.probe(r), &mut ranks);
+            run_search(&driver, &mut probe, &progress)?
         }
         ProbeIsolation::Worker => {
             let mut prober = WorkerProber::new(
@@ -215,8 +214,9 @@ fn live(args: &TuneArgs, printer: &Printer) -> anyhow::Result<Tuned> {
                 profile.gpu_memory_bytes,
                 Some(profile.host_memory_bytes),
             );
-            let single = |r: &ProbeRequest| prober.probe(r);
-            let outcome = run_search(&driver, &mut with_ranks(single, &mut ranks), &progress)?;
+            let mut probe = with_ranks(|r: &ProbeRequest| prober.probe(r), &mut ranks);
+            let outcome = run_search(&driver, &mut probe, &progress)?;
+            drop(probe);
             tracing::debug!(workers = prober.workers_started(), "probe workers started");
             outcome
         }

@@ -118,6 +118,14 @@ impl PoolMemory {
         Ok(value)
     }
 
+    /// `(reserved, used)`: bytes the pool holds from the device now, and bytes of it handed out.
+    fn pool_bytes(&self) -> Result<(u64, u64)> {
+        Ok((
+            self.attribute(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+            self.attribute(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+        ))
+    }
+
     /// Bytes the driver holds for this device outside the pool and the hold-back: the context,
     /// cuBLAS workspaces, modules (and any other process's memory).
     pub fn outside_pool_bytes(&self) -> Result<u64> {
@@ -146,10 +154,10 @@ impl DeviceMemory for PoolMemory {
         }
         // A trial should start from an empty pool; what an earlier trial left behind (still
         // allocated, or reserved and not released by the trim) would distort its peak.
+        let (reserved, used) = self.pool_bytes()?;
         tracing::debug!(
-            reserved =
-                self.attribute(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
-            used = self.attribute(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+            reserved,
+            used,
             outside = self.outside_pool_bytes()?,
             "pool at trial start"
         );
@@ -159,9 +167,7 @@ impl DeviceMemory for PoolMemory {
     fn leftover_bytes(&mut self) -> Result<u64> {
         self.context.bind_to_thread().map_err(driver)?;
         self.trim()?;
-        let reserved =
-            self.attribute(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?;
-        let used = self.attribute(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?;
+        let (reserved, used) = self.pool_bytes()?;
         Ok(reserved.max(used))
     }
 
