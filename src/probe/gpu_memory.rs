@@ -9,9 +9,10 @@
 //! outside the pool; they are measured as what the driver reports in use minus the pool's
 //! reservation and the emulation hold-back, and added to the peak.
 //!
-//! Opening the device tells the pool to keep freed memory (`crate::backend`), as PyTorch's
-//! caching allocator does, so a trial's reservation grows as training's will; each trial starts
-//! from an empty reservation because [`DeviceMemory::reset_peak`] trims the pool first.
+//! Opening the device tells the pool to keep freed memory and to reuse it in stream order only
+//! (`crate::backend`), so a trial's reservation grows as training's will and is the same in
+//! every process, whatever ran before; each trial starts from an empty reservation because
+//! [`DeviceMemory::reset_peak`] trims the pool first.
 //!
 //! Emulation: to plan for a smaller card on a larger one, the difference is allocated outside
 //! the pool (`cuMemAlloc`) and held, so the pool itself runs out of memory at the target's size
@@ -171,9 +172,29 @@ impl DeviceMemory for PoolMemory {
         Ok(reserved.max(used))
     }
 
+    fn trace_marks(&mut self, phase: &str) {
+        if !tracing::enabled!(tracing::Level::TRACE) {
+            return;
+        }
+        // A diagnostic: an unreadable attribute shows as 0 rather than failing the trial.
+        let read = |attr| self.attribute(attr).unwrap_or(0);
+        tracing::trace!(
+            phase,
+            used_high = read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH),
+            reserved_high = read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH),
+            used = read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
+            reserved = read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
+            outside = self.outside_pool_bytes().unwrap_or(0),
+            "pool marks"
+        );
+    }
+
     fn peak_bytes(&mut self) -> Result<u64> {
         let high = self.attribute(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?;
-        Ok(high + self.outside_pool_bytes()?)
+        let used_high = self.attribute(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?;
+        let outside = self.outside_pool_bytes()?;
+        tracing::debug!(reserved_high = high, used_high, outside, "pool peaks");
+        Ok(high + outside)
     }
 }
 
