@@ -163,23 +163,6 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
 # Analysis
 # ---------------------------------------------------------------------------
 
-def affine_fit(points: list[tuple[float, float]]):
-    """y = a + b x minimising the squared *relative* residuals (weights 1/y²), so that the
-    small peaks of small micro-batches count as much as the large ones; None below two
-    distinct x."""
-    xs = {x for x, _ in points}
-    if len(xs) < 2:
-        return None
-    w = [1.0 / (y * y) for _, y in points]
-    sw = sum(w)
-    mx = sum(wi * x for wi, (x, _) in zip(w, points)) / sw
-    my = sum(wi * y for wi, (_, y) in zip(w, points)) / sw
-    sxx = sum(wi * (x - mx) ** 2 for wi, (x, _) in zip(w, points))
-    sxy = sum(wi * (x - mx) * (y - my) for wi, (x, y) in zip(w, points))
-    b = sxy / sxx
-    return my - b * mx, b
-
-
 # A regime's model is judged where the search built one: at least this many distinct
 # micro-batches, and on grid points up to twice the largest of them (the search itself never
 # trusts a prediction further out without probing it).
@@ -201,11 +184,41 @@ def upper_range(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
     return sorted(points, key=lambda p: -p[0])[:max(3, len(upper))]
 
 
+def least_squares(points: list[tuple[float, float]]):
+    """y = a + b x by ordinary least squares, as `AffineBytes::fit` does; None below two
+    distinct x."""
+    if len({x for x, _ in points}) < 2:
+        return None
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    sxy = sum((x - mx) * (y - my) for x, y in points)
+    b = sxy / sxx
+    return my - b * mx, b
+
+
+class PlanMemoryModel:
+    """The plan's memory model as `MemoryModel::fit` builds it: least squares over the upper
+    range of the trials, and never below a peak measured at a micro-batch at most as large
+    (memory does not shrink as the batch grows)."""
+
+    def __init__(self, pts: list[tuple[int, float]]):
+        self.law = least_squares(upper_range(pts))
+        self.measured = sorted(pts)
+
+    def predict(self, mb: int) -> float:
+        a, b = self.law
+        floor = max((y for x, y in self.measured if x <= mb), default=0)
+        return max(a + b * mb, floor)
+
+
 def model_range_errors(pts, grid_points, key):
-    """Relative errors on the grid of the fit to the model's upper range, judged where the model
-    is used: from the smallest micro-batch of that range to MAX_EXTRAPOLATION× the largest."""
+    """Relative errors on the grid of the law fitted to the model's upper range alone (no
+    measured floor), judged there: from the smallest micro-batch of that range to
+    MAX_EXTRAPOLATION× the largest."""
     upper = upper_range(pts)
-    fit = affine_fit(upper)
+    fit = least_squares(upper)
     if not fit:
         return []
     lo, hi = min(mb for mb, _ in upper), MAX_EXTRAPOLATION * max(mb for mb, _ in upper)
@@ -385,9 +398,11 @@ def report(outdir: str, model: str) -> str:
     # ---- (c) memory model error --------------------------------------------------------
     key = budget.memory_key()
     lines += ["## (c) Memory model on the grid", ""]
-    lines += [f"Per regime, `{key} = a + b·micro_batch` fitted to the plan's `fits` trials of that regime "
-              "with grad_accum = 1 (the verification included) by least squares on relative residuals, then "
-              "evaluated on the grid points from the smallest trial's micro-batch up to "
+    lines += [f"Per regime, the plan's memory model as `autotune` builds it (`MemoryModel::fit`): `{key} = "
+              "a + b·micro_batch` by least squares over the upper range of the plan's `fits` trials of that "
+              f"regime with grad_accum = 1 (the verification included; at least 1/{UPPER_RANGE_DIVISOR} of the "
+              "largest micro-batch, or the three largest), never below a peak measured at a micro-batch at most "
+              "as large. It is evaluated on the grid points from the smallest trial's micro-batch up to "
               f"{MAX_EXTRAPOLATION}× the largest. Regimes the search dropped after fewer than "
               f"{MIN_MODEL_POINTS} distinct micro-batches have no model to judge (their errors are shown "
               "but not counted). Relative error = |predicted − measured| ÷ measured.", ""]
@@ -397,10 +412,11 @@ def report(outdir: str, model: str) -> str:
         if e.get("outcome") == "fits" and k and k.get("grad_accum", 1) == 1 and e.get(key) is not None:
             ev_by_regime.setdefault(regime_of(k), []).append((k["micro_batch"], e[key]))
     usable = budget.usable_gpu if budget.on_gpu else budget.usable_host
-    rows, all_errs, model_errs = [], [], []
+    rows, all_errs, model_errs, held_out_errs = [], [], [], []
     for r in sorted(set(ev_by_regime) | set(by_regime), key=regime_label):
         pts = ev_by_regime.get(r, [])
-        fit = affine_fit(pts)
+        model = PlanMemoryModel(pts) if least_squares(upper_range(pts)) else None
+        fit = model.law if model else None
         mbs = sorted({mb for mb, _ in pts})
         modelled = len(mbs) >= MIN_MODEL_POINTS
         lo, hi = (mbs[0], MAX_EXTRAPOLATION * mbs[-1]) if mbs else (0, 0)
@@ -408,16 +424,18 @@ def report(outdir: str, model: str) -> str:
                      and lo <= g["micro_batch"] <= hi]
         grid_ooms = [g for g in by_regime.get(r, []) if g.get("outcome") == "out_of_memory"]
         errs = []
-        if fit:
-            a, b = fit
-            errs = [abs(a + b * g["micro_batch"] - g[key]) / g[key] for g in grid_fits]
+        if model:
+            errs = [abs(model.predict(g["micro_batch"]) - g[key]) / g[key] for g in grid_fits]
             if modelled:
                 all_errs += errs
+                # Grid points at micro-batches no trial of the plan measured: predicted, not recalled.
+                trial_mbs = set(mbs)
+                held_out_errs += [e for e, g in zip(errs, grid_fits) if g["micro_batch"] not in trial_mbs]
                 model_errs += model_range_errors(pts, by_regime.get(r, []), key)
         missed = None
         if fit and usable is not None:
             # An OOM point the model places under the usable budget would be planned as safe.
-            missed = sum(1 for g in grid_ooms if fit[0] + fit[1] * g["micro_batch"] <= usable)
+            missed = sum(1 for g in grid_ooms if model.predict(g["micro_batch"]) <= usable)
         rows.append([
             regime_label(r) + ("" if modelled else " (dropped early)"), str(len(pts)),
             ", ".join(str(mb) for mb, _ in sorted(pts)) or "–",
@@ -435,10 +453,14 @@ def report(outdir: str, model: str) -> str:
     lines += ["", f"Over the modelled regimes: max {pct(worst)}, mean "
               f"{pct(sum(all_errs) / len(all_errs) if all_errs else None)} over {len(all_errs)} points — "
               f"target ≤ {TARGET_MEM_ERROR:.0%}: {verdict(None if worst is None else worst <= TARGET_MEM_ERROR)}."]
+    held_worst = max(held_out_errs) if held_out_errs else None
+    lines += ["", f"Of these, the {len(held_out_errs)} points at micro-batches no trial measured: max "
+              f"{pct(held_worst)}, mean "
+              f"{pct(sum(held_out_errs) / len(held_out_errs) if held_out_errs else None)}."]
     model_worst = max(model_errs) if model_errs else None
-    lines += ["", "In the model's own range (the plan's memory model is fitted to the trials of at least "
+    lines += ["", "The law alone in its own range (fitted to the trials of at least "
               f"1/{UPPER_RANGE_DIVISOR} of the largest micro-batch, where small-batch workspaces no longer "
-              "bend the law; fitted the same way here and judged from the smallest of those trials to "
+              "bend it; no measured floor; judged from the smallest of those trials to "
               f"{MAX_EXTRAPOLATION}× the largest): max {pct(model_worst)}, mean "
               f"{pct(sum(model_errs) / len(model_errs) if model_errs else None)} over {len(model_errs)} points — "
               f"target ≤ {TARGET_MEM_ERROR:.0%}: "
@@ -481,7 +503,7 @@ def report(outdir: str, model: str) -> str:
          f"{fmt(tw, '{:.1f}')} s vs {fmt(lw, '{:.1f}')} s", verdict(tune_faster)],
         [f"memory model error ≤ {TARGET_MEM_ERROR:.0%} on the grid", f"max {pct(worst)}",
          verdict(None if worst is None else worst <= TARGET_MEM_ERROR)],
-        [f"the same in the model's own range (mb ≥ largest/{UPPER_RANGE_DIVISOR})", f"max {pct(model_worst)}",
+        [f"the law alone in its own range (mb ≥ largest/{UPPER_RANGE_DIVISOR})", f"max {pct(model_worst)}",
          verdict(None if model_worst is None else model_worst <= TARGET_MEM_ERROR)],
         ["zero OOMs training with the plan", "none" if ok else ("–" if ok is None else "failed"), verdict(ok)],
     ])

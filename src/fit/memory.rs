@@ -141,14 +141,33 @@ pub struct PeakPrediction {
     pub host_bytes: f64,
 }
 
+/// One measured trial's peaks, a floor under every prediction at a micro-batch at least as large.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MeasuredPeak {
+    /// The trial's micro-batch.
+    pub micro_batch: usize,
+    /// Its device bytes.
+    pub gpu_bytes: u64,
+    /// Its host bytes.
+    pub host_bytes: u64,
+}
+
 /// Device and host memory laws of one regime.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MemoryModel {
     /// Device memory law (all zero on a CPU, which measures no device bytes).
     pub gpu: AffineBytes,
     /// Host memory law.
     pub host: AffineBytes,
+    /// Every fitted trial's peaks, by micro-batch. Memory never shrinks as the batch grows, so
+    /// a prediction is never below a measured peak at a micro-batch at most as large. This
+    /// matters below the fitted range, where fixed-size workspaces and the pool's smallest
+    /// reservations lift the measured peaks above the line (the seed model's peaks stay at
+    /// 1.08 GiB from micro-batch 1 to 4, 4.5 % above the line).
+    #[serde(default)]
+    pub measured: Vec<MeasuredPeak>,
     /// Data points behind the fit.
     pub points: usize,
     /// Worst leave-one-out relative error of the device law; `None` below three points.
@@ -166,6 +185,15 @@ impl MemoryModel {
     /// pool buffers on a CPU, cuBLAS workspace choices on a GPU) switch on and off, which bends
     /// the law there without saying anything about large batches.
     pub fn fit(samples: &[(usize, Measurement)]) -> Option<Self> {
+        let mut measured: Vec<MeasuredPeak> = samples
+            .iter()
+            .map(|(b, m)| MeasuredPeak {
+                micro_batch: *b,
+                gpu_bytes: m.peak_gpu_bytes,
+                host_bytes: m.peak_host_bytes,
+            })
+            .collect();
+        measured.sort_by_key(|p| p.micro_batch);
         let samples = upper_range(samples);
         let samples = samples.as_slice();
         let gpu: Vec<(usize, u64)> = samples
@@ -182,24 +210,46 @@ impl MemoryModel {
             points: samples.len(),
             gpu_loo_rel_error: AffineBytes::loo_rel_error(&gpu),
             host_loo_rel_error: AffineBytes::loo_rel_error(&host),
+            measured,
         })
     }
 
-    /// Predicted peaks at `micro_batch`.
+    /// The largest measured peaks at a micro-batch at most `micro_batch`: `(device, host)`.
+    fn floor(&self, micro_batch: usize) -> (u64, u64) {
+        self.measured
+            .iter()
+            .take_while(|p| p.micro_batch <= micro_batch)
+            .fold((0, 0), |(g, h), p| {
+                (g.max(p.gpu_bytes), h.max(p.host_bytes))
+            })
+    }
+
+    /// Predicted peaks at `micro_batch`: the laws, raised to the measured floor.
     pub fn predict(&self, micro_batch: usize) -> PeakPrediction {
+        let (gpu, host) = self.floor(micro_batch);
         PeakPrediction {
-            gpu_bytes: self.gpu.predict(micro_batch),
-            host_bytes: self.host.predict(micro_batch),
+            gpu_bytes: self.gpu.predict(micro_batch).max(gpu as f64),
+            host_bytes: self.host.predict(micro_batch).max(host as f64),
         }
     }
 
     /// The largest micro-batch predicted to stay within the budget's usable bytes of both
     /// memories (the device law is ignored when the budget has no device).
     pub fn max_micro_batch_within(&self, budget: &Budget) -> Capacity {
+        let usable_gpu = budget.usable_gpu_bytes();
         let host = self.host.max_micro_batch_within(budget.usable_host_bytes());
-        match budget.usable_gpu_bytes() {
+        let laws = match usable_gpu {
             Some(gpu) => self.gpu.max_micro_batch_within(gpu).min(host),
             None => host,
+        };
+        // A measured peak over the budget caps every micro-batch from its own on.
+        let over = self.measured.iter().find(|p| {
+            p.host_bytes > budget.usable_host_bytes()
+                || usable_gpu.is_some_and(|limit| p.gpu_bytes > limit)
+        });
+        match over {
+            Some(p) => laws.min(Capacity::UpTo(p.micro_batch.saturating_sub(1))),
+            None => laws,
         }
     }
 
@@ -225,8 +275,8 @@ impl MemoryModel {
             .filter(|(b, kind)| match kind {
                 MemoryKind::Gpu => budget
                     .gpu_bytes
-                    .is_some_and(|limit| self.gpu.predict(*b) <= limit as f64),
-                MemoryKind::Host => self.host.predict(*b) <= budget.host_bytes as f64,
+                    .is_some_and(|limit| self.predict(*b).gpu_bytes <= limit as f64),
+                MemoryKind::Host => self.predict(*b).host_bytes <= budget.host_bytes as f64,
             })
             .map(|(b, _)| *b)
             .collect()
@@ -292,6 +342,52 @@ mod tests {
         assert_eq!(flat.max_micro_batch_within(200), Capacity::Unbounded);
         assert_eq!(flat.max_micro_batch_within(50), Capacity::UpTo(0));
         assert_eq!(MemoryModel::fit(&[sample(1, 10, 10)]), None);
+    }
+
+    #[test]
+    fn predictions_never_fall_below_a_measured_peak_at_a_smaller_batch() {
+        // Flat at 1 GiB + 150 MiB up to 8, then 1 GiB + 14 MiB·b (the seed model's shape): the
+        // law is fitted to 16..128, which puts 1 to 8 below their measured peaks.
+        let line = |b: usize| GIB + 14 * MIB * b as u64;
+        let flat = GIB + 150 * MIB;
+        let samples: Vec<_> = [1, 2, 4, 8, 16, 32, 64, 128]
+            .iter()
+            .map(|&b| {
+                let gpu = line(b).max(flat);
+                sample(b, gpu, gpu / 2)
+            })
+            .collect();
+        let model = MemoryModel::fit(&samples).unwrap();
+        // (micro-batch, expected device bytes)
+        let table = [
+            (1, flat), // measured there
+            (3, flat), // nothing measured: the peak at 2 is a floor
+            (6, flat), // 1 GiB + 84 MiB on the line
+            (16, line(16)),
+            (100, line(100)),
+            (256, line(256)),
+        ];
+        for (b, expected) in table {
+            let got = model.predict(b);
+            assert!(
+                (got.gpu_bytes - expected as f64).abs() < 1.0,
+                "mb {b}: {got:?}"
+            );
+            assert!(
+                got.host_bytes >= (expected / 2) as f64 - 1.0,
+                "mb {b}: {got:?}"
+            );
+        }
+        // A measured peak over the usable bytes caps the capacity below it, whatever the law.
+        let mut over = samples.clone();
+        over.push(sample(48, 20 * GIB, GIB));
+        let model = MemoryModel::fit(&over).unwrap();
+        let budget = Budget {
+            gpu_bytes: Some(10 * GIB),
+            host_bytes: 1 << 40,
+            headroom: 0.0,
+        };
+        assert_eq!(model.max_micro_batch_within(&budget), Capacity::UpTo(47));
     }
 
     #[test]

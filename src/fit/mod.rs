@@ -13,7 +13,7 @@
 pub mod memory;
 pub mod time;
 
-pub use memory::{AffineBytes, Capacity, MemoryModel, PeakPrediction};
+pub use memory::{AffineBytes, Capacity, MeasuredPeak, MemoryModel, PeakPrediction};
 pub use time::{StepTimeModel, TimeFitMethod};
 
 use crate::knobs::Regime;

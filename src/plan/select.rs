@@ -39,9 +39,13 @@ impl Plan {
         let predicted = Predicted {
             peak_gpu_bytes: fit
                 .memory
+                .as_ref()
                 .filter(|_| budget.gpu_bytes.is_some())
                 .and_then(|m| bytes(m.predict(b).gpu_bytes)),
-            peak_host_bytes: fit.memory.and_then(|m| bytes(m.predict(b).host_bytes)),
+            peak_host_bytes: fit
+                .memory
+                .as_ref()
+                .and_then(|m| bytes(m.predict(b).host_bytes)),
             tokens_per_s: fit
                 .time
                 .map(|t| t.tokens_per_s(b, model.seq_len))
@@ -54,7 +58,7 @@ impl Plan {
             host_bytes: budget.host_bytes.saturating_sub(measured.peak_host_bytes),
         };
         let model_error = ModelError {
-            memory_loo_rel_error: fit.memory.and_then(|m| m.loo_rel_error(&budget)),
+            memory_loo_rel_error: fit.memory.as_ref().and_then(|m| m.loo_rel_error(&budget)),
             time_loo_rel_error: fit.time.and_then(|t| t.loo_rel_error),
         };
         let others: Vec<Candidate> = driver

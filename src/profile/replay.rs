@@ -229,7 +229,7 @@ impl ReplayProber {
             .fits
             .entry(regime)
             .or_insert_with(|| RegimeFit::from_history(regime, probes));
-        let (Some(memory), Some(time)) = (fit.memory, fit.time) else {
+        let (Some(memory), Some(time)) = (fit.memory.as_ref(), fit.time) else {
             let reason = format!(
                 "replay: {knobs} is not in the recorded profile, and regime {regime} has fewer \
                  than two fitting micro-batches there to predict it from"

@@ -86,6 +86,10 @@ impl SearchDriver {
     /// Assumption: memory savings add work per sequence (recompute) and never remove any, so a
     /// regime's step time grows at least as fast with the batch as its bases' does.
     ///
+    /// The twin's step time at `b` is also taken from the secant through its two largest
+    /// feasible trials, as [`secant_bound`](Self::secant_bound) does for a probed regime, and
+    /// the smaller of the two bounds holds.
+    ///
     /// `None` without a floor, a twin with a memory model, or a twin trial that ran.
     pub(super) fn unprobed_offload_bound(&self, kin: &Kin<'_, '_>) -> Option<f64> {
         let host_s = self.space.offload_host_floor_s.filter(|h| *h > 0.0)?;
@@ -108,7 +112,13 @@ impl SearchDriver {
                 .map(|base| per_sequence_floor(&timed(base.iter().map(|(_, r)| *r))))
                 .fold(0.0, f64::max),
         };
-        Some(tokens * reach / (c * reach + host_s))
+        let by_floor = tokens * reach / (c * reach + host_s);
+        // The twin's own secant, as `secant_bound` reads it: where the twin's trials are no
+        // doubling apart (48 and 72 sequences, say), its bases' floor misses what the twin
+        // adds per sequence (recompute), and the secant still holds it.
+        let by_secant = secant_step_s(&self.feasible_timed(twin), reach as usize)
+            .map(|t| tokens * reach / (t + host_s));
+        Some(by_secant.map_or(by_floor, |s| s.min(by_floor)))
     }
 
     /// The feasible ones among `probes`.
@@ -126,20 +136,19 @@ impl SearchDriver {
     /// there; it is what lets a slow regime (offload, recompute) be pruned before its memory
     /// boundary.
     fn secant_bound(&self, probes: &Probes<'_>, b: usize) -> Option<f64> {
-        let mut points = timed(
+        let points = self.feasible_timed(probes);
+        let tokens = points.last()?.tokens_per_sequence();
+        Some(tokens * b as f64 / secant_step_s(&points, b)?)
+    }
+
+    /// The trials among `probes` that ran to the end within the budget, by micro-batch.
+    fn feasible_timed(&self, probes: &Probes<'_>) -> Vec<Timed> {
+        timed(
             probes
                 .iter()
                 .map(|(_, r)| *r)
                 .filter(|r| self.is_feasible(r)),
-        );
-        points.reverse();
-        let (&top, &next) = (points.first()?, points.get(1)?);
-        let c = (top.step_s - next.step_s) / (top.micro_batch - next.micro_batch) as f64;
-        if c.is_nan() || c <= 0.0 {
-            return None;
-        }
-        let t0 = (top.step_s - c * top.micro_batch as f64).max(0.0);
-        Some(top.tokens_per_sequence() * b as f64 / (t0 + c * b as f64))
+        )
     }
 
     /// The largest micro-batch this regime could still reach, for the pruning bound: twice the
@@ -188,6 +197,8 @@ fn borrowed_memory_model(twin: &MemoryModel, trial: &ProbeResult) -> Option<Memo
         points: 1,
         gpu_loo_rel_error: None,
         host_loo_rel_error: None,
+        // A bound stays optimistic: no measured floor.
+        measured: Vec::new(),
     })
 }
 
@@ -236,6 +247,20 @@ fn host_time_bound(
     let tokens = own.first()?.tokens_per_sequence();
     let b = b as f64;
     Some(tokens * b / (per_sequence_floor(&twin) * b + host_s))
+}
+
+/// Step time at `b` on the secant through the two largest of `points` (sorted by micro-batch),
+/// `t(b) = t0 + c·b` with `t0 ≥ 0`; `None` unless the secant rises (c > 0).
+fn secant_step_s(points: &[Timed], b: usize) -> Option<f64> {
+    let [.., next, top] = points else {
+        return None;
+    };
+    let c = (top.step_s - next.step_s) / (top.micro_batch - next.micro_batch) as f64;
+    if c.is_nan() || c <= 0.0 {
+        return None;
+    }
+    let t0 = (top.step_s - c * top.micro_batch as f64).max(0.0);
+    Some(t0 + c * b as f64)
 }
 
 /// A lower bound `c` on step time per sequence, `t(b) ≥ c·b` at every batch, from trials sorted

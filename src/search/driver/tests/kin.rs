@@ -187,16 +187,18 @@ fn offload_table_sim(budget: &Budget) -> Simulator {
 #[test]
 fn offloaded_regimes_are_pruned_after_one_trial_each_or_none_with_a_host_floor() {
     // The table's laws, searched end to end, with and without the host update measured before
-    // the search. (floor seconds or none, trials each offloaded regime runs)
+    // the search. (floor seconds or none, trials of offload alone and of checkpointing with it)
     let b = budget(24 * GIB, 0.05);
     let sim = offload_table_sim(&b);
-    let table: [(Option<f64>, usize); 3] = [
+    let table: [(Option<f64>, [usize; 2]); 3] = [
         // Less host work than the true 0.45 s still rules both out.
-        (Some(0.2), 0),
-        // Too little to rule anything out: each pays its trial at the space's start.
-        (Some(0.001), 1),
+        (Some(0.2), [0, 0]),
+        // Next to nothing: the plain twin's own secant (7 ms per sequence, more than the winner
+        // takes per sequence) still rules offload out; checkpointing's twin is the winner
+        // itself, so checkpointing with offload pays its trial at the space's start.
+        (Some(0.001), [0, 1]),
         // Without a floor, as before.
-        (None, 1),
+        (None, [1, 1]),
     ];
     for (floor, trials) in table {
         let s = SearchSpace {
@@ -207,7 +209,7 @@ fn offloaded_regimes_are_pruned_after_one_trial_each_or_none_with_a_host_floor()
         let driver = SearchDriver::new(s, b).unwrap();
         let outcome = search(&driver, &sim);
         let states = driver.regime_states(&outcome.history);
-        for state in &states[2..] {
+        for (state, trials) in states[2..].iter().zip(trials) {
             assert!(
                 matches!(
                     state.progress,
@@ -272,4 +274,61 @@ fn an_invalid_host_floor_is_refused_by_name() {
         let err = SearchDriver::new(s, budget(24 * GIB, 0.05)).unwrap_err();
         assert!(err.to_string().contains("offload_host_floor_s"), "{err}");
     }
+}
+
+#[test]
+fn an_offloaded_regime_is_bounded_by_its_twins_own_secant() {
+    // gpt-124m on a 24 GiB card as measured: checkpointing adds ~0.8 ms per sequence to the
+    // plain regime's 2.5–2.8 ms, and its trials (48, then 72 below an out-of-memory at 96) are no doubling
+    // apart, so its own per-sequence floor is unknown and its base's is too low to rule out
+    // checkpointing with offload (0.41 s of host work, 0.07 s of it measured before the search).
+    // The twin's secant through 48 and 72 rules it out without a trial.
+    let b = budget(24564 * MIB, 0.05);
+    let sim = Simulator::with_budget(
+        &b,
+        1024,
+        vec![
+            SimRegime {
+                // Step time bends upward: 2.5 ms per added sequence at 4 to 8, 2.8 ms at 16 to
+                // 32, the floor a base gives being the smallest.
+                step_time_s: Law {
+                    fixed: 0.01,
+                    linear: 0.0024,
+                    quadratic: 0.000008,
+                },
+                ..laws(bf16(), (2913.0, 415.0, 0.0), (0.0, 0.0))
+            },
+            laws(ckpt(), (2517.0, 243.0, 0.0), (0.0, 0.00348)),
+            laws(both(), (996.0, 241.0, 0.0), (0.41, 0.00348)),
+        ],
+    );
+    let s = SearchSpace {
+        saturation_gain: 0.03,
+        offload_host_floor_s: Some(0.07),
+        ..space(vec![bf16(), ckpt(), both()], 1024)
+    };
+    let driver = SearchDriver::new(s, b).unwrap();
+    let outcome = search(&driver, &sim);
+    let states = driver.regime_states(&outcome.history);
+    let ckpt_timed: Vec<usize> = outcome
+        .history
+        .iter()
+        .filter(|r| r.request.knobs.regime() == ckpt() && r.outcome.measurement().is_some())
+        .map(|r| r.request.knobs.micro_batch)
+        .collect();
+    let (lo, hi) = (ckpt_timed.iter().min(), ckpt_timed.iter().max());
+    assert!(
+        ckpt_timed.len() >= 2 && *hi.unwrap() < 2 * *lo.unwrap(),
+        "the premise: two timed checkpointing trials, no two a doubling apart; got {ckpt_timed:?}"
+    );
+    assert!(
+        matches!(
+            states[2].progress,
+            RegimeProgress::Finished(RegimeEnd::Pruned { .. })
+        ),
+        "{:?}",
+        states[2]
+    );
+    assert_eq!(states[2].probes, 0, "{:?}", states[2]);
+    assert_eq!(outcome.chosen().unwrap().regime(), bf16());
 }
