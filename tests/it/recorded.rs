@@ -21,7 +21,8 @@ const FUSED_ENGINE_SEED: &str = "profiles/recorded/rtx4090-32g-on-h200/fused-eng
 
 /// Every committed recording: the fused engine's, the explicit engine's with materialised
 /// attention, flash attention's with trials in child processes, and the current ones (the
-/// padded vocabulary head, trials in a worker, offload pruned by the measured host floor).
+/// padded vocabulary head, trials in a worker, offload pruned by the measured host floor, the
+/// memory pool reusing memory in stream order only).
 const RECORDINGS: [&str; 8] = [
     FUSED_ENGINE_SEED,
     "profiles/recorded/rtx4090-32g-on-h200/fused-engine/gpt-124m.json",
