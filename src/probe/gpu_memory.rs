@@ -172,14 +172,14 @@ impl DeviceMemory for PoolMemory {
         Ok(reserved.max(used))
     }
 
-    fn trace_marks(&mut self, phase: &str) {
+    fn trace_marks(&mut self, phase: &dyn std::fmt::Display) {
         if !tracing::enabled!(tracing::Level::TRACE) {
             return;
         }
         // A diagnostic: an unreadable attribute shows as 0 rather than failing the trial.
         let read = |attr| self.attribute(attr).unwrap_or(0);
         tracing::trace!(
-            phase,
+            %phase,
             used_high = read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH),
             reserved_high = read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH),
             used = read(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT),

@@ -32,7 +32,7 @@ pub trait DeviceMemory {
     fn leftover_bytes(&mut self) -> Result<u64>;
     /// Logs the high-water marks so far at trace level, labelled with the trial's phase, to
     /// see which phase of a trial sets its peak.
-    fn trace_marks(&mut self, _phase: &str) {}
+    fn trace_marks(&mut self, _phase: &dyn std::fmt::Display) {}
 }
 
 /// No device memory to measure (CPU runs).
@@ -142,7 +142,7 @@ impl<'a> LiveProber<'a> {
             if i >= request.warmup_steps {
                 times.push(t0.elapsed().as_secs_f64());
             }
-            self.device_memory.trace_marks(&format!("step {i}"));
+            self.device_memory.trace_marks(&format_args!("step {i}"));
             self.check_host(Phase::ForwardBackward)?;
         }
         let steps_s = clock.lap();
@@ -150,11 +150,11 @@ impl<'a> LiveProber<'a> {
             .batch(0, u64::MAX, 0, knobs.micro_batch, &self.device)
             .map_err(in_phase(Phase::Eval))?;
         trainer.eval_loss(&batch).map_err(in_phase(Phase::Eval))?;
-        self.device_memory.trace_marks("eval");
+        self.device_memory.trace_marks(&"eval");
         self.check_host(Phase::Eval)?;
         let eval_s = clock.lap();
         checkpoint_dry_run(&trainer).map_err(in_phase(Phase::Checkpoint))?;
-        self.device_memory.trace_marks("checkpoint");
+        self.device_memory.trace_marks(&"checkpoint");
         self.check_host(Phase::Checkpoint)?;
         let checkpoint_s = clock.lap();
         tracing::debug!(
