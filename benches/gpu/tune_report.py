@@ -203,9 +203,15 @@ class PlanMemoryModel:
     range of the trials, and never below a peak measured at a micro-batch at most as large
     (memory does not shrink as the batch grows)."""
 
-    def __init__(self, pts: list[tuple[int, float]]):
-        self.law = least_squares(upper_range(pts))
+    def __init__(self, law: tuple[float, float], pts: list[tuple[int, float]]):
+        self.law = law
         self.measured = sorted(pts)
+
+    @classmethod
+    def fit(cls, pts: list[tuple[int, float]]):
+        """The model of `pts`; None when its upper range has fewer than two distinct micro-batches."""
+        law = least_squares(upper_range(pts))
+        return cls(law, pts) if law else None
 
     def predict(self, mb: int) -> float:
         a, b = self.law
@@ -415,7 +421,7 @@ def report(outdir: str, model: str) -> str:
     rows, all_errs, model_errs, held_out_errs = [], [], [], []
     for r in sorted(set(ev_by_regime) | set(by_regime), key=regime_label):
         pts = ev_by_regime.get(r, [])
-        model = PlanMemoryModel(pts) if least_squares(upper_range(pts)) else None
+        model = PlanMemoryModel.fit(pts)
         fit = model.law if model else None
         mbs = sorted({mb for mb, _ in pts})
         modelled = len(mbs) >= MIN_MODEL_POINTS

@@ -130,13 +130,13 @@ pub enum ProbeIsolation {
 impl ProbeIsolation {
     /// The default for a target: a worker process on a GPU, in-process on the CPU.
     ///
-    /// Measured on an H200 (`benches/results/2026-12-03-h200-worker-trials/` and
-    /// `…-worker-trials-own-pool/`): a worker's trials cost what their own steps cost, where a
-    /// fresh child per trial added about 0.5 s of process start and CUDA context each
-    /// (gpt-124m tune: 39 s with children, 7.5 s in a worker). Some of a worker's gpt-124m
-    /// trials peak one logits tensor above a fresh process at the same setting, so the worker
-    /// errs on the safe side: a smaller boundary, never an out-of-memory later. The parent
-    /// opens no device either way. On the CPU the heap is counted exactly in any process.
+    /// Measured on an H200 (`benches/results/2026-12-03-h200-stream-order-pool/`): a worker's
+    /// trials peak to the byte where fresh processes do (the pool reuses memory in stream order
+    /// only, see `autotune::backend`) and cost what their own steps cost, where a fresh child
+    /// per trial adds process start and CUDA context to each (gpt-124m tune: 7.8 s in a worker,
+    /// 15.8 s with children, 7.4 s in-process, the same plan each). Against in-process trials a
+    /// worker confines a crash or a sticky device error to a process that is replaced. The
+    /// parent opens no device either way. On the CPU the heap is counted exactly in any process.
     pub fn default_for(kind: autotune::spec::device::DeviceKind) -> Self {
         match kind {
             autotune::spec::device::DeviceKind::Cuda => ProbeIsolation::Worker,
