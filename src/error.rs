@@ -1,47 +1,18 @@
-//! The library's error type.
+//! The runtime's error type.
 //!
-//! Expected outcomes (an out-of-memory probe, no feasible plan) are values elsewhere in the
-//! library; this type is for failures: bad input, I/O, and backend errors we cannot act on.
+//! Expected outcomes (an out-of-memory trial, no feasible plan) are values elsewhere in the
+//! library; this type is for failures: bad input and I/O (the core's [`autotune_core::Error`]),
+//! data, checkpoints, ranks, and backend errors we cannot act on.
 
 use std::path::PathBuf;
 
-/// Everything that can go wrong in the library.
+/// Everything that can go wrong in the runtime.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A specification (model, device, plan, run) is well-formed JSON but says something impossible.
-    #[error("invalid {what}: field `{field}` {problem}")]
-    InvalidSpec {
-        /// What kind of document was being validated ("model spec", "plan", ...).
-        what: &'static str,
-        /// The offending field, as spelled in the JSON document or on the command line.
-        field: String,
-        /// What is wrong with it and, where possible, how to fix it.
-        problem: String,
-    },
-
-    /// A file could not be read, parsed or written.
-    #[error("{action} `{path}`")]
-    File {
-        /// What we were doing ("cannot read model spec", ...).
-        action: &'static str,
-        /// The file concerned.
-        path: PathBuf,
-        /// The underlying cause.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
-
-    /// An unknown preset name.
-    #[error("unknown {what} `{name}`; known: {known}")]
-    UnknownName {
-        /// What kind of name ("model preset", "device profile", ...).
-        what: &'static str,
-        /// The name given.
-        name: String,
-        /// The accepted names, comma separated.
-        known: String,
-    },
+    /// Bad input or a file that cannot be used: the core's error.
+    #[error(transparent)]
+    Core(#[from] autotune_core::Error),
 
     /// A checkpoint does not match the model or run it is resumed into.
     #[error("checkpoint `{path}` does not match this run: {problem}")]
@@ -83,17 +54,13 @@ pub enum Error {
 }
 
 impl Error {
-    /// Shorthand for [`Error::InvalidSpec`].
+    /// Shorthand for the core's [`autotune_core::Error::InvalidSpec`].
     pub fn invalid(
         what: &'static str,
         field: impl Into<String>,
         problem: impl Into<String>,
     ) -> Self {
-        Self::InvalidSpec {
-            what,
-            field: field.into(),
-            problem: problem.into(),
-        }
+        autotune_core::Error::invalid(what, field, problem).into()
     }
 
     /// An internal inconsistency (a bug, never data), reported as a backend error.
@@ -101,19 +68,26 @@ impl Error {
         candle_core::Error::Msg(message.into()).into()
     }
 
-    /// Shorthand for [`Error::File`].
+    /// Shorthand for the core's [`autotune_core::Error::File`].
     pub fn file(
         action: &'static str,
         path: impl Into<PathBuf>,
         source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
     ) -> Self {
-        Self::File {
-            action,
-            path: path.into(),
-            source: source.into(),
-        }
+        autotune_core::Error::file(action, path, source).into()
     }
 }
 
 /// The library's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A runtime error leaving through the core (a prober's failure ending a search): the core's
+/// own errors come back out as they went in, anything else is the trial's error.
+impl From<Error> for autotune_core::Error {
+    fn from(error: Error) -> Self {
+        match error {
+            Error::Core(core) => core,
+            other => autotune_core::Error::trial(other),
+        }
+    }
+}

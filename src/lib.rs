@@ -1,31 +1,30 @@
 //! autotune: finds the fastest training plan that fits a GPU and host memory budget.
 //!
-//! The pipeline, one module per stage:
+//! The pipeline, one layer per stage, each pointing only down:
 //!
 //! ```text
-//! spec (what to train) ─▶ knobs (one setting) ─▶ probe (real trial steps → Outcome)
-//!        ─▶ search (pure driver: history in, next probe out) ─▶ fit (memory/time models)
-//!        ─▶ plan (fastest feasible setting, versioned JSON) ─▶ train (full run with the plan)
+//! autotune-core (no tensors): knobs ─▶ trial ─▶ spec ─▶ fit ─▶ search ─▶ plan ─▶ profile
+//! runtime (this crate):       backend ─▶ ops ─▶ model ─▶ collective ─▶ train ─▶ probe ─▶ dist
+//! binary (src/cli):           argv ─▶ validated config ─▶ search driver + prober ─▶ plan ─▶ train
 //! ```
 //!
-//! `model` is the Transformer and `train` the step that honours every knob; both run on
-//! candle's CPU device and, with the `cuda` feature, on the GPU. `dist` spreads training over
-//! several GPUs of one host (data parallelism, one process per GPU).
+//! The core's modules are re-exported here under their own names, so `autotune::knobs` is
+//! `autotune_core::knobs`. `model` is the Transformer and `train` the step that honours every
+//! knob; both run on candle's CPU device and, with the `cuda` feature, on the GPU. `probe`
+//! runs trials ([`probe::Prober`]), and `dist` spreads training and trials over several GPUs
+//! of one host (data parallelism, one process per GPU) on top of `collective`'s process groups.
 
-pub mod atomic_file;
+pub use autotune_core::{atomic_file, fit, knobs, plan, profile, search, spec, trial};
+
 pub mod backend;
+pub mod collective;
 pub mod dist;
 pub mod error;
-pub mod fit;
 pub mod hash;
-pub mod knobs;
 pub mod model;
 pub mod ops;
-pub mod plan;
+pub mod parallel;
 pub mod probe;
-pub mod profile;
-pub mod search;
-pub mod spec;
 pub mod train;
 
 pub use error::{Error, Result};

@@ -4,7 +4,7 @@ mod cli;
 
 use std::process::ExitCode;
 
-/// Counts heap bytes so that probes can measure and budget host memory.
+/// Counts heap bytes so that trials can measure and budget host memory.
 #[global_allocator]
 static ALLOCATOR: autotune::probe::host_memory::CountingAlloc =
     autotune::probe::host_memory::CountingAlloc;

@@ -145,6 +145,37 @@ impl ProbeIsolation {
     }
 }
 
+/// Where trials are answered: `live` or `replay:PATH`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// Real trials on this machine.
+    Live,
+    /// Answers from a recorded profile.
+    Replay(PathBuf),
+}
+
+impl std::str::FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split_once(':') {
+            None if s == "live" => Ok(Self::Live),
+            Some(("replay", path)) if !path.is_empty() => Ok(Self::Replay(path.into())),
+            _ => Err(format!(
+                "unknown backend `{s}`; expected live or replay:PATH (a recorded profile)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Live => f.write_str("live"),
+            Self::Replay(path) => write!(f, "replay:{}", path.display()),
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct TuneArgs {
     /// Model preset (tiny, seed, gpt-124m, gpt-350m, gpt-1.3b) or a JSON spec file.
@@ -180,8 +211,8 @@ pub struct TuneArgs {
     #[arg(long)]
     pub headroom: Option<f64>,
     /// Stop after this many search trials and choose among what was measured.
-    #[arg(long)]
-    pub max_probes: Option<usize>,
+    #[arg(long, alias = "max-probes")]
+    pub max_trials: Option<usize>,
     /// Stop growing a micro-batch once doubling it gains less than this fraction of throughput
     /// (0 = grow to the memory boundary).
     #[arg(long, default_value_t = autotune::search::space::SearchSpace::DEFAULT_SATURATION_GAIN)]
@@ -198,7 +229,7 @@ pub struct TuneArgs {
     /// Where trials run: `live` (this machine) or `replay:PROFILE` (answered from a recorded
     /// profile, offline and deterministic; the profile's model, device and space are used).
     #[arg(long, default_value = "live")]
-    pub backend: String,
+    pub backend: Backend,
     /// Record every trial into a profile file (for `autotune check` and replays).
     #[arg(long)]
     pub record: Option<PathBuf>,
@@ -332,9 +363,26 @@ impl KnobArgs {
 
 #[cfg(test)]
 mod tests {
+    use super::Backend;
+
     #[test]
     fn the_command_line_definition_is_consistent() {
         use clap::CommandFactory;
         super::Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn backends_parse() {
+        assert_eq!("live".parse::<Backend>(), Ok(Backend::Live));
+        assert_eq!(
+            "replay:p/x.json".parse::<Backend>(),
+            Ok(Backend::Replay("p/x.json".into()))
+        );
+        assert!("replay:".parse::<Backend>().is_err());
+        assert!("sim".parse::<Backend>().is_err());
+        assert_eq!(
+            Backend::Replay("p/x.json".into()).to_string(),
+            "replay:p/x.json"
+        );
     }
 }

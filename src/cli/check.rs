@@ -5,22 +5,23 @@
 //! table (or one JSON document) on stdout. Exit code 1 when any setting regressed.
 
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 
 use candle_core::Device;
 use serde::Serialize;
 
-use autotune::backend;
-use autotune::dist::probe::DataParallelProber;
+use autotune::backend::{self, CANDLE_VERSION};
+use autotune::dist::probe::{ByDegree, DataParallelProber};
 use autotune::probe::live::LiveProber;
-use autotune::probe::outcome::{MemoryKind, Outcome, Phase, ProbeRequest};
+use autotune::probe::Prober;
 use autotune::profile::check::{check, recheck, CheckReport, SettingCheck, Tolerance, Verdict};
-use autotune::profile::record::{Profile, CANDLE_VERSION};
+use autotune::profile::record::Profile;
 use autotune::profile::replay::ReplayProber;
-use autotune::search::report::Event;
 use autotune::spec::device::DeviceKind;
+use autotune::trial::Phase;
 
+use super::args::Backend;
 use super::printer::Printer;
+use super::reporters::{check_outcome, memory_name, CheckProgress};
 use super::Status;
 
 /// Arguments of `autotune check`.
@@ -33,7 +34,7 @@ pub struct CheckArgs {
     /// device (its GPU capacity and host budget); `replay:PATH` answers them from another
     /// recorded profile, to compare two recordings.
     #[arg(long, default_value = "live")]
-    pub backend: CheckBackend,
+    pub backend: Backend,
     /// Device for live trials: auto (the kind the profile was recorded on), cpu, cuda, cuda:N.
     #[arg(long, default_value = "auto")]
     pub device: String,
@@ -49,28 +50,6 @@ pub struct CheckArgs {
     pub memory_tolerance: f64,
 }
 
-/// Where `check` gets fresh trials.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CheckBackend {
-    /// Real trials on this machine.
-    Live,
-    /// Answers from another recorded profile.
-    Replay(PathBuf),
-}
-
-impl FromStr for CheckBackend {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.split_once(':') {
-            None if s == "live" => Ok(Self::Live),
-            Some(("replay", path)) if !path.is_empty() => Ok(Self::Replay(path.into())),
-            _ => Err(format!(
-                "unknown backend `{s}`; expected live or replay:PATH (a recorded profile)"
-            )),
-        }
-    }
-}
-
 /// The JSON document of `check --json`.
 #[derive(Serialize)]
 struct CheckOutput<'a> {
@@ -81,73 +60,43 @@ struct CheckOutput<'a> {
     report: &'a CheckReport,
 }
 
+/// `check`'s arguments, resolved and checked before any trial runs.
+struct CheckConfig {
+    profile: Profile,
+    tolerance: Tolerance,
+}
+
+impl CheckConfig {
+    fn from_args(args: &CheckArgs) -> anyhow::Result<Self> {
+        for (flag, value) in [
+            ("--time-tolerance", args.time_tolerance),
+            ("--memory-tolerance", args.memory_tolerance),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                anyhow::bail!("{flag} ({value}) must be a non-negative fraction, e.g. 0.05 for 5%");
+            }
+        }
+        let tolerance = Tolerance {
+            time_threshold: args.time_tolerance,
+            memory_threshold: args.memory_tolerance,
+            ..Tolerance::default()
+        };
+        tolerance.validate()?;
+        Ok(Self {
+            profile: Profile::load(&args.profile)?,
+            tolerance,
+        })
+    }
+}
+
 /// Runs `autotune check`.
 pub fn run(args: CheckArgs, printer: &Printer) -> anyhow::Result<Status> {
-    for (flag, value) in [
-        ("--time-tolerance", args.time_tolerance),
-        ("--memory-tolerance", args.memory_tolerance),
-    ] {
-        if !(value.is_finite() && value >= 0.0) {
-            anyhow::bail!("{flag} ({value}) must be a non-negative fraction, e.g. 0.05 for 5%");
-        }
-    }
-    let tolerance = Tolerance {
-        time_threshold: args.time_tolerance,
-        memory_threshold: args.memory_tolerance,
-        ..Tolerance::default()
-    };
-    tolerance.validate()?;
-    let profile = Profile::load(&args.profile)?;
-    let recorded_on = &profile.device;
-    printer.status(format!(
-        "checking {} trials of {} recorded on {} ({}) with autotune {} and candle {}",
-        profile.probes.len(),
-        profile.model.name,
-        recorded_on.name,
-        recorded_on.profile.name,
-        profile.tool.version,
-        profile.candle_version,
-    ));
-    if profile.candle_version != CANDLE_VERSION {
-        printer.status(format!(
-            "note: this build uses candle {CANDLE_VERSION}; differences may come from the upgrade"
-        ));
-    }
+    let CheckConfig { profile, tolerance } = CheckConfig::from_args(&args)?;
+    announce(&profile, printer);
     let gpu = profile.budget.gpu_bytes.is_some();
-    let reporter = progress(*printer, profile.probes.len(), gpu);
-    let (fresh, backend_name) = match &args.backend {
-        CheckBackend::Replay(path) => {
-            let mut replay = ReplayProber::new(Profile::load(path)?);
-            let fresh = recheck(&profile, &mut |r| Ok(replay.probe(r)), &reporter)?;
-            (fresh, format!("replay:{}", path.display()))
-        }
-        CheckBackend::Live => {
-            let device = open_device(&args.device, &profile, printer)?;
-            let mut meter = backend::memory_meter(&device, profile.budget.gpu_bytes)?;
-            let mut prober = LiveProber::new(
-                &profile.model,
-                &device,
-                Some(profile.budget.host_bytes),
-                meter.as_mut(),
-            );
-            // Data-parallel settings are re-measured on as many ranks as they were recorded on.
-            let exe = std::env::current_exe()
-                .map_err(|e| anyhow::anyhow!("cannot locate the autotune executable: {e}"))?;
-            let mut ranks = DataParallelProber::new(
-                exe,
-                &profile.model,
-                backend::describe(&device),
-                profile.budget.gpu_bytes,
-                Some(profile.budget.host_bytes),
-            );
-            let mut probe = |r: &ProbeRequest| match r.knobs.data_parallel.degree {
-                1 => prober.probe(r),
-                _ => ranks.probe(r),
-            };
-            let fresh = recheck(&profile, &mut probe, &reporter)?;
-            (fresh, format!("live:{}", backend::describe(&device)))
-        }
-    };
+    let reporter = CheckProgress::new(printer, profile.trials.len(), gpu);
+    let (mut prober, backend_name) = fresh_trials(&args, &profile, printer)?;
+    let fresh = recheck(&profile, prober.as_mut(), &reporter)?;
     let report = check(&profile, &fresh, tolerance);
     printer.data_json(&CheckOutput {
         profile: &args.profile,
@@ -166,6 +115,58 @@ pub fn run(args: CheckArgs, printer: &Printer) -> anyhow::Result<Status> {
             report.settings.len()
         ));
         Ok(Status::Negative)
+    }
+}
+
+/// What is checked, against which build.
+fn announce(profile: &Profile, printer: &Printer) {
+    let recorded_on = &profile.device;
+    printer.status(format!(
+        "checking {} trials of {} recorded on {} ({}) with autotune {} and candle {}",
+        profile.trials.len(),
+        profile.model.name,
+        recorded_on.name,
+        recorded_on.profile.name,
+        profile.tool.version,
+        profile.candle_version,
+    ));
+    if profile.candle_version != CANDLE_VERSION {
+        printer.status(format!(
+            "note: this build uses candle {CANDLE_VERSION}; differences may come from the upgrade"
+        ));
+    }
+}
+
+/// The prober of fresh trials and its name for the report: another recording, or this
+/// machine emulating the profile's device (data-parallel settings on as many ranks as they
+/// were recorded on).
+fn fresh_trials(
+    args: &CheckArgs,
+    profile: &Profile,
+    printer: &Printer,
+) -> anyhow::Result<(Box<dyn Prober>, String)> {
+    match &args.backend {
+        Backend::Replay(path) => Ok((
+            Box::new(ReplayProber::new(Profile::load(path)?)),
+            args.backend.to_string(),
+        )),
+        Backend::Live => {
+            let device = open_device(&args.device, profile, printer)?;
+            let meter = backend::memory_meter(&device, profile.budget.gpu_bytes)?;
+            let host_budget = Some(profile.budget.host_bytes);
+            let single = LiveProber::new(&profile.model, &device, host_budget, meter);
+            let exe = std::env::current_exe()
+                .map_err(|e| anyhow::anyhow!("cannot locate the autotune executable: {e}"))?;
+            let ranks = DataParallelProber::new(
+                exe,
+                &profile.model,
+                backend::describe(&device),
+                profile.budget.gpu_bytes,
+                host_budget,
+            );
+            let name = format!("live:{}", backend::describe(&device));
+            Ok((Box::new(ByDegree::new(Box::new(single), ranks)), name))
+        }
     }
 }
 
@@ -214,63 +215,12 @@ fn kind_name(kind: DeviceKind) -> &'static str {
     }
 }
 
-/// One stderr line per finished trial.
-fn progress(printer: Printer, total: usize, gpu: bool) -> impl Fn(&Event) {
-    move |event: &Event| match event {
-        Event::ProbeStarted { index, request, .. } => {
-            printer.detail(format!("[{}/{total}] running {}", index + 1, request.knobs))
-        }
-        Event::ProbeFinished { index, result, .. } => printer.status(format!(
-            "[{}/{total}] {}: {}",
-            index + 1,
-            result.request.knobs,
-            outcome_text(&result.outcome, gpu)
-        )),
-        _ => {}
-    }
-}
-
-/// GiB for device-sized numbers, MiB for the small peaks of CPU test models.
-fn bytes_text(bytes: u64) -> String {
-    let b = bytes as f64;
-    if bytes >= 1 << 30 {
-        format!("{:.2} GiB", b / (1u64 << 30) as f64)
-    } else {
-        format!("{:.1} MiB", b / (1u64 << 20) as f64)
-    }
-}
-
 /// The snake-case name a phase has in JSON.
 fn phase_name(phase: Phase) -> String {
     serde_json::to_value(phase)
         .ok()
         .and_then(|v| v.as_str().map(String::from))
         .unwrap_or_else(|| format!("{phase:?}"))
-}
-
-fn outcome_text(outcome: &Outcome, gpu: bool) -> String {
-    match outcome {
-        Outcome::Fits(m) if gpu => format!(
-            "{:.1} ms, GPU {}, host {}",
-            m.step_time_median_s * 1e3,
-            bytes_text(m.peak_gpu_bytes),
-            bytes_text(m.peak_host_bytes)
-        ),
-        Outcome::Fits(m) => format!(
-            "{:.1} ms, host {}",
-            m.step_time_median_s * 1e3,
-            bytes_text(m.peak_host_bytes)
-        ),
-        Outcome::OutOfMemory { memory, .. } => format!("out of {} memory", memory_name(*memory)),
-        Outcome::Crashed { .. } => "crashed".into(),
-    }
-}
-
-fn memory_name(memory: MemoryKind) -> &'static str {
-    match memory {
-        MemoryKind::Gpu => "GPU",
-        MemoryKind::Host => "host",
-    }
 }
 
 fn verdict_text(verdict: &Verdict) -> String {
@@ -312,10 +262,10 @@ fn table(report: &CheckReport, gpu: bool) -> String {
         [
             format!("{}", i + 1),
             s.request.knobs.to_string(),
-            outcome_text(&s.recorded, gpu),
+            check_outcome(&s.recorded, gpu),
             s.now
                 .as_ref()
-                .map_or("-".into(), |now| outcome_text(now, gpu)),
+                .map_or("-".into(), |now| check_outcome(now, gpu)),
             s.verdicts
                 .iter()
                 .map(verdict_text)
@@ -357,20 +307,4 @@ fn table(report: &CheckReport, gpu: bool) -> String {
         t.memory_floor_bytes >> 20,
     ));
     text
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backends_parse() {
-        assert_eq!("live".parse::<CheckBackend>(), Ok(CheckBackend::Live));
-        assert_eq!(
-            "replay:p/x.json".parse::<CheckBackend>(),
-            Ok(CheckBackend::Replay("p/x.json".into()))
-        );
-        assert!("replay:".parse::<CheckBackend>().is_err());
-        assert!("sim".parse::<CheckBackend>().is_err());
-    }
 }

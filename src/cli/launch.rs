@@ -3,15 +3,15 @@
 
 use std::ffi::OsString;
 
+use autotune::collective::{Collective, RankEnv};
 use autotune::dist::launch::{self, Launch, LaunchEvent, RankExit, RankInput};
 use autotune::dist::protocol::RankMessage;
-use autotune::dist::{Collective, RankEnv};
 use autotune::probe::host_memory;
 use autotune::train::run::{self, RunSummary, TrainEvent, TrainObserver};
 
 use super::printer::Printer;
+use super::reporters::bytes;
 use super::train::{interrupt_flag, report, Job, Progress};
-use super::tune::gib;
 use super::Status;
 
 /// A data-parallel run to launch: `degree` copies of this executable with `args`.
@@ -33,8 +33,8 @@ impl Launched<'_> {
         };
         let rendezvous = launch::rendezvous_for(cuda)?;
         let backend = match rendezvous {
-            autotune::dist::Rendezvous::Tcp(_) => "tcp",
-            autotune::dist::Rendezvous::Nccl(_) => "nccl",
+            autotune::collective::Rendezvous::Tcp(_) => "tcp",
+            autotune::collective::Rendezvous::Nccl(_) => "nccl",
         };
         printer.status(format!(
             "data parallel: {} ranks on {}, {backend} collectives",
@@ -149,8 +149,8 @@ pub fn run_rank(job: Job, env: RankEnv) -> anyhow::Result<Status> {
             anyhow::bail!(
                 "rank {} reached {} of host heap, over its share {} of the plan's host budget; re-tune with a larger --headroom",
                 env.rank,
-                gib(host_memory::peak_bytes()),
-                gib(limit)
+                bytes(host_memory::peak_bytes()),
+                bytes(limit)
             );
         }
     }

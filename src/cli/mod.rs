@@ -9,6 +9,7 @@ mod export;
 mod launch;
 mod printer;
 mod probe;
+mod reporters;
 mod run;
 mod train;
 mod tune;
@@ -64,8 +65,8 @@ fn run(command: Command, printer: &Printer) -> anyhow::Result<Status> {
     match command {
         Command::Train(args) => train::run(args, printer),
         Command::Probe(args) => probe::run(args, printer),
-        Command::ProbeOne => probe::run_child(printer),
-        Command::ProbeServe => probe::run_worker(printer),
+        Command::ProbeOne => probe::run_child(),
+        Command::ProbeServe => probe::run_worker(),
         Command::Tune(args) => tune::run(args, printer),
         Command::Run(args) => run::run(args, printer),
         Command::Export(args) => export::run(args, printer),

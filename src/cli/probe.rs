@@ -1,22 +1,18 @@
 //! `autotune probe`: measure one setting with real steps and print the outcome.
 
-use std::io::BufRead;
-
 use serde::Serialize;
 
+use autotune::backend as device;
 use autotune::dist::probe::DataParallelProber;
-use autotune::dist::rank::rank_device;
-use autotune::dist::{Collective, RankEnv};
-use autotune::probe::child::ChildJob;
 use autotune::probe::live::LiveProber;
-use autotune::probe::outcome::{Outcome, ProbeRequest, ProbeResult};
-use autotune::probe::worker::WorkerReply;
+use autotune::probe::{child, worker, Prober};
+use autotune::trial::{Outcome, TrialRequest, TrialResult};
 use autotune::ModelSpec;
 
 use super::args::ProbeArgs;
 use super::printer::Printer;
+use super::reporters::{bytes, memory_name};
 use super::Status;
-use autotune::backend as device;
 
 /// The JSON line the GPU benchmark scripts read (one object, `impl` = "autotune").
 #[derive(Serialize)]
@@ -30,7 +26,7 @@ struct ProbeLine<'a> {
     params: usize,
     device: String,
     #[serde(flatten)]
-    result: &'a ProbeResult,
+    result: &'a TrialResult,
 }
 
 pub fn run(args: ProbeArgs, printer: &Printer) -> anyhow::Result<Status> {
@@ -38,7 +34,7 @@ pub fn run(args: ProbeArgs, printer: &Printer) -> anyhow::Result<Status> {
     let knobs = args.knobs.knobs();
     knobs.validate("knobs", "--")?;
     let host_budget = args.host_budget.as_deref().map(parse_bytes).transpose()?;
-    let request = ProbeRequest {
+    let request = TrialRequest {
         knobs,
         warmup_steps: args.warmup,
         timed_steps: args.steps,
@@ -53,8 +49,8 @@ pub fn run(args: ProbeArgs, printer: &Printer) -> anyhow::Result<Status> {
             spec.name,
             device::describe(&device)
         ));
-        let mut memory = device::memory_meter(&device, gpu_capacity)?;
-        let result = LiveProber::new(&spec, &device, host_budget, memory.as_mut())
+        let memory = device::memory_meter(&device, gpu_capacity)?;
+        let result = LiveProber::new(&spec, &device, host_budget, memory)
             .with_engine(args.model.engine)
             .probe(&request)?;
         (result, device::describe(&device).to_string())
@@ -71,15 +67,16 @@ pub fn run(args: ProbeArgs, printer: &Printer) -> anyhow::Result<Status> {
     });
     match &result.outcome {
         Outcome::Fits(m) => printer.data_text(format!(
-            "fits: {:.1} ms/step, {:.0} tokens/s, peak GPU {:.2} GiB, peak host {:.2} GiB",
+            "fits: {:.1} ms/step, {:.0} tokens/s, peak GPU {}, peak host {}",
             m.step_time_median_s * 1e3,
             m.tokens_per_s,
-            m.peak_gpu_bytes as f64 / GIB,
-            m.peak_host_bytes as f64 / GIB
+            bytes(m.peak_gpu_bytes),
+            bytes(m.peak_host_bytes)
         )),
-        Outcome::OutOfMemory { memory, phase } => {
-            printer.data_text(format!("out of memory: {memory:?} during {phase:?}"))
-        }
+        Outcome::OutOfMemory { memory, phase } => printer.data_text(format!(
+            "out of {} memory during {phase:?}",
+            memory_name(*memory)
+        )),
         Outcome::Crashed { reason } => printer.data_text(format!("crashed: {reason}")),
     }
     Ok(match result.outcome {
@@ -92,13 +89,13 @@ pub fn run(args: ProbeArgs, printer: &Printer) -> anyhow::Result<Status> {
 fn probe_data_parallel(
     args: &ProbeArgs,
     spec: &ModelSpec,
-    request: &ProbeRequest,
+    request: &TrialRequest,
     gpu_capacity: Option<u64>,
     host_budget: Option<u64>,
     printer: &Printer,
-) -> anyhow::Result<(ProbeResult, String)> {
+) -> anyhow::Result<(TrialResult, String)> {
     if args.model.engine != autotune::model::Engine::default() {
-        anyhow::bail!("`--engine` applies to single-GPU probes; drop it or --data-parallel");
+        anyhow::bail!("`--engine` applies to single-GPU trials; drop it or --data-parallel");
     }
     let degree = request.knobs.data_parallel.degree;
     let device_name = match args.model.device.as_str() {
@@ -117,72 +114,18 @@ fn probe_data_parallel(
     Ok((prober.probe(request)?, device_name.to_string()))
 }
 
-/// The child side of isolated probing: one job on stdin, one result line on stdout. Started
-/// as a rank (the rank variables are set), it runs the trial together with the other ranks.
-pub fn run_child(printer: &Printer) -> anyhow::Result<Status> {
-    let job: ChildJob = serde_json::from_reader(std::io::stdin().lock())
-        .map_err(|e| anyhow::anyhow!("probe-one: the job on stdin is not valid JSON: {e}"))?;
-    let rank = RankEnv::from_env()?;
-    let device_name = match &rank {
-        Some(r) => rank_device(&job.device, r.rank),
-        None => job.device.clone(),
-    };
-    let device = device::open(&device_name)?;
-    let mut memory = device::memory_meter(&device, job.gpu_capacity)?;
-    let mut prober = LiveProber::new(&job.model, &device, job.host_budget, memory.as_mut());
-    if let Some(rank) = &rank {
-        prober = prober.with_group(Collective::join(rank, &device)?);
-    }
-    let result = prober.probe(&job.request)?;
-    printer.data_json_line(&result);
+/// The child's side of isolated trials (`probe-one`): one job on stdin, one result on stdout.
+pub fn run_child() -> anyhow::Result<Status> {
+    child::serve_one(std::io::stdin().lock(), &mut std::io::stdout().lock())?;
     Ok(Status::Success)
 }
 
-/// The worker side of isolated probing: jobs one per line on stdin, each answered by one
-/// [`WorkerReply`] line on stdout, until the input ends. Every job must describe the same model,
-/// device and budgets as the first (the device and its emulated capacity are set up once).
-pub fn run_worker(printer: &Printer) -> anyhow::Result<Status> {
-    let mut lines = std::io::stdin().lock().lines();
-    let parse = |line: std::io::Result<String>| -> anyhow::Result<ChildJob> {
-        let line = line.map_err(|e| anyhow::anyhow!("probe-serve: cannot read stdin: {e}"))?;
-        serde_json::from_str(&line)
-            .map_err(|e| anyhow::anyhow!("probe-serve: a job on stdin is not valid JSON: {e}"))
-    };
-    let Some(first) = lines.next() else {
-        return Ok(Status::Success);
-    };
-    let first = parse(first)?;
-    let device = device::open(&first.device)?;
-    let mut memory = device::memory_meter(&device, first.gpu_capacity)?;
-    let mut job = first.clone();
-    loop {
-        if (&job.model, &job.device, job.gpu_capacity, job.host_budget)
-            != (
-                &first.model,
-                &first.device,
-                first.gpu_capacity,
-                first.host_budget,
-            )
-        {
-            anyhow::bail!(
-                "probe-serve: every job must name the first job's model, device and budgets"
-            );
-        }
-        let result = LiveProber::new(&job.model, &device, job.host_budget, memory.as_mut())
-            .probe(&job.request)?;
-        let leftover_device_bytes = memory.leftover_bytes()?;
-        printer.data_json_line(&WorkerReply {
-            result,
-            leftover_device_bytes,
-        });
-        match lines.next() {
-            Some(line) => job = parse(line)?,
-            None => return Ok(Status::Success),
-        }
-    }
+/// The worker's side of isolated trials (`probe-serve`): jobs on stdin until it ends, one
+/// reply line each on stdout.
+pub fn run_worker() -> anyhow::Result<Status> {
+    worker::serve(std::io::stdin().lock(), &mut std::io::stdout().lock())?;
+    Ok(Status::Success)
 }
-
-const GIB: f64 = (1u64 << 30) as f64;
 
 fn parse_bytes(text: &str) -> anyhow::Result<u64> {
     autotune::spec::budget::parse_bytes(text).map_err(|e| anyhow::anyhow!(e))

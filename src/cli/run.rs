@@ -12,6 +12,7 @@ use autotune::train::run::RunSummary;
 use super::args::RunArgs;
 use super::printer::Printer;
 use super::train::{train_with_plan, PlanTraining};
+use super::tune::config::TuneConfig;
 use super::tune::{emit, tune};
 use super::Status;
 
@@ -28,7 +29,7 @@ pub fn run(args: RunArgs, printer: &Printer) -> anyhow::Result<Status> {
             args.train.run_dir.display()
         )
     })?;
-    let tuned = tune(&args.tune, printer)?;
+    let tuned = tune(&TuneConfig::from_args(&args.tune)?, printer)?;
     let plan_path = args.train.run_dir.join("plan.json");
     // JSON output belongs to the combined report below, not to the tuning half.
     let quiet_json = Printer::new(false, false, false);

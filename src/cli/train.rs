@@ -13,7 +13,7 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 
 use autotune::backend as device;
-use autotune::dist::{Collective, RankEnv};
+use autotune::collective::{Collective, RankEnv};
 use autotune::plan::schema::Plan;
 use autotune::probe::host_memory;
 use autotune::spec::device::DeviceKind;
@@ -25,7 +25,7 @@ use autotune::{Knobs, ModelSpec};
 
 use super::args::TrainArgs;
 use super::printer::Printer;
-use super::tune::gib;
+use super::reporters::bytes;
 use super::Status;
 
 pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
@@ -67,7 +67,7 @@ pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
         return Ok(status_of(&summary));
     }
     let device_name = match &rank {
-        Some(r) => autotune::dist::rank::rank_device(&args.model.device, r.rank),
+        Some(r) => autotune::collective::rank::rank_device(&args.model.device, r.rank),
         None => args.model.device.clone(),
     };
     let device = device::open(&device_name)?;
@@ -162,8 +162,8 @@ pub fn train_with_plan(
     if host_memory::is_counting() && host_memory::limit_exceeded() {
         anyhow::bail!(
             "training reached {} of host heap, over the plan's host budget of {}; re-tune with a larger --headroom",
-            gib(host_memory::peak_bytes()),
-            gib(plan.budget.host_bytes)
+            bytes(host_memory::peak_bytes()),
+            bytes(plan.budget.host_bytes)
         );
     }
     host_memory::set_soft_limit(None);
@@ -255,7 +255,7 @@ pub struct Job<'a> {
     pub host_limit: Option<u64>,
     /// The device-memory meter (on a GPU it also configures the memory pool and emulates the
     /// plan's card): it must live as long as training does.
-    pub _pool: Box<dyn autotune::probe::live::DeviceMemory>,
+    pub _pool: Box<dyn autotune::backend::memory::DeviceMemory>,
 }
 
 impl Job<'_> {

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::dist::rank::{RankEnv, Rendezvous};
+use crate::collective::rank::{RankEnv, Rendezvous};
 use crate::{Error, Result};
 
 /// The line a launcher writes on a rank's stdin to ask it to checkpoint and stop.
@@ -345,7 +345,7 @@ pub fn local_tcp_rendezvous() -> Result<Rendezvous> {
 pub fn rendezvous_for(cuda: bool) -> Result<Rendezvous> {
     #[cfg(feature = "nccl")]
     if cuda {
-        return Ok(Rendezvous::Nccl(crate::dist::nccl::new_unique_id()?));
+        return Ok(Rendezvous::Nccl(crate::collective::nccl::new_unique_id()?));
     }
     let _ = cuda;
     local_tcp_rendezvous()

@@ -13,9 +13,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::dist::launch::{self, Launch, RankExit, RankInput};
-use crate::probe::child::ChildJob;
-use crate::probe::outcome::{Measurement, MemoryKind, Outcome, Phase, ProbeRequest, ProbeResult};
+use crate::probe::job::TrialJob;
 use crate::spec::model::ModelSpec;
+use crate::trial::{Measurement, MemoryKind, Outcome, Phase, Prober, TrialRequest, TrialResult};
 use crate::{Error, Result};
 
 /// How long the other ranks of a trial may run on after one has finished (one that stopped at
@@ -25,7 +25,7 @@ const GRACE_AFTER_EXIT: Duration = Duration::from_secs(20);
 /// Runs each trial as `knobs.data_parallel.degree` child processes.
 pub struct DataParallelProber {
     executable: PathBuf,
-    job: ChildJob,
+    job: TrialJob,
 }
 
 impl DataParallelProber {
@@ -40,12 +40,14 @@ impl DataParallelProber {
     ) -> Self {
         Self {
             executable,
-            job: ChildJob::new(model, device, gpu_capacity, host_budget),
+            job: TrialJob::new(model, device, gpu_capacity, host_budget),
         }
     }
+}
 
+impl Prober for DataParallelProber {
     /// Runs one trial on all ranks; a rank's crash or out-of-memory is an outcome.
-    pub fn probe(&mut self, request: &ProbeRequest) -> Result<ProbeResult> {
+    fn probe(&mut self, request: &TrialRequest) -> autotune_core::Result<TrialResult> {
         let started = Instant::now();
         let ranks = request.knobs.data_parallel.degree;
         let mut job = self.job.clone();
@@ -59,17 +61,17 @@ impl DataParallelProber {
             input: RankInput::Job(serde_json::to_vec(&job).expect("jobs always serialise")),
             grace_after_exit: Some(GRACE_AFTER_EXIT),
         };
-        let mut results: Vec<Option<ProbeResult>> = vec![None; ranks];
+        let mut results: Vec<Option<TrialResult>> = vec![None; ranks];
         let never = std::sync::atomic::AtomicBool::new(false);
         let outcome = launch::run(&launch, &never, &mut |event| {
             if let launch::LaunchEvent::Output { rank, line } = event {
-                if let Ok(result) = serde_json::from_str::<ProbeResult>(&line) {
+                if let Ok(result) = serde_json::from_str::<TrialResult>(&line) {
                     results[rank] = Some(result);
                 }
             }
         })?;
         let combined = combine(request, &results, &outcome.exits, outcome.failure.as_ref());
-        Ok(ProbeResult {
+        Ok(TrialResult {
             request: *request,
             outcome: combined,
             wall_s: started.elapsed().as_secs_f64(),
@@ -77,10 +79,33 @@ impl DataParallelProber {
     }
 }
 
+/// Sends each trial by its data-parallel degree: one-GPU trials to `single`, the others to
+/// their ranks. How a search over several degrees runs, whatever isolates its one-GPU trials.
+pub struct ByDegree {
+    single: Box<dyn Prober>,
+    ranks: DataParallelProber,
+}
+
+impl ByDegree {
+    /// Routes one-GPU trials to `single` and data-parallel ones to `ranks`.
+    pub fn new(single: Box<dyn Prober>, ranks: DataParallelProber) -> Self {
+        Self { single, ranks }
+    }
+}
+
+impl Prober for ByDegree {
+    fn probe(&mut self, request: &TrialRequest) -> autotune_core::Result<TrialResult> {
+        match request.knobs.data_parallel.degree {
+            1 => self.single.probe(request),
+            _ => self.ranks.probe(request),
+        }
+    }
+}
+
 /// One outcome from every rank's result (`None` where a rank printed none).
 fn combine(
-    request: &ProbeRequest,
-    results: &[Option<ProbeResult>],
+    request: &TrialRequest,
+    results: &[Option<TrialResult>],
     exits: &[RankExit],
     failure: Option<&launch::RankFailure>,
 ) -> Outcome {
@@ -125,7 +150,7 @@ fn combine(
     }
 }
 
-fn merge(request: &ProbeRequest, ranks: &[&Measurement]) -> Measurement {
+fn merge(request: &TrialRequest, ranks: &[&Measurement]) -> Measurement {
     let slowest = ranks
         .iter()
         .map(|m| m.step_time_median_s)
@@ -165,16 +190,16 @@ mod tests {
     use super::*;
     use crate::Knobs;
 
-    fn request() -> ProbeRequest {
-        ProbeRequest {
+    fn request() -> TrialRequest {
+        TrialRequest {
             knobs: Knobs::new(2, crate::Precision::Fp32),
             warmup_steps: 1,
             timed_steps: 3,
         }
     }
 
-    fn fits(gpu: u64, host: u64, step: f64, tokens_per_s: f64) -> Option<ProbeResult> {
-        Some(ProbeResult {
+    fn fits(gpu: u64, host: u64, step: f64, tokens_per_s: f64) -> Option<TrialResult> {
+        Some(TrialResult {
             request: request(),
             outcome: Outcome::Fits(Measurement {
                 peak_gpu_bytes: gpu,
@@ -203,7 +228,7 @@ mod tests {
 
     #[test]
     fn one_rank_out_of_memory_makes_the_setting_not_fit() {
-        let oom = Some(ProbeResult {
+        let oom = Some(TrialResult {
             outcome: Outcome::OutOfMemory {
                 memory: MemoryKind::Gpu,
                 phase: Phase::ForwardBackward,

@@ -1,10 +1,13 @@
 //! The Transformer language model, built from a [`ModelSpec`].
 
+pub mod autograd;
+pub mod batch;
 pub mod block;
 pub mod dropout;
 pub mod explicit;
 pub mod layers;
 pub mod params;
+pub mod recompute;
 
 use candle_core::{DType, Device, Tensor};
 

@@ -16,7 +16,6 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::hash::{splitmix64, GOLDEN};
-use crate::train::host_math;
 use crate::Result;
 
 /// How a parameter is initialised (PyTorch's defaults for each layer kind).
@@ -209,7 +208,7 @@ const INIT_CHUNK: usize = 1 << 18;
 /// `n` values of a random `init` for the parameter keyed `key`, filled on every core: every
 /// probe builds a fresh model, and one stream would take seconds for a billion parameters.
 fn fill_random(init: Init, n: usize, key: u64) -> Vec<f32> {
-    fill_random_on(init, n, key, host_math::default_threads())
+    fill_random_on(init, n, key, crate::parallel::default_threads())
 }
 
 /// [`fill_random`] over at most `threads` threads.
@@ -231,7 +230,7 @@ fn fill_random_on(init: Init, n: usize, key: u64, threads: usize) -> Vec<f32> {
             }
         }
     };
-    host_math::run_parallel(chunks.chunks_mut(per_thread), fill);
+    crate::parallel::run_parallel(chunks.chunks_mut(per_thread), fill);
     out
 }
 

@@ -10,7 +10,7 @@
 use candle_core::{bail, CpuStorage, DType, InplaceOp3, Layout, Result, Tensor};
 
 use super::contiguous;
-use crate::train::host_math::AdamConsts;
+use crate::ops::host_optim::AdamConsts;
 
 /// Which pass of the update.
 #[derive(Debug, Clone, Copy)]
@@ -206,7 +206,7 @@ mod multi {
 
     use super::AdamArgs;
     use crate::ops::cuda;
-    use crate::train::host_math::AdamConsts;
+    use crate::ops::host_optim::AdamConsts;
 
     /// Elements per block: 256 threads, eight elements each.
     const PER_BLOCK: i64 = 2048;

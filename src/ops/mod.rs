@@ -21,6 +21,7 @@ mod cross_entropy;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod epilogue;
+pub mod host_optim;
 mod layer_norm;
 mod permute;
 mod softmax;

@@ -1,63 +1,29 @@
-//! Isolated probes: each trial runs in a child process (`autotune probe-one`).
+//! Isolated trials: each runs in a child process (`autotune probe-one`). Both halves of the
+//! protocol are here: [`ChildProber`], the parent's, and [`serve_one`], the child's.
 //!
 //! A child guards the search against what an in-process trial cannot survive: a sticky CUDA
 //! error that poisons the context, a host allocation failure (Rust aborts), or the kernel's
-//! out-of-memory killer. The parent writes one [`ChildJob`] as JSON on the child's stdin and
-//! reads one [`ProbeResult`] as a JSON line from its stdout; anything else is an outcome too.
+//! out-of-memory killer. The parent writes one [`TrialJob`] as JSON on the child's stdin and
+//! reads one [`TrialResult`] as a JSON line from its stdout; anything else is an outcome too.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
-
-use crate::probe::outcome::{MemoryKind, Outcome, Phase, ProbeRequest, ProbeResult};
+use super::job::TrialJob;
+use super::live::LiveProber;
+use crate::backend;
+use crate::collective::rank::{rank_device, RankEnv};
+use crate::collective::Collective;
 use crate::spec::model::ModelSpec;
+use crate::trial::{MemoryKind, Outcome, Phase, Prober, TrialRequest, TrialResult};
 use crate::{Error, Result};
-
-/// Everything a child needs to run one trial.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ChildJob {
-    /// The model.
-    pub model: ModelSpec,
-    /// `cpu`, `cuda`, `cuda:N`.
-    pub device: String,
-    /// Emulated GPU capacity in bytes.
-    pub gpu_capacity: Option<u64>,
-    /// Host heap budget in bytes.
-    pub host_budget: Option<u64>,
-    /// The trial.
-    pub request: ProbeRequest,
-}
-
-impl ChildJob {
-    /// The job for trials of `model` on `device`; each trial sets its own `request`.
-    pub fn new(
-        model: &ModelSpec,
-        device: &str,
-        gpu_capacity: Option<u64>,
-        host_budget: Option<u64>,
-    ) -> Self {
-        Self {
-            model: model.clone(),
-            device: device.to_string(),
-            gpu_capacity,
-            host_budget,
-            request: ProbeRequest {
-                knobs: crate::Knobs::new(1, crate::Precision::Fp32),
-                warmup_steps: 0,
-                timed_steps: 0,
-            },
-        }
-    }
-}
 
 /// Runs trials in child processes of `executable probe-one`.
 pub struct ChildProber {
     executable: PathBuf,
-    job: ChildJob,
+    job: TrialJob,
 }
 
 impl ChildProber {
@@ -71,12 +37,14 @@ impl ChildProber {
     ) -> Self {
         Self {
             executable,
-            job: ChildJob::new(model, device, gpu_capacity, host_budget),
+            job: TrialJob::new(model, device, gpu_capacity, host_budget),
         }
     }
+}
 
+impl Prober for ChildProber {
     /// Runs one trial in a fresh child; crashes and kills become outcomes.
-    pub fn probe(&mut self, request: &ProbeRequest) -> Result<ProbeResult> {
+    fn probe(&mut self, request: &TrialRequest) -> autotune_core::Result<TrialResult> {
         let started = Instant::now();
         self.job.request = *request;
         let spawn_err =
@@ -95,7 +63,7 @@ impl ChildProber {
         let output = child.wait_with_output().map_err(spawn_err)?;
         let stdout = String::from_utf8_lossy(&output.stdout);
         if let Some(line) = stdout.lines().rev().find(|l| l.starts_with('{')) {
-            if let Ok(result) = serde_json::from_str::<ProbeResult>(line) {
+            if let Ok(result) = serde_json::from_str::<TrialResult>(line) {
                 return Ok(result);
             }
         }
@@ -106,12 +74,41 @@ impl ChildProber {
             .find(|l| !l.trim().is_empty())
             .unwrap_or("")
             .to_string();
-        Ok(ProbeResult {
+        Ok(TrialResult {
             request: *request,
             outcome: classify_exit(&output.status, last_line),
             wall_s: started.elapsed().as_secs_f64(),
         })
     }
+}
+
+/// The child's side: reads one [`TrialJob`] from `input`, runs it in this process and writes its
+/// [`TrialResult`] as one JSON line to `output`. Started as a rank (the rank variables are set),
+/// it runs the trial together with the other ranks of a data-parallel trial.
+pub fn serve_one(input: impl Read, output: &mut dyn Write) -> Result<()> {
+    let job: TrialJob = serde_json::from_reader(input)
+        .map_err(|e| Error::file("probe-one: cannot parse the trial job on", "stdin", e))?;
+    let rank = RankEnv::from_env()?;
+    let device_name = match &rank {
+        Some(r) => rank_device(&job.device, r.rank),
+        None => job.device.clone(),
+    };
+    let device = backend::open(&device_name)?;
+    let memory = backend::memory_meter(&device, job.gpu_capacity)?;
+    let mut prober = LiveProber::new(&job.model, &device, job.host_budget, memory);
+    if let Some(rank) = &rank {
+        prober = prober.with_group(Collective::join(rank, &device)?);
+    }
+    let result = prober.probe(&job.request)?;
+    write_line(output, &result)
+}
+
+/// One protocol message as a JSON line, flushed so that the parent reads it at once.
+pub(super) fn write_line<T: serde::Serialize>(output: &mut dyn Write, message: &T) -> Result<()> {
+    let text = serde_json::to_string(message).expect("protocol messages always serialise");
+    writeln!(output, "{text}")
+        .and_then(|()| output.flush())
+        .map_err(|e| Error::file("cannot write a trial reply to", "stdout", e))
 }
 
 /// A child that died without a result: the OOM killer's SIGKILL and allocation aborts are host

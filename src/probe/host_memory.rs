@@ -1,6 +1,6 @@
 //! Host heap accounting: a counting global allocator with a resettable high-water mark.
 //!
-//! The binary installs [`CountingAlloc`] as its global allocator. Probes reset the peak before a
+//! The binary installs [`CountingAlloc`] as its global allocator. Trials reset the peak before a
 //! trial and read it after, which measures the trial's real heap use (tensors on the CPU device,
 //! host copies for checkpoints, optimizer state in host memory) to the byte.
 //!

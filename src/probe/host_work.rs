@@ -3,15 +3,15 @@
 //!
 //! An offloaded step copies every gradient to the host, runs Adam there over the f32 masters
 //! and moments, and uploads the new working copies ([`crate::train::offload`]). The update
-//! alone, [`host_math::adam_step`] over every parameter, is a part of that work that no batch
+//! alone, [`host_optim::adam_step`] over every parameter, is a part of that work that no batch
 //! size amortises. Timing it here on a sample lets the search rule out an offloaded regime
 //! without a trial when even this part makes it slower than a setting already measured (an
 //! offloaded gpt-124m trial costs about 4 s, most of it host work).
 
 use std::time::Instant;
 
+use crate::ops::host_optim::{self, AdamConsts, HostState};
 use crate::spec::model::OptimizerSpec;
-use crate::train::host_math::{self, AdamConsts, HostState};
 
 /// Elements of the smaller of the two timed samples. Large enough to leave the caches, as the
 /// real buffers do (the larger sample is twice this: 4 f32 buffers, 128 MiB).
@@ -54,7 +54,7 @@ fn fastest_update_s(n: usize) -> f64 {
     let mut first = vec![0f32; n];
     let mut second = vec![0f32; n];
     let grads = vec![1e-3f32; n];
-    let threads = host_math::default_threads();
+    let threads = crate::parallel::default_threads();
     let mut fastest = f64::INFINITY;
     for step in 1..=REPEATS as u64 + 1 {
         let consts = AdamConsts::new(&spec, step);
@@ -66,7 +66,7 @@ fn fastest_update_s(n: usize) -> f64 {
         };
         let started = Instant::now();
         // Without the half-precision copy a real step also writes: less work, still a floor.
-        host_math::adam_step::<f32>(&consts, state, None, threads);
+        host_optim::adam_step::<f32>(&consts, state, None, threads);
         if step > 1 {
             fastest = fastest.min(started.elapsed().as_secs_f64());
         }

@@ -1,4 +1,4 @@
-//! In-process probes: real warm-up and timed training steps on a candle device.
+//! In-process trials: real warm-up and timed training steps on a candle device.
 //!
 //! A trial builds the model and optimizer, runs warm-up steps, times the measured steps
 //! (synchronising the device before every clock read), then runs an evaluation pass and a
@@ -10,66 +10,39 @@ use std::time::Instant;
 
 use candle_core::Device;
 
-use crate::dist::Collective;
+use crate::backend::memory::DeviceMemory;
+use crate::collective::Collective;
 use crate::knobs::Knobs;
 use crate::model::Engine;
 use crate::probe::host_memory;
-use crate::probe::outcome::{Measurement, MemoryKind, Outcome, Phase, ProbeRequest, ProbeResult};
 use crate::spec::model::ModelSpec;
 use crate::train::data::{Data, DataSpec};
 use crate::train::optim::Optimizer;
 use crate::train::step::Trainer;
+use crate::trial::{Measurement, MemoryKind, Outcome, Phase, Prober, TrialRequest, TrialResult};
 use crate::{Error, Result};
 
-/// Measures device memory for probes; the CPU has none.
-pub trait DeviceMemory {
-    /// Starts a new peak measurement.
-    fn reset_peak(&mut self) -> Result<()>;
-    /// Peak device bytes since the last reset, including what the driver holds outside the pool.
-    fn peak_bytes(&mut self) -> Result<u64>;
-    /// Device bytes still held once everything unused is released: 0 when the next trial
-    /// starts as it would in a fresh process.
-    fn leftover_bytes(&mut self) -> Result<u64>;
-    /// Logs the high-water marks so far at trace level, labelled with the trial's phase, to
-    /// see which phase of a trial sets its peak.
-    fn trace_marks(&mut self, _phase: &dyn std::fmt::Display) {}
-}
-
-/// No device memory to measure (CPU runs).
-pub struct NoDeviceMemory;
-
-impl DeviceMemory for NoDeviceMemory {
-    fn reset_peak(&mut self) -> Result<()> {
-        Ok(())
-    }
-    fn peak_bytes(&mut self) -> Result<u64> {
-        Ok(0)
-    }
-    fn leftover_bytes(&mut self) -> Result<u64> {
-        Ok(0)
-    }
-}
-
-/// Runs probes in this process.
-pub struct LiveProber<'a> {
+/// Runs trials in this process.
+pub struct LiveProber {
     spec: ModelSpec,
     device: Device,
     seed: u64,
     host_budget: Option<u64>,
-    device_memory: &'a mut dyn DeviceMemory,
+    device_memory: Box<dyn DeviceMemory>,
     engine: Engine,
     /// This process's data-parallel group, for one trial of a data-parallel setting.
     group: Option<Collective>,
 }
 
-impl<'a> LiveProber<'a> {
-    /// A prober for `spec` on `device`; `host_budget` (bytes of heap) makes exceeding it an
-    /// out-of-memory outcome.
+impl LiveProber {
+    /// A prober for `spec` on `device`, measuring device memory with `device_memory` (which on
+    /// a GPU also holds back what an emulated smaller card lacks); `host_budget` (bytes of
+    /// heap) makes exceeding it an out-of-memory outcome.
     pub fn new(
         spec: &ModelSpec,
         device: &Device,
         host_budget: Option<u64>,
-        device_memory: &'a mut dyn DeviceMemory,
+        device_memory: Box<dyn DeviceMemory>,
     ) -> Self {
         Self {
             spec: spec.clone(),
@@ -94,8 +67,13 @@ impl<'a> LiveProber<'a> {
         self
     }
 
-    /// Runs one trial. Out-of-memory is an outcome; only unexpected failures are errors.
-    pub fn probe(&mut self, request: &ProbeRequest) -> Result<ProbeResult> {
+    /// Device bytes still held once everything unused is released: 0 when the next trial
+    /// starts as it would in a fresh process.
+    pub fn leftover_device_bytes(&mut self) -> Result<u64> {
+        self.device_memory.leftover_bytes()
+    }
+
+    fn run(&mut self, request: &TrialRequest) -> Result<TrialResult> {
         let started = Instant::now();
         host_memory::set_soft_limit(self.host_budget);
         host_memory::reset_peak();
@@ -110,14 +88,14 @@ impl<'a> LiveProber<'a> {
             Err(Failure::OutOfMemory(memory, phase)) => Outcome::OutOfMemory { memory, phase },
             Err(Failure::Error(e)) => return Err(e),
         };
-        Ok(ProbeResult {
+        Ok(TrialResult {
             request: *request,
             outcome,
             wall_s: started.elapsed().as_secs_f64(),
         })
     }
 
-    fn trial(&mut self, request: &ProbeRequest) -> std::result::Result<Outcome, Failure> {
+    fn trial(&mut self, request: &TrialRequest) -> std::result::Result<Outcome, Failure> {
         let knobs = request.knobs;
         let mut clock = PhaseClock::start();
         let group = self.group.take().unwrap_or(Collective::Single);
@@ -179,6 +157,13 @@ impl<'a> LiveProber<'a> {
             return Err(Failure::OutOfMemory(MemoryKind::Host, phase));
         }
         Ok(())
+    }
+}
+
+impl Prober for LiveProber {
+    /// Runs one trial. Out-of-memory is an outcome; only unexpected failures are errors.
+    fn probe(&mut self, request: &TrialRequest) -> autotune_core::Result<TrialResult> {
+        Ok(self.run(request)?)
     }
 }
 

@@ -1,13 +1,20 @@
-//! Probes: short real training trials that measure one setting, or report that it ran out of memory.
+//! Probing: short real training trials that measure one setting, or report that it ran out of
+//! memory. Every way of running them is a [`Prober`] (the core's trait), so the search never
+//! knows which one it drives.
 //!
 //! Where a trial runs: in this process ([`live`]), in a fresh child process ([`child`]), or in
-//! a long-lived child that serves trial after trial while it stays clean ([`worker`]).
+//! a long-lived child that serves trial after trial while it stays clean ([`worker`]). Each
+//! protocol's two halves, the parent's prober and the child's server, sit in one file; both
+//! exchange a [`job::TrialJob`]. Data-parallel trials run as several ranks
+//! (`crate::dist::probe`), recorded ones are answered by the core's `ReplayProber`.
+//! [`host_memory`] counts the heap a trial takes, and [`host_work`] measures the host update
+//! that bounds offloaded regimes before their first trial.
 
 pub mod child;
-#[cfg(feature = "cuda")]
-pub mod gpu_memory;
 pub mod host_memory;
 pub mod host_work;
+pub mod job;
 pub mod live;
-pub mod outcome;
 pub mod worker;
+
+pub use crate::trial::Prober;

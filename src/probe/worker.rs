@@ -1,4 +1,6 @@
 //! Trials in a long-lived child process (`autotune probe-serve`), replaced when it is not clean.
+//! Both halves of the protocol are here: [`WorkerProber`], the parent's, and [`serve`], the
+//! worker's.
 //!
 //! A fresh child per trial ([`super::child`]) pays a process start, a CUDA context, cuBLAS
 //! handles and module loads every time: about half a second per trial on an H200, more than
@@ -18,7 +20,7 @@
 //! held is dropped, and on an H200 the pool was empty at the start of every trial after one,
 //! with the same memory outside the pool (`benches/results/2026-12-03-h200-worker-trials/`).
 //!
-//! Protocol: the parent writes one [`ChildJob`] per line on the worker's stdin (the same model,
+//! Protocol: the parent writes one [`TrialJob`] per line on the worker's stdin (the same model,
 //! device and budgets every time, only the request changes) and reads one [`WorkerReply`] per
 //! line from its stdout. End of input ends the worker.
 
@@ -30,9 +32,12 @@ use std::thread::JoinHandle;
 
 use serde::{Deserialize, Serialize};
 
-use super::child::{classify_exit, ChildJob};
-use crate::probe::outcome::{Outcome, ProbeRequest, ProbeResult};
+use super::child::{classify_exit, write_line};
+use super::job::TrialJob;
+use super::live::LiveProber;
+use crate::backend;
 use crate::spec::model::ModelSpec;
+use crate::trial::{Outcome, Prober, TrialRequest, TrialResult};
 use crate::{Error, Result};
 
 /// A worker's answer to one job.
@@ -40,7 +45,7 @@ use crate::{Error, Result};
 #[serde(deny_unknown_fields)]
 pub struct WorkerReply {
     /// The trial.
-    pub result: ProbeResult,
+    pub result: TrialResult,
     /// Device bytes the worker's memory pool still held after the trial, once trimmed; 0 when
     /// the next trial starts as in a fresh process.
     pub leftover_device_bytes: u64,
@@ -56,7 +61,7 @@ impl WorkerReply {
 /// Runs trials in a long-lived child of `executable probe-serve`.
 pub struct WorkerProber {
     executable: PathBuf,
-    job: ChildJob,
+    job: TrialJob,
     worker: Option<Worker>,
     started: usize,
 }
@@ -72,7 +77,7 @@ impl WorkerProber {
     ) -> Self {
         Self {
             executable,
-            job: ChildJob::new(model, device, gpu_capacity, host_budget),
+            job: TrialJob::new(model, device, gpu_capacity, host_budget),
             worker: None,
             started: 0,
         }
@@ -82,10 +87,12 @@ impl WorkerProber {
     pub fn workers_started(&self) -> usize {
         self.started
     }
+}
 
+impl Prober for WorkerProber {
     /// Runs one trial in the worker, starting one if none is alive; crashes and kills become
     /// outcomes.
-    pub fn probe(&mut self, request: &ProbeRequest) -> Result<ProbeResult> {
+    fn probe(&mut self, request: &TrialRequest) -> autotune_core::Result<TrialResult> {
         self.job.request = *request;
         let line = serde_json::to_string(&self.job).expect("jobs always serialise");
         if self.worker.is_none() {
@@ -108,7 +115,7 @@ impl WorkerProber {
             }
             None => {
                 let worker = self.worker.take().expect("asked above");
-                Ok(ProbeResult {
+                Ok(TrialResult {
                     request: *request,
                     outcome: worker.died(),
                     wall_s: 0.0,
@@ -120,6 +127,7 @@ impl WorkerProber {
 
 impl Drop for WorkerProber {
     fn drop(&mut self) {
+        tracing::debug!(workers = self.started, "probe workers started");
         if let Some(worker) = self.worker.take() {
             worker.retire();
         }
@@ -232,6 +240,57 @@ impl Worker {
     fn join_stderr(&mut self) {
         if let Some(reader) = self.stderr_reader.take() {
             let _ = reader.join();
+        }
+    }
+}
+
+/// The worker's side: jobs one per line on `input`, each answered by one [`WorkerReply`] line
+/// on `output`, until the input ends. Every job must describe the same model, device and
+/// budgets as the first (the device and its emulated capacity are set up once).
+pub fn serve(input: impl BufRead, output: &mut dyn Write) -> Result<()> {
+    let mut lines = input.lines();
+    let parse = |line: std::io::Result<String>| -> Result<TrialJob> {
+        let line = line.map_err(|e| Error::file("probe-serve: cannot read", "stdin", e))?;
+        serde_json::from_str(&line)
+            .map_err(|e| Error::file("probe-serve: cannot parse a trial job on", "stdin", e))
+    };
+    let Some(first) = lines.next() else {
+        return Ok(());
+    };
+    let first = parse(first)?;
+    let device = backend::open(&first.device)?;
+    let memory = backend::memory_meter(&device, first.gpu_capacity)?;
+    let mut prober = LiveProber::new(&first.model, &device, first.host_budget, memory);
+    let same_setup = |job: &TrialJob| {
+        (&job.model, &job.device, job.gpu_capacity, job.host_budget)
+            == (
+                &first.model,
+                &first.device,
+                first.gpu_capacity,
+                first.host_budget,
+            )
+    };
+    let mut job = first.clone();
+    loop {
+        if !same_setup(&job) {
+            return Err(Error::invalid(
+                "probe-serve job",
+                "model, device, gpu_capacity, host_budget",
+                "must be the first job's: a worker serves one setup",
+            ));
+        }
+        let result = prober.probe(&job.request)?;
+        let leftover_device_bytes = prober.leftover_device_bytes()?;
+        write_line(
+            output,
+            &WorkerReply {
+                result,
+                leftover_device_bytes,
+            },
+        )?;
+        match lines.next() {
+            Some(line) => job = parse(line)?,
+            None => return Ok(()),
         }
     }
 }

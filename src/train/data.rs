@@ -11,6 +11,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+use crate::model::batch::Batch;
 use crate::model::dropout::Dropout;
 use crate::spec::model::ModelSpec;
 use crate::{Error, Result};
@@ -60,30 +61,6 @@ impl fmt::Display for DataSpec {
                 write!(f, "{}", p.display())
             }
         }
-    }
-}
-
-/// One micro-batch: `inputs` `(batch, seq)` and `targets` `(batch·seq)`, both u32.
-pub struct Batch {
-    /// Input token ids.
-    pub inputs: Tensor,
-    /// Target token id for every input position, flattened.
-    pub targets: Tensor,
-}
-
-impl Batch {
-    /// Sequences `start..start + len` of this batch.
-    pub fn narrow(&self, start: usize, len: usize) -> Result<Batch> {
-        let seq = self.inputs.dim(1)?;
-        Ok(Batch {
-            inputs: self.inputs.narrow(0, start, len)?,
-            targets: self.targets.narrow(0, start * seq, len * seq)?,
-        })
-    }
-
-    /// Number of sequences.
-    pub fn sequences(&self) -> usize {
-        self.inputs.dims()[0]
     }
 }
 

@@ -4,7 +4,7 @@
 //! vectors in f32, see [`crate::model::params::working_dtype`]), which the forward pass uses as
 //! they are. Per micro-batch each gradient is copied to the host and summed in f32 there, so
 //! accumulation costs no device memory and loses no precision; the Adam update then runs on
-//! the host over flat buffers with every core ([`crate::train::host_math`]), writing the new
+//! the host over flat buffers with every core ([`crate::ops::host_optim`]), writing the new
 //! half-precision working copies in the same pass, and those are uploaded.
 //!
 //! On a CPU device the placement changes nothing, but the same code runs, so tests cover it.
@@ -19,8 +19,8 @@ use candle_core::cpu_backend::CpuDevice;
 use candle_core::{CpuStorage, DType, Device, Shape, Storage, Tensor, Var};
 
 use crate::knobs::{Knobs, Offload};
+use crate::ops::host_optim::{self, AdamConsts, HostState};
 use crate::spec::model::{ModelSpec, OptimizerSpec};
-use crate::train::host_math::{self, AdamConsts, HostState};
 use crate::train::tensor_file::{self, Entry};
 use crate::Result;
 
@@ -84,7 +84,7 @@ impl OffloadAdam {
             master,
             staging,
             steps: 0,
-            threads: host_math::default_threads(),
+            threads: crate::parallel::default_threads(),
         };
         Ok(state)
     }
@@ -114,9 +114,9 @@ impl OffloadAdam {
         let dst = &mut self.grads[self.ranges[index].clone()];
         let t = self.threads;
         match cpu {
-            CpuStorage::F32(v) => host_math::accumulate(dst, &v[start..end], first, t),
-            CpuStorage::BF16(v) => host_math::accumulate(dst, &v[start..end], first, t),
-            CpuStorage::F16(v) => host_math::accumulate(dst, &v[start..end], first, t),
+            CpuStorage::F32(v) => host_optim::accumulate(dst, &v[start..end], first, t),
+            CpuStorage::BF16(v) => host_optim::accumulate(dst, &v[start..end], first, t),
+            CpuStorage::F16(v) => host_optim::accumulate(dst, &v[start..end], first, t),
             _ => {
                 return Err(crate::Error::internal(format!(
                     "gradient {index} has dtype {:?}",
@@ -136,7 +136,7 @@ impl OffloadAdam {
     /// Divides the summed gradients by the loss scale and reports whether all are finite.
     pub fn unscale_and_check(&mut self, scale: f64) -> bool {
         let inv = (scale != 1.0).then_some((1.0 / scale) as f32);
-        host_math::unscale_and_check(&mut self.grads, inv, self.threads)
+        host_optim::unscale_and_check(&mut self.grads, inv, self.threads)
     }
 
     /// Applies one update with the summed gradients and uploads the new working copies.
@@ -151,9 +151,9 @@ impl OffloadAdam {
         };
         let t = self.threads;
         match &mut self.staging {
-            None => host_math::adam_step::<f32>(&c, state, None, t),
-            Some(CpuStorage::BF16(w)) => host_math::adam_step(&c, state, Some(w), t),
-            Some(CpuStorage::F16(w)) => host_math::adam_step(&c, state, Some(w), t),
+            None => host_optim::adam_step::<f32>(&c, state, None, t),
+            Some(CpuStorage::BF16(w)) => host_optim::adam_step(&c, state, Some(w), t),
+            Some(CpuStorage::F16(w)) => host_optim::adam_step(&c, state, Some(w), t),
             Some(_) => {
                 return Err(crate::Error::internal(
                     "working copies must be f32, bf16 or f16".to_string(),
@@ -186,8 +186,8 @@ impl OffloadAdam {
     fn refresh_working(&mut self) -> Result<()> {
         let t = self.threads;
         match &mut self.staging {
-            Some(CpuStorage::BF16(w)) => host_math::fill_working(&self.master, w, t),
-            Some(CpuStorage::F16(w)) => host_math::fill_working(&self.master, w, t),
+            Some(CpuStorage::BF16(w)) => host_optim::fill_working(&self.master, w, t),
+            Some(CpuStorage::F16(w)) => host_optim::fill_working(&self.master, w, t),
             _ => {}
         }
         self.upload()
@@ -351,7 +351,7 @@ pub fn host_bytes_estimate(spec: &ModelSpec, knobs: &Knobs) -> u64 {
     .into_iter()
     .max()
     .unwrap_or(0) as u64;
-    let b = knobs.precision.compute_dtype().size_in_bytes() as u64;
+    let b = crate::backend::compute_dtype(knobs.precision).size_in_bytes() as u64;
     let tokens = 8 * (knobs.global_batch() * spec.seq_len) as u64;
     let state = match knobs.offload {
         Offload::Optimizer => {

@@ -9,8 +9,8 @@ use std::ops::Range;
 
 use candle_core::{Tensor, Var};
 
+use crate::ops::host_optim::AdamConsts;
 use crate::spec::model::OptimizerSpec;
-use crate::train::host_math::AdamConsts;
 use crate::train::offload::OffloadAdam;
 use crate::Result;
 

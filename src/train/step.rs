@@ -23,17 +23,19 @@ use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::dist::collective::{balanced_ranges, Collective};
+use crate::collective::{balanced_ranges, Collective};
 use crate::knobs::{Knobs, Offload};
+use crate::model::autograd::forward_backward;
+use crate::model::batch::Batch;
 use crate::model::dropout::Dropout;
 use crate::model::layers::{cast, cross_entropy};
 use crate::model::params::InitValues;
+use crate::model::recompute::RecomputedBlocks;
 use crate::model::{explicit, Ctx, Engine, Masters, Transformer};
 use crate::spec::model::ModelSpec;
-use crate::train::data::{Batch, Data};
+use crate::train::data::Data;
 use crate::train::offload::OffloadAdam;
 use crate::train::optim::{Adam, Optimizer};
-use crate::train::recompute::{forward_backward, SegmentPlan};
 use crate::train::scaler::{LossScaler, ScaleDecision};
 use crate::Result;
 
@@ -67,7 +69,7 @@ pub struct Trainer {
 /// run passes while it updates the optimizer's state.
 struct Setup {
     model: Transformer,
-    plan: SegmentPlan,
+    plan: RecomputedBlocks,
     knobs: Knobs,
     device: Device,
     seed: u64,
@@ -142,7 +144,7 @@ impl Trainer {
         let masters = match knobs.offload {
             Offload::None => Masters::Device,
             Offload::Optimizer => Masters::Host {
-                compute: knobs.precision.compute_dtype(),
+                compute: crate::backend::compute_dtype(knobs.precision),
             },
         };
         let mut model = Transformer::build(spec, device, seed, masters, values)?;
@@ -171,7 +173,7 @@ impl Trainer {
         };
         Ok(Self {
             setup: Setup {
-                plan: SegmentPlan::new(knobs.checkpointing, spec.n_layers),
+                plan: RecomputedBlocks::new(knobs.checkpointing, spec.n_layers),
                 model,
                 knobs,
                 device: device.clone(),
@@ -408,7 +410,7 @@ impl Trainer {
 
     /// Mean loss on `batch` without dropout or gradients.
     pub fn eval_loss(&self, batch: &Batch) -> Result<f64> {
-        let dtype = self.setup.knobs.precision.compute_dtype();
+        let dtype = crate::backend::compute_dtype(self.setup.knobs.precision);
         if let Some(attention) = self.setup.engine.explicit_attention() {
             return explicit::eval_loss(&self.setup.model, batch, dtype, attention);
         }
@@ -438,7 +440,7 @@ impl Setup {
         batches: &[Batch],
         sink: &mut dyn FnMut(usize, usize, Tensor) -> Result<()>,
     ) -> Result<f64> {
-        let dtype = self.knobs.precision.compute_dtype();
+        let dtype = crate::backend::compute_dtype(self.knobs.precision);
         let factor = scale / (batches.len() * self.ranks) as f64;
         let mut loss_total = 0.0;
         for (micro, batch) in batches.iter().enumerate() {

@@ -6,9 +6,9 @@ use std::path::Path;
 use serde_json::Value;
 
 use autotune::plan::Plan;
-use autotune::probe::outcome::Outcome;
 use autotune::profile::record::{Profile, RecordedDevice};
 use autotune::search::space::SearchSpace;
+use autotune::trial::Outcome;
 
 use crate::util::{autotune_in, stderr, stdout};
 
@@ -45,7 +45,7 @@ fn record(dir: &Path) -> Profile {
             "schema_version": 1,
             "kind": "autotune-profile",
             "tool": plan.tool,
-            "candle_version": autotune::profile::record::CANDLE_VERSION,
+            "candle_version": autotune::backend::CANDLE_VERSION,
             "device": RecordedDevice::new(plan.device.clone(), "cpu"),
             "model": plan.model,
             "budget": plan.budget,
@@ -83,9 +83,9 @@ fn a_live_rerun_of_a_recording_passes() {
     assert_eq!(report["regressions"], 0);
     assert_eq!(
         report["settings"].as_array().unwrap().len(),
-        profile.probes.len()
+        profile.trials.len()
     );
-    assert!(stderr(&out).contains(&format!("[{n}/{n}]", n = profile.probes.len())));
+    assert!(stderr(&out).contains(&format!("[{n}/{n}]", n = profile.trials.len())));
 }
 
 #[test]
@@ -93,7 +93,7 @@ fn a_replayed_slowdown_fails_with_exit_1() {
     let dir = tempfile::tempdir().unwrap();
     let profile = record(dir.path());
     let mut slower = profile.clone();
-    for r in &mut slower.probes {
+    for r in &mut slower.trials {
         if let Outcome::Fits(m) = &mut r.outcome {
             m.step_time_median_s *= 1.5;
             m.step_time_spread = 0.0;

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use candle_core::Device;
 use serde_json::Value;
 
-use autotune::dist::tcp::TcpGroup;
-use autotune::dist::Collective;
+use autotune::collective::tcp::TcpGroup;
+use autotune::collective::Collective;
 use autotune::knobs::{DataParallel, Knobs, Precision};
 use autotune::spec::model::ModelSpec;
 use autotune::train::data::{Data, DataSpec};

@@ -5,8 +5,9 @@ use std::path::PathBuf;
 
 use autotune::knobs::{Knobs, Precision};
 use autotune::probe::child::ChildProber;
-use autotune::probe::outcome::{Outcome, ProbeRequest};
 use autotune::probe::worker::WorkerProber;
+use autotune::probe::Prober;
+use autotune::trial::{Outcome, TrialRequest};
 
 use crate::util::{self, small_gpt};
 
@@ -14,8 +15,8 @@ fn exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_autotune"))
 }
 
-fn request(micro_batch: usize) -> ProbeRequest {
-    ProbeRequest {
+fn request(micro_batch: usize) -> TrialRequest {
+    TrialRequest {
         knobs: Knobs::new(micro_batch, Precision::Fp32),
         warmup_steps: 1,
         timed_steps: 2,

@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use autotune::probe::outcome::{Outcome, ProbeRequest, ProbeResult};
 use autotune::profile::check::{check, Tolerance};
 use autotune::profile::record::Profile;
+use autotune::trial::{Outcome, TrialRequest, TrialResult};
 
 use crate::util::{autotune, stderr, stdout};
 
@@ -54,15 +54,15 @@ fn replaying_a_gpu_recording_yields_the_plan_chosen_on_the_gpu() {
 }
 
 /// The fresh trials of a `check --json` report made on the GPU.
-fn rerun(report: &str) -> Vec<ProbeResult> {
+fn rerun(report: &str) -> Vec<TrialResult> {
     let text = std::fs::read_to_string(repo(report)).unwrap();
     let report: Value = serde_json::from_str(&text).unwrap();
     report["settings"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|s| ProbeResult {
-            request: serde_json::from_value::<ProbeRequest>(s["request"].clone()).unwrap(),
+        .map(|s| TrialResult {
+            request: serde_json::from_value::<TrialRequest>(s["request"].clone()).unwrap(),
             outcome: serde_json::from_value::<Outcome>(s["now"].clone()).unwrap(),
             wall_s: 0.0,
         })
@@ -89,7 +89,7 @@ fn two_gpu_reruns_of_a_recording_pass_and_injected_growth_fails() {
             "{report}: noise flagged as regression: {failing:?}"
         );
 
-        let grown: Vec<ProbeResult> = fresh
+        let grown: Vec<TrialResult> = fresh
             .into_iter()
             .map(|mut r| {
                 if let Outcome::Fits(m) = &mut r.outcome {

@@ -27,12 +27,12 @@ use std::collections::HashMap;
 
 use candle_core::{DType, Tensor, TensorId};
 
+use crate::model::batch::Batch;
 use crate::model::dropout::Dropout;
+use crate::model::recompute::RecomputedBlocks;
 use crate::model::Transformer;
 use crate::ops::{self, DropoutMask};
 use crate::spec::model::NormPlacement;
-use crate::train::data::Batch;
-use crate::train::recompute::SegmentPlan;
 use crate::{Error, Result};
 
 pub use self::attention::Attention;
@@ -48,7 +48,7 @@ const EMBED_PART: u64 = u64::MAX;
 #[allow(clippy::too_many_arguments)]
 pub fn forward_backward(
     model: &Transformer,
-    plan: &SegmentPlan,
+    plan: &RecomputedBlocks,
     batch: &Batch,
     dtype: DType,
     attention: Attention,

@@ -3,7 +3,7 @@
 //! their tiling.
 
 use super::Args;
-use crate::train::host_math::{default_threads, run_parallel};
+use crate::parallel::{default_threads, run_parallel};
 
 /// Row-major views of one (sequence, head) inside the token-major q/k/v rows.
 struct Head<'a> {

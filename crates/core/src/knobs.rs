@@ -1,0 +1,457 @@
+//! The settings a plan chooses: micro-batch, accumulation, precision, checkpointing, offload,
+//! and data parallelism over several GPUs.
+//!
+//! [`Knobs`] is one point of the search space. [`Regime`] is a point with the batch sizes
+//! removed: memory and step time are modelled per regime as functions of the micro-batch.
+//! Micro-batch and accumulation are per GPU; [`DataParallel`] says how many GPUs run them.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Arithmetic precision of a training step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// Everything in f32.
+    Fp32,
+    /// f32 master weights and optimizer; forward and backward in bf16.
+    Bf16,
+    /// f32 master weights and optimizer; forward and backward in f16 with dynamic loss scaling.
+    Fp16,
+}
+
+impl Precision {
+    /// All precisions, fastest-first on tensor-core GPUs.
+    pub const ALL: [Precision; 3] = [Precision::Bf16, Precision::Fp16, Precision::Fp32];
+
+    /// Whether the step needs dynamic loss scaling (f16's narrow exponent range).
+    pub fn needs_loss_scaling(self) -> bool {
+        self == Precision::Fp16
+    }
+
+    /// The lowercase name used in JSON and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Bf16 => "bf16",
+            Precision::Fp16 => "fp16",
+        }
+    }
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Precision {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "fp32" | "f32" => Ok(Precision::Fp32),
+            "bf16" => Ok(Precision::Bf16),
+            "fp16" | "f16" => Ok(Precision::Fp16),
+            _ => Err(format!(
+                "unknown precision `{s}`; expected fp32, bf16 or fp16"
+            )),
+        }
+    }
+}
+
+/// Activation checkpointing: which Transformer blocks keep only their input and recompute in backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "mode", content = "k")]
+pub enum Checkpointing {
+    /// Keep every activation.
+    None,
+    /// Recompute every k-th block (k = 1 recomputes all blocks).
+    EveryKth(u32),
+}
+
+impl Checkpointing {
+    /// Whether block `index` (0-based) is recomputed in backward.
+    pub fn recomputes(self, index: usize) -> bool {
+        match self {
+            Checkpointing::None => false,
+            Checkpointing::EveryKth(0) => false,
+            Checkpointing::EveryKth(k) => index % k as usize == 0,
+        }
+    }
+}
+
+impl fmt::Display for Checkpointing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Checkpointing::None => f.write_str("none"),
+            Checkpointing::EveryKth(1) => f.write_str("all"),
+            Checkpointing::EveryKth(k) => write!(f, "every-{k}"),
+        }
+    }
+}
+
+impl FromStr for Checkpointing {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || format!("unknown checkpointing `{s}`; expected none, all or every-K (K ≥ 1)");
+        match s {
+            "none" => Ok(Checkpointing::None),
+            "all" => Ok(Checkpointing::EveryKth(1)),
+            _ => {
+                let k: u32 = s
+                    .strip_prefix("every-")
+                    .ok_or_else(err)?
+                    .parse()
+                    .map_err(|_| err())?;
+                if k == 0 {
+                    return Err(err());
+                }
+                Ok(Checkpointing::EveryKth(k))
+            }
+        }
+    }
+}
+
+/// Where optimizer state lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Offload {
+    /// Master weights and optimizer moments on the training device.
+    None,
+    /// f32 master weights and Adam moments in host memory; the update runs on the CPU.
+    Optimizer,
+}
+
+impl fmt::Display for Offload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Offload::None => "none",
+            Offload::Optimizer => "optimizer",
+        })
+    }
+}
+
+impl FromStr for Offload {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "none" => Ok(Offload::None),
+            "optimizer" | "cpu" => Ok(Offload::Optimizer),
+            _ => Err(format!("unknown offload `{s}`; expected none or optimizer")),
+        }
+    }
+}
+
+/// Data parallelism: how many GPUs of one host (one process each) train on distinct slices of
+/// every optimizer step's batch, and whether they split the optimizer state between them.
+///
+/// In JSON it is absent from knobs and regimes that train on one GPU, so single-GPU documents
+/// read and write exactly as before; otherwise `{"degree": N, "shard_optimizer": bool}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataParallel {
+    /// GPUs (ranks) per step; 1 = no data parallelism.
+    pub degree: usize,
+    /// ZeRO stage 1: each rank keeps the Adam moments of its share of the parameters only,
+    /// updates that share, and the updated weights are broadcast to the other ranks.
+    #[serde(default)]
+    pub shard_optimizer: bool,
+}
+
+impl DataParallel {
+    /// One GPU, nothing shared.
+    pub const SINGLE: DataParallel = DataParallel {
+        degree: 1,
+        shard_optimizer: false,
+    };
+
+    /// `degree` ranks without sharding.
+    pub fn replicated(degree: usize) -> Self {
+        Self {
+            degree,
+            shard_optimizer: false,
+        }
+    }
+
+    /// Whether this is one GPU without sharding (the JSON omits it then).
+    pub fn is_single(&self) -> bool {
+        *self == Self::SINGLE
+    }
+}
+
+impl Default for DataParallel {
+    fn default() -> Self {
+        Self::SINGLE
+    }
+}
+
+impl fmt::Display for DataParallel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "dp={}", self.degree)?;
+        if self.shard_optimizer {
+            f.write_str(" zero1")?;
+        }
+        Ok(())
+    }
+}
+
+/// The batch-independent part of a plan: memory and time are modelled per regime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Regime {
+    /// Arithmetic precision.
+    pub precision: Precision,
+    /// Activation checkpointing.
+    pub checkpointing: Checkpointing,
+    /// Optimizer placement.
+    pub offload: Offload,
+    /// GPUs per step and optimizer sharding.
+    #[serde(default, skip_serializing_if = "DataParallel::is_single")]
+    pub data_parallel: DataParallel,
+}
+
+impl Regime {
+    /// Whether the regime trades speed for memory (checkpointing, offload or sharding).
+    pub fn saves_memory(&self) -> bool {
+        self.checkpointing != Checkpointing::None
+            || self.offload != Offload::None
+            || self.data_parallel.shard_optimizer
+    }
+}
+
+impl fmt::Display for Regime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} ckpt={} offload={}",
+            self.precision, self.checkpointing, self.offload
+        )?;
+        if !self.data_parallel.is_single() {
+            write!(f, " {}", self.data_parallel)?;
+        }
+        Ok(())
+    }
+}
+
+/// One training configuration: everything a step needs besides the model and the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Knobs {
+    /// Sequences per forward/backward pass.
+    pub micro_batch: usize,
+    /// Micro-batches whose gradients are summed before one optimizer step.
+    pub grad_accum: usize,
+    /// Arithmetic precision.
+    pub precision: Precision,
+    /// Activation checkpointing.
+    #[serde(default = "no_checkpointing")]
+    pub checkpointing: Checkpointing,
+    /// Optimizer placement.
+    #[serde(default = "no_offload")]
+    pub offload: Offload,
+    /// GPUs per step and optimizer sharding; micro-batch and accumulation are per GPU.
+    #[serde(default, skip_serializing_if = "DataParallel::is_single")]
+    pub data_parallel: DataParallel,
+}
+
+fn no_checkpointing() -> Checkpointing {
+    Checkpointing::None
+}
+
+fn no_offload() -> Offload {
+    Offload::None
+}
+
+impl Knobs {
+    /// Plain knobs: no accumulation, no checkpointing, no offload.
+    pub fn new(micro_batch: usize, precision: Precision) -> Self {
+        Self {
+            micro_batch,
+            grad_accum: 1,
+            precision,
+            checkpointing: Checkpointing::None,
+            offload: Offload::None,
+            data_parallel: DataParallel::SINGLE,
+        }
+    }
+
+    /// Sequences per optimizer step over all GPUs: micro-batch × accumulation × degree.
+    pub fn global_batch(&self) -> usize {
+        self.per_rank_batch() * self.data_parallel.degree
+    }
+
+    /// Sequences one GPU (rank) runs per optimizer step: micro-batch × accumulation.
+    pub fn per_rank_batch(&self) -> usize {
+        self.micro_batch * self.grad_accum
+    }
+
+    /// The batch-independent part.
+    pub fn regime(&self) -> Regime {
+        Regime {
+            precision: self.precision,
+            checkpointing: self.checkpointing,
+            offload: self.offload,
+            data_parallel: self.data_parallel,
+        }
+    }
+
+    /// The same regime at another micro-batch and accumulation.
+    pub fn with_batch(regime: Regime, micro_batch: usize, grad_accum: usize) -> Self {
+        Self {
+            micro_batch,
+            grad_accum,
+            precision: regime.precision,
+            checkpointing: regime.checkpointing,
+            offload: regime.offload,
+            data_parallel: regime.data_parallel,
+        }
+    }
+
+    /// Checks the knobs on their own; `field_prefix` names where they came from in error messages.
+    pub fn validate(&self, what: &'static str, field_prefix: &str) -> crate::Result<()> {
+        if self.micro_batch == 0 {
+            return Err(crate::Error::invalid(
+                what,
+                format!("{field_prefix}micro_batch"),
+                "must be at least 1",
+            ));
+        }
+        if self.grad_accum == 0 {
+            return Err(crate::Error::invalid(
+                what,
+                format!("{field_prefix}grad_accum"),
+                "must be at least 1",
+            ));
+        }
+        if self.checkpointing == Checkpointing::EveryKth(0) {
+            return Err(crate::Error::invalid(
+                what,
+                format!("{field_prefix}checkpointing"),
+                "k must be at least 1 (1 = every block)",
+            ));
+        }
+        let dp = self.data_parallel;
+        if dp.degree == 0 {
+            return Err(crate::Error::invalid(
+                what,
+                format!("{field_prefix}data_parallel.degree"),
+                "must be at least 1 (1 = one GPU)",
+            ));
+        }
+        if dp.shard_optimizer && dp.degree == 1 {
+            return Err(crate::Error::invalid(
+                what,
+                format!("{field_prefix}data_parallel.shard_optimizer"),
+                "needs a data-parallel degree of at least 2 (one GPU has nothing to share the state with)",
+            ));
+        }
+        if dp.shard_optimizer && self.offload == Offload::Optimizer {
+            return Err(crate::Error::invalid(
+                what,
+                format!("{field_prefix}data_parallel.shard_optimizer"),
+                "cannot be combined with optimizer offload yet; shard the optimizer or offload it, not both",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Knobs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "mb={} accum={} {}",
+            self.micro_batch,
+            self.grad_accum,
+            self.regime()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for p in Precision::ALL {
+            assert_eq!(p.as_str().parse::<Precision>().unwrap(), p);
+        }
+        for c in [
+            Checkpointing::None,
+            Checkpointing::EveryKth(1),
+            Checkpointing::EveryKth(3),
+        ] {
+            assert_eq!(c.to_string().parse::<Checkpointing>().unwrap(), c);
+        }
+        assert!("every-0".parse::<Checkpointing>().is_err());
+        assert!("fp8".parse::<Precision>().is_err());
+    }
+
+    #[test]
+    fn every_kth_selects_blocks() {
+        let picked: Vec<usize> = (0..6)
+            .filter(|&i| Checkpointing::EveryKth(2).recomputes(i))
+            .collect();
+        assert_eq!(picked, vec![0, 2, 4]);
+        assert!(!(0..6).any(|i| Checkpointing::None.recomputes(i)));
+    }
+
+    #[test]
+    fn knobs_json_is_stable() {
+        let k = Knobs {
+            grad_accum: 4,
+            ..Knobs::new(8, Precision::Bf16)
+        };
+        let json = serde_json::to_string(&k).unwrap();
+        assert_eq!(
+            json,
+            r#"{"micro_batch":8,"grad_accum":4,"precision":"bf16","checkpointing":{"mode":"none"},"offload":"none"}"#
+        );
+        let back: Knobs = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, k);
+        assert_eq!(k.global_batch(), 32);
+    }
+
+    #[test]
+    fn data_parallel_knobs_are_per_gpu_and_appear_only_when_used() {
+        let k = Knobs {
+            grad_accum: 4,
+            data_parallel: DataParallel {
+                degree: 2,
+                shard_optimizer: true,
+            },
+            ..Knobs::new(8, Precision::Bf16)
+        };
+        let json = serde_json::to_string(&k).unwrap();
+        assert!(
+            json.ends_with(r#""data_parallel":{"degree":2,"shard_optimizer":true}}"#),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<Knobs>(&json).unwrap(), k);
+        assert_eq!((k.per_rank_batch(), k.global_batch()), (32, 64));
+        assert_eq!(
+            k.to_string(),
+            "mb=8 accum=4 bf16 ckpt=none offload=none dp=2 zero1"
+        );
+        assert!(k.regime().saves_memory());
+        let field = |k: Knobs| match k.validate("knobs", "") {
+            Err(crate::Error::InvalidSpec { field, .. }) => field,
+            other => panic!("expected invalid knobs, got {other:?}"),
+        };
+        let one = Knobs {
+            data_parallel: DataParallel {
+                degree: 1,
+                shard_optimizer: true,
+            },
+            ..k
+        };
+        assert_eq!(field(one), "data_parallel.shard_optimizer");
+        let zero = Knobs {
+            data_parallel: DataParallel::replicated(0),
+            ..k
+        };
+        assert_eq!(field(zero), "data_parallel.degree");
+    }
+}

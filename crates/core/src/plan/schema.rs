@@ -1,0 +1,300 @@
+//! `Plan`: the chosen setting and its evidence, as a versioned JSON document.
+//!
+//! # Wire format (schema versions 1 and 2)
+//!
+//! A plan file holds one JSON object. Readers reject unknown fields and any
+//! `schema_version` other than 1 or 2, so a plan is never half-understood. Version 1 plans
+//! train on one GPU; version 2 is version 1 plus data parallelism (the `data_parallel` fields
+//! below), and autotune writes it only for plans that train on several GPUs, so single-GPU
+//! plans stay readable by versions of autotune that know version 1 only. Byte counts are
+//! integers, times are seconds, throughputs are tokens per second, and relative errors are
+//! fractions (0.02 = 2 %). Optional values are `null`, never absent, when written by autotune.
+//!
+//! | field | type | meaning |
+//! |---|---|---|
+//! | `schema_version` | integer | `1` for a single-GPU plan, `2` for a data-parallel one. |
+//! | `tool` | object | `{"name": "autotune", "version": "0.1.0"}`: what wrote the plan. |
+//! | `created_unix_s` | integer | When the plan was made, seconds since the Unix epoch (UTC). |
+//! | `model` | object | The model spec trained (`ModelSpec` JSON: `name`, `vocab_size`, `d_model`, `n_heads`, `n_layers`, `d_ff`, `seq_len`, `causal`, `norm`, `activation`, `positions`, `dropout`, `norm_eps`, `optimizer`). |
+//! | `device` | object | The target device profile: `name`, `kind` (`"cuda"` or `"cpu"`), `gpu_memory_bytes` (per GPU; `null` on a CPU), `gpu_count` (version 2, absent when 1), `host_memory_bytes` (shared by all GPUs), `host_to_device_gbps`, `notes`. |
+//! | `budget` | object | The limits the plan was chosen under: `gpu_bytes` (`null` on a CPU), `host_bytes`, `headroom` (fraction of each limit kept free). |
+//! | `knobs` | object | The chosen setting: `micro_batch`, `grad_accum` (both per GPU), `precision` (`"fp32"`, `"bf16"`, `"fp16"`), `checkpointing` (`{"mode": "none"}` or `{"mode": "every_kth", "k": K}`, K = 1 recomputes every block), `offload` (`"none"` or `"optimizer"`); version 2 adds `data_parallel`: `{"degree": N, "shard_optimizer": bool}` (N GPUs, one process each; `shard_optimizer` is ZeRO stage 1). |
+//! | `predicted` | object | What the fitted models predict at `knobs`: `peak_gpu_bytes`, `peak_host_bytes` (integers or `null` when too few trials fitted; `peak_gpu_bytes` is `null` on a CPU), `tokens_per_s` (number or `null`). |
+//! | `measured` | object | The verification trial of `knobs`: `peak_gpu_bytes` (the largest of any GPU), `peak_host_bytes` (all ranks together), `step_time_median_s` (one optimizer step, all micro-batches), `step_time_spread` ((p90 − p10) / median), `timed_steps`, `tokens_per_s` (all GPUs). |
+//! | `headroom` | object | Bytes of the budget left unused at the measured peak: `gpu_bytes` (`null` on a CPU), `host_bytes`. |
+//! | `evidence` | array | Every trial of the search, in order, the verification last. Each is `{"request": {"knobs": …, "warmup_steps": N, "timed_steps": N}, "outcome": …, "wall_s": S}` plus the outcome's fields: `"outcome": "fits"` with the `measured` fields above; `"outcome": "out_of_memory"` with `memory` (`"gpu"` or `"host"`) and `phase` (`"setup"`, `"forward_backward"`, `"optimizer_step"`, `"eval"`, `"checkpoint"`); or `"outcome": "crashed"` with `reason`. |
+//! | `model_error` | object | Worst leave-one-out relative error of the chosen regime's fits: `memory_loo_rel_error`, `time_loo_rel_error` (`null` below three trials). |
+//! | `alternatives` | array | Up to five other feasible settings, best first: `{"knobs": …, "tokens_per_s": T, "peak_gpu_bytes": B, "peak_host_bytes": B}`, measured without accumulation. The best of each other regime is always included. |
+//! | `data_parallel` | object | Version 2 only: `degree`, `shard_optimizer` (as in `knobs`), `global_batch` (sequences per step over all GPUs), `single_gpu_tokens_per_s` (the trial of the same per-GPU setting on one GPU: the search's, or one run after the search when it ran none; `null` if that did not fit), `scaling_efficiency` (the chosen setting's search trial tokens/s ÷ (degree × `single_gpu_tokens_per_s`), `null` with it). Both throughputs are measured, never modelled. |
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::knobs::Knobs;
+use crate::spec::budget::Budget;
+use crate::spec::device::{field_of_serde_message, DeviceProfile};
+use crate::spec::model::ModelSpec;
+use crate::trial::{Measurement, TrialResult};
+use crate::{Error, Result};
+
+/// The newest plan format this version reads and writes (data-parallel plans).
+pub const SCHEMA_VERSION: u32 = 2;
+
+/// The format of single-GPU plans, which autotune keeps writing for them.
+pub const SINGLE_GPU_SCHEMA_VERSION: u32 = 1;
+
+const WHAT: &str = "plan";
+
+/// A chosen training setting with the evidence behind it; see the module docs for the JSON.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    /// [`SINGLE_GPU_SCHEMA_VERSION`], or [`SCHEMA_VERSION`] for a data-parallel plan.
+    pub schema_version: u32,
+    /// What wrote the plan.
+    pub tool: Tool,
+    /// Seconds since the Unix epoch when the plan was made (supplied by the caller).
+    pub created_unix_s: u64,
+    /// The model trained.
+    pub model: ModelSpec,
+    /// The target device.
+    pub device: DeviceProfile,
+    /// The limits the plan was chosen under.
+    pub budget: Budget,
+    /// The chosen setting.
+    pub knobs: Knobs,
+    /// The fitted models' predictions at `knobs`.
+    pub predicted: Predicted,
+    /// The verification trial's measurement.
+    pub measured: Measurement,
+    /// Budget bytes left unused at the measured peak.
+    pub headroom: Headroom,
+    /// Every trial of the search, in order; the last verifies `knobs`.
+    pub evidence: Vec<TrialResult>,
+    /// Held-out errors of the chosen regime's fits.
+    pub model_error: ModelError,
+    /// Other feasible settings, best first.
+    pub alternatives: Vec<Alternative>,
+    /// The data-parallel layout and its measured scaling (version 2 only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_parallel: Option<DataParallelReport>,
+}
+
+/// How a data-parallel plan spreads over GPUs, and what that was measured to gain.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataParallelReport {
+    /// GPUs, one process each (`knobs.data_parallel.degree`).
+    pub degree: usize,
+    /// Whether the optimizer state is sharded (ZeRO stage 1).
+    pub shard_optimizer: bool,
+    /// Sequences per optimizer step over all GPUs.
+    pub global_batch: usize,
+    /// Measured tokens/s of the same per-GPU setting on one GPU, if the search ran it.
+    pub single_gpu_tokens_per_s: Option<f64>,
+    /// Measured tokens/s on `degree` GPUs ÷ (`degree` × `single_gpu_tokens_per_s`).
+    pub scaling_efficiency: Option<f64>,
+}
+
+/// The program that wrote a plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tool {
+    /// Program name.
+    pub name: String,
+    /// Program version.
+    pub version: String,
+}
+
+impl Tool {
+    /// This program at this version (the core and the binary share the workspace's version).
+    pub fn current() -> Self {
+        Self {
+            name: "autotune".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+}
+
+/// Model predictions at the chosen knobs; `null` where a model could not be fitted.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Predicted {
+    /// Peak device bytes (`null` on a CPU).
+    pub peak_gpu_bytes: Option<u64>,
+    /// Peak host bytes.
+    pub peak_host_bytes: Option<u64>,
+    /// Tokens per second.
+    pub tokens_per_s: Option<f64>,
+}
+
+/// Budget bytes left unused at the measured peak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Headroom {
+    /// Device bytes (`null` on a CPU).
+    pub gpu_bytes: Option<u64>,
+    /// Host bytes.
+    pub host_bytes: u64,
+}
+
+/// Worst leave-one-out relative errors of the chosen regime's fits.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelError {
+    /// Of the memory model (the worse of device and host).
+    pub memory_loo_rel_error: Option<f64>,
+    /// Of the step-time model.
+    pub time_loo_rel_error: Option<f64>,
+}
+
+/// Another feasible setting and what its search trial measured.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Alternative {
+    /// The setting, with the accumulation a plan would use.
+    pub knobs: Knobs,
+    /// Measured tokens per second.
+    pub tokens_per_s: f64,
+    /// Measured peak device bytes.
+    pub peak_gpu_bytes: u64,
+    /// Measured peak host bytes.
+    pub peak_host_bytes: u64,
+}
+
+impl Plan {
+    /// Reads and validates a plan file; errors name the file and, when invalid, the field.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| Error::file("cannot read plan", path, e))?;
+        Self::from_json(&text).map_err(|e| match e {
+            Error::InvalidSpec { .. } => Error::file(
+                "invalid plan",
+                path,
+                Box::new(e) as Box<dyn std::error::Error + Send + Sync>,
+            ),
+            other => other,
+        })
+    }
+
+    /// Parses and validates a plan; the schema version is checked before anything else.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let value: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| Error::invalid(WHAT, "(document)", e.to_string()))?;
+        let version = value
+            .as_object()
+            .ok_or_else(|| Error::invalid(WHAT, "(document)", "must be a JSON object"))?
+            .get("schema_version")
+            .ok_or_else(|| {
+                Error::invalid(
+                    WHAT,
+                    "schema_version",
+                    "is missing; is this an autotune plan?",
+                )
+            })?;
+        let known = [SINGLE_GPU_SCHEMA_VERSION, SCHEMA_VERSION].map(u64::from);
+        if !version.as_u64().is_some_and(|v| known.contains(&v)) {
+            return Err(Error::invalid(
+                WHAT,
+                "schema_version",
+                format!(
+                    "is {version}, but {} {} reads only versions {SINGLE_GPU_SCHEMA_VERSION} and {SCHEMA_VERSION}; make \
+                     the plan again or use the autotune that wrote it",
+                    env!("CARGO_PKG_NAME"),
+                    env!("CARGO_PKG_VERSION")
+                ),
+            ));
+        }
+        let plan: Self = serde_json::from_value(value).map_err(|e| {
+            let message = e.to_string();
+            Error::invalid(
+                WHAT,
+                field_of_serde_message(&message).unwrap_or_else(|| "(document)".into()),
+                message,
+            )
+        })?;
+        plan.validate()?;
+        Ok(plan)
+    }
+
+    /// Checks the parts against each other: valid model, device, budget and knobs.
+    pub fn validate(&self) -> Result<()> {
+        self.model.validate()?;
+        self.device.validate()?;
+        self.budget.validate()?;
+        self.knobs.validate(WHAT, "knobs.")?;
+        if self.budget.gpu_bytes.is_some() != self.device.gpu_memory_bytes.is_some() {
+            return Err(Error::invalid(
+                WHAT,
+                "budget.gpu_bytes",
+                "must be null exactly when the device has no GPU",
+            ));
+        }
+        self.validate_data_parallel()
+    }
+
+    /// Version 1 plans are single-GPU; version 2 ones carry a `data_parallel` report that
+    /// agrees with the knobs, on a device with enough GPUs.
+    fn validate_data_parallel(&self) -> Result<()> {
+        let dp = self.knobs.data_parallel;
+        if self.schema_version == SINGLE_GPU_SCHEMA_VERSION {
+            if !dp.is_single() || self.data_parallel.is_some() || self.device.gpu_count > 1 {
+                return Err(Error::invalid(
+                    WHAT,
+                    "schema_version",
+                    format!(
+                        "is {SINGLE_GPU_SCHEMA_VERSION}, a single-GPU plan, but it has data-parallel fields; \
+                         data-parallel plans are version {SCHEMA_VERSION}"
+                    ),
+                ));
+            }
+            return Ok(());
+        }
+        let Some(report) = self.data_parallel else {
+            return Err(Error::invalid(
+                WHAT,
+                "data_parallel",
+                format!(
+                    "is missing; version {SCHEMA_VERSION} plans carry their data-parallel layout"
+                ),
+            ));
+        };
+        if report.degree != dp.degree
+            || report.shard_optimizer != dp.shard_optimizer
+            || report.global_batch != self.knobs.global_batch()
+        {
+            return Err(Error::invalid(
+                WHAT,
+                "data_parallel",
+                "disagrees with knobs (degree, shard_optimizer, or global_batch = micro_batch × grad_accum × degree)",
+            ));
+        }
+        if dp.degree > self.device.gpu_count {
+            return Err(Error::invalid(
+                WHAT,
+                "knobs.data_parallel.degree",
+                format!(
+                    "is {} but device.gpu_count is {}; a plan cannot use more GPUs than its device has",
+                    dp.degree, self.device.gpu_count
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The plan as pretty-printed JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a plan always serialises")
+    }
+
+    /// Writes the plan atomically: to a temporary file in the same directory, then renamed over
+    /// `path`, so a reader never sees a half-written plan.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        crate::atomic_file::write(path, format!("{}\n", self.to_json()).as_bytes())
+            .map_err(|e| Error::file("cannot write plan", path, e))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,268 @@
+//! `Profile`: the trials a search ran on a real machine, as a versioned JSON document.
+//!
+//! # Wire format (schema version 1)
+//!
+//! A profile file holds one JSON object; recorded profiles live under [`RECORDED_DIR`].
+//! Readers check `kind` first (so a plan or any other JSON file is refused as "not a profile"
+//! rather than reported field by field), then `schema_version`, then reject unknown fields.
+//! Units are those of plans: bytes as integers, seconds, tokens per second.
+//!
+//! | field | type | meaning |
+//! |---|---|---|
+//! | `schema_version` | integer | Always `1` for this format. |
+//! | `kind` | string | Always `"autotune-profile"`. |
+//! | `tool` | object | `{"name": "autotune", "version": "0.1.0"}`: what recorded the profile. |
+//! | `candle_version` | string | The candle release the trials ran on (the runtime's `backend::CANDLE_VERSION`). |
+//! | `device` | object | `profile` (the target `DeviceProfile` the trials emulated), `name` (the device as detected, e.g. `"NVIDIA H200"` or `"cpu"`), `memory_bytes` (its total memory; `null` on a CPU or when unknown), `driver`, `cuda` (driver and CUDA versions, or `null`). |
+//! | `model` | object | The model spec (`ModelSpec` JSON, as in plans). |
+//! | `budget` | object | The limits the trials ran under: `gpu_bytes` (the emulated device capacity; `null` on a CPU), `host_bytes` (the host heap limit), `headroom`. |
+//! | `space` | object | The search space that asked for the trials (`SearchSpace` JSON), so a replay can ask the same ones. |
+//! | `created_unix_s` | integer | When the profile was recorded, seconds since the Unix epoch. |
+//! | `probes` | array | Every trial in the order it ran, as in a plan's `evidence`: the request's knobs and trial lengths, the outcome (`fits` with `peak_gpu_bytes`, `peak_host_bytes`, `step_time_median_s`, `step_time_spread`, `timed_steps`, `tokens_per_s`; `out_of_memory` with `memory` and `phase`; or `crashed` with `reason`), and `wall_s`. |
+//! | `chosen` | object or null | The knobs the search chose, or `null` when nothing was feasible. |
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::knobs::Knobs;
+use crate::plan::Tool;
+use crate::search::{SearchDriver, SearchOutcome, SearchSpace};
+use crate::spec::budget::Budget;
+use crate::spec::device::{field_of_serde_message, DeviceKind, DeviceProfile};
+use crate::spec::model::ModelSpec;
+use crate::trial::TrialResult;
+use crate::{Error, Result};
+
+/// The profile format this version reads and writes.
+pub const PROFILE_SCHEMA_VERSION: u32 = 1;
+
+/// The fixed `kind` tag of a profile document.
+pub const PROFILE_KIND: &str = "autotune-profile";
+
+/// Where recorded profiles are kept, relative to the project root.
+pub const RECORDED_DIR: &str = "profiles/recorded";
+
+const WHAT: &str = "profile";
+
+/// Trials recorded on one machine for one model; see the module docs for the JSON.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// Always [`PROFILE_SCHEMA_VERSION`].
+    pub schema_version: u32,
+    /// Always [`PROFILE_KIND`].
+    pub kind: String,
+    /// What recorded the profile.
+    pub tool: Tool,
+    /// The candle release the trials ran on.
+    pub candle_version: String,
+    /// The machine the trials ran on.
+    pub device: RecordedDevice,
+    /// The model trained.
+    pub model: ModelSpec,
+    /// The limits the trials ran under (the prober enforced their full bytes).
+    pub budget: Budget,
+    /// The search space that asked for the trials.
+    pub space: SearchSpace,
+    /// Seconds since the Unix epoch when the profile was recorded (supplied by the caller).
+    pub created_unix_s: u64,
+    /// Every trial in the order it ran (`probes` in the file, its name since version 1).
+    #[serde(rename = "probes")]
+    pub trials: Vec<TrialResult>,
+    /// The knobs the search chose, if any.
+    pub chosen: Option<Knobs>,
+}
+
+/// The machine a profile was recorded on: the target it emulated and what was detected.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordedDevice {
+    /// The target device profile the trials emulated (capacity, host memory).
+    pub profile: DeviceProfile,
+    /// The device as detected (`"NVIDIA H200"`, `"cpu"`).
+    pub name: String,
+    /// Total memory of the detected device in bytes; `None` on a CPU or when unknown.
+    pub memory_bytes: Option<u64>,
+    /// Driver version, if known.
+    pub driver: Option<String>,
+    /// CUDA version, if known.
+    pub cuda: Option<String>,
+}
+
+impl RecordedDevice {
+    /// A device known only by its target profile and detected name; the caller fills in the
+    /// memory and versions it can detect.
+    pub fn new(profile: DeviceProfile, name: impl Into<String>) -> Self {
+        Self {
+            profile,
+            name: name.into(),
+            memory_bytes: None,
+            driver: None,
+            cuda: None,
+        }
+    }
+}
+
+impl Profile {
+    /// The profile of a finished search (chosen or not). `driver` must be the one that ran it;
+    /// `candle_version` is the release the trials ran on, and `created_unix_s` the caller's
+    /// clock (this function reads none).
+    pub fn from_search(
+        driver: &SearchDriver,
+        outcome: &SearchOutcome,
+        model: &ModelSpec,
+        device: RecordedDevice,
+        candle_version: &str,
+        created_unix_s: u64,
+    ) -> Self {
+        Self {
+            schema_version: PROFILE_SCHEMA_VERSION,
+            kind: PROFILE_KIND.into(),
+            tool: Tool::current(),
+            candle_version: candle_version.into(),
+            device,
+            model: model.clone(),
+            budget: *driver.budget(),
+            space: driver.space().clone(),
+            created_unix_s,
+            trials: outcome.history.clone(),
+            chosen: outcome.chosen(),
+        }
+    }
+
+    /// A search driver over the recorded space and budget: the driver a replay needs to ask
+    /// the recorded trials again (see [`ReplayProber`](super::replay::ReplayProber)).
+    pub fn driver(&self) -> Result<SearchDriver> {
+        SearchDriver::new(self.space.clone(), self.budget)
+    }
+
+    /// The conventional file of this profile: `RECORDED_DIR/<device profile>/<model>.json`
+    /// under `root`, with names reduced to characters safe in a path.
+    pub fn default_path(&self, root: &Path) -> PathBuf {
+        let safe = |s: &str| -> String {
+            s.chars()
+                .map(|c| match c {
+                    'a'..='z' | 'A'..='Z' | '0'..='9' | '.' | '-' | '_' => c,
+                    _ => '_',
+                })
+                .collect()
+        };
+        root.join(RECORDED_DIR)
+            .join(safe(&self.device.profile.name))
+            .join(format!("{}.json", safe(&self.model.name)))
+    }
+
+    /// Reads and validates a profile file. Errors name the file and say what is wrong: an
+    /// unreadable or truncated file, a JSON document that is not a profile, another schema
+    /// version, or a missing, unknown or invalid field.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::file("cannot read profile", path, e))?;
+        Self::from_json(&text).map_err(|e| match e {
+            Error::InvalidSpec { .. } => Error::file(
+                "invalid profile",
+                path,
+                Box::new(e) as Box<dyn std::error::Error + Send + Sync>,
+            ),
+            other => other,
+        })
+    }
+
+    /// Parses and validates a profile: the `kind` tag first, then the schema version, then
+    /// the fields.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let value: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+            let problem = if e.is_eof() {
+                format!("ends before the JSON document does (a truncated file?): {e}")
+            } else {
+                format!("is not valid JSON: {e}")
+            };
+            Error::invalid(WHAT, "(document)", problem)
+        })?;
+        let object = value
+            .as_object()
+            .ok_or_else(|| Error::invalid(WHAT, "(document)", "must be a JSON object"))?;
+        match object.get("kind") {
+            Some(kind) if kind.as_str() == Some(PROFILE_KIND) => {}
+            found => {
+                // A plan is the JSON file most likely to be passed by mistake: say so.
+                let looks_like_plan =
+                    object.contains_key("evidence") && object.contains_key("knobs");
+                let what = if looks_like_plan {
+                    "; this looks like an autotune plan, not a recorded profile".to_string()
+                } else {
+                    String::new()
+                };
+                let found = found.map_or("missing".to_string(), |k| format!("{k}"));
+                return Err(Error::invalid(
+                    WHAT,
+                    "kind",
+                    format!(
+                        "is {found}, expected \"{PROFILE_KIND}\": not an autotune profile{what}"
+                    ),
+                ));
+            }
+        }
+        let version = object.get("schema_version");
+        if version.and_then(|v| v.as_u64()) != Some(u64::from(PROFILE_SCHEMA_VERSION)) {
+            let found = version.map_or("missing".to_string(), |v| format!("{v}"));
+            return Err(Error::invalid(
+                WHAT,
+                "schema_version",
+                format!(
+                    "is {found}, but {} {} reads only version {PROFILE_SCHEMA_VERSION}; record the \
+                     profile again or use the autotune that wrote it",
+                    env!("CARGO_PKG_NAME"),
+                    env!("CARGO_PKG_VERSION")
+                ),
+            ));
+        }
+        let profile: Self = serde_json::from_value(value).map_err(|e| {
+            let message = e.to_string();
+            let field = field_of_serde_message(&message).unwrap_or_else(|| "(document)".into());
+            Error::invalid(WHAT, field, message)
+        })?;
+        profile.validate()?;
+        Ok(profile)
+    }
+
+    /// Checks the parts against each other: valid model, device, budget, space and knobs, and a
+    /// device limit exactly when the target has a GPU.
+    pub fn validate(&self) -> Result<()> {
+        self.model.validate()?;
+        self.device.profile.validate()?;
+        self.budget.validate()?;
+        self.space.validate()?;
+        for (i, probe) in self.trials.iter().enumerate() {
+            probe
+                .request
+                .knobs
+                .validate(WHAT, &format!("probes[{i}].request.knobs."))?;
+        }
+        if let Some(chosen) = &self.chosen {
+            chosen.validate(WHAT, "chosen.")?;
+        }
+        let has_gpu = self.device.profile.kind == DeviceKind::Cuda;
+        if self.budget.gpu_bytes.is_some() != has_gpu {
+            return Err(Error::invalid(
+                WHAT,
+                "budget.gpu_bytes",
+                "must be null exactly when the device profile has no GPU",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The profile as pretty-printed JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a profile always serialises")
+    }
+
+    /// Writes the profile atomically, creating its directory: to a temporary file in the same
+    /// directory, then renamed over `path`, so a reader never sees a half-written profile.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        crate::atomic_file::write(path, format!("{}\n", self.to_json()).as_bytes())
+            .map_err(|e| Error::file("cannot write profile", path, e))
+    }
+}

@@ -1,0 +1,452 @@
+//! Which setting is chosen: throughput across regimes, global-batch divisibility, failed
+//! verifications, hints when nothing fits, crashes, pruning, the probe limit, and events.
+
+use std::cell::RefCell;
+
+use super::*;
+
+#[test]
+fn picks_the_highest_measured_throughput_across_regimes() {
+    let b = budget(10 * GIB, 0.05);
+    let regimes = vec![bf16(), ckpt()];
+    // bf16 saturates and then slows down (time quadratic in b); ckpt has a third more work per
+    // sample but fits far more.
+    let mut fast = laws(bf16(), (1024.0, 37.0, 0.0), (0.01, 0.001));
+    fast.step_time_s.quadratic = 0.00002;
+    let slow = laws(ckpt(), (1024.0, 10.0, 0.0), (0.012, 0.0013));
+    let sim = Simulator::with_budget(&b, 1024, vec![fast, slow]);
+    let driver = SearchDriver::new(space(regimes, 1024), b).unwrap();
+    let outcome = search(&driver, &sim);
+    let chosen = outcome.chosen().unwrap();
+    // Measured throughput of every feasible search trial; the chosen one is the maximum.
+    let best = outcome
+        .history
+        .iter()
+        .filter(|r| driver.is_feasible(r) && r.request.knobs.grad_accum == 1)
+        .max_by(|a, b| {
+            a.outcome
+                .measurement()
+                .unwrap()
+                .tokens_per_s
+                .total_cmp(&b.outcome.measurement().unwrap().tokens_per_s)
+        })
+        .unwrap();
+    assert_eq!(chosen, best.request.knobs);
+    assert_eq!(
+        chosen.regime(),
+        ckpt(),
+        "bf16 slows down past ~22 sequences; ckpt keeps scaling"
+    );
+}
+
+#[test]
+fn honours_global_batch_divisibility_and_verifies_with_accumulation() {
+    let b = budget(10 * GIB, 0.05);
+    let s = SearchSpace {
+        global_batch: Some(1536),
+        ..space(vec![bf16()], 1024)
+    };
+    let driver = SearchDriver::new(s, b).unwrap();
+    let sim = Simulator::with_budget(
+        &b,
+        1024,
+        vec![laws(bf16(), (1024.0, 37.0, 0.0), (0.01, 0.002))],
+    );
+    let outcome = search(&driver, &sim);
+    for r in &outcome.history {
+        assert_eq!(1536 % r.request.knobs.micro_batch, 0, "{}", r.request.knobs);
+    }
+    // 235 is the memory boundary; the largest divisor of 1536 below it is 192 (accumulate 8).
+    let chosen = outcome.chosen().unwrap();
+    assert_eq!((chosen.micro_batch, chosen.grad_accum), (192, 8));
+    assert_eq!(outcome.verification().unwrap().request.knobs, chosen);
+}
+
+#[test]
+fn a_failed_verification_excludes_the_setting_and_the_search_goes_on() {
+    let b = budget(10 * GIB, 0.05);
+    let s = SearchSpace {
+        global_batch: Some(1536),
+        ..space(vec![bf16()], 1024)
+    };
+    let driver = SearchDriver::new(s, b).unwrap();
+    let mut sim = Simulator::with_budget(
+        &b,
+        1024,
+        vec![laws(bf16(), (1024.0, 37.0, 0.0), (0.01, 0.002))],
+    );
+    // The accumulation buffer pushes 192 over the usable bytes (8128 + 2000 > 9728 MiB).
+    sim.accumulation_gpu_bytes = 2000 * MIB;
+    let outcome = search(&driver, &sim);
+    let chosen = outcome.chosen().unwrap();
+    assert_eq!((chosen.micro_batch, chosen.grad_accum), (128, 12));
+    let verifications: Vec<_> = outcome
+        .history
+        .iter()
+        .filter(|r| r.request.knobs.grad_accum > 1)
+        .collect();
+    assert_eq!(verifications.len(), 2);
+    assert!(!driver.is_feasible(verifications[0]) && driver.is_feasible(verifications[1]));
+    assert!(driver
+        .candidates(&outcome.history)
+        .iter()
+        .all(|c| c.knobs.micro_batch != 192));
+}
+
+#[test]
+fn no_feasible_setting_gets_a_hint() {
+    let b = budget(10 * GIB, 0.05);
+    let too_big = |r| laws(r, (12.0 * 1024.0, 37.0, 0.0), (0.01, 0.002));
+    let sim = Simulator::with_budget(&b, 1024, vec![too_big(bf16())]);
+    let driver = SearchDriver::new(space(vec![bf16()], 1024), b).unwrap();
+    let outcome = search(&driver, &sim);
+    let Decision::NoFeasible { hint } = &outcome.decision else {
+        panic!("{:?}", outcome.decision)
+    };
+    assert_eq!(
+        outcome.history.len(),
+        1,
+        "one probe per regime when mb=1 is out"
+    );
+    assert!(
+        hint.contains("GPU memory") && hint.contains("checkpointing") && hint.contains("offload"),
+        "{hint}"
+    );
+
+    // Offload runs out of host memory instead; a regime the simulator lacks crashes.
+    let mut host_bound = too_big(offload());
+    host_bound.gpu_bytes = Law::affine(GIB as f64, MIB as f64);
+    host_bound.host_bytes = Law::affine(40.0 * GIB as f64, 0.0);
+    let sim = Simulator::with_budget(&b, 1024, vec![too_big(bf16()), host_bound]);
+    let driver = SearchDriver::new(space(vec![bf16(), offload(), ckpt()], 1024), b).unwrap();
+    let outcome = search(&driver, &sim);
+    let Decision::NoFeasible { hint } = &outcome.decision else {
+        panic!("{:?}", outcome.decision)
+    };
+    assert!(
+        hint.contains("host memory") && hint.contains("no optimizer offload"),
+        "{hint}"
+    );
+    assert!(
+        hint.contains("crashed") && !hint.contains("try activation checkpointing"),
+        "{hint}"
+    );
+}
+
+#[test]
+fn crashed_trials_are_infeasible_micro_batches() {
+    let b = budget(10 * GIB, 0.05);
+    let driver = SearchDriver::new(space(vec![bf16()], 1024), b).unwrap();
+    let sim = Simulator::with_budget(
+        &b,
+        1024,
+        vec![laws(bf16(), (1024.0, 37.0, 0.0), (0.01, 0.002))],
+    );
+    let mut probe = |r: &TrialRequest| {
+        let mut result = sim.answer(r);
+        if r.knobs.micro_batch == 64 {
+            result.outcome = Outcome::Crashed {
+                reason: "illegal address".into(),
+            };
+        }
+        Ok(result)
+    };
+    let outcome = run_search(&driver, &mut probe, &NoReporter).unwrap();
+    check_invariants(&driver, &outcome);
+    // Feasibility is taken as monotone: 64 crashed, so the boundary is 63.
+    assert_eq!(outcome.chosen().unwrap().micro_batch, 63);
+}
+
+#[test]
+fn prunes_a_regime_that_cannot_win() {
+    let b = budget(10 * GIB, 0.05);
+    let fast = laws(bf16(), (1024.0, 37.0, 0.0), (0.001, 0.002));
+    // fp32 regime: same memory, four times the work per sample.
+    let fp32 = regime(Precision::Fp32, Checkpointing::None, Offload::None);
+    let slow = laws(fp32, (1024.0, 37.0, 0.0), (0.001, 0.008));
+    let sim = Simulator::with_budget(&b, 1024, vec![fast, slow]);
+    let driver = SearchDriver::new(space(vec![bf16(), fp32], 1024), b).unwrap();
+    let outcome = search(&driver, &sim);
+    let states = driver.regime_states(&outcome.history);
+    assert!(
+        matches!(
+            states[1].progress,
+            RegimeProgress::Finished(RegimeEnd::Pruned { .. })
+        ),
+        "{:?}",
+        states[1]
+    );
+    assert!(states[1].trials < states[0].trials, "{states:?}");
+    assert_eq!(outcome.chosen().unwrap().regime(), bf16());
+}
+
+#[test]
+fn the_probe_limit_stops_exploration() {
+    let b = budget(10 * GIB, 0.05);
+    let s = SearchSpace {
+        max_trials: Some(5),
+        ..space(vec![bf16(), ckpt()], 1024)
+    };
+    let driver = SearchDriver::new(s, b).unwrap();
+    let sim = Simulator::with_budget(
+        &b,
+        1024,
+        vec![
+            laws(bf16(), (1024.0, 37.0, 0.0), (0.01, 0.002)),
+            laws(ckpt(), (1024.0, 10.0, 0.0), (0.01, 0.002)),
+        ],
+    );
+    let outcome = search(&driver, &sim);
+    assert_eq!(
+        outcome.history.len(),
+        6,
+        "five search trials and one verification"
+    );
+    assert_eq!(outcome.chosen().unwrap().micro_batch, 16);
+}
+
+#[test]
+fn events_follow_the_search() {
+    let b = budget(10 * GIB, 0.05);
+    let driver = SearchDriver::new(space(vec![bf16(), ckpt()], 1024), b).unwrap();
+    let sim = Simulator::with_budget(
+        &b,
+        1024,
+        vec![
+            laws(bf16(), (1024.0, 37.0, 0.0), (0.01, 0.002)),
+            laws(ckpt(), (1024.0, 30.0, 0.0), (0.02, 0.003)),
+        ],
+    );
+    let events = RefCell::new(Vec::new());
+    let reporter = |e: &Event| events.borrow_mut().push(e.clone());
+    let outcome = run_search(
+        &driver,
+        &mut |r: &TrialRequest| Ok(sim.answer(r)),
+        &reporter,
+    )
+    .unwrap();
+    let events = events.into_inner();
+    let count = |f: &dyn Fn(&Event) -> bool| events.iter().filter(|e| f(e)).count();
+    assert_eq!(
+        count(&|e| matches!(e, Event::TrialStarted { .. })),
+        outcome.history.len()
+    );
+    assert_eq!(
+        count(&|e| matches!(e, Event::TrialFinished { .. })),
+        outcome.history.len()
+    );
+    assert_eq!(count(&|e| matches!(e, Event::RegimeDone { .. })), 2);
+    assert_eq!(
+        count(&|e| matches!(e, Event::Verified { passed: true, .. })),
+        1
+    );
+    assert!(matches!(
+        events.last(),
+        Some(Event::Finished {
+            decision: Decision::Chosen(_),
+            ..
+        })
+    ));
+    // Events serialise as tagged JSON objects (for JSON-lines progress output).
+    let json = serde_json::to_string(&events[0]).unwrap();
+    assert!(json.starts_with(r#"{"event":"trial_started""#), "{json}");
+}
+
+#[test]
+fn stops_growing_once_throughput_saturates() {
+    // Step time 50 ms + 1 ms per sequence: throughput b/(0.05 + 0.001 b) gains 96 %, 91 %, …
+    // per doubling, 2.4 % from 1024 to 2048 and 1.2 % to 4096 (the second doubling in a row
+    // under 3 %, where growth stops); memory would allow 5000+ sequences.
+    let b = budget(200 * GIB, 0.05);
+    let sim = Simulator::with_budget(
+        &b,
+        128,
+        vec![laws(bf16(), (1024.0, 37.0, 0.0), (0.05, 0.001))],
+    );
+    let s = SearchSpace {
+        max_micro_batch: 8192,
+        ..SearchSpace::new(vec![bf16()])
+    };
+    let driver = SearchDriver::new(s, b).unwrap();
+    let outcome = search(&driver, &sim);
+    let states = driver.regime_states(&outcome.history);
+    let RegimeProgress::Finished(RegimeEnd::Saturated { largest, gain }) = states[0].progress
+    else {
+        panic!("expected saturation, got {:?}", states[0]);
+    };
+    assert!(gain < SearchSpace::DEFAULT_SATURATION_GAIN, "{gain}");
+    assert_eq!(largest, 4096, "grew to {largest}");
+    // No probe ran into the memory boundary, and the choice is within 3 % of the best possible
+    // throughput at any feasible batch (the law's asymptote is 1000 sequences/s).
+    assert!(outcome
+        .history
+        .iter()
+        .all(|r| r.outcome.measurement().is_some()));
+    let chosen = outcome.chosen().unwrap().micro_batch as f64;
+    let rate = chosen / (0.05 + 0.001 * chosen);
+    assert!(
+        rate > 0.95 * 1000.0,
+        "chosen {chosen} runs {rate} sequences/s"
+    );
+}
+
+#[test]
+fn a_regime_whose_step_time_caps_its_throughput_is_pruned_before_its_boundary() {
+    // The second regime fits far larger batches but its step time grows 4x faster per
+    // sequence: its throughput can never reach the first regime's.
+    let b = budget(100 * GIB, 0.05);
+    let fast = laws(bf16(), (1024.0, 300.0, 0.0), (0.02, 0.001));
+    let slow = laws(ckpt(), (1024.0, 10.0, 0.0), (0.02, 0.004));
+    let sim = Simulator::with_budget(&b, 128, vec![fast, slow]);
+    let driver = SearchDriver::new(space(vec![bf16(), ckpt()], 4096), b).unwrap();
+    let outcome = search(&driver, &sim);
+    let states = driver.regime_states(&outcome.history);
+    assert!(
+        matches!(
+            states[1].progress,
+            RegimeProgress::Finished(RegimeEnd::Pruned { .. })
+        ),
+        "{:?}",
+        states[1]
+    );
+    assert!(
+        states[1].trials <= 4,
+        "pruned after {} trials",
+        states[1].trials
+    );
+    assert_eq!(outcome.chosen().unwrap().regime(), bf16());
+}
+
+#[test]
+fn memory_saving_regimes_are_not_probed_when_the_plain_regime_never_ran_out() {
+    let b = budget(10 * GIB, 0.05);
+    // Plain: everything up to 64 fits (AllFit); checkpointing would also fit but is slower.
+    let sim = Simulator::with_budget(
+        &b,
+        64,
+        vec![
+            laws(bf16(), (1024.0, 37.0, 0.0), (0.01, 0.002)),
+            laws(ckpt(), (1024.0, 10.0, 0.0), (0.01, 0.003)),
+            laws(offload(), (512.0, 37.0, 0.0), (0.2, 0.002)),
+        ],
+    );
+    let driver = SearchDriver::new(space(vec![bf16(), ckpt(), offload()], 64), b).unwrap();
+    let outcome = search(&driver, &sim);
+    let states = driver.regime_states(&outcome.history);
+    assert!(matches!(
+        states[0].progress,
+        RegimeProgress::Finished(RegimeEnd::AllFit { largest: 64 })
+    ));
+    for state in &states[1..] {
+        assert_eq!(
+            state.progress,
+            RegimeProgress::Finished(RegimeEnd::Dominated { by: 0 }),
+            "{state:?}"
+        );
+        assert_eq!(state.trials, 0);
+    }
+    assert_eq!(outcome.chosen().unwrap().regime(), bf16());
+}
+
+#[test]
+fn memory_saving_regimes_are_probed_when_the_plain_regime_hits_memory() {
+    let b = budget(10 * GIB, 0.05);
+    // Plain runs out of memory near 235 while throughput still grows: checkpointing, which
+    // fits 1024, is worth exploring and wins.
+    let sim = Simulator::with_budget(
+        &b,
+        1024,
+        vec![
+            laws(bf16(), (1024.0, 37.0, 0.0), (0.05, 0.001)),
+            laws(ckpt(), (1024.0, 8.0, 0.0), (0.05, 0.0011)),
+        ],
+    );
+    let s = SearchSpace {
+        saturation_gain: 0.03,
+        ..space(vec![bf16(), ckpt()], 1024)
+    };
+    let driver = SearchDriver::new(s, b).unwrap();
+    let outcome = search(&driver, &sim);
+    let states = driver.regime_states(&outcome.history);
+    assert!(
+        matches!(
+            states[0].progress,
+            RegimeProgress::Finished(RegimeEnd::Boundary { .. })
+        ),
+        "{states:?}"
+    );
+    assert!(states[1].trials > 0, "{states:?}");
+    assert_eq!(outcome.chosen().unwrap().regime(), ckpt());
+}
+
+#[test]
+fn a_saturated_plain_regime_dominates_only_its_own_precision() {
+    let b = budget(10 * GIB, 0.05);
+    let fp32_ckpt = regime(Precision::Fp32, Checkpointing::EveryKth(1), Offload::None);
+    // bf16 saturates early (step time linear from the start, no fixed cost to amortise).
+    let sim = Simulator::with_budget(
+        &b,
+        1024,
+        vec![
+            laws(bf16(), (1024.0, 37.0, 0.0), (0.0, 0.002)),
+            laws(ckpt(), (1024.0, 10.0, 0.0), (0.0, 0.003)),
+            laws(fp32_ckpt, (1024.0, 20.0, 0.0), (0.0, 0.001)),
+        ],
+    );
+    let s = SearchSpace {
+        saturation_gain: 0.03,
+        ..space(vec![bf16(), ckpt(), fp32_ckpt], 1024)
+    };
+    let driver = SearchDriver::new(s, b).unwrap();
+    let outcome = search(&driver, &sim);
+    let states = driver.regime_states(&outcome.history);
+    assert!(
+        matches!(
+            states[0].progress,
+            RegimeProgress::Finished(RegimeEnd::Saturated { .. })
+        ),
+        "{states:?}"
+    );
+    assert_eq!(
+        states[1].progress,
+        RegimeProgress::Finished(RegimeEnd::Dominated { by: 0 })
+    );
+    // No plain fp32 regime in the space: fp32 with checkpointing is searched (and is faster).
+    assert!(states[2].trials > 0, "{states:?}");
+    assert_eq!(outcome.chosen().unwrap().regime(), fp32_ckpt);
+}
+
+#[test]
+fn a_slow_regime_is_pruned_long_before_its_memory_boundary() {
+    let b = budget(24 * GIB, 0.05);
+    // Plain: 800 MiB per sequence, boundary near 29; 16 ms + 4 ms per sequence.
+    // Offload: 300 MiB per sequence (boundary near 76) but half a second of host work per
+    // step. At its memory boundary it would reach 76 / (0.5 + 0.004·76) ≈ 95 sequences/s,
+    // against ~200 for the plain regime, yet its step-time secant alone stays optimistic up to
+    // the largest candidate (1024 / (0.5 + 4.1) ≈ 220).
+    let sim = Simulator::with_budget(
+        &b,
+        1024,
+        vec![
+            laws(bf16(), (2048.0, 800.0, 0.0), (0.016, 0.004)),
+            laws(offload(), (1024.0, 300.0, 0.0), (0.5, 0.004)),
+        ],
+    );
+    let s = SearchSpace {
+        saturation_gain: 0.03,
+        ..space(vec![bf16(), offload()], 1024)
+    };
+    let driver = SearchDriver::new(s, b).unwrap();
+    let outcome = search(&driver, &sim);
+    let states = driver.regime_states(&outcome.history);
+    assert!(
+        matches!(
+            states[1].progress,
+            RegimeProgress::Finished(RegimeEnd::Pruned { .. })
+        ),
+        "{states:?}"
+    );
+    // Growth 1, 2, 4 gives the secant and the memory model; pruned without reaching 64.
+    assert!(states[1].trials <= 4, "{states:?}");
+    assert_eq!(outcome.chosen().unwrap().regime(), bf16());
+}

@@ -1,0 +1,124 @@
+//! Trials: what one asks for, what it found, and the [`Prober`] that runs them.
+//!
+//! These types are the wire format between the search driver and a prober (in-process, a child
+//! process speaking JSON, a worker, several ranks, or a replay of a recorded profile), so they
+//! are plain serde data.
+
+use serde::{Deserialize, Serialize};
+
+use crate::knobs::Knobs;
+use crate::Result;
+
+/// Runs trials for a search: in this process, in child processes, on several GPUs, from a
+/// recording or a simulation. The search driver decides what to run; a prober only runs it.
+pub trait Prober {
+    /// Runs one trial. Expected outcomes (out of memory, a crashed trial process) are `Ok`
+    /// results; an `Err` means no trial could be run and ends the search.
+    fn probe(&mut self, request: &TrialRequest) -> Result<TrialResult>;
+}
+
+/// A function is a prober: the search's tests and one-off callers pass closures.
+impl<F: FnMut(&TrialRequest) -> Result<TrialResult>> Prober for F {
+    fn probe(&mut self, request: &TrialRequest) -> Result<TrialResult> {
+        self(request)
+    }
+}
+
+/// One trial: run `warmup_steps` untimed then `timed_steps` timed optimizer steps at `knobs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrialRequest {
+    /// The setting to measure.
+    pub knobs: Knobs,
+    /// Steps run before timing starts (first-use allocations, kernel JIT, cuBLAS heuristics).
+    pub warmup_steps: usize,
+    /// Steps whose durations are recorded.
+    pub timed_steps: usize,
+}
+
+/// Which memory ran out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemoryKind {
+    /// Device memory.
+    Gpu,
+    /// Host memory (the budget, or the allocator).
+    Host,
+}
+
+/// The part of a trial that was running when memory ran out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Building the model and optimizer.
+    Setup,
+    /// Forward and backward passes.
+    ForwardBackward,
+    /// The optimizer update.
+    OptimizerStep,
+    /// The evaluation pass (no gradients).
+    Eval,
+    /// Writing a checkpoint.
+    Checkpoint,
+}
+
+/// Measurements of a trial that fitted.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Measurement {
+    /// Peak device bytes over the whole trial: the memory pool's high-water mark plus what the
+    /// driver holds outside it (context, cuBLAS workspaces). 0 on CPU.
+    pub peak_gpu_bytes: u64,
+    /// Peak host bytes attributable to the trial (heap high-water mark on CPU runs).
+    pub peak_host_bytes: u64,
+    /// Median wall time of one optimizer step (all micro-batches), seconds.
+    pub step_time_median_s: f64,
+    /// Spread of the timed steps: (p90 − p10) / median, a unitless noise figure.
+    pub step_time_spread: f64,
+    /// Number of timed steps behind the median.
+    pub timed_steps: usize,
+    /// Tokens processed per second at the median step time.
+    pub tokens_per_s: f64,
+}
+
+/// How a trial ended: expected outcomes, never errors.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "outcome")]
+pub enum Outcome {
+    /// The setting ran; here is what it cost.
+    Fits(Measurement),
+    /// The setting ran out of memory.
+    OutOfMemory {
+        /// Which memory.
+        memory: MemoryKind,
+        /// Where in the trial.
+        phase: Phase,
+    },
+    /// The trial died for another reason (a child process crashed, a sticky device error).
+    Crashed {
+        /// What was seen.
+        reason: String,
+    },
+}
+
+impl Outcome {
+    /// The measurement, if the setting fitted.
+    pub fn measurement(&self) -> Option<&Measurement> {
+        match self {
+            Outcome::Fits(m) => Some(m),
+            _ => None,
+        }
+    }
+}
+
+/// A request together with its outcome: one entry of the search history and of a recorded profile.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrialResult {
+    /// What was asked.
+    pub request: TrialRequest,
+    /// What happened.
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    /// Wall time the trial took, including setup, seconds.
+    pub wall_s: f64,
+}

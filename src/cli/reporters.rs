@@ -1,0 +1,195 @@
+//! How searches, checks and trials read for people: the progress each command draws on stderr
+//! while trials run, and the one way bytes, outcomes and budgets are written.
+
+use autotune::search::report::{Event, Purpose, Reporter};
+use autotune::spec::budget::Budget;
+use autotune::trial::{MemoryKind, Outcome, TrialResult};
+
+use super::printer::Printer;
+
+/// Bytes for people: GiB with two decimals from 1 GiB up (device-sized peaks), MiB with one
+/// below (the small heaps of CPU test models).
+pub fn bytes(bytes: u64) -> String {
+    let b = bytes as f64;
+    if bytes >= 1 << 30 {
+        format!("{:.2} GiB", b / (1u64 << 30) as f64)
+    } else {
+        format!("{:.1} MiB", b / (1u64 << 20) as f64)
+    }
+}
+
+/// "GPU" or "host".
+pub fn memory_name(memory: MemoryKind) -> &'static str {
+    match memory {
+        MemoryKind::Gpu => "GPU",
+        MemoryKind::Host => "host",
+    }
+}
+
+/// A budget as one phrase: "GPU 24.00 GiB, host 32.00 GiB, headroom 5%".
+pub fn budget(budget: &Budget) -> String {
+    let host = format!("host {}", bytes(budget.host_bytes));
+    match budget.gpu_bytes {
+        Some(g) => format!(
+            "GPU {}, {host}, headroom {:.0}%",
+            bytes(g),
+            budget.headroom * 100.0
+        ),
+        None => format!("{host}, headroom {:.0}%", budget.headroom * 100.0),
+    }
+}
+
+/// What a finished search trial found, as its progress line says it.
+pub fn trial_outcome(result: &TrialResult, feasible: bool) -> String {
+    match &result.outcome {
+        Outcome::Fits(m) => format!(
+            "{} {:.0} tokens/s, peak GPU {}, host {}",
+            if feasible {
+                "fits,"
+            } else {
+                "fits but above the headroom,"
+            },
+            m.tokens_per_s,
+            bytes(m.peak_gpu_bytes),
+            bytes(m.peak_host_bytes)
+        ),
+        Outcome::OutOfMemory { memory, phase } => {
+            format!("out of {} memory during {phase:?}", memory_name(*memory))
+        }
+        Outcome::Crashed { reason } => format!("crashed: {reason}"),
+    }
+}
+
+/// A search's progress on stderr: a spinner while a trial runs, one line when it ends, and
+/// with `-v` a line when a regime is done.
+pub struct SearchProgress {
+    printer: Printer,
+    bar: indicatif::ProgressBar,
+}
+
+impl SearchProgress {
+    /// Starts the spinner (hidden unless stderr is a terminal).
+    pub fn new(printer: &Printer) -> Self {
+        Self {
+            printer: *printer,
+            bar: printer.spinner(),
+        }
+    }
+
+    /// Clears the spinner.
+    pub fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+impl Reporter for SearchProgress {
+    fn report(&self, event: &Event) {
+        match event {
+            Event::TrialStarted {
+                index,
+                request,
+                purpose,
+            } => {
+                let what = match purpose {
+                    Purpose::Verify => "verifying",
+                    Purpose::Search => "probing",
+                };
+                self.bar
+                    .set_message(format!("[{}] {what} {}", index + 1, request.knobs));
+            }
+            Event::TrialFinished {
+                index,
+                result,
+                feasible,
+                ..
+            } => {
+                let line = format!(
+                    "[{}] {}: {}",
+                    index + 1,
+                    result.request.knobs,
+                    trial_outcome(result, *feasible)
+                );
+                self.bar.suspend(|| self.printer.status(line));
+            }
+            Event::RegimeDone {
+                regime,
+                end,
+                trials,
+                ..
+            } => {
+                let line = format!("  {regime}: {end:?} after {trials} trials");
+                self.bar.suspend(|| self.printer.detail(line));
+            }
+            Event::Verified { .. } | Event::Finished { .. } => {}
+        }
+    }
+}
+
+/// A check's progress on stderr: with `-v` a line when a trial starts, and one when it ends.
+pub struct CheckProgress {
+    printer: Printer,
+    total: usize,
+    gpu: bool,
+}
+
+impl CheckProgress {
+    /// Progress over `total` recorded trials; `gpu` when their peaks include device memory.
+    pub fn new(printer: &Printer, total: usize, gpu: bool) -> Self {
+        Self {
+            printer: *printer,
+            total,
+            gpu,
+        }
+    }
+}
+
+impl Reporter for CheckProgress {
+    fn report(&self, event: &Event) {
+        let total = self.total;
+        match event {
+            Event::TrialStarted { index, request, .. } => {
+                self.printer
+                    .detail(format!("[{}/{total}] running {}", index + 1, request.knobs))
+            }
+            Event::TrialFinished { index, result, .. } => self.printer.status(format!(
+                "[{}/{total}] {}: {}",
+                index + 1,
+                result.request.knobs,
+                check_outcome(&result.outcome, self.gpu)
+            )),
+            _ => {}
+        }
+    }
+}
+
+/// A recorded or fresh outcome in a check's table: time and peaks, or what went wrong.
+pub fn check_outcome(outcome: &Outcome, gpu: bool) -> String {
+    match outcome {
+        Outcome::Fits(m) if gpu => format!(
+            "{:.1} ms, GPU {}, host {}",
+            m.step_time_median_s * 1e3,
+            bytes(m.peak_gpu_bytes),
+            bytes(m.peak_host_bytes)
+        ),
+        Outcome::Fits(m) => format!(
+            "{:.1} ms, host {}",
+            m.step_time_median_s * 1e3,
+            bytes(m.peak_host_bytes)
+        ),
+        Outcome::OutOfMemory { memory, .. } => format!("out of {} memory", memory_name(*memory)),
+        Outcome::Crashed { .. } => "crashed".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_read_in_the_unit_that_fits() {
+        assert_eq!(bytes(24 << 30), "24.00 GiB");
+        assert_eq!(bytes((3 << 30) / 2), "1.50 GiB");
+        assert_eq!(bytes(40 << 20), "40.0 MiB");
+        assert_eq!(bytes(0), "0.0 MiB");
+    }
+}

@@ -1,0 +1,137 @@
+//! `tune`'s arguments resolved once into what the search needs: the model, the target, its
+//! budget and search space, and how trials are isolated. Everything a flag can get wrong is
+//! refused here, before a trial runs.
+
+use std::path::PathBuf;
+
+use autotune::profile::record::Profile;
+use autotune::search::space::{SearchSpace, SpaceRequest};
+use autotune::spec::budget::Budget;
+use autotune::spec::device::{DeviceKind, DeviceProfile};
+use autotune::ModelSpec;
+
+use crate::cli::args::{Backend, ProbeIsolation, TuneArgs};
+
+/// A validated `tune`.
+pub struct TuneConfig {
+    /// Where the trials' answers come from.
+    pub source: Source,
+    /// Record every trial into this profile.
+    pub record: Option<PathBuf>,
+    /// Write the plan here.
+    pub out: Option<PathBuf>,
+}
+
+/// Where a search's trials are answered.
+pub enum Source {
+    /// Real trials on this machine.
+    Live(Box<LiveSearch>),
+    /// A recorded profile: its model, target and space, every trial answered from it.
+    Replay {
+        /// The profile's file, for messages.
+        path: PathBuf,
+        /// The profile.
+        profile: Box<Profile>,
+    },
+}
+
+/// A search run on this machine.
+pub struct LiveSearch {
+    /// The model.
+    pub spec: ModelSpec,
+    /// The machine planned for (a smaller GPU is emulated on a larger one).
+    pub target: DeviceProfile,
+    /// The target's limits, with the requested headroom.
+    pub budget: Budget,
+    /// The settings to search.
+    pub space: SearchSpace,
+    /// How trials are isolated from this process and from each other.
+    pub isolation: ProbeIsolation,
+}
+
+impl TuneConfig {
+    /// Resolves and checks `args`.
+    pub fn from_args(args: &TuneArgs) -> anyhow::Result<Self> {
+        let source = match &args.backend {
+            Backend::Replay(path) => Source::Replay {
+                path: path.clone(),
+                profile: Box::new(Profile::load(path)?),
+            },
+            Backend::Live => Source::Live(Box::new(LiveSearch::from_args(args)?)),
+        };
+        Ok(Self {
+            source,
+            record: args.record.clone(),
+            out: args.out.clone(),
+        })
+    }
+}
+
+impl LiveSearch {
+    fn from_args(args: &TuneArgs) -> anyhow::Result<Self> {
+        let spec = ModelSpec::resolve(&args.model)?;
+        let target = target_profile(&args.device)?;
+        let mut budget = Budget::from_device(&target);
+        if let Some(h) = args.headroom {
+            budget.headroom = h;
+        }
+        budget.validate()?;
+        let space = SearchSpace::for_target(&target, &space_request(args))?;
+        let isolation = isolation(args.isolation, &target, &space);
+        Ok(Self {
+            spec,
+            target,
+            budget,
+            space,
+            isolation,
+        })
+    }
+}
+
+/// `auto` (the local GPU, or the built-in CPU profile), a built-in name, or a JSON file.
+pub fn target_profile(name: &str) -> anyhow::Result<DeviceProfile> {
+    if name != "auto" {
+        return Ok(DeviceProfile::resolve(name)?);
+    }
+    match autotune::backend::detect_gpu_profile()? {
+        Some(profile) => Ok(profile),
+        None => Ok(DeviceProfile::builtin("cpu")?),
+    }
+}
+
+fn space_request(args: &TuneArgs) -> SpaceRequest {
+    SpaceRequest {
+        precisions: args.precision.clone(),
+        checkpointing: args.checkpointing.clone(),
+        offload: args.offload.clone(),
+        data_parallel: args.data_parallel.clone(),
+        max_micro_batch: args.max_micro_batch,
+        global_batch: args.global_batch,
+        warmup_steps: args.warmup_steps,
+        timed_steps: args.timed_steps,
+        max_trials: args.max_trials,
+        saturation_gain: args.saturation_gain,
+    }
+}
+
+/// The isolation asked for, or the target's default; a space with data-parallel regimes
+/// always uses child processes: an in-process trial keeps its memory pool on GPU 0, where
+/// rank 0 of the next data-parallel trial would find it missing.
+fn isolation(
+    asked: Option<ProbeIsolation>,
+    target: &DeviceProfile,
+    space: &SearchSpace,
+) -> ProbeIsolation {
+    if space.regimes.iter().any(|r| r.data_parallel.degree > 1) {
+        return ProbeIsolation::Child;
+    }
+    asked.unwrap_or_else(|| ProbeIsolation::default_for(target.kind))
+}
+
+/// The device trials open, as the ranks and children are told it.
+pub fn device_name(kind: DeviceKind) -> &'static str {
+    match kind {
+        DeviceKind::Cpu => "cpu",
+        DeviceKind::Cuda => "cuda",
+    }
+}

@@ -1,0 +1,229 @@
+//! `autotune tune`: search for the fastest feasible plan and write it.
+//!
+//! The pieces are the library's: a [`SearchDriver`] decides, a [`Prober`] measures, the plan
+//! is built from the history. This module resolves the arguments once ([`config`]), chooses
+//! the prober ([`prober`]), and writes the outputs; [`crate::cli::reporters`] renders the
+//! search for people.
+
+pub mod config;
+mod prober;
+
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use autotune::backend;
+use autotune::plan::schema::Plan;
+use autotune::probe::host_work::adam_update_floor_s;
+use autotune::probe::Prober;
+use autotune::profile::record::{Profile, RecordedDevice};
+use autotune::profile::replay::ReplayProber;
+use autotune::search::decision::Decision;
+use autotune::search::driver::SearchDriver;
+use autotune::search::run::{run_search, SearchOutcome};
+use autotune::spec::device::{DeviceKind, DeviceProfile};
+use autotune::trial::TrialResult;
+use autotune::{ModelSpec, Offload};
+
+use self::config::{device_name, LiveSearch, Source, TuneConfig};
+use super::args::{ProbeIsolation, TuneArgs};
+use super::printer::Printer;
+use super::reporters::{self, SearchProgress};
+use super::Status;
+
+/// What a finished search produced.
+pub struct Tuned {
+    pub spec: ModelSpec,
+    pub profile: DeviceProfile,
+    pub recorded: RecordedDevice,
+    pub driver: SearchDriver,
+    pub plan: Option<Plan>,
+    pub outcome: SearchOutcome,
+}
+
+impl Tuned {
+    /// The search as a recorded profile.
+    fn record(&self) -> Profile {
+        Profile::from_search(
+            &self.driver,
+            &self.outcome,
+            &self.spec,
+            self.recorded.clone(),
+            backend::CANDLE_VERSION,
+            now(),
+        )
+    }
+}
+
+pub fn run(args: TuneArgs, printer: &Printer) -> anyhow::Result<Status> {
+    let config = TuneConfig::from_args(&args)?;
+    let tuned = tune(&config, printer)?;
+    emit(&tuned, config.out.as_ref(), printer)
+}
+
+/// Runs the search `config` describes, and records it if asked.
+pub fn tune(config: &TuneConfig, printer: &Printer) -> anyhow::Result<Tuned> {
+    let tuned = match &config.source {
+        Source::Replay { path, profile } => replay(path, profile, printer)?,
+        Source::Live(search) => live(search, printer)?,
+    };
+    if let Some(path) = &config.record {
+        tuned.record().save(path)?;
+        printer.status(format!("profile recorded to {}", path.display()));
+    }
+    Ok(tuned)
+}
+
+/// Plans offline from a recorded profile: the recorded model, target and search space, with
+/// every trial answered from the recording.
+fn replay(path: &Path, profile: &Profile, printer: &Printer) -> anyhow::Result<Tuned> {
+    let driver = profile.driver()?;
+    let device = profile.device.clone();
+    printer.status(format!(
+        "replaying {} on {} from {} ({} recorded trials)",
+        profile.model.name,
+        device.profile.name,
+        path.display(),
+        profile.trials.len()
+    ));
+    let mut prober = ReplayProber::new(profile.clone());
+    let outcome = search(&driver, &mut prober, printer)?;
+    let plan = Plan::from_search(&driver, &outcome, &profile.model, &device.profile, now());
+    Ok(Tuned {
+        spec: profile.model.clone(),
+        profile: device.profile.clone(),
+        recorded: device,
+        driver,
+        plan,
+        outcome,
+    })
+}
+
+/// Searches on this machine.
+fn live(search_config: &LiveSearch, printer: &Printer) -> anyhow::Result<Tuned> {
+    let LiveSearch {
+        spec,
+        target,
+        budget,
+        ..
+    } = search_config;
+    let mut space = search_config.space.clone();
+    if space
+        .regimes
+        .iter()
+        .any(|r| r.offload == Offload::Optimizer)
+    {
+        space.offload_host_floor_s = adam_update_floor_s(spec.parameter_count());
+        tracing::debug!(
+            floor_s = space.offload_host_floor_s,
+            "host update floor for offloaded regimes"
+        );
+    }
+    let driver = SearchDriver::new(space, *budget)?;
+    announce(search_config, printer);
+    let mut prober = prober::live_prober(search_config)?;
+    let outcome = search(&driver, prober.as_mut(), printer)?;
+    let mut plan = Plan::from_search(&driver, &outcome, spec, target, now());
+    if let Some(plan) = plan.as_mut() {
+        // Scaling efficiency is measured, never assumed: one GPU's trial if the search ran none.
+        plan.measure_scaling(driver.space(), prober.as_mut())?;
+    }
+    let recorded = backend::recorded_device(target.kind == DeviceKind::Cuda, target);
+    Ok(Tuned {
+        spec: spec.clone(),
+        profile: target.clone(),
+        recorded,
+        driver,
+        plan,
+        outcome,
+    })
+}
+
+/// The search loop with its progress drawn on stderr.
+fn search(
+    driver: &SearchDriver,
+    prober: &mut dyn Prober,
+    printer: &Printer,
+) -> anyhow::Result<SearchOutcome> {
+    let progress = SearchProgress::new(printer);
+    let outcome = run_search(driver, prober, &progress);
+    progress.finish();
+    Ok(outcome?)
+}
+
+/// The line that says what is tuned for what, and where trials run.
+fn announce(search: &LiveSearch, printer: &Printer) {
+    let spec = &search.spec;
+    printer.status(format!(
+        "tuning {} ({:.1}M parameters, seq {}) for {} ({}), probing on {}{}",
+        spec.name,
+        spec.parameter_count() as f64 / 1e6,
+        spec.seq_len,
+        search.target.name,
+        reporters::budget(&search.budget),
+        device_name(search.target.kind),
+        match search.isolation {
+            ProbeIsolation::InProcess => "",
+            ProbeIsolation::Child => " in child processes",
+            ProbeIsolation::Worker => " in a worker process",
+        },
+    ));
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Writes the plan (or the negative answer) and maps it to an exit status.
+pub fn emit(tuned: &Tuned, out: Option<&PathBuf>, printer: &Printer) -> anyhow::Result<Status> {
+    let Some(plan) = &tuned.plan else {
+        let hint = match &tuned.outcome.decision {
+            Decision::NoFeasible { hint } => hint.clone(),
+            other => format!("the search ended without a verified plan ({other:?})"),
+        };
+        printer.data_json(&NoPlan {
+            feasible: false,
+            hint: &hint,
+            evidence: &tuned.outcome.history,
+        });
+        printer.data_text(format!(
+            "no feasible plan for {} on {}\nhint: {hint}",
+            tuned.spec.name, tuned.profile.name
+        ));
+        return Ok(Status::Negative);
+    };
+    if let Some(path) = out {
+        plan.save(path)?;
+        printer.status(format!("plan written to {}", path.display()));
+    }
+    printer.data_json(plan);
+    printer.data_text(summary(plan));
+    Ok(Status::Success)
+}
+
+#[derive(Serialize)]
+struct NoPlan<'a> {
+    feasible: bool,
+    hint: &'a str,
+    evidence: &'a [TrialResult],
+}
+
+fn summary(plan: &Plan) -> String {
+    let m = &plan.measured;
+    let mut text = format!(
+        "plan: {}\n  measured {:.0} tokens/s ({:.1} ms/step), peak GPU {}, peak host {}\n  {} trials",
+        plan.knobs,
+        m.tokens_per_s,
+        m.step_time_median_s * 1e3,
+        reporters::bytes(m.peak_gpu_bytes),
+        reporters::bytes(m.peak_host_bytes),
+        plan.evidence.len(),
+    );
+    if let Some(e) = plan.model_error.memory_loo_rel_error {
+        text.push_str(&format!(", memory model held-out error {:.1}%", e * 100.0));
+    }
+    text
+}

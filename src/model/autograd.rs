@@ -1,0 +1,187 @@
+//! Forward and backward passes of the autograd engines (fused and composite), with activation
+//! checkpointing: chosen Transformer blocks keep only their input during the forward pass and
+//! are recomputed in the backward pass.
+//!
+//! candle has no checkpoint API and no way to seed a backward pass with a gradient, so a
+//! micro-batch's forward and backward passes run in segments:
+//!
+//! - **Forward.** A recomputed block runs on its *detached* input; its output is copied into a
+//!   fresh `Var` and the block's graph is dropped on the spot, so none of its intermediates
+//!   outlive its forward pass. What survives is a `Boundary`: the block's input (still attached
+//!   to the graph of the segment before it) and the output `Var` the next segment starts from.
+//!   Blocks that are not recomputed run as usual and keep their graph.
+//! - **Backward.** The loss's backward pass covers the last segment and yields `dL/dy` for the
+//!   last boundary's output. Then, in reverse order, each recomputed block runs again on its
+//!   attached input and a `SeedGradient` root backpropagates `dL/dy` through the block *and*
+//!   the segment before it, down to the previous boundary's output (or the embeddings).
+//!
+//! Every parameter is used in exactly one segment, so each backward pass hands over the
+//! gradients of a disjoint set of parameters. Dropout masks are reproduced exactly because every
+//! block draws from its own sub-stream ([`crate::model::Ctx::block`]).
+
+use candle_core::backend::BackendStorage;
+use candle_core::backprop::GradStore;
+use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor, Var};
+
+use crate::model::batch::Batch;
+use crate::model::layers::cross_entropy;
+use crate::model::recompute::RecomputedBlocks;
+use crate::model::{Ctx, Transformer};
+use crate::{Error, Result};
+
+/// What survives a recomputed block's forward pass.
+struct Boundary {
+    block: usize,
+    /// The block's input, attached to the graph of the segment before it.
+    input: Tensor,
+    /// A copy of the block's output: the leaf the next segment starts from.
+    output: Var,
+}
+
+/// Forward and backward pass of one micro-batch, segmented by `plan`.
+///
+/// Hands each parameter's gradient of `loss_factor × loss` to `sink` as `(index into
+/// model.params().vars(), gradient in the parameter's dtype)`, exactly once per parameter, and
+/// returns the (unscaled) loss.
+pub fn forward_backward(
+    model: &Transformer,
+    plan: &RecomputedBlocks,
+    batch: &Batch,
+    dtype: DType,
+    ctx: &Ctx,
+    loss_factor: f64,
+    sink: &mut dyn FnMut(usize, Tensor) -> Result<()>,
+) -> Result<f64> {
+    let vars = model.params().vars();
+    let mut received = vec![false; vars.len()];
+    let mask = model.attention_mask(batch.inputs.dim(1)?, dtype, batch.inputs.device())?;
+    let mut boundaries = Vec::with_capacity(plan.count());
+    // The scope ends the last segment's graph (logits and all) as soon as its backward is done.
+    let (loss, mut grads) = {
+        let mut x = model.embed(&batch.inputs, dtype, ctx)?;
+        for (i, block) in model.blocks().iter().enumerate() {
+            let block_ctx = ctx.block(i)?;
+            if plan.recomputes(i) {
+                // `y` and the block's whole graph die at the end of this statement; only the
+                // copy in `output` remains.
+                let output =
+                    Var::from_tensor(&block.forward(&x.detach(), mask.as_ref(), &block_ctx)?)?;
+                let next = output.as_tensor().clone();
+                boundaries.push(Boundary {
+                    block: i,
+                    input: x,
+                    output,
+                });
+                x = next;
+            } else {
+                x = block.forward(&x, mask.as_ref(), &block_ctx)?;
+            }
+        }
+        let logits = model.head(&x, ctx)?;
+        let loss = cross_entropy(&logits, &batch.targets, ctx.engine)?;
+        let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        (value, (loss * loss_factor)?.backward()?)
+    };
+    harvest(&mut grads, vars, &mut received, sink)?;
+    while let Some(boundary) = boundaries.pop() {
+        let dy = grads.remove(boundary.output.as_tensor()).ok_or_else(|| {
+            Error::internal(format!(
+                "block {} output received no gradient",
+                boundary.block
+            ))
+        })?;
+        // Free the previous segment's gradients before the recomputation allocates.
+        drop(grads);
+        let block_ctx = ctx.block(boundary.block)?;
+        let y =
+            model.blocks()[boundary.block].forward(&boundary.input, mask.as_ref(), &block_ctx)?;
+        grads = y.apply_op1(SeedGradient { dy })?.backward()?;
+        harvest(&mut grads, vars, &mut received, sink)?;
+    }
+    if let Some(i) = received.iter().position(|&r| !r) {
+        return Err(Error::MissingGradient {
+            parameter: model.params().names()[i].clone(),
+        });
+    }
+    Ok(loss)
+}
+
+/// Moves the parameter gradients out of `grads` into `sink`.
+fn harvest(
+    grads: &mut GradStore,
+    vars: &[Var],
+    received: &mut [bool],
+    sink: &mut dyn FnMut(usize, Tensor) -> Result<()>,
+) -> Result<()> {
+    for (i, var) in vars.iter().enumerate() {
+        if let Some(g) = grads.remove(var) {
+            received[i] = true;
+            sink(i, g)?;
+        }
+    }
+    Ok(())
+}
+
+/// The root of a recomputed block's backward pass: a scalar whose gradient with respect to the
+/// block output `y` is `dy`, the gradient the following segment computed for it.
+///
+/// `(y · dy).sum()` would do the same, but candle's product backward also computes and stores a
+/// gradient for `dy`, an activation-sized tensor that is never used.
+struct SeedGradient {
+    dy: Tensor,
+}
+
+impl CustomOp1 for SeedGradient {
+    fn name(&self) -> &'static str {
+        "seed-gradient"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        scalar_zero(s)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        scalar_zero(s)
+    }
+
+    fn bwd(
+        &self,
+        _arg: &Tensor,
+        _res: &Tensor,
+        _grad_res: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        // The seed is only ever the root of its backward pass, whose incoming gradient is
+        // exactly one, so `dy` is the gradient as is.
+        Ok(Some(self.dy.clone()))
+    }
+}
+
+/// A scalar zero in `s`'s dtype and backend: the seed's value is never read.
+fn scalar_zero<S: BackendStorage>(s: &S) -> candle_core::Result<(S, Shape)> {
+    Ok((
+        s.affine(&Layout::contiguous(()), 0.0, 0.0)?,
+        Shape::from(()),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seed_gradient_backpropagates_dy() -> Result<()> {
+        let dev = candle_core::Device::Cpu;
+        let x = Var::from_vec(vec![1f32, 2.0, 3.0], 3, &dev)?;
+        let y = (x.as_tensor() * 2.0)?;
+        let dy = Tensor::new(&[0.5f32, -1.0, 4.0], &dev)?;
+        let grads = y.apply_op1(SeedGradient { dy })?.backward()?;
+        let g: Vec<f32> = grads.get(&x).expect("x gets a gradient").to_vec1()?;
+        assert_eq!(g, vec![1.0, -2.0, 8.0]);
+        Ok(())
+    }
+}

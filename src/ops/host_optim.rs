@@ -1,0 +1,316 @@
+//! Host arithmetic of the offloaded optimizer: multi-threaded passes over flat f32 buffers.
+//!
+//! Every pass is elementwise, so the buffers are cut into one chunk per core
+//! ([`crate::parallel`]) and each chunk runs on its own scoped thread; no buffer is allocated.
+
+use candle_core::WithDType;
+
+use crate::parallel::{chunk_len, run_parallel};
+use crate::spec::model::{OptimizerKind, OptimizerSpec};
+
+/// `dst = src` (`assign`, the first micro-batch) or `dst += src`, converting `src` to f32.
+///
+/// Assigning rather than adding to zero keeps the sum bit-identical to the on-device path,
+/// whose first gradient is taken as is.
+pub fn accumulate<T: WithDType>(dst: &mut [f32], src: &[T], assign: bool, threads: usize) {
+    assert_eq!(dst.len(), src.len(), "gradient length");
+    let c = chunk_len(dst.len(), threads);
+    run_parallel(dst.chunks_mut(c).zip(src.chunks(c)), |(d, s)| {
+        // bf16, f16 and f32 all convert to f64 and back to f32 exactly.
+        if assign {
+            d.iter_mut()
+                .zip(s)
+                .for_each(|(d, s)| *d = s.to_f64() as f32);
+        } else {
+            d.iter_mut()
+                .zip(s)
+                .for_each(|(d, s)| *d += s.to_f64() as f32);
+        }
+    });
+}
+
+/// Multiplies `grads` by `inv_scale` (when given, as the on-device `g · (1/scale)` does) and
+/// reports whether every element is finite.
+pub fn unscale_and_check(grads: &mut [f32], inv_scale: Option<f32>, threads: usize) -> bool {
+    let c = chunk_len(grads.len(), threads);
+    let finite = std::sync::atomic::AtomicBool::new(true);
+    run_parallel(grads.chunks_mut(c), |chunk| {
+        if let Some(inv) = inv_scale {
+            chunk.iter_mut().for_each(|g| *g = *g * inv + 0.0);
+        }
+        if !chunk.iter().all(|g| g.is_finite()) {
+            finite.store(false, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    finite.into_inner()
+}
+
+/// The constants of one Adam step, rounded to f32 exactly as candle rounds scalar operands.
+#[derive(Debug, Clone, Copy)]
+pub struct AdamConsts {
+    b1: f32,
+    c1: f32,
+    b2: f32,
+    c2: f32,
+    inv_sqrt_bias2: f32,
+    eps: f32,
+    step_size: f32,
+    /// Decoupled decay factor `1 − lr·wd` (AdamW).
+    decay: Option<f32>,
+    /// L2 coefficient folded into the gradient (Adam).
+    l2: Option<f32>,
+}
+
+impl AdamConsts {
+    /// Constants for update number `t` (1-based).
+    pub fn new(o: &OptimizerSpec, t: u64) -> Self {
+        let t = i32::try_from(t).unwrap_or(i32::MAX);
+        let bias1 = 1.0 - o.beta1.powi(t);
+        let bias2 = 1.0 - o.beta2.powi(t);
+        Self {
+            b1: o.beta1 as f32,
+            c1: (1.0 - o.beta1) as f32,
+            b2: o.beta2 as f32,
+            c2: (1.0 - o.beta2) as f32,
+            inv_sqrt_bias2: (1.0 / bias2.sqrt()) as f32,
+            eps: o.eps as f32,
+            step_size: (o.lr / bias1) as f32,
+            decay: (o.kind == OptimizerKind::AdamW && o.weight_decay > 0.0)
+                .then_some((1.0 - o.lr * o.weight_decay) as f32),
+            l2: (o.kind == OptimizerKind::Adam && o.weight_decay > 0.0)
+                .then_some(o.weight_decay as f32),
+        }
+    }
+}
+
+/// One Adam step for one element.
+///
+/// Each line mirrors one tensor op of [`crate::train::optim::Adam::step`]: candle computes a
+/// tensor–scalar op as `x·mul + add` in f32 (so `x · s` is `x·s + 0`, which turns −0 into +0),
+/// and mirroring that keeps the two optimizers bit-identical on the CPU.
+#[inline(always)]
+fn adam_element(c: &AdamConsts, theta: &mut f32, m: &mut f32, v: &mut f32, g: f32) {
+    let m_next = c.first_moment(*theta, *m, g);
+    let v_next = c.second_moment(*theta, *v, g);
+    *theta = c.apply(*theta, m_next, v_next);
+    *m = m_next;
+    *v = v_next;
+}
+
+impl AdamConsts {
+    /// The gradient Adam sees: with L2 decay (Adam) `g + wd·θ`.
+    #[inline(always)]
+    fn decayed_grad(&self, theta: f32, g: f32) -> f32 {
+        match self.l2 {
+            Some(wd) => g + (theta * wd + 0.0),
+            None => g,
+        }
+    }
+
+    /// The next first moment.
+    #[inline(always)]
+    pub fn first_moment(&self, theta: f32, m: f32, g: f32) -> f32 {
+        let g = self.decayed_grad(theta, g);
+        (m * self.b1 + 0.0) + (g * self.c1 + 0.0)
+    }
+
+    /// The next second moment.
+    #[inline(always)]
+    pub fn second_moment(&self, theta: f32, v: f32, g: f32) -> f32 {
+        let g = self.decayed_grad(theta, g);
+        (v * self.b2 + 0.0) + ((g * g) * self.c2 + 0.0)
+    }
+
+    /// The next weight from the next moments.
+    #[inline(always)]
+    pub fn apply(&self, theta: f32, m: f32, v: f32) -> f32 {
+        let denom = (v.sqrt() * self.inv_sqrt_bias2 + 0.0) + self.eps;
+        let update = (m / denom) * self.step_size + 0.0;
+        let decayed = match self.decay {
+            Some(d) => theta * d + 0.0,
+            None => theta,
+        };
+        decayed - update
+    }
+
+    /// The constants as the CUDA kernels take them: `[b1, c1, b2, c2, inv_sqrt_bias2, eps,
+    /// step_size, decay (1 if none), l2 (0 if none)]`.
+    pub fn packed(&self) -> [f32; 9] {
+        [
+            self.b1,
+            self.c1,
+            self.b2,
+            self.c2,
+            self.inv_sqrt_bias2,
+            self.eps,
+            self.step_size,
+            self.decay.unwrap_or(1.0),
+            self.l2.unwrap_or(0.0),
+        ]
+    }
+}
+
+/// The flat optimizer state a step updates in place.
+pub struct HostState<'a> {
+    /// f32 master weights.
+    pub master: &'a mut [f32],
+    /// First moments.
+    pub first: &'a mut [f32],
+    /// Second moments.
+    pub second: &'a mut [f32],
+    /// Unscaled gradients.
+    pub grads: &'a [f32],
+}
+
+/// Applies one fused Adam step to every element and, when `working` is given, writes the new
+/// weights' half-precision working copy in the same pass.
+pub fn adam_step<T: WithDType>(
+    c: &AdamConsts,
+    state: HostState<'_>,
+    working: Option<&mut [T]>,
+    threads: usize,
+) {
+    let n = state.master.len();
+    assert!(
+        state.first.len() == n && state.second.len() == n && state.grads.len() == n,
+        "optimizer buffers differ in length"
+    );
+    let len = chunk_len(n, threads);
+    let working: Vec<Option<&mut [T]>> = match working {
+        Some(w) => w.chunks_mut(len).map(Some).collect(),
+        None => (0..n.div_ceil(len)).map(|_| None).collect(),
+    };
+    let chunks = state
+        .master
+        .chunks_mut(len)
+        .zip(state.first.chunks_mut(len))
+        .zip(state.second.chunks_mut(len))
+        .zip(state.grads.chunks(len))
+        .zip(working);
+    run_parallel(chunks, |((((theta, m), v), g), w)| {
+        for j in 0..theta.len() {
+            adam_element(c, &mut theta[j], &mut m[j], &mut v[j], g[j]);
+        }
+        if let Some(w) = w {
+            w.iter_mut()
+                .zip(theta.iter())
+                .for_each(|(w, &x)| *w = to_half(x));
+        }
+    });
+}
+
+/// Writes the half-precision working copy of `master` into `working`.
+pub fn fill_working<T: WithDType>(master: &[f32], working: &mut [T], threads: usize) {
+    let c = chunk_len(master.len(), threads);
+    run_parallel(working.chunks_mut(c).zip(master.chunks(c)), |(w, m)| {
+        w.iter_mut().zip(m).for_each(|(w, &x)| *w = to_half(x));
+    });
+}
+
+/// f32 → bf16 or f16, rounded to nearest-even exactly as candle's casts round.
+///
+/// `WithDType` only offers `from_f64`, and `half`'s f64 conversions read just the upper 32 bits
+/// of the f64, which drops an f32's three lowest mantissa bits from the tie-breaking (sticky)
+/// decision. Folding those bits into the lowest bit that is read keeps the decision, so the
+/// result equals the direct f32 conversion for every input, subnormals and overflow included.
+#[inline(always)]
+fn to_half<T: WithDType>(x: f32) -> T {
+    let bits = x.to_bits();
+    let folded = if bits & 0x7 != 0 {
+        (bits & !0x7) | 0x8
+    } else {
+        bits
+    };
+    T::from_f64(f32::from_bits(folded) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::backend::BackendDevice;
+    use candle_core::cpu_backend::CpuDevice;
+    use candle_core::{CpuStorage, DType, Device, Shape, Tensor};
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+
+    /// Bits of `values` cast by candle to `dtype` and back to f32 (NaNs collapse to one).
+    fn candle_cast(values: &[f32], dtype: DType) -> Vec<u32> {
+        let t = Tensor::from_slice(values, values.len(), &Device::Cpu).unwrap();
+        let back: Vec<f32> = t
+            .to_dtype(dtype)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        back.iter()
+            .map(|x| if x.is_nan() { 0x7FC0_0000 } else { x.to_bits() })
+            .collect()
+    }
+
+    fn ours(values: &[f32], dtype: DType) -> Vec<u32> {
+        let mut staging = CpuDevice
+            .zeros_impl(&Shape::from(values.len()), dtype)
+            .unwrap();
+        let t = match &mut staging {
+            CpuStorage::BF16(w) => {
+                fill_working(values, w, 4);
+                Tensor::from_slice(w, values.len(), &Device::Cpu)
+            }
+            CpuStorage::F16(w) => {
+                fill_working(values, w, 4);
+                Tensor::from_slice(w, values.len(), &Device::Cpu)
+            }
+            _ => unreachable!("half dtypes only"),
+        };
+        let back: Vec<f32> = t.unwrap().to_dtype(DType::F32).unwrap().to_vec1().unwrap();
+        back.iter()
+            .map(|x| if x.is_nan() { 0x7FC0_0000 } else { x.to_bits() })
+            .collect()
+    }
+
+    #[test]
+    fn half_conversion_matches_candle_casts_bit_for_bit() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        // Random bit patterns cover every exponent, subnormals, infinities and NaNs; the
+        // explicit values are ties and near-ties at both precisions.
+        let mut values: Vec<f32> = (0..400_000).map(|_| f32::from_bits(rng.random())).collect();
+        for base in [1.0f32, 3.0, 65504.0, 6.1e-5, 1e-7] {
+            let b = base.to_bits();
+            for delta in [
+                0x7FFF, 0x8000, 0x8001, 0x8004, 0x1000, 0x1001, 0x1004, 0x3000, 0x3001,
+            ] {
+                values.push(f32::from_bits((b & !0xFFFF) | delta));
+                values.push(-f32::from_bits((b & !0x1FFF) | (delta & 0x1FFF)));
+            }
+        }
+        values.extend([
+            0.0,
+            -0.0,
+            65520.0,
+            65519.99,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+            1e-45,
+        ]);
+        for dtype in [DType::BF16, DType::F16] {
+            assert!(
+                ours(&values, dtype) == candle_cast(&values, dtype),
+                "{dtype:?} differs"
+            );
+        }
+    }
+
+    #[test]
+    fn accumulate_assigns_then_adds_and_unscale_finds_overflow() {
+        let mut dst = vec![7.0f32; 200_000];
+        let src = vec![1.5f32; 200_000];
+        accumulate(&mut dst, &src, true, 4);
+        accumulate(&mut dst, &src, false, 4);
+        assert!(dst.iter().all(|&x| x == 3.0));
+        assert!(unscale_and_check(&mut dst, Some(0.5), 4));
+        assert!(dst.iter().all(|&x| x == 1.5));
+        dst[123_456] = f32::INFINITY;
+        assert!(!unscale_and_check(&mut dst, None, 4));
+    }
+}
