@@ -51,16 +51,12 @@
 set -euo pipefail
 export LC_NUMERIC=C
 export NCCL_NVLS_ENABLE=0
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-if [[ $# -ne 1 || "$1" == -h || "$1" == --help ]]; then
-  sed -n '2,51p' "$0" | sed 's/^# \{0,1\}//'
-  exit 2
-fi
+if [[ $# -ne 1 ]] || help_asked "$@"; then usage; fi
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-mkdir -p "$1"
-OUTDIR="$(cd "$1" && pwd)"
-cd "$ROOT"
+open_outdir "$1"
 
 BIN="${BIN:-.gpu/autotune}"
 MODEL="${MODEL:-gpt-124m}"
@@ -75,28 +71,21 @@ LOSS_TOL="${LOSS_TOL:-0.01}"
 MIN_EFFICIENCY="${MIN_EFFICIENCY:-0.7}"
 TIMEOUT="${TIMEOUT:-600}"
 TUNE="${TUNE:-0}"
-PYTHON="${PYTHON:-python3}"
 DEVICE="${DEVICE:-cuda}"
 if [[ "$DEVICE" == cpu ]]; then COLLECTIVES=tcp; else COLLECTIVES=nccl; fi
 
-[[ -x "$BIN" ]] || { echo "dp_bench.sh: $BIN not found or not executable (build it as benches/gpu/README.md says, or set BIN)" >&2; exit 2; }
+need_bin "build it as benches/gpu/README.md says, or set BIN"
 LOG="$OUTDIR/bench.log"
 : > "$LOG"
 say() { echo "dp_bench.sh: $*" | tee -a "$LOG" >&2; }
 
 # ---- libraries (as tune_bench.sh) --------------------------------------------------------
+# No fallback without gpu-env.sh; on a CPU only a GPU_ENV given explicitly is sourced.
 GPU_DIR="$(cd "$(dirname "$BIN")" && pwd)"
 GPU_ENV="${GPU_ENV:-}"
-if [[ -z "$GPU_ENV" && "$DEVICE" != cpu ]]; then
-  for cand in "$GPU_DIR/gpu-env.sh" ../shared/tools/gpu-env.sh; do
-    [[ -f "$cand" ]] && { GPU_ENV="$cand"; break; }
-  done
-fi
+[[ "$DEVICE" == cpu ]] || find_gpu_env "$GPU_DIR"
 if [[ -n "$GPU_ENV" ]]; then
-  set +euo pipefail
-  # shellcheck disable=SC1090
-  source "$GPU_ENV" "$GPU_DIR"
-  set -euo pipefail
+  source_gpu_env "$GPU_ENV" "$GPU_DIR"
 fi
 if ldd "$BIN" 2>/dev/null | grep -q 'libnccl.*not found'; then
   say "FAIL: $BIN needs libnccl.so.2, which is not on the library path (pip install nvidia-nccl-cu12, or point LD_LIBRARY_PATH at it)"
@@ -124,8 +113,8 @@ done
 say "$GPUS GPUs visible; degrees ${RUN_DEGREES[*]}; $MODEL $PRECISION, $MB sequences per GPU, global batch $GLOBAL"
 
 {
-  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "commit: ${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
+  echo "date: $(utc_now)"
+  echo "commit: ${COMMIT:-$(commit_id)}"
   echo "NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE"
   echo "bin: $BIN"
   echo "model=$MODEL precision=$PRECISION mb=$MB global=$GLOBAL steps=$STEPS data=$DATA seed=$SEED"
@@ -137,8 +126,7 @@ say "$GPUS GPUs visible; degrees ${RUN_DEGREES[*]}; $MODEL $PRECISION, $MB seque
 
 # ---- one untimed run fills the driver's PTX JIT cache -------------------------------------
 say "warm-up (PTX JIT cache)"
-timeout "$TIMEOUT" "$BIN" probe --model tiny --device "$DEVICE" --precision "$PRECISION" --micro-batch 2 \
-  --warmup 1 --steps 1 --json > /dev/null 2>> "$LOG" || say "warm-up probe failed (see bench.log)"
+warm_up "$TIMEOUT" "$LOG" "$DEVICE" "$PRECISION" || say "warm-up probe failed (see bench.log)"
 
 PROBES="$OUTDIR/probes.jsonl"
 : > "$PROBES"

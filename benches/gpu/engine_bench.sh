@@ -16,9 +16,10 @@
 # (cuda-build.sh --out .gpux --test it; only the `it-*` file is needed). Environment: ROWS,
 # KERNEL_ROWS ("MODEL:PRECISION:MB ..."; empty skips), TESTS (default: the groups above).
 set -uo pipefail
-if [[ $# -ne 1 || "$1" == -h ]]; then sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2; fi
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-mkdir -p "$1"; OUTDIR="$(cd "$1" && pwd)"; cd "$ROOT"
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+if [[ $# -ne 1 ]] || help_asked "$@"; then usage; fi
+open_outdir "$1"
 ROWS="${ROWS:-seed:bf16:32,128,512 seed:fp32:128,512 gpt-124m:bf16:4,16}"
 KERNEL_ROWS="${KERNEL_ROWS-gpt-124m:bf16:16}"
 TESTS="${TESTS:-cuda_attention cuda_explicit cuda_ops::cuda_backward cuda_ops::cuda_softmax cuda_ops::cuda_cross_entropy}"
@@ -26,8 +27,7 @@ stamp() { echo "engine_bench.sh [$(date -u +%H:%M:%S)] $*" >&2; }
 
 TEST_BIN="$(ls .gpux/it-* 2>/dev/null | head -n 1)"
 if [[ -n "$TEST_BIN" ]]; then
-  # shellcheck disable=SC1091
-  set +u; source .gpu/gpu-env.sh "$ROOT/.gpu" "$ROOT/.gpux"; set -u
+  source_gpu_env .gpu/gpu-env.sh "$ROOT/.gpu" "$ROOT/.gpux"
   stamp "CUDA tests: $TESTS"
   # shellcheck disable=SC2086
   "$TEST_BIN" $TESTS --nocapture --test-threads=1 > "$OUTDIR/cuda_tests.txt" 2>&1

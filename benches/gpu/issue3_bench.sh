@@ -40,21 +40,15 @@
 #     EXTRA_TUNE_ARGS="--max-micro-batch 8" benches/gpu/issue3_bench.sh /tmp/i3
 set -euo pipefail
 export LC_NUMERIC=C
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-if [[ $# -ne 1 || "$1" == -h || "$1" == --help ]]; then
-  sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'
-  exit 2
-fi
+if [[ $# -ne 1 ]] || help_asked "$@"; then usage; fi
 
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
-mkdir -p "$1"
-OUTDIR="$(cd "$1" && pwd)"
-cd "$ROOT"
+open_outdir "$1"
 
 MODELS="${MODELS:-seed gpt-124m}"
 DEVICE="${DEVICE:-rtx4090-32g}"
-PYTHON="${PYTHON:-python3}"
 START="$(date +%s)"
 say() { echo "issue3_bench.sh [$(( $(date +%s) - START ))s] $*" >&2; }
 
@@ -93,7 +87,7 @@ for model in $MODELS; do
   say "$model: ${env_args[*]}"
   rc=0
   env "${env_args[@]}" DEVICE="$DEVICE" PYTHON="$PYTHON" \
-    "$HERE/tune_bench.sh" "$OUTDIR" "$model" || rc=$?
+    "$BENCH_DIR/tune_bench.sh" "$OUTDIR" "$model" || rc=$?
   (( rc == 0 )) || failed+=("$model (exit $rc)")
   say "$model: done (exit $rc)"
 done
@@ -103,8 +97,8 @@ summary="$OUTDIR/issue3-summary.md"
 {
   echo "# Issue 3 bench: autotune tune vs. finders, grid and training"
   echo
-  echo "$(date -u +%Y-%m-%dT%H:%M:%SZ), commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}," \
-       "GPU $( (nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo none) | head -n 1)," \
+  echo "$(utc_now), commit ${COMMIT:-$(commit_id --short)}," \
+       "GPU $(gpu_line none)," \
        "target $DEVICE, $(( $(date +%s) - START )) s in all."
   echo
   for model in $MODELS; do

@@ -10,11 +10,11 @@
 # per optimizer step: the total divided by STEPS, default 2).
 # Environment: GPU_DIR (default .gpu), NCU (default: ncu on PATH, else Nsight Compute's folder).
 set -euo pipefail
-if [[ $# -lt 4 || "$1" == -h ]]; then sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2; fi
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-mkdir -p "$1"; OUTDIR="$(cd "$1" && pwd)"; cd "$ROOT"
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+if [[ $# -lt 4 ]] || help_asked "$@"; then usage; fi
+open_outdir "$1"
 MODEL="$2"; PRECISION="$3"; MB="$4"; STEPS="${5:-2}"
-GPU_DIR="${GPU_DIR:-.gpu}"
 NCU="${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)}"
 [[ -x "$NCU" ]] || { echo "kernels.sh: ncu not found" >&2; exit 2; }
 if [[ "${6:-}" == torch ]]; then

@@ -12,9 +12,10 @@
 # target/nccl-stub/ (override with NCCL_STUB_DIR). With --env it prints the LIBRARY_PATH export
 # (the shared build script keeps an existing LIBRARY_PATH).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-OUT="${NCCL_STUB_DIR:-$PWD/target/nccl-stub}"
-PYTHON="${PYTHON:-python3}"
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$ROOT"
+OUT="${NCCL_STUB_DIR:-$ROOT/target/nccl-stub}"
 
 cargo fetch --quiet
 CUDARC_DIR=$(cargo metadata --format-version 1 --features nccl | "$PYTHON" -c '

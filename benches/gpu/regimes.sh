@@ -21,20 +21,13 @@
 #   HOST_GBS         host memory bandwidth for the floor, GB/s (default 40)
 #   PYTHON           python3 for offload_floor.py (standard library only)
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-if [[ $# -ne 1 || "$1" == -h || "$1" == --help ]]; then
-  sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'
-  exit 2
-fi
+if [[ $# -ne 1 ]] || help_asked "$@"; then usage; fi
 
-# Work from the repo root so that relative paths (.gpu/, benches/) resolve the same way
-# whatever directory the script is started from.
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-mkdir -p "$1"
-OUTDIR="$(cd "$1" && pwd)"
-cd "$ROOT"
+open_outdir "$1"
 
-GPU_DIR="${GPU_DIR:-.gpu}"
 BIN="$GPU_DIR/autotune"
 read -r -a MODEL_LIST <<< "${MODELS:-gpt-124m gpt-350m}"
 read -r -a BATCH_LIST <<< "${BATCHES:-4 8}"
@@ -42,34 +35,17 @@ CAPACITY="${CAPACITY:-24564MiB}"
 WARMUP="${WARMUP:-2}"
 STEPS="${STEPS:-5}"
 TIMEOUT_PER_RUN="${TIMEOUT_PER_RUN:-600}"
-PYTHON="${PYTHON:-python3}"
 # checkpointing:offload pairs, cheapest in time first.
 REGIMES=(none:none all:none none:optimizer all:optimizer)
 
-[[ -x "$BIN" ]] || { echo "regimes.sh: $BIN not found or not executable (build it with cuda-build.sh --out $GPU_DIR)" >&2; exit 2; }
+need_bin "build it with cuda-build.sh --out $GPU_DIR"
 
 # ---- libraries ------------------------------------------------------------------------
-GPU_ENV="${GPU_ENV:-}"
-if [[ -z "$GPU_ENV" ]]; then
-  for cand in "$GPU_DIR/gpu-env.sh" ../shared/tools/gpu-env.sh; do
-    [[ -f "$cand" ]] && { GPU_ENV="$cand"; break; }
-  done
-fi
-if [[ -n "$GPU_ENV" ]]; then
-  # gpu-env.sh is written for interactive shells: source it with strict mode off.
-  set +euo pipefail
-  # shellcheck disable=SC1090
-  source "$GPU_ENV" "$(cd "$GPU_DIR" && pwd)"
-  set -euo pipefail
-else
-  export LD_LIBRARY_PATH="$(cd "$GPU_DIR" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+gpu_libraries "$GPU_DIR" dir
 
 # ---- environment record ---------------------------------------------------------------
 {
-  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "host: $(uname -srm)"
-  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  record_header
   echo "models: ${MODEL_LIST[*]} batches: ${BATCH_LIST[*]} regimes: ${REGIMES[*]}"
   echo "capacity=$CAPACITY warmup=$WARMUP steps=$STEPS timeout=$TIMEOUT_PER_RUN"
   echo "cpus: $(nproc)"
@@ -85,10 +61,8 @@ JSONL="$OUTDIR/regimes.jsonl"
 LOG="$OUTDIR/regimes.log"
 
 # ---- warm the PTX JIT cache -----------------------------------------------------------
-# The first load of the binary's PTX compiles it (~15 s); keep that out of the first probe.
-timeout "$TIMEOUT_PER_RUN" "$BIN" probe --model tiny --precision bf16 --micro-batch 2 \
-  --checkpointing all --offload optimizer --warmup 1 --steps 1 --device cuda --json \
-  > /dev/null 2>> "$LOG" || echo "regimes.sh: warning: tiny warm-up run failed (see $LOG)" >&2
+warm_up "$TIMEOUT_PER_RUN" "$LOG" cuda bf16 --checkpointing all --offload optimizer \
+  || echo "regimes.sh: warning: tiny warm-up run failed (see $LOG)" >&2
 
 # ---- the runs -------------------------------------------------------------------------
 # One process per probe: an out-of-memory or a crash cannot leave state behind for the next.
@@ -98,22 +72,17 @@ for model in "${MODEL_LIST[@]}"; do
       IFS=: read -r ckpt offload <<< "$regime"
       echo "== $(date -u +%H:%M:%S) $model bf16 mb=$b ckpt=$ckpt offload=$offload" >> "$LOG"
       out="$(mktemp)"
-      rc=0
-      timeout --kill-after=10 "$TIMEOUT_PER_RUN" "$BIN" probe --model "$model" --precision bf16 \
+      timed_json "$TIMEOUT_PER_RUN" "$out" "$LOG" "$BIN" probe --model "$model" --precision bf16 \
         --micro-batch "$b" --checkpointing "$ckpt" --offload "$offload" \
-        --warmup "$WARMUP" --steps "$STEPS" --device cuda --gpu-capacity "$CAPACITY" --json \
-        > "$out" 2>> "$LOG" || rc=$?
-      line="$(grep '^{' "$out" | tail -n 1 || true)"
+        --warmup "$WARMUP" --steps "$STEPS" --device cuda --gpu-capacity "$CAPACITY" --json
       rm -f "$out"
-      if [[ -n "$line" ]]; then
-        echo "$line" >> "$JSONL"
+      if [[ -n "$JSON_LINE" ]]; then
+        echo "$JSON_LINE" >> "$JSONL"
       else
-        outcome=error
-        [[ $rc -eq 124 || $rc -eq 137 ]] && outcome=timeout
         printf '{"impl": "autotune", "model": "%s", "precision": "bf16", "micro_batch": %d, "checkpointing": "%s", "offload": "%s", "outcome": "%s", "exit_code": %d}\n' \
-          "$model" "$b" "$ckpt" "$offload" "$outcome" "$rc" >> "$JSONL"
+          "$model" "$b" "$ckpt" "$offload" "$(no_json_outcome "$RC")" "$RC" >> "$JSONL"
       fi
-      echo "regimes.sh: $model mb=$b ckpt=$ckpt offload=$offload: exit $rc${line:+, $(grep -o '"outcome": *"[a-z_]*"' <<< "$line" || true)}" >&2
+      echo "regimes.sh: $model mb=$b ckpt=$ckpt offload=$offload: exit $RC${JSON_LINE:+, $(outcome_field "$JSON_LINE")}" >&2
     done
   done
 done

@@ -17,23 +17,14 @@
 #   WARMUP, STEPS     steps per measurement (default 2 and 6)
 #   PYTHON            python with torch (default python3)
 set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-if [[ $# -lt 1 || "$1" == -h || "$1" == --help ]]; then
-  sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
-  exit 2
-fi
+if [[ $# -lt 1 ]] || help_asked "$@"; then usage; fi
 
-# Work from the repo root so that relative paths (.gpu/, benches/) mean the same
-# whatever directory the script is started from.
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-OUTDIR="$1"; shift
-mkdir -p "$OUTDIR"
-OUTDIR="$(cd "$OUTDIR" && pwd)"
-cd "$ROOT"
+open_outdir "$1"; shift
 
-GPU_DIR="${GPU_DIR:-.gpu}"
 BIN="$GPU_DIR/autotune"
-PYTHON="${PYTHON:-python3}"
 TIMEOUT_PER_RUN="${TIMEOUT_PER_RUN:-120}"
 WARMUP="${WARMUP:-2}"
 STEPS="${STEPS:-6}"
@@ -53,52 +44,15 @@ for spec in "${SPECS[@]}"; do
   fi
 done
 
-[[ -x "$BIN" ]] || { echo "run.sh: $BIN not found or not executable (build it with cuda-build.sh --out $GPU_DIR)" >&2; exit 2; }
+need_bin "build it with cuda-build.sh --out $GPU_DIR"
 
 # ---- libraries ------------------------------------------------------------------------
-# The binary bundles libcudart in $GPU_DIR; cuBLAS, cuRAND etc. come from the machine
-# (usually the nvidia-* wheels that PyTorch installed).
-# PyTorch runs with the library path it was started with: its wheels pin their own
-# CUDA runtime, and the libcudart bundled for our binary must not shadow it.
-if [[ -n "${LD_LIBRARY_PATH+x}" ]]; then
-  TORCH_ENV=(env "LD_LIBRARY_PATH=$LD_LIBRARY_PATH")
-else
-  TORCH_ENV=(env -u LD_LIBRARY_PATH)
-fi
-GPU_ENV="${GPU_ENV:-}"
-if [[ -z "$GPU_ENV" ]]; then
-  for cand in "$GPU_DIR/gpu-env.sh" ../shared/tools/gpu-env.sh; do
-    [[ -f "$cand" ]] && { GPU_ENV="$cand"; break; }
-  done
-fi
-if [[ -n "$GPU_ENV" ]]; then
-  # gpu-env.sh is written for interactive shells (unset variables, grep -q in pipes):
-  # source it with strict mode off.
-  set +euo pipefail
-  # shellcheck disable=SC1090
-  source "$GPU_ENV" "$(cd "$GPU_DIR" && pwd)"
-  set -euo pipefail
-else
-  dirs="$(cd "$GPU_DIR" && pwd)"
-  while IFS= read -r d; do
-    [[ -n "$d" ]] && dirs="$dirs:$d"
-  done < <("$PYTHON" - <<'EOF' 2>/dev/null || true
-import glob, os, site, sys
-roots = set(site.getsitepackages() + [site.getusersitepackages()] + sys.path)
-for r in sorted(roots):
-    for d in sorted(glob.glob(os.path.join(r, "nvidia", "*", "lib"))):
-        print(d)
-EOF
-)
-  export LD_LIBRARY_PATH="$dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  echo "run.sh: LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >&2
-fi
+# PyTorch runs under TORCH_ENV (lib.sh), with the library path this script started with.
+gpu_libraries "$GPU_DIR" wheels show
 
 # ---- environment record ---------------------------------------------------------------
 {
-  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "host: $(uname -srm)"
-  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  record_header
   echo "specs: ${SPECS[*]}"
   echo "warmup=$WARMUP steps=$STEPS timeout=$TIMEOUT_PER_RUN cap_mib=${CAP_MIB:-none} autotune_args=${AUTOTUNE_ARGS:-}"
   echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
@@ -122,36 +76,30 @@ fi
 run_one() {
   local impl="$1" jsonl="$2" log="$3" model="$4" precision="$5" batch="$6"
   shift 7
-  local out rc=0 line
+  local out
   out="$(mktemp)"
   echo "== $(date -u +%H:%M:%S) $impl $model $precision mb=$batch: $*" >> "$log"
-  timeout --kill-after=10 "$TIMEOUT_PER_RUN" "$@" > "$out" 2>> "$log" || rc=$?
-  line="$(grep '^{' "$out" | tail -n 1 || true)"
-  if [[ -n "$line" ]]; then
-    echo "$line" >> "$jsonl"
+  timed_json "$TIMEOUT_PER_RUN" "$out" "$log" "$@"
+  if [[ -n "$JSON_LINE" ]]; then
+    echo "$JSON_LINE" >> "$jsonl"
   else
-    local outcome=error
-    [[ $rc -eq 124 || $rc -eq 137 ]] && outcome=timeout
     printf '{"impl": "%s", "model": "%s", "precision": "%s", "micro_batch": %d, "seq_len": null, "outcome": "%s", "exit_code": %d, "step_time_median_s": null, "step_time_spread": null, "tokens_per_s": null, "peak_gpu_bytes": null, "peak_reserved_bytes": null, "timed_steps": 0, "params": null}\n' \
-      "$impl" "$model" "$precision" "$batch" "$outcome" "$rc" >> "$jsonl"
+      "$impl" "$model" "$precision" "$batch" "$(no_json_outcome "$RC")" "$RC" >> "$jsonl"
   fi
-  echo "   $impl $model $precision mb=$batch: exit $rc${line:+, $(grep -o '"outcome": *"[a-z_]*"' <<< "$line" || true)}" >&2
+  echo "   $impl $model $precision mb=$batch: exit $RC${JSON_LINE:+, $(outcome_field "$JSON_LINE")}" >&2
   rm -f "$out"
 }
 
 # ---- warm the PTX JIT cache -----------------------------------------------------------
-# The binary carries portable PTX that the driver compiles on first load (~15 s) and
-# caches in ~/.nv/ComputeCache. One untimed tiny run per precision keeps that cost out
-# of the first real measurement (it happens in warm-up anyway, but can eat into the
-# per-run timeout).
+# One untimed tiny run per precision (warm_up, lib.sh) keeps the driver's PTX compile out of the
+# first real measurement (it happens in warm-up anyway, but can eat into the per-run timeout).
 declare -A seen_precision=()
 for spec in "${SPECS[@]}"; do
   IFS=: read -r _ precision _ <<< "$spec"
   [[ -n "${seen_precision[$precision]:-}" ]] && continue
   seen_precision[$precision]=1
   echo "run.sh: warming JIT cache ($precision)" >&2
-  timeout "$TIMEOUT_PER_RUN" "$BIN" probe --model tiny --precision "$precision" --micro-batch 2 \
-    --warmup 1 --steps 1 --device cuda --json "${EXTRA_ARGS[@]}" > /dev/null 2>> "$OUTDIR/autotune.log" \
+  warm_up "$TIMEOUT_PER_RUN" "$OUTDIR/autotune.log" cuda "$precision" "${EXTRA_ARGS[@]}" \
     || echo "run.sh: warning: tiny $precision warm-up run failed (see autotune.log)" >&2
 done
 

@@ -56,18 +56,13 @@
 set -euo pipefail
 export LC_NUMERIC=C   # awk and printf read and write decimal points
 export NO_COLOR=1     # plain log lines (autotune's debug output is parsed from the log)
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-if [[ $# -ne 2 || "$1" == -h || "$1" == --help ]]; then
-  sed -n '2,55p' "$0" | sed 's/^# \{0,1\}//'
-  exit 2
-fi
+if [[ $# -ne 2 ]] || help_asked "$@"; then usage; fi
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-OUTDIR="$1"
 MODEL="$2"
-mkdir -p "$OUTDIR"
-OUTDIR="$(cd "$OUTDIR" && pwd)"
-cd "$ROOT"
+open_outdir "$1"
 
 BIN="${BIN:-.gpu/autotune}"
 DEVICE="${DEVICE:-rtx4090-32g}"
@@ -89,7 +84,6 @@ TUNE_TIMEOUT="${TUNE_TIMEOUT:-420}"
 RUN_TIMEOUT="${RUN_TIMEOUT:-480}"
 PROBE_TIMEOUT="${PROBE_TIMEOUT:-120}"
 FINDER_TIMEOUT="${FINDER_TIMEOUT:-240}"
-PYTHON="${PYTHON:-python3}"
 read -r -a TUNE_EXTRA <<< "${TUNE_ARGS:-}"
 read -r -a FINDER_EXTRA <<< "${FINDER_ARGS:-}"
 
@@ -100,7 +94,7 @@ META="$OUTDIR/$MODEL.run.json"
 LOG="$OUTDIR/$MODEL.log"
 SUMMARY="$OUTDIR/$MODEL.summary.md"
 
-[[ -x "$BIN" ]] || { echo "tune_bench.sh: $BIN not found or not executable (build it with cuda-build.sh --out .gpu, or set BIN)" >&2; exit 2; }
+need_bin "build it with cuda-build.sh --out .gpu, or set BIN"
 [[ "$RUN_MODE" == run || "$RUN_MODE" == train ]] || { echo "tune_bench.sh: RUN_MODE must be run or train" >&2; exit 2; }
 rm -f "$PLAN" "$GRID" "$FIND" "$META" "$SUMMARY"
 : > "$LOG"
@@ -128,40 +122,10 @@ limit() {
 say() { echo "tune_bench.sh [$MODEL $(elapsed "$START")s] $*" | tee -a "$LOG" >&2; }
 
 # ---- libraries (as run.sh) --------------------------------------------------------------
-# PyTorch keeps the library path it was started with: the libcudart bundled for our binary
-# must not shadow the one its wheels pin.
-if [[ -n "${LD_LIBRARY_PATH+x}" ]]; then
-  TORCH_ENV=(env "LD_LIBRARY_PATH=$LD_LIBRARY_PATH")
-else
-  TORCH_ENV=(env -u LD_LIBRARY_PATH)
-fi
+# The finders run under TORCH_ENV (lib.sh), with the library path this script started with.
 GPU_DIR="$(cd "$(dirname "$BIN")" && pwd)"
 if [[ "$DEVICE" != cpu ]]; then
-  GPU_ENV="${GPU_ENV:-}"
-  if [[ -z "$GPU_ENV" ]]; then
-    for cand in "$GPU_DIR/gpu-env.sh" ../shared/tools/gpu-env.sh; do
-      [[ -f "$cand" ]] && { GPU_ENV="$cand"; break; }
-    done
-  fi
-  if [[ -n "$GPU_ENV" ]]; then
-    set +euo pipefail
-    # shellcheck disable=SC1090
-    source "$GPU_ENV" "$GPU_DIR"
-    set -euo pipefail
-  else
-    dirs="$GPU_DIR"
-    while IFS= read -r d; do
-      [[ -n "$d" ]] && dirs="$dirs:$d"
-    done < <("$PYTHON" - <<'EOF' 2>/dev/null || true
-import glob, os, site, sys
-roots = set(site.getsitepackages() + [site.getusersitepackages()] + sys.path)
-for r in sorted(roots):
-    for d in sorted(glob.glob(os.path.join(r, "nvidia", "*", "lib"))):
-        print(d)
-EOF
-)
-    export LD_LIBRARY_PATH="$dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  fi
+  gpu_libraries "$GPU_DIR" wheels
 fi
 
 # ---- meta data (MODEL.run.json), written at exit whatever happened ------------------------
@@ -173,8 +137,7 @@ write_meta() {
   M_RUN_RC="$RUN_RC" M_RUN_WALL="$RUN_WALL" M_RUN_OUT="$TMP/run.out" M_RUN_ERR="$TMP/run.err" \
   M_GRID_WALL="$GRID_WALL" M_GRID_BUDGET="$GRID_BUDGET" M_GRID_SECONDS="$GRID_SECONDS" \
   M_FINDERS_WALL="$FINDERS_WALL" M_GPU_CAPACITY="$GPU_CAPACITY" M_HOST_BUDGET="$HOST_BUDGET" \
-  M_TOTAL="$(elapsed "$START")" M_COMMIT="${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" \
-  M_GPU="$( (nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true) | head -n 1)" \
+  M_TOTAL="$(elapsed "$START")" M_COMMIT="${COMMIT:-$(commit_id --short)}" M_GPU="$(gpu_line "")" \
   "$PYTHON" - "$META" <<'EOF' 2>> "$LOG" || echo "tune_bench.sh: could not write $META" >&2
 import json, os, re, sys
 e = os.environ
@@ -273,8 +236,7 @@ for precision in "${!PRECISIONS[@]}"; do
   for extra in "" "--checkpointing all --offload optimizer"; do
     [[ "$PROBE_DEVICE" == cpu && -n "$extra" ]] && continue
     # shellcheck disable=SC2086
-    timeout --kill-after=10 "$(limit 180)" "$BIN" probe --model tiny --precision "$precision" --micro-batch 2 \
-      --warmup 1 --steps 1 --device "$PROBE_DEVICE" --json $extra > /dev/null 2>> "$LOG" \
+    warm_up "$(limit 180)" "$LOG" "$PROBE_DEVICE" "$precision" $extra \
       || say "warning: tiny $precision $extra warm-up failed (see log)"
   done
 done
@@ -348,7 +310,7 @@ fi
 # probe_point LABEL PRECISION CKPT OFFLOAD MB: runs one probe, appends its line; sets OUTCOME
 # (fits, out_of_memory, crashed, error, timeout) and POINT_S (process seconds).
 probe_point() {
-  local label="$1" precision="$2" ckpt="$3" offload="$4" mb="$5" rc=0 line t
+  local label="$1" precision="$2" ckpt="$3" offload="$4" mb="$5" t
   local args=(probe --model "$MODEL" --precision "$precision" --micro-batch "$mb" --warmup "$GRID_WARMUP"
               --steps "$GRID_STEPS" --device "$PROBE_DEVICE" --host-budget "$HOST_BUDGET" --json)
   [[ -n "$GPU_CAPACITY" ]] && args+=(--gpu-capacity "$GPU_CAPACITY")
@@ -356,18 +318,16 @@ probe_point() {
   [[ "$offload" != none ]] && args+=(--offload "$offload")
   echo "== grid $label mb=$mb: $BIN ${args[*]}" >> "$LOG"
   t="$(now)"
-  timeout --kill-after=10 "$(limit "$PROBE_TIMEOUT")" "$BIN" "${args[@]}" > "$TMP/probe.out" 2>> "$LOG" || rc=$?
+  timed_json "$(limit "$PROBE_TIMEOUT")" "$TMP/probe.out" "$LOG" "$BIN" "${args[@]}"
   POINT_S="$(elapsed "$t")"
-  line="$(grep '^{' "$TMP/probe.out" | tail -n 1 || true)"
-  if [[ -n "$line" ]]; then
-    OUTCOME="$(grep -o '"outcome": *"[a-z_]*"' <<< "$line" | head -n 1 | sed 's/.*"\([a-z_]*\)"$/\1/')"
+  if [[ -n "$JSON_LINE" ]]; then
+    OUTCOME="$(outcome_field "$JSON_LINE" | head -n 1 | sed 's/.*"\([a-z_]*\)"$/\1/')"
     [[ -n "$OUTCOME" ]] || OUTCOME=error
-    echo "{\"regime\": \"$label\", \"process_s\": $POINT_S, ${line#\{}" >> "$GRID"
+    echo "{\"regime\": \"$label\", \"process_s\": $POINT_S, ${JSON_LINE#\{}" >> "$GRID"
   else
-    OUTCOME=error
-    (( rc == 124 || rc == 137 )) && OUTCOME=timeout
+    OUTCOME="$(no_json_outcome "$RC")"
     printf '{"regime": "%s", "process_s": %s, "impl": "autotune", "model": "%s", "precision": "%s", "micro_batch": %d, "request": {"knobs": {"micro_batch": %d, "grad_accum": 1, "precision": "%s", "checkpointing": %s, "offload": "%s"}}, "outcome": "%s", "exit_code": %d}\n' \
-      "$label" "$POINT_S" "$MODEL" "$precision" "$mb" "$mb" "$precision" "$(ckpt_json "$ckpt")" "$offload" "$OUTCOME" "$rc" >> "$GRID"
+      "$label" "$POINT_S" "$MODEL" "$precision" "$mb" "$mb" "$precision" "$(ckpt_json "$ckpt")" "$offload" "$OUTCOME" "$RC" >> "$GRID"
   fi
   say "grid $label mb=$mb: $OUTCOME (${POINT_S}s)"
 }

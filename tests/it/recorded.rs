@@ -73,8 +73,8 @@ fn rerun(report: &str) -> Vec<TrialResult> {
 fn two_gpu_reruns_of_a_recording_pass_and_injected_growth_fails() {
     let profile = Profile::load(&repo(FUSED_ENGINE_SEED)).unwrap();
     for report in [
-        "benches/results/2026-12-02-h200-tune-and-check/seed.check1.json",
-        "benches/results/2026-12-02-h200-tune-and-check/seed.check2.json",
+        "tests/fixtures/check/seed.check1.json",
+        "tests/fixtures/check/seed.check2.json",
     ] {
         let fresh = rerun(report);
         let result = check(&profile, &fresh, Tolerance::default());
