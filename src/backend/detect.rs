@@ -1,14 +1,14 @@
 //! What can be detected of this machine: its GPUs through NVML, its host memory, and the
 //! device a recorded profile names.
 
-use crate::spec::device::DeviceProfile;
+use crate::spec::device::DeviceSpec;
 #[cfg(feature = "cuda")]
 use crate::Error;
 use crate::Result;
 
 /// A profile of this machine's first GPU, read through NVML; `None` when this build has no
 /// CUDA, NVML is unavailable, or there is no GPU.
-pub fn detect_gpu_profile() -> Result<Option<DeviceProfile>> {
+pub fn detect_gpu_profile() -> Result<Option<DeviceSpec>> {
     #[cfg(feature = "cuda")]
     {
         let Ok(nvml) = nvml_wrapper::Nvml::init() else {
@@ -37,7 +37,7 @@ pub fn detect_gpu_profile() -> Result<Option<DeviceProfile>> {
             })
             .count()
             .max(1);
-        Ok(Some(DeviceProfile {
+        Ok(Some(DeviceSpec {
             name,
             kind: crate::spec::device::DeviceKind::Cuda,
             gpu_memory_bytes: Some(memory.total),
@@ -76,7 +76,7 @@ pub fn host_memory_bytes() -> Option<u64> {
 /// The machine trials run on, for recorded profiles: the target profile plus what is detected.
 pub fn recorded_device(
     on_gpu: bool,
-    target: &DeviceProfile,
+    target: &DeviceSpec,
 ) -> crate::profile::record::RecordedDevice {
     #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
     let mut recorded = crate::profile::record::RecordedDevice::new(

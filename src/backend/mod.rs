@@ -89,7 +89,7 @@ fn cuda(ordinal: usize) -> Result<Device> {
 /// Freed memory is kept (release threshold: unlimited), as PyTorch's caching allocator does.
 /// By default the pool returns everything unused to the driver at each synchronisation, and
 /// the next step maps it again: on an H200 that cost ~9 ms of every 83 ms gpt-124m step
-/// (micro-batch 16). Trials still start from an empty reservation: the probe trims the pool
+/// (micro-batch 16). Trials still start from an empty reservation: the prober trims the pool
 /// before each one.
 ///
 /// Freed memory is reused in stream order only. The default policy also reuses blocks whose

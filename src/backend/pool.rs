@@ -2,7 +2,7 @@
 //!
 //! cudarc allocates every candle tensor from the device's default memory pool
 //! (`cuMemAllocAsync`). The pool's `RESERVED_MEM_HIGH` attribute is the peak of memory the pool
-//! took from the device, resettable before each probe. That, not `USED_MEM_HIGH` (bytes handed
+//! took from the device, resettable before each trial. That, not `USED_MEM_HIGH` (bytes handed
 //! to tensors), is what runs out: on the H200 emulating a 24 GiB card, a setting whose used
 //! peak was 1.3 GiB below the capacity ran out of memory on a re-run, the difference being
 //! fragmentation inside the pool's reservation. The CUDA context and cuBLAS workspaces live
@@ -79,7 +79,7 @@ impl PoolMemory {
         if hold > 0 {
             if hold > free {
                 return Err(Error::invalid(
-                    "device profile",
+                    "device spec",
                     "gpu_memory_bytes",
                     format!("emulation needs {hold} free bytes to hold back but only {free} are free; is another process using the GPU?"),
                 ));

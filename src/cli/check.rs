@@ -126,7 +126,7 @@ fn announce(profile: &Profile, printer: &Printer) {
         profile.trials.len(),
         profile.model.name,
         recorded_on.name,
-        recorded_on.profile.name,
+        recorded_on.target.name,
         profile.tool.version,
         profile.candle_version,
     ));
@@ -173,7 +173,7 @@ fn fresh_trials(
 /// Opens the device for live trials; `auto` means the kind the profile was recorded on, and a
 /// device of another kind is refused (its numbers would not be comparable).
 fn open_device(name: &str, profile: &Profile, printer: &Printer) -> anyhow::Result<Device> {
-    let kind = profile.device.profile.kind;
+    let kind = profile.device.target.kind;
     let name = match (name, kind) {
         ("auto", DeviceKind::Cpu) => "cpu",
         ("auto", DeviceKind::Cuda) => "cuda",

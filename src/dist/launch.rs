@@ -172,6 +172,47 @@ pub fn run(
     on_event: &mut dyn FnMut(LaunchEvent),
 ) -> Result<LaunchOutcome> {
     let (tx, rx) = mpsc::channel::<Line>();
+    let mut group = spawn_ranks(launch, &tx, on_event)?;
+    drop(tx);
+    let mut lines_open = true;
+    loop {
+        match rx.recv_timeout(Duration::from_millis(20)) {
+            Ok(line) => group.relay(line, on_event),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => lines_open = false,
+        }
+        if interrupt.load(Ordering::SeqCst) {
+            group.forward_interrupt();
+        }
+        group.reap();
+        group.stop_the_rest_if_done(launch.grace_after_exit);
+        if group.all_exited() && !lines_open {
+            break;
+        }
+    }
+    Ok(group.outcome(on_event))
+}
+
+/// The running ranks and what is known of how they are doing.
+struct RankGroup {
+    children: Vec<Child>,
+    /// Each rank's stdin while it is open and takes interrupts.
+    stdins: Vec<Option<ChildStdin>>,
+    exits: Vec<Option<RankExit>>,
+    /// Each rank's last non-empty stderr line: its last words if it fails.
+    last_log: Vec<Option<String>>,
+    failure: Option<RankFailure>,
+    interrupted: bool,
+    first_success: Option<Instant>,
+}
+
+/// Starts every rank with its rank variables, forwarding its output lines to `tx`; a rank that
+/// cannot be started stops the ones already running.
+fn spawn_ranks(
+    launch: &Launch,
+    tx: &mpsc::Sender<Line>,
+    on_event: &mut dyn FnMut(LaunchEvent),
+) -> Result<RankGroup> {
     let mut children: Vec<Child> = Vec::with_capacity(launch.world_size);
     let mut stdins: Vec<Option<ChildStdin>> = Vec::with_capacity(launch.world_size);
     for rank in 0..launch.world_size {
@@ -219,87 +260,112 @@ pub fn run(
         }
         children.push(child);
     }
-    drop(tx);
+    let ranks = children.len();
+    Ok(RankGroup {
+        children,
+        stdins,
+        exits: vec![None; ranks],
+        last_log: vec![None; ranks],
+        failure: None,
+        interrupted: false,
+        first_success: None,
+    })
+}
 
-    let mut exits: Vec<Option<RankExit>> = vec![None; launch.world_size];
-    let mut last_log: Vec<Option<String>> = vec![None; launch.world_size];
-    let mut failure: Option<RankFailure> = None;
-    let mut interrupted = false;
-    let mut first_success: Option<Instant> = None;
-    let mut lines_open = true;
-    loop {
-        match rx.recv_timeout(Duration::from_millis(20)) {
-            Ok(Line::Out(rank, line)) => on_event(LaunchEvent::Output { rank, line }),
-            Ok(Line::Err(rank, line)) => {
+impl RankGroup {
+    /// Hands a rank's output line on, keeping its last words.
+    fn relay(&mut self, line: Line, on_event: &mut dyn FnMut(LaunchEvent)) {
+        match line {
+            Line::Out(rank, line) => on_event(LaunchEvent::Output { rank, line }),
+            Line::Err(rank, line) => {
                 if !line.trim().is_empty() {
-                    last_log[rank] = Some(line.clone());
+                    self.last_log[rank] = Some(line.clone());
                 }
                 on_event(LaunchEvent::Log { rank, line });
             }
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => lines_open = false,
         }
-        if !interrupted && interrupt.load(Ordering::SeqCst) {
-            interrupted = true;
-            for pipe in stdins.iter_mut().flatten() {
-                // A rank that is gone cannot be asked; its exit is reported anyway.
-                let _ = writeln!(pipe, "{INTERRUPT_LINE}").and_then(|()| pipe.flush());
-            }
+    }
+
+    /// Asks every rank that takes interrupts to checkpoint and stop, once.
+    fn forward_interrupt(&mut self) {
+        if std::mem::replace(&mut self.interrupted, true) {
+            return;
         }
+        for pipe in self.stdins.iter_mut().flatten() {
+            // A rank that is gone cannot be asked; its exit is reported anyway.
+            let _ = writeln!(pipe, "{INTERRUPT_LINE}").and_then(|()| pipe.flush());
+        }
+    }
+
+    /// Collects the exits of ranks that ended, and names the first failure.
+    fn reap(&mut self) {
         let mut newly_failed = Vec::new();
-        for (rank, child) in children.iter_mut().enumerate() {
-            if exits[rank].is_some() {
+        for (rank, child) in self.children.iter_mut().enumerate() {
+            if self.exits[rank].is_some() {
                 continue;
             }
             let Ok(Some(status)) = child.try_wait() else {
                 continue;
             };
             let exit = RankExit::of(status);
-            exits[rank] = Some(exit);
-            stdins[rank] = None;
+            self.exits[rank] = Some(exit);
+            self.stdins[rank] = None;
             if exit.is_success() {
-                first_success.get_or_insert_with(Instant::now);
+                self.first_success.get_or_insert_with(Instant::now);
             } else {
                 newly_failed.push((rank, exit));
             }
         }
-        if failure.is_none() {
+        if self.failure.is_none() {
             // A rank killed by a signal is the cause; the others then fail on the broken link.
             newly_failed.sort_by_key(|(rank, exit)| (!matches!(exit, RankExit::Signal(_)), *rank));
             if let Some(&(rank, exit)) = newly_failed.first() {
-                failure = Some(RankFailure {
+                self.failure = Some(RankFailure {
                     rank,
                     exit,
                     last_log: None,
                 });
             }
         }
-        let outlived = match (first_success, launch.grace_after_exit) {
+    }
+
+    /// Once a rank failed, or the others outlived a finished one by `grace`, stops the rest.
+    fn stop_the_rest_if_done(&mut self, grace: Option<Duration>) {
+        let outlived = match (self.first_success, grace) {
             (Some(t), Some(grace)) => t.elapsed() > grace,
             _ => false,
         };
-        if failure.is_some() || outlived {
-            for (rank, child) in children.iter_mut().enumerate() {
-                if exits[rank].is_none() {
-                    // Already gone is fine: it is about to be reaped.
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    exits[rank] = Some(RankExit::Stopped);
-                }
+        if self.failure.is_none() && !outlived {
+            return;
+        }
+        for (rank, child) in self.children.iter_mut().enumerate() {
+            if self.exits[rank].is_none() {
+                // Already gone is fine: it is about to be reaped.
+                let _ = child.kill();
+                let _ = child.wait();
+                self.exits[rank] = Some(RankExit::Stopped);
             }
         }
-        if exits.iter().all(Option::is_some) && !lines_open {
-            break;
+    }
+
+    fn all_exited(&self) -> bool {
+        self.exits.iter().all(Option::is_some)
+    }
+
+    /// How the group ended, each rank's exit announced.
+    fn outcome(mut self, on_event: &mut dyn FnMut(LaunchEvent)) -> LaunchOutcome {
+        let exits: Vec<RankExit> = self.exits.into_iter().flatten().collect();
+        for (rank, exit) in exits.iter().enumerate() {
+            on_event(LaunchEvent::Exited { rank, exit: *exit });
+        }
+        if let Some(f) = &mut self.failure {
+            f.last_log = self.last_log[f.rank].take();
+        }
+        LaunchOutcome {
+            exits,
+            failure: self.failure,
         }
     }
-    let exits: Vec<RankExit> = exits.into_iter().flatten().collect();
-    for (rank, exit) in exits.iter().enumerate() {
-        on_event(LaunchEvent::Exited { rank, exit: *exit });
-    }
-    if let Some(f) = &mut failure {
-        f.last_log = last_log[f.rank].take();
-    }
-    Ok(LaunchOutcome { exits, failure })
 }
 
 fn forward_lines<R: std::io::Read + Send + 'static>(

@@ -6,7 +6,7 @@
 //!
 //! A budget is enforced softly: an allocation that takes the heap over the limit still succeeds
 //! (failing it would abort the process, since Rust cannot recover from allocation failure) but
-//! raises a flag that the probe checks after each step and turns into an out-of-memory outcome.
+//! raises a flag that the prober checks after each step and turns into an out-of-memory outcome.
 //! The overshoot is therefore bounded by one step's allocations.
 #![allow(unsafe_code)]
 

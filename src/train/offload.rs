@@ -8,7 +8,7 @@
 //! half-precision working copies in the same pass, and those are uploaded.
 //!
 //! On a CPU device the placement changes nothing, but the same code runs, so tests cover it.
-//! All host state is ordinary heap memory, which the probe's counting allocator measures.
+//! All host state is ordinary heap memory, which the trials' counting allocator measures.
 
 use std::collections::HashMap;
 use std::io::Write;

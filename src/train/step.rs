@@ -58,7 +58,7 @@ pub struct StepReport {
 
 /// A model, its optimizer and the knobs it trains with.
 pub struct Trainer {
-    setup: Setup,
+    passes: Passes,
     optimizer: Optimizer,
     scaler: LossScaler,
     steps: u64,
@@ -67,7 +67,7 @@ pub struct Trainer {
 
 /// What forward and backward passes read; kept apart from the optimizer so that a step can
 /// run passes while it updates the optimizer's state.
-struct Setup {
+struct Passes {
     model: Transformer,
     plan: RecomputedBlocks,
     knobs: Knobs,
@@ -172,7 +172,7 @@ impl Trainer {
             LossScaler::identity()
         };
         Ok(Self {
-            setup: Setup {
+            passes: Passes {
                 plan: RecomputedBlocks::new(knobs.checkpointing, spec.n_layers),
                 model,
                 knobs,
@@ -211,10 +211,10 @@ impl Trainer {
         let Optimizer::OnDevice(adam) = &self.optimizer else {
             return Ok(None);
         };
-        if !self.setup.knobs.data_parallel.shard_optimizer {
+        if !self.passes.knobs.data_parallel.shard_optimizer {
             return Ok(None);
         }
-        let params = self.setup.model.params();
+        let params = self.passes.model.params();
         let owners = share_owners(params.vars(), self.group.world_size());
         let mut out = HashMap::new();
         for (i, (var, name)) in params.vars().iter().zip(params.names()).enumerate() {
@@ -232,27 +232,27 @@ impl Trainer {
 
     /// Chooses the fused or the composite (reference) implementation of norms, softmax and loss.
     pub fn set_engine(&mut self, engine: Engine) {
-        self.setup.engine = engine;
+        self.passes.engine = engine;
     }
 
     /// The engine in use.
     pub fn engine(&self) -> Engine {
-        self.setup.engine
+        self.passes.engine
     }
 
     /// The model being trained (with offload, its parameters are the device working copies).
     pub fn model(&self) -> &Transformer {
-        &self.setup.model
+        &self.passes.model
     }
 
     /// The knobs in force.
     pub fn knobs(&self) -> Knobs {
-        self.setup.knobs
+        self.passes.knobs
     }
 
     /// The device the step runs on.
     pub fn device(&self) -> &Device {
-        &self.setup.device
+        &self.passes.device
     }
 
     /// Optimizer steps taken (including skipped ones).
@@ -262,7 +262,7 @@ impl Trainer {
 
     /// The run seed.
     pub fn seed(&self) -> u64 {
-        self.setup.seed
+        self.passes.seed
     }
 
     /// The loss scaler (identity unless fp16).
@@ -311,23 +311,23 @@ impl Trainer {
         tensors: &HashMap<String, Tensor>,
     ) -> std::result::Result<(), String> {
         match &mut self.optimizer {
-            Optimizer::OnDevice(_) => self.setup.model.params().load_from(tensors),
-            Optimizer::Offloaded(o) => o.load_masters(self.setup.model.params().names(), tensors),
+            Optimizer::OnDevice(_) => self.passes.model.params().load_from(tensors),
+            Optimizer::Offloaded(o) => o.load_masters(self.passes.model.params().names(), tensors),
         }
     }
 
     /// Runs one optimizer step on the next `grad_accum` micro-batches of `data`.
     pub fn step(&mut self, data: &Data) -> Result<StepReport> {
         let started = std::time::Instant::now();
-        let knobs = self.setup.knobs;
+        let knobs = self.passes.knobs;
         let batches = (0..knobs.grad_accum as u64)
             .map(|micro| {
                 data.batch(
-                    self.setup.seed,
+                    self.passes.seed,
                     self.steps,
-                    self.setup.micro_offset + micro,
+                    self.passes.micro_offset + micro,
                     knobs.micro_batch,
-                    &self.setup.device,
+                    &self.passes.device,
                 )
             })
             .collect::<Result<Vec<_>>>()?;
@@ -344,12 +344,12 @@ impl Trainer {
 
     /// Runs one optimizer step on explicit micro-batches (this rank's share of the step).
     pub fn step_on(&mut self, batches: &[Batch]) -> Result<StepReport> {
-        let check = self.setup.knobs.precision.needs_loss_scaling();
+        let check = self.passes.knobs.precision.needs_loss_scaling();
         let scale = self.scaler.scale;
-        let shard = self.setup.knobs.data_parallel.shard_optimizer;
+        let shard = self.passes.knobs.data_parallel.shard_optimizer;
         let (loss, decision) = match &mut self.optimizer {
             Optimizer::OnDevice(adam) => {
-                let (grads, loss) = self.setup.device_gradients(self.steps, scale, batches)?;
+                let (grads, loss) = self.passes.device_gradients(self.steps, scale, batches)?;
                 let grads = sum_over_ranks(&mut self.group, grads)?;
                 let finite = !check || all_finite(&grads)?;
                 let decision = self.scaler.update(finite);
@@ -357,20 +357,20 @@ impl Trainer {
                     adam.step(&grads)?;
                     if shard {
                         drop(grads);
-                        share_updated_weights(&mut self.group, &self.setup.model, adam.owned())?;
+                        share_updated_weights(&mut self.group, &self.passes.model, adam.owned())?;
                     }
                 }
                 (loss, decision)
             }
             Optimizer::Offloaded(offload) => {
-                let loss = self.setup.for_each_gradient(
+                let loss = self.passes.for_each_gradient(
                     self.steps,
                     scale,
                     batches,
                     &mut |micro, i, g| offload.accumulate(i, &g, micro == 0),
                 )?;
                 self.group
-                    .all_reduce_sum_host(offload.gradient_sums_mut(), &self.setup.device)?;
+                    .all_reduce_sum_host(offload.gradient_sums_mut(), &self.passes.device)?;
                 // Without loss scaling the scale is 1 and there is nothing to unscale or check.
                 let finite = !check || offload.unscale_and_check(scale);
                 let decision = self.scaler.update(finite);
@@ -383,9 +383,9 @@ impl Trainer {
         // The global mean: every rank ran as many micro-batches, so the mean of the rank means.
         let mut losses = [loss];
         self.group.sum_scalars(&mut losses)?;
-        let loss = losses[0] / self.setup.ranks as f64;
+        let loss = losses[0] / self.passes.ranks as f64;
         self.steps += 1;
-        let tokens = self.setup.ranks
+        let tokens = self.passes.ranks
             * batches
                 .iter()
                 .map(|b| b.targets.elem_count())
@@ -404,32 +404,32 @@ impl Trainer {
     /// Every parameter must receive a gradient: a missing one means an op in the graph has no
     /// backward pass, which would otherwise freeze that parameter silently.
     pub fn gradients(&self, batches: &[Batch]) -> Result<(Vec<Tensor>, f64)> {
-        self.setup
+        self.passes
             .device_gradients(self.steps, self.scaler.scale, batches)
     }
 
     /// Mean loss on `batch` without dropout or gradients.
     pub fn eval_loss(&self, batch: &Batch) -> Result<f64> {
-        let dtype = crate::backend::compute_dtype(self.setup.knobs.precision);
-        if let Some(attention) = self.setup.engine.explicit_attention() {
-            return explicit::eval_loss(&self.setup.model, batch, dtype, attention);
+        let dtype = crate::backend::compute_dtype(self.passes.knobs.precision);
+        if let Some(attention) = self.passes.engine.explicit_attention() {
+            return explicit::eval_loss(&self.passes.model, batch, dtype, attention);
         }
         let ctx = Ctx {
             dropout: Dropout::disabled(),
-            engine: self.setup.engine,
+            engine: self.passes.engine,
         };
         // Detached block by block: evaluation holds one block's activations at a time, so it
         // never needs more memory than a (checkpointed) training step.
         let logits = self
-            .setup
+            .passes
             .model
             .forward_detached(&batch.inputs, dtype, &ctx)?;
-        let loss = cross_entropy(&logits, &batch.targets, self.setup.engine)?;
+        let loss = cross_entropy(&logits, &batch.targets, self.passes.engine)?;
         Ok(loss.to_dtype(DType::F64)?.to_scalar::<f64>()?)
     }
 }
 
-impl Setup {
+impl Passes {
     /// Forward and backward passes of every micro-batch of optimizer step `step`, each loss
     /// scaled by `scale / batches`; hands `(micro-batch, parameter index, gradient)` to `sink`
     /// and returns the mean unscaled loss.

@@ -25,7 +25,7 @@ fn tune_micro(dir: &Path, args: &[&str]) -> Value {
     tune_micro_on(dir, "small-cpu.json", args)
 }
 
-/// [`tune_micro`] for the device profile file `device` in `dir`.
+/// [`tune_micro`] for the device spec file `device` in `dir`.
 fn tune_micro_on(dir: &Path, device: &str, args: &[&str]) -> Value {
     let mut argv = vec!["tune", "--model", "micro.json", "--device", device];
     argv.extend_from_slice(args);

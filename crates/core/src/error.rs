@@ -35,7 +35,7 @@ pub enum Error {
     /// An unknown preset name.
     #[error("unknown {what} `{name}`; known: {known}")]
     UnknownName {
-        /// What kind of name ("model preset", "device profile", ...).
+        /// What kind of name ("model preset", "device spec", ...).
         what: &'static str,
         /// The name given.
         name: String,

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use autotune::profile::record::Profile;
 use autotune::search::space::{SearchSpace, SpaceRequest};
 use autotune::spec::budget::Budget;
-use autotune::spec::device::{DeviceKind, DeviceProfile};
+use autotune::spec::device::{DeviceKind, DeviceSpec};
 use autotune::ModelSpec;
 
 use crate::cli::args::{Backend, ProbeIsolation, TuneArgs};
@@ -40,7 +40,7 @@ pub struct LiveSearch {
     /// The model.
     pub spec: ModelSpec,
     /// The machine planned for (a smaller GPU is emulated on a larger one).
-    pub target: DeviceProfile,
+    pub target: DeviceSpec,
     /// The target's limits, with the requested headroom.
     pub budget: Budget,
     /// The settings to search.
@@ -89,13 +89,13 @@ impl LiveSearch {
 }
 
 /// `auto` (the local GPU, or the built-in CPU profile), a built-in name, or a JSON file.
-pub fn target_profile(name: &str) -> anyhow::Result<DeviceProfile> {
+pub fn target_profile(name: &str) -> anyhow::Result<DeviceSpec> {
     if name != "auto" {
-        return Ok(DeviceProfile::resolve(name)?);
+        return Ok(DeviceSpec::resolve(name)?);
     }
     match autotune::backend::detect_gpu_profile()? {
         Some(profile) => Ok(profile),
-        None => Ok(DeviceProfile::builtin("cpu")?),
+        None => Ok(DeviceSpec::builtin("cpu")?),
     }
 }
 
@@ -119,7 +119,7 @@ fn space_request(args: &TuneArgs) -> SpaceRequest {
 /// rank 0 of the next data-parallel trial would find it missing.
 fn isolation(
     asked: Option<ProbeIsolation>,
-    target: &DeviceProfile,
+    target: &DeviceSpec,
     space: &SearchSpace,
 ) -> ProbeIsolation {
     if space.regimes.iter().any(|r| r.data_parallel.degree > 1) {

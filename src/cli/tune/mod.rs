@@ -22,7 +22,7 @@ use autotune::profile::replay::ReplayProber;
 use autotune::search::decision::Decision;
 use autotune::search::driver::SearchDriver;
 use autotune::search::run::{run_search, SearchOutcome};
-use autotune::spec::device::{DeviceKind, DeviceProfile};
+use autotune::spec::device::{DeviceKind, DeviceSpec};
 use autotune::trial::TrialResult;
 use autotune::{ModelSpec, Offload};
 
@@ -35,7 +35,7 @@ use super::Status;
 /// What a finished search produced.
 pub struct Tuned {
     pub spec: ModelSpec,
-    pub profile: DeviceProfile,
+    pub target: DeviceSpec,
     pub recorded: RecordedDevice,
     pub driver: SearchDriver,
     pub plan: Option<Plan>,
@@ -83,16 +83,16 @@ fn replay(path: &Path, profile: &Profile, printer: &Printer) -> anyhow::Result<T
     printer.status(format!(
         "replaying {} on {} from {} ({} recorded trials)",
         profile.model.name,
-        device.profile.name,
+        device.target.name,
         path.display(),
         profile.trials.len()
     ));
     let mut prober = ReplayProber::new(profile.clone());
     let outcome = search(&driver, &mut prober, printer)?;
-    let plan = Plan::from_search(&driver, &outcome, &profile.model, &device.profile, now());
+    let plan = Plan::from_search(&driver, &outcome, &profile.model, &device.target, now());
     Ok(Tuned {
         spec: profile.model.clone(),
-        profile: device.profile.clone(),
+        target: device.target.clone(),
         recorded: device,
         driver,
         plan,
@@ -132,7 +132,7 @@ fn live(search_config: &LiveSearch, printer: &Printer) -> anyhow::Result<Tuned> 
     let recorded = backend::recorded_device(target.kind == DeviceKind::Cuda, target);
     Ok(Tuned {
         spec: spec.clone(),
-        profile: target.clone(),
+        target: target.clone(),
         recorded,
         driver,
         plan,
@@ -191,7 +191,7 @@ pub fn emit(tuned: &Tuned, out: Option<&PathBuf>, printer: &Printer) -> anyhow::
         });
         printer.data_text(format!(
             "no feasible plan for {} on {}\nhint: {hint}",
-            tuned.spec.name, tuned.profile.name
+            tuned.spec.name, tuned.target.name
         ));
         return Ok(Status::Negative);
     };

@@ -64,13 +64,13 @@ pub fn forward_backward(
     // Forward: keep each block's saved activations, or only its input where it is recomputed.
     let embed_mask = embed_mask(model, dropout);
     let mut x = embed(model, &batch.inputs, dtype, embed_mask)?;
-    let mut saved: Vec<Stash> = Vec::with_capacity(weights.len());
+    let mut saved: Vec<LeftForBackward> = Vec::with_capacity(weights.len());
     for (i, w) in weights.iter().enumerate() {
         let keep = !plan.recomputes(i);
         let (out, kept) = w.forward(&x, b, s, dropout, i as u64, keep)?;
         saved.push(match kept {
-            Some(kept) => Stash::Kept(kept),
-            None => Stash::Input(x),
+            Some(kept) => LeftForBackward::Kept(kept),
+            None => LeftForBackward::Input(x),
         });
         x = out;
     }
@@ -98,8 +98,8 @@ pub fn forward_backward(
         let i = saved.len();
         let w = &weights[i];
         let kept = match stash {
-            Stash::Kept(kept) => kept,
-            Stash::Input(input) => w
+            LeftForBackward::Kept(kept) => kept,
+            LeftForBackward::Input(input) => w
                 .forward(&input, b, s, dropout, i as u64, true)?
                 .1
                 .ok_or_else(|| Error::internal(format!("block {i} kept nothing when asked to")))?,
@@ -227,7 +227,7 @@ impl<'a> Head<'a> {
 }
 
 /// What the forward pass left for a block's backward.
-enum Stash {
+enum LeftForBackward {
     Kept(Saved),
     Input(Tensor),
 }

@@ -1,4 +1,4 @@
-//! Models fitted to probe results, per regime: peak memory and step time against micro-batch.
+//! Models fitted to trial results, per regime: peak memory and step time against micro-batch.
 //!
 //! Both are affine in the micro-batch `b` for a fixed regime and sequence length: memory is
 //! weights, gradients and optimizer state (fixed) plus activations (per sample), and step time

@@ -16,7 +16,7 @@
 //! | `tool` | object | `{"name": "autotune", "version": "0.1.0"}`: what wrote the plan. |
 //! | `created_unix_s` | integer | When the plan was made, seconds since the Unix epoch (UTC). |
 //! | `model` | object | The model spec trained (`ModelSpec` JSON: `name`, `vocab_size`, `d_model`, `n_heads`, `n_layers`, `d_ff`, `seq_len`, `causal`, `norm`, `activation`, `positions`, `dropout`, `norm_eps`, `optimizer`). |
-//! | `device` | object | The target device profile: `name`, `kind` (`"cuda"` or `"cpu"`), `gpu_memory_bytes` (per GPU; `null` on a CPU), `gpu_count` (version 2, absent when 1), `host_memory_bytes` (shared by all GPUs), `host_to_device_gbps`, `notes`. |
+//! | `device` | object | The target device spec: `name`, `kind` (`"cuda"` or `"cpu"`), `gpu_memory_bytes` (per GPU; `null` on a CPU), `gpu_count` (version 2, absent when 1), `host_memory_bytes` (shared by all GPUs), `host_to_device_gbps`, `notes`. |
 //! | `budget` | object | The limits the plan was chosen under: `gpu_bytes` (`null` on a CPU), `host_bytes`, `headroom` (fraction of each limit kept free). |
 //! | `knobs` | object | The chosen setting: `micro_batch`, `grad_accum` (both per GPU), `precision` (`"fp32"`, `"bf16"`, `"fp16"`), `checkpointing` (`{"mode": "none"}` or `{"mode": "every_kth", "k": K}`, K = 1 recomputes every block), `offload` (`"none"` or `"optimizer"`); version 2 adds `data_parallel`: `{"degree": N, "shard_optimizer": bool}` (N GPUs, one process each; `shard_optimizer` is ZeRO stage 1). |
 //! | `predicted` | object | What the fitted models predict at `knobs`: `peak_gpu_bytes`, `peak_host_bytes` (integers or `null` when too few trials fitted; `peak_gpu_bytes` is `null` on a CPU), `tokens_per_s` (number or `null`). |
@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::knobs::Knobs;
 use crate::spec::budget::Budget;
-use crate::spec::device::{field_of_serde_message, DeviceProfile};
+use crate::spec::device::{field_of_serde_message, DeviceSpec};
 use crate::spec::model::ModelSpec;
 use crate::trial::{Measurement, TrialResult};
 use crate::{Error, Result};
@@ -59,7 +59,7 @@ pub struct Plan {
     /// The model trained.
     pub model: ModelSpec,
     /// The target device.
-    pub device: DeviceProfile,
+    pub device: DeviceSpec,
     /// The limits the plan was chosen under.
     pub budget: Budget,
     /// The chosen setting.

@@ -10,7 +10,7 @@ use crate::knobs::{DataParallel, Knobs};
 use crate::search::decision::Candidate;
 use crate::search::driver::SearchDriver;
 use crate::search::run::SearchOutcome;
-use crate::spec::device::DeviceProfile;
+use crate::spec::device::DeviceSpec;
 use crate::spec::model::ModelSpec;
 use crate::trial::TrialResult;
 
@@ -27,7 +27,7 @@ impl Plan {
         driver: &SearchDriver,
         outcome: &SearchOutcome,
         model: &ModelSpec,
-        device: &DeviceProfile,
+        device: &DeviceSpec,
         created_unix_s: u64,
     ) -> Option<Plan> {
         let knobs = outcome.chosen()?;
@@ -209,7 +209,7 @@ pub(crate) mod tests {
     /// A search on the 4090 profile over bf16 and bf16 + full recompute, with simulated laws,
     /// and the plan it yields.
     pub(crate) fn sample() -> (SearchDriver, SearchOutcome, Plan) {
-        let device = DeviceProfile::builtin("rtx4090-32g").unwrap();
+        let device = DeviceSpec::builtin("rtx4090-32g").unwrap();
         let model = ModelSpec::preset("gpt-124m").unwrap();
         let budget = Budget::from_device(&device);
         let bf16 = Regime {
@@ -295,7 +295,7 @@ pub(crate) mod tests {
     #[test]
     fn no_plan_without_a_choice() {
         let (driver, mut outcome, _) = sample();
-        let device = DeviceProfile::builtin("rtx4090-32g").unwrap();
+        let device = DeviceSpec::builtin("rtx4090-32g").unwrap();
         let model = ModelSpec::preset("gpt-124m").unwrap();
         outcome.decision = crate::search::decision::Decision::NoFeasible {
             hint: "none".into(),

@@ -13,7 +13,7 @@
 //! | `kind` | string | Always `"autotune-profile"`. |
 //! | `tool` | object | `{"name": "autotune", "version": "0.1.0"}`: what recorded the profile. |
 //! | `candle_version` | string | The candle release the trials ran on (the runtime's `backend::CANDLE_VERSION`). |
-//! | `device` | object | `profile` (the target `DeviceProfile` the trials emulated), `name` (the device as detected, e.g. `"NVIDIA H200"` or `"cpu"`), `memory_bytes` (its total memory; `null` on a CPU or when unknown), `driver`, `cuda` (driver and CUDA versions, or `null`). |
+//! | `device` | object | `profile` (the target `DeviceSpec` the trials emulated), `name` (the device as detected, e.g. `"NVIDIA H200"` or `"cpu"`), `memory_bytes` (its total memory; `null` on a CPU or when unknown), `driver`, `cuda` (driver and CUDA versions, or `null`). |
 //! | `model` | object | The model spec (`ModelSpec` JSON, as in plans). |
 //! | `budget` | object | The limits the trials ran under: `gpu_bytes` (the emulated device capacity; `null` on a CPU), `host_bytes` (the host heap limit), `headroom`. |
 //! | `space` | object | The search space that asked for the trials (`SearchSpace` JSON), so a replay can ask the same ones. |
@@ -29,7 +29,7 @@ use crate::knobs::Knobs;
 use crate::plan::Tool;
 use crate::search::{SearchDriver, SearchOutcome, SearchSpace};
 use crate::spec::budget::Budget;
-use crate::spec::device::{field_of_serde_message, DeviceKind, DeviceProfile};
+use crate::spec::device::{field_of_serde_message, DeviceKind, DeviceSpec};
 use crate::spec::model::ModelSpec;
 use crate::trial::TrialResult;
 use crate::{Error, Result};
@@ -78,8 +78,9 @@ pub struct Profile {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RecordedDevice {
-    /// The target device profile the trials emulated (capacity, host memory).
-    pub profile: DeviceProfile,
+    /// The target device the trials emulated (capacity, host memory); `profile` in the file.
+    #[serde(rename = "profile")]
+    pub target: DeviceSpec,
     /// The device as detected (`"NVIDIA H200"`, `"cpu"`).
     pub name: String,
     /// Total memory of the detected device in bytes; `None` on a CPU or when unknown.
@@ -93,9 +94,9 @@ pub struct RecordedDevice {
 impl RecordedDevice {
     /// A device known only by its target profile and detected name; the caller fills in the
     /// memory and versions it can detect.
-    pub fn new(profile: DeviceProfile, name: impl Into<String>) -> Self {
+    pub fn new(target: DeviceSpec, name: impl Into<String>) -> Self {
         Self {
-            profile,
+            target,
             name: name.into(),
             memory_bytes: None,
             driver: None,
@@ -137,7 +138,7 @@ impl Profile {
         SearchDriver::new(self.space.clone(), self.budget)
     }
 
-    /// The conventional file of this profile: `RECORDED_DIR/<device profile>/<model>.json`
+    /// The conventional file of this profile: `RECORDED_DIR/<device spec>/<model>.json`
     /// under `root`, with names reduced to characters safe in a path.
     pub fn default_path(&self, root: &Path) -> PathBuf {
         let safe = |s: &str| -> String {
@@ -149,7 +150,7 @@ impl Profile {
                 .collect()
         };
         root.join(RECORDED_DIR)
-            .join(safe(&self.device.profile.name))
+            .join(safe(&self.device.target.name))
             .join(format!("{}.json", safe(&self.model.name)))
     }
 
@@ -231,7 +232,7 @@ impl Profile {
     /// device limit exactly when the target has a GPU.
     pub fn validate(&self) -> Result<()> {
         self.model.validate()?;
-        self.device.profile.validate()?;
+        self.device.target.validate()?;
         self.budget.validate()?;
         self.space.validate()?;
         for (i, probe) in self.trials.iter().enumerate() {
@@ -243,12 +244,12 @@ impl Profile {
         if let Some(chosen) = &self.chosen {
             chosen.validate(WHAT, "chosen.")?;
         }
-        let has_gpu = self.device.profile.kind == DeviceKind::Cuda;
+        let has_gpu = self.device.target.kind == DeviceKind::Cuda;
         if self.budget.gpu_bytes.is_some() != has_gpu {
             return Err(Error::invalid(
                 WHAT,
                 "budget.gpu_bytes",
-                "must be null exactly when the device profile has no GPU",
+                "must be null exactly when the device spec has no GPU",
             ));
         }
         Ok(())

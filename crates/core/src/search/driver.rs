@@ -20,7 +20,7 @@
 //!    fits), where bisection of the rest would take three more trials.
 //! 5. **Bisect**: after those three model-guided trials, halve the open bracket of candidates.
 //!
-//! A probe is *feasible* when it fitted and its peaks stay within the budget's usable bytes
+//! A trial is *feasible* when it fitted and its peaks stay within the budget's usable bytes
 //! (the headroom); an out-of-memory, a crash, or a fit above the usable bytes is infeasible.
 //! Feasibility is assumed monotone in the micro-batch, so the bracket's lower edge ends as the
 //! **exact** largest feasible candidate.
@@ -51,7 +51,7 @@
 //!   the base would dominate it). It does not need the regime to be slower than its base at
 //!   equal batches, which is not always so: on the gpt-124m recording checkpointing ran 3–13 %
 //!   faster than the plain regime at micro-batches 4–16, while rising monotonically with the
-//!   batch. If the first probe does not fit (offload can run out of host memory), the bracket
+//!   batch. If the first trial does not fit (offload can run out of host memory), the bracket
 //!   below it is refined as usual.
 //!
 //! # Pruning
@@ -99,8 +99,8 @@
 //! follows the affine law exactly (the jump and the pin find the boundary). A regime that grows
 //! from its bases' reach `s` and fits there takes no more than that; one that does not fit
 //! there refines the `s − 1` candidates below, in at most `4 + ⌈log2(s − 3)⌉` trials. An
-//! offloaded regime may add one probe at the space's start before it grows from `s`; when its
-//! host work rules it out, that probe is its only one. Add one verification, plus one per
+//! offloaded regime may add one trial at the space's start before it grows from `s`; when its
+//! host work rules it out, that trial is its only one. Add one verification, plus one per
 //! failed verification. Example: a memory law of 1 GiB + 37 MiB per sequence against 10 GiB
 //! with 5 % headroom takes the 11 trials 1, 2, 4, …, 128, 256 (out of memory), 235 (fits), 236
 //! (inside the headroom), then verifies 235.
@@ -141,8 +141,8 @@ pub struct SearchDriver {
 type Trials<'h> = [(usize, &'h TrialResult)];
 
 /// What earlier regimes of the space tell about one regime (see [`relatives`]).
-struct Kin<'a, 'h> {
-    /// Where the regime's first probe goes (before rounding up to a candidate).
+struct RelativeTrials<'a, 'h> {
+    /// Where the regime's first trial goes (before rounding up to a candidate).
     start: usize,
     /// The largest micro-batch that a base of the regime (the same training with fewer memory
     /// savings) ran feasibly; 0 if none did. Growth does not probe below it.
@@ -155,7 +155,7 @@ struct Kin<'a, 'h> {
 }
 
 /// The history sorted into search trials per regime and verification results.
-pub(super) struct Ledger<'h> {
+pub(super) struct SortedHistory<'h> {
     /// Per regime of the space (same order): `(history index, result)` of its search trials.
     pub(super) search: Vec<Vec<(usize, &'h TrialResult)>>,
     /// Search trials in total (those of regimes outside the space included).
@@ -202,13 +202,13 @@ impl SearchDriver {
 
     /// What to do next, given every result so far in the order they were obtained.
     pub fn next(&self, history: &[TrialResult]) -> Next {
-        let ledger = self.ledger(history);
+        let sorted = self.sorted(history);
         let limit_reached = self
             .space
             .max_trials
-            .is_some_and(|max| ledger.search_count >= max);
+            .is_some_and(|max| sorted.search_count >= max);
         if !limit_reached {
-            for (i, state) in self.survey(&ledger).iter().enumerate() {
+            for (i, state) in self.survey(&sorted).iter().enumerate() {
                 if let RegimeProgress::Exploring { next_micro_batch } = state.progress {
                     return Next::Probe(
                         self.space
@@ -217,37 +217,37 @@ impl SearchDriver {
                 }
             }
         }
-        let passed: Vec<Knobs> = ledger
+        let passed: Vec<Knobs> = sorted
             .verifications
             .iter()
             .filter(|(_, ok)| *ok)
             .map(|(k, _)| *k)
             .collect();
-        Next::Done(match self.ranked(&ledger).first() {
+        Next::Done(match self.ranked(&sorted).first() {
             Some(best) if passed.contains(&best.knobs) => Decision::Chosen(best.knobs),
             Some(best) => Decision::Verify(best.knobs),
             None => Decision::NoFeasible {
-                hint: no_feasible_hint(self, &ledger, limit_reached),
+                hint: no_feasible_hint(self, &sorted, limit_reached),
             },
         })
     }
 
     /// Every regime's state after `history`, in priority order.
     pub fn regime_states(&self, history: &[TrialResult]) -> Vec<RegimeState> {
-        self.survey(&self.ledger(history))
+        self.survey(&self.sorted(history))
     }
 
     /// Feasible settings measured in `history`, best first (tokens/s, then regime priority,
     /// then smaller micro-batch), without those whose verification failed.
     pub fn candidates(&self, history: &[TrialResult]) -> Vec<Candidate> {
-        self.ranked(&self.ledger(history))
+        self.ranked(&self.sorted(history))
     }
 
     /// The most search trials one regime can take: the worst case over where it grows from
     /// (the space's start, or any larger candidate where its bases stopped, see the module
     /// docs) and over where the growth phase meets its first infeasible candidate, of the
     /// growth trials plus the refinement of that bracket (three model-guided trials, then
-    /// bisection). An offloaded regime with a twin in the space may add one probe at the
+    /// bisection). An offloaded regime with a twin in the space may add one trial at the
     /// space's start before it grows from its bases' reach.
     pub fn regime_trial_bound(&self) -> usize {
         let regimes = &self.space.regimes;
@@ -265,7 +265,7 @@ impl SearchDriver {
             .unwrap_or(0)
     }
 
-    /// [`Self::regime_trial_bound`] for a regime whose first probe is candidate `start` (an
+    /// [`Self::regime_trial_bound`] for a regime whose first trial is candidate `start` (an
     /// index).
     fn probe_bound_from(&self, start: usize) -> usize {
         let c = &self.candidates;
@@ -286,8 +286,8 @@ impl SearchDriver {
         worst.max(chain.len())
     }
 
-    pub(super) fn ledger<'h>(&self, history: &'h [TrialResult]) -> Ledger<'h> {
-        let mut ledger = Ledger {
+    pub(super) fn sorted<'h>(&self, history: &'h [TrialResult]) -> SortedHistory<'h> {
+        let mut sorted = SortedHistory {
             search: vec![Vec::new(); self.space.regimes.len()],
             search_count: 0,
             verifications: Vec::new(),
@@ -298,24 +298,28 @@ impl SearchDriver {
             // The driver asks for search trials only without accumulation and never twice, so
             // anything else is a verification.
             if knobs.grad_accum != 1 || !seen.insert(knobs) {
-                ledger.verifications.push((knobs, self.is_feasible(result)));
+                sorted.verifications.push((knobs, self.is_feasible(result)));
                 continue;
             }
-            ledger.search_count += 1;
+            sorted.search_count += 1;
             let regime = self.space.regimes.iter().position(|r| *r == knobs.regime());
             if let Some(i) =
                 regime.filter(|_| self.candidates.binary_search(&knobs.micro_batch).is_ok())
             {
-                ledger.search[i].push((index, result));
+                sorted.search[i].push((index, result));
             }
         }
-        ledger
+        sorted
     }
 
     /// What the regimes before regime `i` tell about it.
-    fn kin<'a, 'h>(&self, ledger: &'a Ledger<'h>, i: usize) -> Kin<'a, 'h> {
+    fn relative_trials<'a, 'h>(
+        &self,
+        sorted: &'a SortedHistory<'h>,
+        i: usize,
+    ) -> RelativeTrials<'a, 'h> {
         let regime = self.space.regimes[i];
-        let earlier = || self.space.regimes[..i].iter().zip(&ledger.search);
+        let earlier = || self.space.regimes[..i].iter().zip(&sorted.search);
         let bases_reach = earlier()
             .filter(|(r, _)| relatives::is_base(**r, regime))
             .flat_map(|(_, trials)| trials.iter())
@@ -338,7 +342,7 @@ impl SearchDriver {
             Some(_) => self.space.start_micro_batch,
             None => self.space.start_micro_batch.max(bases_reach),
         };
-        Kin {
+        RelativeTrials {
             start,
             bases_reach,
             offload_twin,
@@ -346,8 +350,8 @@ impl SearchDriver {
         }
     }
 
-    fn survey(&self, ledger: &Ledger<'_>) -> Vec<RegimeState> {
-        let failed: Vec<Knobs> = ledger
+    fn survey(&self, sorted: &SortedHistory<'_>) -> Vec<RegimeState> {
+        let failed: Vec<Knobs> = sorted
             .verifications
             .iter()
             .filter(|(_, ok)| !*ok)
@@ -357,7 +361,7 @@ impl SearchDriver {
         let mut exploring = false;
         let mut states = Vec::with_capacity(self.space.regimes.len());
         for (i, &regime) in self.space.regimes.iter().enumerate() {
-            let trials = &ledger.search[i];
+            let trials = &sorted.search[i];
             let dominator = || {
                 states
                     .iter()
@@ -368,7 +372,7 @@ impl SearchDriver {
             } else if let Some(by) = trials.is_empty().then(dominator).flatten() {
                 RegimeProgress::Finished(RegimeEnd::Dominated { by })
             } else {
-                self.progress(trials, &self.kin(ledger, i), best_earlier)
+                self.progress(trials, &self.relative_trials(sorted, i), best_earlier)
             };
             exploring |= matches!(progress, RegimeProgress::Exploring { .. });
             let best = trials
@@ -400,7 +404,7 @@ impl SearchDriver {
     fn progress(
         &self,
         trials: &Trials<'_>,
-        kin: &Kin<'_, '_>,
+        related: &RelativeTrials<'_, '_>,
         best_earlier: f64,
     ) -> RegimeProgress {
         let c = &self.candidates;
@@ -409,7 +413,7 @@ impl SearchDriver {
             next_micro_batch: b,
         };
         if trials.is_empty() {
-            if let Some(bound) = self.unprobed_offload_bound(kin) {
+            if let Some(bound) = self.unprobed_offload_bound(related) {
                 if bound * (1.0 + PRUNE_SLACK) < best_earlier {
                     return RegimeProgress::Finished(RegimeEnd::Pruned {
                         largest: 0,
@@ -418,7 +422,7 @@ impl SearchDriver {
                     });
                 }
             }
-            return explore(c[c.partition_point(|&b| b < kin.start).min(c.len() - 1)]);
+            return explore(c[c.partition_point(|&b| b < related.start).min(c.len() - 1)]);
         }
         let feasible = |r: &TrialResult| self.is_feasible(r);
         let mb = |r: &TrialResult| r.request.knobs.micro_batch;
@@ -451,7 +455,7 @@ impl SearchDriver {
                 .and_then(|(_, r)| r.outcome.measurement())
                 .map_or(0.0, |m| m.tokens_per_s);
             let top_open = *open.last().expect("open is not empty");
-            let bound = self.throughput_bound(trials, kin, lo, lo_tokens, top_open);
+            let bound = self.throughput_bound(trials, related, lo, lo_tokens, top_open);
             if bound * (1.0 + PRUNE_SLACK) < best_earlier {
                 return RegimeProgress::Finished(RegimeEnd::Pruned {
                     largest: lo,
@@ -470,7 +474,7 @@ impl SearchDriver {
                 }
             }
             // Growth: at least double, and not below what the bases ran.
-            let next = (2 * lo).max(kin.bases_reach);
+            let next = (2 * lo).max(related.bases_reach);
             return explore(open[open.partition_point(|&b| b < next).min(open.len() - 1)]);
         };
         let first_miss = trials
@@ -538,15 +542,15 @@ impl SearchDriver {
         })
     }
 
-    fn ranked(&self, ledger: &Ledger<'_>) -> Vec<Candidate> {
-        let failed: Vec<Knobs> = ledger
+    fn ranked(&self, sorted: &SortedHistory<'_>) -> Vec<Candidate> {
+        let failed: Vec<Knobs> = sorted
             .verifications
             .iter()
             .filter(|(_, ok)| !*ok)
             .map(|(k, _)| *k)
             .collect();
         let mut ranked: Vec<(usize, Candidate)> = Vec::new();
-        for (i, trials) in ledger.search.iter().enumerate() {
+        for (i, trials) in sorted.search.iter().enumerate() {
             for &(history_index, result) in trials {
                 let Some(measurement) =
                     result.outcome.measurement().filter(|m| self.budget.fits(m))

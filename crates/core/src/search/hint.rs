@@ -1,6 +1,6 @@
 //! The explanation given when no setting is feasible: what ran out, and what to try instead.
 
-use super::driver::{Ledger, SearchDriver};
+use super::driver::{SearchDriver, SortedHistory};
 use crate::knobs::Checkpointing;
 use crate::knobs::Offload;
 use crate::trial::{MemoryKind, Outcome};
@@ -9,7 +9,7 @@ use crate::trial::{MemoryKind, Outcome};
 /// knobs not yet tried that relieve the memory that ran out.
 pub(super) fn no_feasible_hint(
     driver: &SearchDriver,
-    ledger: &Ledger<'_>,
+    sorted: &SortedHistory<'_>,
     limit_reached: bool,
 ) -> String {
     let space = driver.space();
@@ -17,7 +17,7 @@ pub(super) fn no_feasible_hint(
     let (mut gpu_short, mut host_short, mut crashed) = (false, false, false);
     let mut over_headroom: Option<MemoryKind> = None;
     let mut facts: Vec<String> = Vec::new();
-    for (regime, trials) in space.regimes.iter().zip(&ledger.search) {
+    for (regime, trials) in space.regimes.iter().zip(&sorted.search) {
         let Some((_, smallest)) = trials
             .iter()
             .min_by_key(|(_, r)| r.request.knobs.micro_batch)

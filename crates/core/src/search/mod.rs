@@ -1,7 +1,7 @@
 //! The search: which trials to run, in what order, and which setting to choose.
 //!
 //! [`driver::SearchDriver`] decides (pure: history in, next action out); [`run::run_search`] is
-//! the only loop, calling a probe function and a [`report::Reporter`]; [`sim::Simulator`]
+//! the only loop, calling a [`Prober`](crate::trial::Prober) and a [`report::Reporter`]; [`sim::Simulator`]
 //! answers trials from closed-form laws for tests, benches and dry runs.
 //!
 //! ```

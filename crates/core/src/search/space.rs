@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use serde::{Deserialize, Serialize};
 
 use crate::knobs::{Checkpointing, DataParallel, Knobs, Offload, Precision, Regime};
-use crate::spec::device::{DeviceKind, DeviceProfile};
+use crate::spec::device::{DeviceKind, DeviceSpec};
 use crate::trial::TrialRequest;
 use crate::{Error, Result};
 
@@ -173,7 +173,7 @@ impl SearchSpace {
     /// The space a search of `target` runs: its default regimes narrowed or widened by
     /// `request` ([`Self::combine_regimes`]), at every data-parallel degree asked for, with the
     /// target's trial lengths unless the request sets them. Errors name the flag to change.
-    pub fn for_target(target: &DeviceProfile, request: &SpaceRequest) -> Result<Self> {
+    pub fn for_target(target: &DeviceSpec, request: &SpaceRequest) -> Result<Self> {
         let regimes = Self::combine_regimes(
             Self::default_regimes(target.kind),
             &request.precisions,
@@ -313,7 +313,7 @@ impl SearchSpace {
                     WHAT,
                     "--data-parallel",
                     format!(
-                        "{d} is not between 1 and the device profile's gpu_count ({gpu_count}); use 1..={gpu_count}, or a profile with more GPUs"
+                        "{d} is not between 1 and the device spec's gpu_count ({gpu_count}); use 1..={gpu_count}, or a profile with more GPUs"
                     ),
                 ));
             }
@@ -546,7 +546,7 @@ mod tests {
 
     #[test]
     fn a_target_space_takes_the_targets_trial_lengths_unless_asked() {
-        let gpu = DeviceProfile::builtin("rtx4090-32g").unwrap();
+        let gpu = DeviceSpec::builtin("rtx4090-32g").unwrap();
         let space = SearchSpace::for_target(&gpu, &SpaceRequest::default()).unwrap();
         assert_eq!(space.regimes, gpu_defaults());
         assert_eq!(
@@ -565,7 +565,7 @@ mod tests {
         let space = SearchSpace::for_target(&gpu, &asked).unwrap();
         assert_eq!((space.warmup_steps, space.timed_steps), (1, 7));
         assert_eq!(space.regimes, gpu_defaults()[..2].to_vec());
-        let cpu = DeviceProfile::builtin("cpu").unwrap();
+        let cpu = DeviceSpec::builtin("cpu").unwrap();
         let space = SearchSpace::for_target(&cpu, &SpaceRequest::default()).unwrap();
         assert_eq!(
             (
@@ -579,7 +579,7 @@ mod tests {
 
     #[test]
     fn a_target_space_refuses_more_gpus_than_the_target_has() {
-        let gpu = DeviceProfile::builtin("rtx4090-32g").unwrap();
+        let gpu = DeviceSpec::builtin("rtx4090-32g").unwrap();
         let asked = SpaceRequest {
             data_parallel: vec![2],
             ..SpaceRequest::default()

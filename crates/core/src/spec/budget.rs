@@ -1,11 +1,11 @@
 //! `Budget`: how much of a device's memory a plan may use, and byte-size parsing for flags.
 //!
-//! A [`DeviceProfile`] says what the hardware has; a budget says what the user allows of it and
+//! A [`DeviceSpec`] says what the hardware has; a budget says what the user allows of it and
 //! keeps a safety margin ([`Budget::headroom`]) between the measured peak and the limit.
 
 use serde::{Deserialize, Serialize};
 
-use super::device::DeviceProfile;
+use super::device::DeviceSpec;
 use crate::trial::{Measurement, MemoryKind};
 use crate::{Error, Result};
 
@@ -38,7 +38,7 @@ impl Budget {
     pub const DEFAULT_HEADROOM: f64 = 0.05;
 
     /// The whole device and host memory of `device`, with the default headroom.
-    pub fn from_device(device: &DeviceProfile) -> Self {
+    pub fn from_device(device: &DeviceSpec) -> Self {
         Self {
             gpu_bytes: device.gpu_memory_bytes,
             host_bytes: device.host_memory_bytes,
@@ -185,7 +185,7 @@ mod tests {
 
     #[test]
     fn default_budget_is_the_whole_device() {
-        let device = DeviceProfile::builtin("rtx4090-32g").unwrap();
+        let device = DeviceSpec::builtin("rtx4090-32g").unwrap();
         let budget = Budget::from_device(&device);
         assert_eq!(budget.gpu_bytes, device.gpu_memory_bytes);
         assert_eq!(budget.headroom, Budget::DEFAULT_HEADROOM);

@@ -1,4 +1,4 @@
-//! `DeviceProfile`: what the target machine is (GPU memory, host memory, link speed).
+//! `DeviceSpec`: what the target machine is (GPU memory, host memory, link speed).
 //!
 //! A profile comes from a built-in name (`rtx4090-32g`, `h200`, `cpu`) or a JSON file. It
 //! describes the hardware only; what the user allows of it is a [`Budget`](super::budget::Budget).
@@ -33,7 +33,7 @@ pub enum DeviceKind {
 /// parallelism; `gpu_memory_bytes` is per GPU and `host_memory_bytes` is shared by all of them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct DeviceProfile {
+pub struct DeviceSpec {
     /// Human name, used in plans and profiles.
     pub name: String,
     /// GPU or CPU.
@@ -62,7 +62,7 @@ fn is_one_gpu(count: &usize) -> bool {
     *count == 1
 }
 
-/// The names accepted by [`DeviceProfile::builtin`].
+/// The names accepted by [`DeviceSpec::builtin`].
 pub const BUILTIN_DEVICES: [&str; 3] = ["rtx4090-32g", "h200", "cpu"];
 
 /// The built-in profiles' JSON, embedded so the binary needs no data files.
@@ -78,9 +78,9 @@ const BUILTIN_JSON: [(&str, &str); 3] = [
     ("cpu", include_str!("../../../../profiles/devices/cpu.json")),
 ];
 
-const WHAT: &str = "device profile";
+const WHAT: &str = "device spec";
 
-impl DeviceProfile {
+impl DeviceSpec {
     /// A built-in profile by name (see [`BUILTIN_DEVICES`]).
     pub fn builtin(name: &str) -> Result<Self> {
         let json = BUILTIN_JSON
@@ -109,10 +109,10 @@ impl DeviceProfile {
     /// Loads and validates a JSON profile; errors name the file and, when invalid, the field.
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::file("cannot read device profile", path, e))?;
+            .map_err(|e| Error::file("cannot read device spec", path, e))?;
         Self::from_json(&text).map_err(|e| match e {
             Error::InvalidSpec { .. } => Error::file(
-                "invalid device profile",
+                "invalid device spec",
                 path,
                 Box::new(e) as Box<dyn std::error::Error + Send + Sync>,
             ),
@@ -202,23 +202,23 @@ mod tests {
     #[test]
     fn builtins_are_valid_and_sized_as_documented() {
         for name in BUILTIN_DEVICES {
-            let profile = DeviceProfile::builtin(name).unwrap();
+            let profile = DeviceSpec::builtin(name).unwrap();
             assert_eq!(profile.name, name);
         }
-        let rtx = DeviceProfile::builtin("rtx4090-32g").unwrap();
+        let rtx = DeviceSpec::builtin("rtx4090-32g").unwrap();
         assert_eq!(rtx.gpu_memory_bytes, Some(24564 * MIB));
         assert_eq!(rtx.host_memory_bytes, 32 * GIB);
-        let h200 = DeviceProfile::builtin("h200").unwrap();
+        let h200 = DeviceSpec::builtin("h200").unwrap();
         assert_eq!(h200.gpu_memory_bytes, Some(143771 * MIB));
         assert_eq!(h200.host_memory_bytes, 128 * GIB);
-        let cpu = DeviceProfile::builtin("cpu").unwrap();
+        let cpu = DeviceSpec::builtin("cpu").unwrap();
         assert_eq!((cpu.kind, cpu.gpu_memory_bytes), (DeviceKind::Cpu, None));
         assert_eq!(cpu.host_memory_bytes, 24 * GIB);
     }
 
     #[test]
     fn unknown_names_list_the_known_ones() {
-        match DeviceProfile::resolve("a100") {
+        match DeviceSpec::resolve("a100") {
             Err(Error::UnknownName { known, .. }) => assert!(known.contains("rtx4090-32g")),
             other => panic!("expected an unknown name, got {other:?}"),
         }
@@ -226,13 +226,13 @@ mod tests {
 
     #[test]
     fn bad_profiles_name_the_field() {
-        let field = |json: &str| match DeviceProfile::from_json(json) {
+        let field = |json: &str| match DeviceSpec::from_json(json) {
             Err(Error::InvalidSpec { field, .. }) => field,
             other => panic!("expected an invalid profile, got {other:?}"),
         };
         let ok =
             r#""name": "x", "kind": "cuda", "gpu_memory_bytes": 1024, "host_memory_bytes": 2048"#;
-        assert!(DeviceProfile::from_json(&format!("{{{ok}}}")).is_ok());
+        assert!(DeviceSpec::from_json(&format!("{{{ok}}}")).is_ok());
         assert_eq!(field(&format!(r#"{{{ok}, "gpu_mem": 3}}"#)), "gpu_mem");
         assert_eq!(
             field(r#"{"name": "x", "kind": "cuda", "host_memory_bytes": 1}"#),
@@ -263,26 +263,26 @@ mod tests {
 
     #[test]
     fn gpu_count_defaults_to_one_and_is_written_only_when_larger() {
-        let one = DeviceProfile::builtin("h200").unwrap();
+        let one = DeviceSpec::builtin("h200").unwrap();
         assert_eq!(one.gpu_count, 1);
         assert!(!serde_json::to_string(&one).unwrap().contains("gpu_count"));
-        let eight = DeviceProfile {
+        let eight = DeviceSpec {
             gpu_count: 8,
             ..one
         };
         let json = serde_json::to_string(&eight).unwrap();
         assert!(json.contains(r#""gpu_count":8"#), "{json}");
-        assert_eq!(DeviceProfile::from_json(&json).unwrap(), eight);
+        assert_eq!(DeviceSpec::from_json(&json).unwrap(), eight);
     }
 
     #[test]
     fn files_round_trip_and_errors_name_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("box.json");
-        let profile = DeviceProfile::builtin("rtx4090-32g").unwrap();
+        let profile = DeviceSpec::builtin("rtx4090-32g").unwrap();
         std::fs::write(&path, serde_json::to_string_pretty(&profile).unwrap()).unwrap();
         assert_eq!(
-            DeviceProfile::resolve(path.to_str().unwrap()).unwrap(),
+            DeviceSpec::resolve(path.to_str().unwrap()).unwrap(),
             profile
         );
 
@@ -291,14 +291,14 @@ mod tests {
             r#"{"name": "x", "kind": "tpu", "host_memory_bytes": 1}"#,
         )
         .unwrap();
-        let err = DeviceProfile::load(&path).unwrap_err();
+        let err = DeviceSpec::load(&path).unwrap_err();
         assert!(
             matches!(&err, Error::File { path: p, .. } if p == &path),
             "{err:?}"
         );
         let missing = dir.path().join("missing.json");
         assert!(matches!(
-            DeviceProfile::resolve(missing.to_str().unwrap()),
+            DeviceSpec::resolve(missing.to_str().unwrap()),
             Err(Error::File { .. })
         ));
     }

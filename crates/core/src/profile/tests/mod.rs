@@ -6,7 +6,7 @@ use crate::profile::record::{Profile, RecordedDevice};
 use crate::search::sim::{Law, SimRegime, Simulator};
 use crate::search::{run_search, NoReporter, SearchDriver, SearchOutcome, SearchSpace};
 use crate::spec::budget::Budget;
-use crate::spec::device::DeviceProfile;
+use crate::spec::device::DeviceSpec;
 use crate::spec::model::ModelSpec;
 
 mod check;
@@ -60,8 +60,8 @@ fn simulator(budget: &Budget) -> Simulator {
     }
 }
 
-fn device_profile() -> DeviceProfile {
-    DeviceProfile::builtin("rtx4090-32g").unwrap()
+fn device_profile() -> DeviceSpec {
+    DeviceSpec::builtin("rtx4090-32g").unwrap()
 }
 
 /// The search spaces the fixture records: plain, with a global batch (the verification

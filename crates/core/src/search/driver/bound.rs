@@ -6,7 +6,7 @@
 //! under an assumption about how step time and memory grow with the batch; the assumptions are
 //! stated where the bound is computed, and the slack covers timing noise, not a wrong premise.
 
-use super::{secant_memory_model, Kin, SearchDriver, Trials, MEMORY_REACH_FACTOR};
+use super::{secant_memory_model, RelativeTrials, SearchDriver, Trials, MEMORY_REACH_FACTOR};
 use crate::fit::memory::UPPER_RANGE_DIVISOR;
 use crate::fit::{AffineBytes, Capacity, MemoryModel};
 use crate::trial::TrialResult;
@@ -45,17 +45,17 @@ fn timed<'h>(results: impl Iterator<Item = &'h TrialResult>) -> Vec<Timed> {
 impl SearchDriver {
     /// The smallest optimistic bound on the tokens/s of this regime's micro-batches above `lo`
     /// (its largest feasible one, which ran at `lo_tokens_per_s`) up to `top_open` (its largest
-    /// open candidate). `kin.offload_twin` holds the trials of the same regime without offload,
+    /// open candidate). `related.offload_twin` holds the trials of the same regime without offload,
     /// when this one offloads and that one was searched earlier.
     pub(super) fn throughput_bound(
         &self,
         trials: &Trials<'_>,
-        kin: &Kin<'_, '_>,
+        related: &RelativeTrials<'_, '_>,
         lo: usize,
         lo_tokens_per_s: f64,
         top_open: usize,
     ) -> f64 {
-        let offload_twin = kin.offload_twin;
+        let offload_twin = related.offload_twin;
         let reach = self
             .memory_reach(trials, offload_twin)
             .map_or(top_open, |r| r.min(top_open));
@@ -91,9 +91,9 @@ impl SearchDriver {
     /// the smaller of the two bounds holds.
     ///
     /// `None` without a floor, a twin with a memory model, or a twin trial that ran.
-    pub(super) fn unprobed_offload_bound(&self, kin: &Kin<'_, '_>) -> Option<f64> {
+    pub(super) fn unprobed_offload_bound(&self, related: &RelativeTrials<'_, '_>) -> Option<f64> {
         let host_s = self.space.offload_host_floor_s.filter(|h| *h > 0.0)?;
-        let twin = kin.offload_twin?;
+        let twin = related.offload_twin?;
         let model = secant_memory_model(self.feasible(twin).iter())?;
         let per_sample = model.gpu.per_sample_bytes;
         let usable = self.budget.usable_gpu_bytes()? as f64;
@@ -106,7 +106,7 @@ impl SearchDriver {
         let tokens = timed_twin.first()?.tokens_per_sequence();
         let c = match per_sequence_floor(&timed_twin) {
             c if c > 0.0 => c,
-            _ => kin
+            _ => related
                 .twin_bases
                 .iter()
                 .map(|base| per_sequence_floor(&timed(base.iter().map(|(_, r)| *r))))

@@ -1,5 +1,5 @@
 //! Which setting is chosen: throughput across regimes, global-batch divisibility, failed
-//! verifications, hints when nothing fits, crashes, pruning, the probe limit, and events.
+//! verifications, hints when nothing fits, crashes, pruning, the trial limit, and events.
 
 use std::cell::RefCell;
 
@@ -106,7 +106,7 @@ fn no_feasible_setting_gets_a_hint() {
     assert_eq!(
         outcome.history.len(),
         1,
-        "one probe per regime when mb=1 is out"
+        "one trial per regime when mb=1 is out"
     );
     assert!(
         hint.contains("GPU memory") && hint.contains("checkpointing") && hint.contains("offload"),

@@ -1,6 +1,6 @@
 //! The driver against simulated devices with known laws. This file: shared helpers, exact
-//! boundaries and probe counts. `choice`: throughput choice, global batch, verification,
-//! hints, pruning, limits and events. `kin`: regimes that add memory savings to earlier ones.
+//! boundaries and trial counts. `choice`: throughput choice, global batch, verification,
+//! hints, pruning, limits and events. `related`: regimes that add memory savings to earlier ones.
 
 use std::collections::HashSet;
 
@@ -12,7 +12,7 @@ use crate::search::sim::{Law, SimRegime, Simulator};
 use crate::trial::{MemoryKind, Outcome, Phase};
 
 mod choice;
-mod kin;
+mod relatives;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
