@@ -17,7 +17,6 @@
 //! Emulation: to plan for a smaller card on a larger one, the difference is allocated outside
 //! the pool (`cuMemAlloc`) and held, so the pool itself runs out of memory at the target's size
 //! and CUDA reports a real out-of-memory, exactly where the smaller card would.
-#![allow(unsafe_code)]
 
 use std::sync::Arc;
 
@@ -41,6 +40,7 @@ pub struct PoolMemory {
 
 impl PoolMemory {
     /// Attaches to `device`'s default memory pool.
+    #[allow(unsafe_code)]
     pub fn new(device: &Device) -> Result<Self> {
         let cuda = device.as_cuda_device()?;
         let context = cuda.cuda_stream().context().clone();
@@ -64,6 +64,7 @@ impl PoolMemory {
 
     /// Makes the device behave as if it had `capacity` bytes in total, by holding the rest.
     /// Returns the bytes held. Fails if the device is smaller than `capacity`.
+    #[allow(unsafe_code)]
     pub fn emulate_capacity(&mut self, capacity: u64) -> Result<u64> {
         self.release_hold()?;
         self.trim()?;
@@ -93,6 +94,7 @@ impl PoolMemory {
         Ok(hold)
     }
 
+    #[allow(unsafe_code)]
     fn release_hold(&mut self) -> Result<()> {
         if let Some(ptr) = self.held.take() {
             self.context.bind_to_thread().map_err(driver)?;
@@ -104,11 +106,13 @@ impl PoolMemory {
     }
 
     /// Returns the pool's unused reservation to the driver.
+    #[allow(unsafe_code)]
     fn trim(&self) -> Result<()> {
         // SAFETY: the pool belongs to the live context's device.
         unsafe { result::mem_pool::trim_to(self.pool, 0) }.map_err(driver)
     }
 
+    #[allow(unsafe_code)]
     fn attribute(&self, attr: sys::CUmemPool_attribute) -> Result<u64> {
         let mut value: u64 = 0;
         // SAFETY: the size attributes are `cuuint64_t`, written into `value`.
@@ -138,6 +142,7 @@ impl PoolMemory {
 }
 
 impl DeviceMemory for PoolMemory {
+    #[allow(unsafe_code)]
     fn reset_peak(&mut self) -> Result<()> {
         self.context.bind_to_thread().map_err(driver)?;
         // Start each trial from an empty reservation, so its peak is its own.

@@ -22,8 +22,6 @@
 //! the CUDA kernels (`kernels/attention.cu`) are tested against. CUDA: bf16 and f16 with head
 //! widths [`FLASH_HEAD_DIMS`]; see [`flash_attention_supported`].
 
-#![allow(unsafe_code)]
-
 mod cpu;
 #[cfg(feature = "cuda")]
 mod gpu;

@@ -85,7 +85,8 @@ impl AdamConsts {
 
 /// One Adam step for one element.
 ///
-/// Each line mirrors one tensor op of [`crate::train::optim::Adam::step`]: candle computes a
+/// Each line mirrors one tensor op of the on-device optimizer (`train::optim::Adam::step`,
+/// which runs above this layer): candle computes a
 /// tensor–scalar op as `x·mul + add` in f32 (so `x · s` is `x·s + 0`, which turns −0 into +0),
 /// and mirroring that keeps the two optimizers bit-identical on the CPU.
 #[inline(always)]

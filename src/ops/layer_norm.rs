@@ -11,8 +11,6 @@
 //! deterministic two-pass column reduction (per-chunk partial sums, then a fixed-order sum over
 //! chunks; no float atomics), so gradients are bitwise reproducible.
 
-#![allow(unsafe_code)]
-
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
 

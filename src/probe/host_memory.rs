@@ -8,7 +8,6 @@
 //! (failing it would abort the process, since Rust cannot recover from allocation failure) but
 //! raises a flag that the prober checks after each step and turns into an out-of-memory outcome.
 //! The overshoot is therefore bounded by one step's allocations.
-#![allow(unsafe_code)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -22,11 +21,13 @@ static ACTIVE: AtomicBool = AtomicBool::new(false);
 /// The system allocator, counting live bytes.
 pub struct CountingAlloc;
 
+#[allow(unsafe_code)]
 // SAFETY: every method forwards to `System` with the caller's arguments unchanged; the counters
 // are only bookkeeping and never influence the returned memory.
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let ptr = System.alloc(layout);
+        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, which `System`'s shares.
+        let ptr = unsafe { System.alloc(layout) };
         if !ptr.is_null() {
             grew(layout.size());
         }
@@ -34,7 +35,8 @@ unsafe impl GlobalAlloc for CountingAlloc {
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let ptr = System.alloc_zeroed(layout);
+        // SAFETY: as in `alloc`: the caller's contract is `System`'s.
+        let ptr = unsafe { System.alloc_zeroed(layout) };
         if !ptr.is_null() {
             grew(layout.size());
         }
@@ -42,12 +44,15 @@ unsafe impl GlobalAlloc for CountingAlloc {
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout);
+        // SAFETY: `ptr` came from this allocator, i.e. from `System`, with `layout`.
+        unsafe { System.dealloc(ptr, layout) };
         CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let new = System.realloc(ptr, layout, new_size);
+        // SAFETY: `ptr` came from this allocator, i.e. from `System`, with `layout`; the caller
+        // upholds `realloc`'s contract on `new_size`.
+        let new = unsafe { System.realloc(ptr, layout, new_size) };
         if !new.is_null() {
             CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
             grew(new_size);

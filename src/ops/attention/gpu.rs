@@ -16,6 +16,9 @@ use super::{Args, NAME};
 use crate::ops::cuda::{self, Elem};
 
 /// The kernels' `flash::Dims`, passed by value.
+///
+/// Twin of `struct flash::Dims` in `src/ops/kernels/attention.cu`: the asserts below and the
+/// `static_assert`s there check the same layout; change both together.
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct Dims {
@@ -29,8 +32,20 @@ struct Dims {
     keep_scale: f32,
 }
 
+// Four bytes of padding before the 8-aligned `key`.
+const _: () = assert!(std::mem::size_of::<Dims>() == 40);
+const _: () = assert!(std::mem::offset_of!(Dims, batch) == 0);
+const _: () = assert!(std::mem::offset_of!(Dims, heads) == 4);
+const _: () = assert!(std::mem::offset_of!(Dims, seq) == 8);
+const _: () = assert!(std::mem::offset_of!(Dims, scale) == 12);
+const _: () = assert!(std::mem::offset_of!(Dims, causal) == 16);
+const _: () = assert!(std::mem::offset_of!(Dims, key) == 24);
+const _: () = assert!(std::mem::offset_of!(Dims, threshold) == 32);
+const _: () = assert!(std::mem::offset_of!(Dims, keep_scale) == 36);
+
 // SAFETY: a plain `repr(C)` struct with the field order, types and therefore padding of the
-// kernels' `struct Dims { int, int, int; float; int; uint64_t; uint32_t; float; }`.
+// kernels' `struct Dims { int, int, int; float; int; uint64_t; uint32_t; float; }` (layout
+// asserted on both sides).
 unsafe impl DeviceRepr for Dims {}
 
 const THREADS: u32 = 128;

@@ -29,6 +29,8 @@
 // Key padding: with `lens` (one u32 per sequence), keys at positions lens[b] and beyond are
 // masked for every query, as PyTorch's `key_padding_mask`; tiles past the last real key are
 // skipped. Without it (a null pointer) every key is real.
+#include <stddef.h>
+
 #include "common.cuh"
 
 namespace flash {
@@ -206,14 +208,28 @@ __device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&c)[TILE
     a[3] = Mma<T>::pack(c[2 * kk + 1][2], c[2 * kk + 1][3]);
 }
 
+// Twin of `Dims` in src/ops/attention/gpu.rs: the static_asserts below and the Rust const
+// asserts there check the same layout; change both together.
 struct Dims {
     int batch, heads, seq;
     float scale;         // 1/√hd
     int causal;          // query i sees keys 0..=i
-    uint64_t key;        // dropout mask key
+    uint64_t key;        // dropout mask key (after 4 bytes of padding)
     uint32_t threshold;  // 0: no dropout
     float keep_scale;    // 1/(1-p)
 };
+
+static_assert(sizeof(Dims) == 40, "Dims must match Dims in src/ops/attention/gpu.rs");
+static_assert(offsetof(Dims, batch) == 0, "Dims::batch must match the Rust Dims::batch");
+static_assert(offsetof(Dims, heads) == 4, "Dims::heads must match the Rust Dims::heads");
+static_assert(offsetof(Dims, seq) == 8, "Dims::seq must match the Rust Dims::seq");
+static_assert(offsetof(Dims, scale) == 12, "Dims::scale must match the Rust Dims::scale");
+static_assert(offsetof(Dims, causal) == 16, "Dims::causal must match the Rust Dims::causal");
+static_assert(offsetof(Dims, key) == 24, "Dims::key must match the Rust Dims::key");
+static_assert(offsetof(Dims, threshold) == 32,
+              "Dims::threshold must match the Rust Dims::threshold");
+static_assert(offsetof(Dims, keep_scale) == 36,
+              "Dims::keep_scale must match the Rust Dims::keep_scale");
 
 // Keys of sequence b that are not padding: lens[b] clamped into 1..S (a kernel cannot report a
 // bad length), or all S without a key-padding mask (lens null).

@@ -2,12 +2,19 @@
 // head split and merge). The output is walked in order; each element's source offset is
 // Σ index_k · stride_k over up to four outer dimensions. Copies move whole 16-byte units when
 // the innermost run, the strides and the pointers allow it, else single elements.
+#include <stddef.h>
 #include <stdint.h>
 
+// Twin of `Dims4` in src/ops/permute/gpu.rs: the static_asserts below and the Rust const asserts
+// there check the same layout; change both together.
 struct Dims4 {
     long long n[4];       // output outer dims
     long long stride[4];  // source stride (in units) of each output outer dim
 };
+
+static_assert(sizeof(Dims4) == 64, "Dims4 must match Dims4 in src/ops/permute/gpu.rs");
+static_assert(offsetof(Dims4, n) == 0, "Dims4::n must match the Rust Dims4::n");
+static_assert(offsetof(Dims4, stride) == 32, "Dims4::stride must match the Rust Dims4::stride");
 
 template <typename U>
 __device__ void permute_copy(const U *src, U *dst, Dims4 d, long long inner, long long total) {

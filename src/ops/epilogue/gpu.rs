@@ -1,0 +1,160 @@
+//! CUDA launches for the epilogue and embedding ops (`kernels/epilogue.cu`): grid-stride
+//! elementwise launches (`cuda::elementwise_config`).
+
+#![allow(unsafe_code)]
+
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, PushKernelArg};
+use candle_core::cuda_backend::WrapErr;
+use candle_core::{CudaDevice, CudaStorage, Layout, Result};
+
+use super::{cols_of, Embed, Plan, NAME};
+use crate::ops::cuda::{self, Elem};
+
+/// Whether the kernels may take eight elements at a time: `n` and `cols` multiples of 8 and
+/// every buffer starting on a 16-byte boundary (fresh allocations are 256-byte aligned).
+fn vectorizable<T>(n: usize, cols: usize, layouts: &[&Layout]) -> i32 {
+    let size = std::mem::size_of::<T>();
+    let aligned = layouts.iter().all(|l| (l.start_offset() * size) % 16 == 0);
+    i32::from(n % 8 == 0 && cols % 8 == 0 && aligned)
+}
+
+pub(super) fn epilogue<T: Elem>(
+    y: &CudaSlice<T>,
+    l1: &Layout,
+    (bias, l2): (&CudaStorage, &Layout),
+    (residual, l3): (&CudaStorage, &Layout),
+    p: &Plan,
+    dev: &CudaDevice,
+) -> Result<CudaStorage> {
+    let n = l1.shape().elem_count();
+    let y = cuda::slice_view(y, l1, NAME)?;
+    let bias = cuda::view::<f32>(bias, l2, NAME)?;
+    let residual = cuda::view::<T>(residual, l3, NAME)?;
+    let func = cuda::kernel(dev, &cuda::EPILOGUE, "epilogue_fwd", T::DTYPE)?;
+    // SAFETY: the kernel launched below writes every element.
+    let mut out = unsafe { cuda::output::<T>(dev, n) }?;
+    let cols = cuda::dim(cols_of(l1), "columns")?;
+    let (has_bias, has_residual) = (i32::from(p.has_bias), i32::from(p.has_residual));
+    let vec = vectorizable::<T>(n, cols_of(l1), &[l1, l3]);
+    let threads = if vec == 1 { n / 8 } else { n };
+    let stream = dev.cuda_stream();
+    let mut args = stream.launch_builder(&func);
+    args.arg(&y)
+        .arg(&bias)
+        .arg(&residual)
+        .arg(&mut out)
+        .arg(&n)
+        .arg(&cols)
+        .arg(&has_bias)
+        .arg(&has_residual)
+        .arg(&p.act)
+        .arg(&p.threshold)
+        .arg(&p.scale)
+        .arg(&p.key)
+        .arg(&vec);
+    // SAFETY: the arguments match `epilogue_fwd_<T>`; `y`, `residual` (when read) and `out`
+    // hold n elements, `bias` (when read) `cols` floats.
+    unsafe { args.launch(cuda::elementwise_config(threads)) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+}
+
+pub(super) fn epilogue_grad<T: Elem>(
+    dout: &CudaSlice<T>,
+    l1: &Layout,
+    (y, l2): (&CudaStorage, &Layout),
+    (bias, l3): (&CudaStorage, &Layout),
+    p: &Plan,
+    dev: &CudaDevice,
+) -> Result<CudaStorage> {
+    let n = l1.shape().elem_count();
+    let dout = cuda::slice_view(dout, l1, NAME)?;
+    let y = cuda::view::<T>(y, l2, NAME)?;
+    let bias = cuda::view::<f32>(bias, l3, NAME)?;
+    let func = cuda::kernel(dev, &cuda::EPILOGUE, "epilogue_bwd", T::DTYPE)?;
+    // SAFETY: the kernel launched below writes every element.
+    let mut dy = unsafe { cuda::output::<T>(dev, n) }?;
+    let cols = cuda::dim(cols_of(l1), "columns")?;
+    let has_bias = i32::from(p.has_bias);
+    let vec = vectorizable::<T>(n, cols_of(l1), &[l1, l2]);
+    let threads = if vec == 1 { n / 8 } else { n };
+    let stream = dev.cuda_stream();
+    let mut args = stream.launch_builder(&func);
+    args.arg(&dout)
+        .arg(&y)
+        .arg(&bias)
+        .arg(&mut dy)
+        .arg(&n)
+        .arg(&cols)
+        .arg(&has_bias)
+        .arg(&p.act)
+        .arg(&p.threshold)
+        .arg(&p.scale)
+        .arg(&p.key)
+        .arg(&vec);
+    // SAFETY: the arguments match `epilogue_bwd_<T>`; `dout`, `y` and `dy` hold n elements,
+    // `bias` (when read) `cols` floats.
+    unsafe { args.launch(cuda::elementwise_config(threads)) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(dy, dev.clone()))
+}
+
+pub(super) fn embed<T: Elem>(
+    table: &CudaSlice<T>,
+    l2: &Layout,
+    (ids, l1): (&CudaStorage, &Layout),
+    (positions, l3): (&CudaStorage, &Layout),
+    op: &Embed,
+    dev: &CudaDevice,
+) -> Result<CudaStorage> {
+    let (p, seq) = (&op.plan, op.seq);
+    let rows = l1.shape().elem_count();
+    let d = cols_of(l2);
+    let n = rows * d;
+    let table = cuda::slice_view(table, l2, "embed")?;
+    let ids = cuda::view::<u32>(ids, l1, "embed")?;
+    let positions = cuda::view::<T>(positions, l3, "embed")?;
+    let func = cuda::kernel(dev, &cuda::EPILOGUE, "embed_fwd", T::DTYPE)?;
+    // SAFETY: the kernel launched below writes every element.
+    let mut out = unsafe { cuda::output::<T>(dev, n) }?;
+    let (d32, seq32) = (cuda::dim(d, "width")?, cuda::dim(seq.max(1), "sequence")?);
+    let has_positions = i32::from(op.has_positions);
+    let stream = dev.cuda_stream();
+    let mut args = stream.launch_builder(&func);
+    args.arg(&ids)
+        .arg(&table)
+        .arg(&positions)
+        .arg(&mut out)
+        .arg(&n)
+        .arg(&d32)
+        .arg(&seq32)
+        .arg(&has_positions)
+        .arg(&p.threshold)
+        .arg(&p.scale)
+        .arg(&p.key);
+    // SAFETY: the arguments match `embed_fwd_<T>`; `ids` holds rows entries (each below
+    // the table's row count, which the data pipeline guarantees), `out` rows·d elements.
+    unsafe { args.launch(cuda::elementwise_config(n)) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+}
+
+pub(super) fn embed_grad<T: Elem>(
+    d_out: &CudaSlice<T>,
+    l2: &Layout,
+    (ids, l1): (&CudaStorage, &Layout),
+    vocab: usize,
+    dev: &CudaDevice,
+) -> Result<CudaStorage> {
+    let d = cols_of(l2);
+    let n = l2.shape().elem_count();
+    let d_out = cuda::slice_view(d_out, l2, "embed")?;
+    let ids = cuda::view::<u32>(ids, l1, "embed")?;
+    let func = cuda::kernel(dev, &cuda::EPILOGUE, "embed_grad", T::DTYPE)?;
+    let mut table = dev.alloc_zeros::<f32>(vocab * d)?;
+    let d32 = cuda::dim(d, "width")?;
+    let stream = dev.cuda_stream();
+    let mut args = stream.launch_builder(&func);
+    args.arg(&ids).arg(&d_out).arg(&mut table).arg(&n).arg(&d32);
+    // SAFETY: the arguments match `embed_grad_<T>`; `d_out` holds n = rows·d elements and
+    // `table` vocab·d floats, indexed by ids below vocab.
+    unsafe { args.launch(cuda::elementwise_config(n)) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(table, dev.clone()))
+}
