@@ -5,15 +5,16 @@
 #
 #   1. the CUDA tests (flash attention with and without key padding vs the CPU, the one-launch
 #      Adam, the explicit engine and its kernels, padded cross-entropy included, vs the CPU),
-#      output in OUTDIR/cuda_tests.txt; the flash timings are in there;
+#      output in OUTDIR/cuda_tests.txt, then the kernel timings bench (flash attention, the
+#      fused ops, the host's time per op) in OUTDIR/cuda_timings.txt;
 #   2. run.sh: the default engine and the materialised-attention engine against PyTorch eager on
 #      $ROWS (default: seed bf16 32/128/512, seed fp32 128/512, gpt-124m bf16 4/16);
 #   3. kernels.sh: one Nsight Compute kernel table per row of $KERNEL_ROWS for ours and PyTorch
 #      (default gpt-124m bf16 16), where the time of a step goes.
 #
 # Needs the CUDA build in .gpu/ (cuda-build.sh --out .gpu, plus a copy of gpu-env.sh) and the
-# test binary in .gpux/
-# (cuda-build.sh --out .gpux --test it; only the `it-*` file is needed). Environment: ROWS,
+# test and bench binaries in .gpux/ (cuda-build.sh --out .gpux --test it --bench
+# cuda_timings; only the `it-*` and `cuda_timings-*` files are needed). Environment: ROWS,
 # KERNEL_ROWS ("MODEL:PRECISION:MB ..."; empty skips), TESTS (default: the groups above).
 set -uo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
@@ -33,9 +34,17 @@ if [[ -n "$TEST_BIN" ]]; then
   "$TEST_BIN" $TESTS --nocapture --test-threads=1 > "$OUTDIR/cuda_tests.txt" 2>&1
   stamp "CUDA tests: exit $?"
   grep -E "^test |test result|MISS|panicked" "$OUTDIR/cuda_tests.txt" >&2
-  grep -E "^flash " "$OUTDIR/cuda_tests.txt" >&2
 else
   stamp "no test binary in .gpux/: skipping the CUDA tests"
+fi
+TIMINGS_BIN="$(ls .gpux/cuda_timings-* 2>/dev/null | head -n 1)"
+if [[ -n "$TIMINGS_BIN" ]]; then
+  source_gpu_env .gpu/gpu-env.sh "$ROOT/.gpu" "$ROOT/.gpux"
+  "$TIMINGS_BIN" > "$OUTDIR/cuda_timings.txt" 2>&1
+  stamp "kernel timings: exit $?"
+  grep -E "^flash " "$OUTDIR/cuda_timings.txt" >&2
+else
+  stamp "no timings binary in .gpux/: skipping the kernel timings"
 fi
 
 stamp "run.sh $ROWS"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch eager reference for the GPU benchmark.
 
-Builds the same models as autotune's presets (src/spec/model.rs), runs the same
+Builds the same models as autotune's presets (crates/core/src/spec/model.rs), runs the same
 training loop (zero_grad, forward, loss, backward, optimizer step) and prints one
 JSON line per (model, precision, micro_batch) with the same fields as
 `autotune probe --json`, so that compare.py can put the two side by side.
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 
 # ---------------------------------------------------------------------------
-# Model presets (must stay in step with src/spec/model.rs)
+# Model presets (must stay in step with crates/core/src/spec/model.rs)
 # ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)

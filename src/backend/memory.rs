@@ -1,5 +1,5 @@
 //! What a trial reads of device memory: a peak since a reset, and what is left once released.
-//! On CUDA the memory pool answers exactly ([`super::pool::PoolMemory`]); the CPU has none.
+//! On CUDA the memory pool answers exactly (`pool::PoolMemory`); the CPU has none.
 
 use candle_core::Device;
 

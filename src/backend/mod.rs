@@ -1,5 +1,5 @@
 //! The tensor backend: opening the candle device a run uses, the dtype each precision computes
-//! in, device memory as trials measure it ([`memory`], [`pool`] on CUDA), and what can be
+//! in, device memory as trials measure it ([`memory`], `pool` on CUDA), and what can be
 //! detected of the machine ([`detect`]).
 
 pub mod detect;

@@ -4,7 +4,7 @@
 use std::ffi::OsString;
 
 use autotune::collective::{Collective, RankEnv};
-use autotune::dist::launch::{self, Launch, LaunchEvent, RankExit, RankInput};
+use autotune::dist::launch::{self, Launch, LaunchEvent, RankExit, RankFailure, RankInput};
 use autotune::dist::protocol::RankMessage;
 use autotune::probe::host_memory;
 use autotune::train::run::{self, RunSummary, TrainEvent, TrainObserver};
@@ -54,57 +54,80 @@ impl Launched<'_> {
         let interrupt = interrupt_flag(printer);
         let progress = Progress::new(printer, self.total_steps);
         let mut summaries: Vec<Option<RunSummary>> = vec![None; self.degree];
-        let outcome = launch::run(&spec, &interrupt, &mut |event| match event {
-            LaunchEvent::Started { rank, pid } => progress
-                .bar
-                .suspend(|| printer.status(format!("rank {rank}: started, pid {pid}"))),
-            LaunchEvent::Output { rank, line } => match RankMessage::parse(&line) {
-                Some(RankMessage::Train(event)) if rank == 0 => progress.on_event(&event),
-                Some(RankMessage::Finished(summary)) => summaries[rank] = Some(summary),
-                _ => {}
-            },
-            LaunchEvent::Log { rank, line } => progress
-                .bar
-                .suspend(|| printer.status(format!("rank {rank}: {line}"))),
-            LaunchEvent::Exited { .. } => {}
+        let outcome = launch::run(&spec, &interrupt, &mut |event| {
+            relay(event, &progress, printer, &mut summaries)
         })?;
         progress.bar.finish_and_clear();
         let interrupted = interrupt.load(std::sync::atomic::Ordering::SeqCst);
         if let Some(failure) = &outcome.failure {
-            // A second Ctrl-C ends the ranks at once (exit 130): that is an interruption.
-            let all_stopped_by_hand = interrupted
-                && outcome
-                    .exits
-                    .iter()
-                    .all(|e| matches!(e, RankExit::Code(0 | 130) | RankExit::Stopped));
-            if all_stopped_by_hand {
-                anyhow::bail!("interrupted before the ranks could save a checkpoint");
-            }
-            anyhow::bail!(
-                "data-parallel training failed: {failure}; the other ranks were stopped{}",
-                hint(failure.exit)
-            );
+            return Err(failed(failure, &outcome.exits, interrupted));
         }
-        let summary = summaries[0].clone().ok_or_else(|| {
-            anyhow::anyhow!("data-parallel training: rank 0 ended without reporting its summary")
-        })?;
-        for (rank, other) in summaries.iter().enumerate().skip(1) {
-            let same = other
-                .as_ref()
-                .map(|s| (s.steps, s.last_loss.map(f64::to_bits)))
-                == Some((summary.steps, summary.last_loss.map(f64::to_bits)));
-            if !same {
-                anyhow::bail!(
-                    "data-parallel training: rank {rank} ended at {:?} while rank 0 ended at step {} with loss {:?}; the ranks diverged",
-                    other.as_ref().map(|s| (s.steps, s.last_loss)),
-                    summary.steps,
-                    summary.last_loss
-                );
-            }
-        }
+        let summary = agreed_summary(&summaries)?;
         report(printer, &summary);
         Ok(summary)
     }
+}
+
+/// What the launcher shows of a rank's event: rank 0's progress, every rank's log lines; and
+/// each rank's final summary, kept for [`agreed_summary`].
+fn relay(
+    event: LaunchEvent,
+    progress: &Progress,
+    printer: &Printer,
+    summaries: &mut [Option<RunSummary>],
+) {
+    match event {
+        LaunchEvent::Started { rank, pid } => progress
+            .bar
+            .suspend(|| printer.status(format!("rank {rank}: started, pid {pid}"))),
+        LaunchEvent::Output { rank, line } => match RankMessage::parse(&line) {
+            Some(RankMessage::Train(event)) if rank == 0 => progress.on_event(&event),
+            Some(RankMessage::Finished(summary)) => summaries[rank] = Some(summary),
+            _ => {}
+        },
+        LaunchEvent::Log { rank, line } => progress
+            .bar
+            .suspend(|| printer.status(format!("rank {rank}: {line}"))),
+        LaunchEvent::Exited { .. } => {}
+    }
+}
+
+/// The error of a launch in which a rank failed; a second Ctrl-C, which ends the ranks at once
+/// (exit 130), is an interruption.
+fn failed(failure: &RankFailure, exits: &[RankExit], interrupted: bool) -> anyhow::Error {
+    let all_stopped_by_hand = interrupted
+        && exits
+            .iter()
+            .all(|e| matches!(e, RankExit::Code(0 | 130) | RankExit::Stopped));
+    if all_stopped_by_hand {
+        return anyhow::anyhow!("interrupted before the ranks could save a checkpoint");
+    }
+    anyhow::anyhow!(
+        "data-parallel training failed: {failure}; the other ranks were stopped{}",
+        hint(failure.exit)
+    )
+}
+
+/// Rank 0's summary, once every rank ended at the same step with the same loss.
+fn agreed_summary(summaries: &[Option<RunSummary>]) -> anyhow::Result<RunSummary> {
+    let summary = summaries[0].clone().ok_or_else(|| {
+        anyhow::anyhow!("data-parallel training: rank 0 ended without reporting its summary")
+    })?;
+    for (rank, other) in summaries.iter().enumerate().skip(1) {
+        let same = other
+            .as_ref()
+            .map(|s| (s.steps, s.last_loss.map(f64::to_bits)))
+            == Some((summary.steps, summary.last_loss.map(f64::to_bits)));
+        if !same {
+            anyhow::bail!(
+                "data-parallel training: rank {rank} ended at {:?} while rank 0 ended at step {} with loss {:?}; the ranks diverged",
+                other.as_ref().map(|s| (s.steps, s.last_loss)),
+                summary.steps,
+                summary.last_loss
+            );
+        }
+    }
+    Ok(summary)
 }
 
 fn hint(exit: RankExit) -> &'static str {

@@ -1,5 +1,6 @@
 //! How searches, checks and trials read for people: the progress each command draws on stderr
-//! while trials run, and the one way bytes, outcomes and budgets are written.
+//! while trials run, and the one way outcomes and budgets are written (bytes by the core's
+//! formatter).
 
 use autotune::search::report::{Event, Purpose, Reporter};
 use autotune::spec::budget::Budget;
@@ -7,16 +8,8 @@ use autotune::trial::{MemoryKind, Outcome, TrialResult};
 
 use super::printer::Printer;
 
-/// Bytes for people: GiB with two decimals from 1 GiB up (device-sized peaks), MiB with one
-/// below (the small heaps of CPU test models).
-pub fn bytes(bytes: u64) -> String {
-    let b = bytes as f64;
-    if bytes >= 1 << 30 {
-        format!("{:.2} GiB", b / (1u64 << 30) as f64)
-    } else {
-        format!("{:.1} MiB", b / (1u64 << 20) as f64)
-    }
-}
+/// Bytes for people: the core's one formatter.
+pub use autotune::spec::budget::format_bytes as bytes;
 
 /// "GPU" or "host".
 pub fn memory_name(memory: MemoryKind) -> &'static str {
@@ -178,18 +171,5 @@ pub fn check_outcome(outcome: &Outcome, gpu: bool) -> String {
         ),
         Outcome::OutOfMemory { memory, .. } => format!("out of {} memory", memory_name(*memory)),
         Outcome::Crashed { .. } => "crashed".into(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bytes_read_in_the_unit_that_fits() {
-        assert_eq!(bytes(24 << 30), "24.00 GiB");
-        assert_eq!(bytes((3 << 30) / 2), "1.50 GiB");
-        assert_eq!(bytes(40 << 20), "40.0 MiB");
-        assert_eq!(bytes(0), "0.0 MiB");
     }
 }

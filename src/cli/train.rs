@@ -70,10 +70,9 @@ pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
         Some(r) => autotune::collective::rank::rank_device(&args.model.device, r.rank),
         None => args.model.device.clone(),
     };
+    // Opening the device configures its memory pool (`backend::open`); with explicit knobs no
+    // smaller card is emulated.
     let device = device::open(&device_name)?;
-    // On a GPU the meter also configures the memory pool (keep freed memory, as a caching
-    // allocator does); it must live as long as training does.
-    let _pool = device::memory_meter(&device, None)?;
     let job = Job {
         spec: &spec,
         knobs,
@@ -89,7 +88,7 @@ pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
         resume: args.resume,
         engine: args.model.engine,
         host_limit: None,
-        _pool,
+        _card: None,
     };
     if let Some(rank) = rank {
         return super::launch::run_rank(job, rank);
@@ -229,7 +228,7 @@ fn plan_job<'a>(t: &'a PlanTraining, rank: Option<&RankEnv>) -> anyhow::Result<J
         // Plans are tuned with the default engine.
         engine: autotune::model::Engine::default(),
         host_limit: Some(host_limit),
-        _pool: pool,
+        _card: Some(pool),
     })
 }
 
@@ -253,9 +252,9 @@ pub struct Job<'a> {
     pub engine: autotune::model::Engine,
     /// The host heap limit in force (a plan's budget, or a rank's share of it).
     pub host_limit: Option<u64>,
-    /// The device-memory meter (on a GPU it also configures the memory pool and emulates the
-    /// plan's card): it must live as long as training does.
-    pub _pool: Box<dyn autotune::backend::memory::DeviceMemory>,
+    /// With a plan, the meter that holds back what the plan's card lacks (on a GPU): it must
+    /// live as long as training does.
+    pub _card: Option<Box<dyn autotune::backend::memory::DeviceMemory>>,
 }
 
 impl Job<'_> {
@@ -354,6 +353,9 @@ pub struct Progress {
     pub bar: ProgressBar,
     printer: Printer,
     log_every: u64,
+    /// The first step this run takes: its line is always logged, so a log shows at once that
+    /// training started (and a watcher can wait for it).
+    first_step: std::cell::Cell<u64>,
 }
 
 impl Progress {
@@ -363,6 +365,7 @@ impl Progress {
             bar,
             printer: *printer,
             log_every: (total / 10).max(1),
+            first_step: std::cell::Cell::new(1),
         }
     }
 }
@@ -372,6 +375,7 @@ impl TrainObserver for Progress {
         match event {
             TrainEvent::Started { start_step, .. } => {
                 self.bar.set_position(*start_step);
+                self.first_step.set(start_step + 1);
                 if *start_step > 0 {
                     self.printer
                         .status(format!("resuming at step {start_step}"));
@@ -393,7 +397,8 @@ impl TrainObserver for Progress {
                 );
                 self.bar.set_position(*step);
                 self.bar.set_message(msg.clone());
-                if self.printer.log_progress() && step % self.log_every == 0 {
+                let due = step % self.log_every == 0 || *step == self.first_step.get();
+                if self.printer.log_progress() && due {
                     self.printer.status(format!("step {step}: {msg}"));
                 }
             }

@@ -2,7 +2,7 @@
 //! cleanly when one of them dies.
 //!
 //! Children are this same executable with the same arguments and the rank variables of
-//! [`crate::dist::rank`] set. Their stdout and stderr lines come back as [`LaunchEvent`]s on
+//! [`crate::collective::rank`] set. Their stdout and stderr lines come back as [`LaunchEvent`]s on
 //! the caller's thread (reader threads feed a channel), so the caller renders them however it
 //! renders the rest of its output.
 //!

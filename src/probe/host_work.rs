@@ -23,7 +23,7 @@ const REPEATS: usize = 3;
 /// Seconds a host Adam update of `parameters` elements takes at the least on this machine, on
 /// the threads an offloaded step uses. `None` for no parameters.
 ///
-/// The time per element, times `parameters`: see [`per_element_floor_s`]. Both samples are
+/// The time per element, times `parameters`: see `per_element_floor_s`. Both samples are
 /// smaller than a model's buffers and sit closer in memory, so the estimate errs low, as a
 /// floor must.
 pub fn adam_update_floor_s(parameters: usize) -> Option<f64> {

@@ -5,7 +5,7 @@
 //! `1/grad_accum`, so 4 × 8 sequences give the gradient of one batch of 32 up to float rounding.
 //! Mixed precision keeps f32 master weights and optimizer state; activations and matrix products
 //! run in bf16 or f16, and f16 adds dynamic loss scaling. Checkpointed blocks are recomputed in
-//! the backward pass ([`crate::train::recompute`]); with offload the gradient sums, masters and
+//! the backward pass ([`crate::model::recompute`]); with offload the gradient sums, masters and
 //! moments live in host memory and the update runs there ([`crate::train::offload`]).
 //!
 //! Data parallel: each rank of a [`Collective`] runs micro-batches `rank·grad_accum ..

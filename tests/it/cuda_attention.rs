@@ -1,6 +1,6 @@
 //! Flash attention's CUDA kernels against the CPU implementation (itself checked against an f64
 //! reference in `attention.rs`), their run-to-run reproducibility, the engine with flash
-//! attention against the materialised path on the GPU, and timings.
+//! attention against the materialised path on the GPU (timings are in `benches/cuda_timings.rs`).
 //!
 //! Needs a CUDA device (ordinal 0). Every comparison prints one line (`--nocapture` shows them)
 //! and the test fails at the end, after all lines are out, if any comparison missed.
@@ -8,8 +8,6 @@
 //! Tolerances (max error relative to the CPU's largest magnitude): outputs `ops::tol`; gradients
 //! twice that, because the kernels round the probabilities and their gradients to bf16/f16 as
 //! the operands of the second product, where the CPU keeps them in f32.
-
-use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
 
@@ -222,82 +220,12 @@ fn cuda_flash_engine_matches_the_materialized_engine() {
     misses.finish();
 }
 
-/// Median milliseconds of `f` over `reps` runs after three warm-ups.
-fn time_ms(dev: &Device, reps: usize, mut f: impl FnMut()) -> f64 {
-    for _ in 0..3 {
-        f();
-    }
-    dev.synchronize().unwrap();
-    let mut times: Vec<f64> = (0..reps)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            dev.synchronize().unwrap();
-            t.elapsed().as_secs_f64() * 1e3
-        })
-        .collect();
-    times.sort_by(f64::total_cmp);
-    times[reps / 2]
-}
-
-/// Forward and backward times at the seed's and gpt-124m's attention shapes, with the rates
-/// they reach counting the useful products only (forward 4·b·h·s²·hd, backward 2.5× that, half
-/// of each when causal), for comparison with the ~780 TFLOP/s bf16 ceiling of the H200.
-#[test]
-fn cuda_flash_attention_timings() {
-    let dev = gpu();
-    for (name, batch, seq, heads, causal, dropout) in [
-        (
-            "seed b512",
-            512,
-            128,
-            8,
-            false,
-            Some(DropoutMask { p: 0.1, key: 3 }),
-        ),
-        ("gpt-124m b16", 16, 1024, 12, true, None),
-    ] {
-        let shape = AttentionShape {
-            batch,
-            seq,
-            heads,
-            causal,
-        };
-        let hd = 64;
-        let d = heads * hd;
-        let qkv = random(&[batch * seq, 3 * d], 1.0, 0.0, 1, DType::BF16)
-            .to_device(&dev)
-            .unwrap();
-        let dout = random(&[batch * seq, d], 1.0, 0.0, 2, DType::BF16)
-            .to_device(&dev)
-            .unwrap();
-        let (out, lse) = ops::flash_attention(&qkv, &shape, dropout).unwrap();
-        let fwd = time_ms(&dev, 20, || {
-            ops::flash_attention(&qkv, &shape, dropout).unwrap();
-        });
-        let bwd = time_ms(&dev, 20, || {
-            ops::flash_attention_backward(&qkv, &out, &lse, &dout, &shape, dropout).unwrap();
-        });
-        let flops = 4.0
-            * (batch * heads) as f64
-            * (seq * seq) as f64
-            * hd as f64
-            * if causal { 0.5 } else { 1.0 };
-        eprintln!(
-            "flash {name} bf16 (s {seq}, h {heads}, hd {hd}, causal {causal}, dropout {}): forward {fwd:.3} ms ({:.0} TFLOP/s), backward {bwd:.3} ms ({:.0} TFLOP/s)",
-            dropout.is_some(),
-            flops / fwd / 1e9,
-            2.5 * flops / bwd / 1e9
-        );
-    }
-}
-
 /// The one-launch Adam over many tensors against the per-tensor kernels, for Adam with L2
 /// decay and AdamW: the same arithmetic, so bit-identical weights and moments.
 #[test]
 fn cuda_multi_tensor_adam_matches_per_tensor_adam() {
+    use autotune::ops::host_optim::AdamConsts;
     use autotune::spec::model::OptimizerSpec;
-    use autotune::train::host_math::AdamConsts;
     let dev = gpu();
     let mut misses = Misses::default();
     let sizes = [1usize, 7, 2048, 2049, 100_000, 3 * 4096 + 5];
@@ -345,47 +273,4 @@ fn cuda_multi_tensor_adam_matches_per_tensor_adam() {
         }
     }
     misses.finish();
-}
-
-/// What the host spends per launch, the bound on how fast small kernels can be fed: 2,000
-/// queued ops of each kind on tiny tensors, the time to queue them (no wait) and to finish.
-#[test]
-fn cuda_host_time_per_op() {
-    let dev = gpu();
-    let a = random(&[1024], 1.0, 0.0, 1, DType::BF16)
-        .to_device(&dev)
-        .unwrap();
-    let b = random(&[1024], 1.0, 0.0, 2, DType::BF16)
-        .to_device(&dev)
-        .unwrap();
-    let m = random(&[64, 64], 1.0, 0.0, 3, DType::BF16)
-        .to_device(&dev)
-        .unwrap();
-    let kinds: [(&str, &dyn Fn() -> Tensor); 4] = [
-        ("candle add", &|| (&a + &b).unwrap()),
-        ("candle cast", &|| a.to_dtype(DType::F32).unwrap()),
-        ("candle matmul 64", &|| m.matmul(&m).unwrap()),
-        ("epilogue (ours)", &|| {
-            ops::epilogue(&a.reshape((32, 32)).unwrap(), None, None, None, None).unwrap()
-        }),
-    ];
-    for (name, op) in kinds {
-        for _ in 0..100 {
-            op();
-        }
-        dev.synchronize().unwrap();
-        let n = 2000;
-        let t = Instant::now();
-        for _ in 0..n {
-            op();
-        }
-        let queued = t.elapsed().as_secs_f64();
-        dev.synchronize().unwrap();
-        let done = t.elapsed().as_secs_f64();
-        eprintln!(
-            "host per op {name:<18}: queue {:.2} µs, done {:.2} µs",
-            queued / n as f64 * 1e6,
-            done / n as f64 * 1e6
-        );
-    }
 }

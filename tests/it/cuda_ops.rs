@@ -1,18 +1,15 @@
 //! The fused ops' CUDA kernels against their CPU implementations, for f32, bf16 and f16, plus
-//! run-to-run reproducibility, a whole-model fused-vs-composite check on the GPU and timings.
+//! run-to-run reproducibility and a whole-model fused-vs-composite check on the GPU (timings are
+//! in `benches/cuda_timings.rs`).
 //!
 //! Needs a CUDA device (ordinal 0). Each comparison prints one summary line to stderr
 //! (`--nocapture` shows them): op, dtype, shape, tensor, max abs and max-relative error, the
 //! tolerance. Tolerances are those of `ops.rs` (both sides compute in f32; they differ in
 //! summation order, the exp implementation and, for bf16/f16, possibly one output rounding).
 
-use std::time::Instant;
-
 use candle_core::{DType, Device, Tensor, Var};
 
 use autotune::knobs::{Knobs, Precision};
-use autotune::model::layers::{self, LayerNorm};
-use autotune::model::params::ParamStore;
 use autotune::model::Engine;
 use autotune::ops;
 use autotune::train::data::{Data, DataSpec};
@@ -343,64 +340,6 @@ fn cuda_fused_and_composite_models_agree() {
         }
         assert!((l_f - l_c).abs() / l_c < 1e-2, "loss {l_f} vs {l_c}");
         assert!(worst <= grad_tol, "{worst:e} > {grad_tol:e}");
-    }
-}
-
-/// Not a correctness check: forward + backward time of each op, fused vs composite, on
-/// realistic shapes, printed for the record.
-#[test]
-fn cuda_fused_op_timings() {
-    let dev = gpu();
-    let time = |label: &str, f: &dyn Fn()| {
-        f();
-        dev.synchronize().unwrap();
-        let n = 20;
-        let start = Instant::now();
-        for _ in 0..n {
-            f();
-        }
-        dev.synchronize().unwrap();
-        let ms = start.elapsed().as_secs_f64() * 1e3 / n as f64;
-        eprintln!("cuda timing {label:<46} {ms:8.3} ms (forward + backward)");
-    };
-    for dtype in [DType::F32, DType::BF16] {
-        let name = format!("{dtype:?}").to_lowercase();
-        let logits = random(&[8192, 10_000], 2.0, 0.0, 70, dtype)
-            .to_device(&dev)
-            .unwrap();
-        let t = targets(8192, 10_000, 70).to_device(&dev).unwrap();
-        for engine in [Engine::Fused, Engine::Composite] {
-            time(
-                &format!("cross-entropy 8192x10000 {name} {engine:?}"),
-                &|| {
-                    let v = Var::from_tensor(&logits).unwrap();
-                    let loss = layers::cross_entropy(v.as_tensor(), &t, engine).unwrap();
-                    loss.backward().unwrap();
-                },
-            );
-        }
-        let scores = random(&[32, 8, 128, 128], 1.0, 0.0, 71, dtype)
-            .to_device(&dev)
-            .unwrap();
-        for engine in [Engine::Fused, Engine::Composite] {
-            time(&format!("softmax 32x8x128x128 {name} {engine:?}"), &|| {
-                let v = Var::from_tensor(&scores).unwrap();
-                let y = layers::softmax_last_dim(v.as_tensor(), engine).unwrap();
-                y.sum_all().unwrap().backward().unwrap();
-            });
-        }
-        let x = random(&[64, 128, 512], 1.0, 0.0, 72, dtype)
-            .to_device(&dev)
-            .unwrap();
-        let mut store = ParamStore::new(&dev, 0);
-        let norm = LayerNorm::new(&mut store, "norm", 512, 1e-5).unwrap();
-        for engine in [Engine::Fused, Engine::Composite] {
-            time(&format!("layer-norm 64x128x512 {name} {engine:?}"), &|| {
-                let v = Var::from_tensor(&x).unwrap();
-                let y = norm.forward(v.as_tensor(), engine).unwrap();
-                y.sum_all().unwrap().backward().unwrap();
-            });
-        }
     }
 }
 

@@ -305,7 +305,7 @@ fn launched_ranks_leave_the_checkpoint_one_process_leaves() {
     assert_eq!(resumed["last_loss"], straight["last_loss"]);
 }
 
-/// Starts a long launched run and waits for the launcher's line naming `rank`'s pid.
+/// Starts a long launched run; its stderr lines arrive on the receiver.
 fn start_long_run(dir: &Path) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_autotune"))
         .current_dir(dir)
@@ -379,8 +379,8 @@ fn a_dead_rank_ends_the_launch_with_exit_2_naming_it() {
     let mut seen = Vec::new();
     read_until(&rx, "rank 1: started, pid", &mut seen);
     let pid = seen.last().unwrap().rsplit(' ').next().unwrap().to_string();
-    // Let training start, so the rank dies mid-run rather than before joining.
-    std::thread::sleep(Duration::from_millis(1500));
+    // Once rank 0 has taken a step, the ranks have met: the rank dies mid-run.
+    read_until(&rx, "step 1:", &mut seen);
     signal(&pid, "-9");
     assert_eq!(wait_with_timeout(&mut launcher), Some(2), "{seen:#?}");
     let rest: Vec<String> = rx.try_iter().collect();
@@ -398,7 +398,7 @@ fn an_interrupt_reaches_every_rank_which_checkpoint_and_stop_together() {
     let (mut launcher, rx) = start_long_run(dir.path());
     let mut seen = Vec::new();
     read_until(&rx, "rank 1: started", &mut seen);
-    std::thread::sleep(Duration::from_millis(1500));
+    read_until(&rx, "step 1:", &mut seen);
     // Only the launcher gets the signal; it forwards the interrupt to its ranks.
     signal(&launcher.id().to_string(), "-INT");
     assert_eq!(wait_with_timeout(&mut launcher), Some(130), "{seen:#?}");

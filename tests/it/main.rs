@@ -31,7 +31,7 @@ mod attention;
 #[cfg(feature = "cuda")]
 mod cuda_ops;
 
-/// Flash attention on the GPU against the CPU, and its timings (needs a CUDA device).
+/// Flash attention on the GPU against the CPU (needs a CUDA device).
 #[cfg(feature = "cuda")]
 mod cuda_attention;
 
@@ -43,3 +43,6 @@ mod regimes;
 
 /// The committed GPU recordings: replays and re-run checks.
 mod recorded;
+
+/// The file tree's layering: no import cycle between top-level modules.
+mod layers;

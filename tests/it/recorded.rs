@@ -7,6 +7,8 @@ use serde_json::Value;
 
 use autotune::profile::check::{check, Tolerance};
 use autotune::profile::record::Profile;
+use autotune::profile::replay::{Answer, ReplayProber};
+use autotune::search::{run_search, NoReporter};
 use autotune::trial::{Outcome, TrialRequest, TrialResult};
 
 use crate::util::{autotune, stderr, stdout};
@@ -33,6 +35,49 @@ const RECORDINGS: [&str; 8] = [
     "profiles/recorded/rtx4090-32g-on-h200/seed.json",
     "profiles/recorded/rtx4090-32g-on-h200/gpt-124m.json",
 ];
+
+/// Replays a recording's search in this process: how each trial was answered, and the knobs
+/// the search chose.
+fn replay_answers(profile: &Profile) -> (Vec<Answer>, Option<autotune::Knobs>) {
+    let driver = profile.driver().unwrap();
+    let mut replay = ReplayProber::new(profile.clone());
+    let mut answers = Vec::new();
+    let outcome = run_search(
+        &driver,
+        &mut |r: &TrialRequest| {
+            let replayed = replay.replay(r);
+            answers.push(replayed.answer);
+            Ok(replayed.result)
+        },
+        &NoReporter,
+    )
+    .unwrap();
+    (answers, outcome.chosen())
+}
+
+/// The recordings made by the search as it is now: replaying one asks exactly the trials the
+/// GPU ran, in the same order. The older ones were recorded by an earlier search, which asked
+/// other micro-batches, so a replay of them is answered partly from their fitted models.
+const CURRENT_SEARCH: [&str; 4] = [
+    "profiles/recorded/rtx4090-32g-on-h200/child-trials/seed.json",
+    "profiles/recorded/rtx4090-32g-on-h200/child-trials/gpt-124m.json",
+    "profiles/recorded/rtx4090-32g-on-h200/seed.json",
+    "profiles/recorded/rtx4090-32g-on-h200/gpt-124m.json",
+];
+
+#[test]
+fn replaying_a_current_recording_asks_exactly_the_recorded_trials() {
+    for recording in CURRENT_SEARCH {
+        let profile = Profile::load(&repo(recording)).unwrap();
+        let (answers, chosen) = replay_answers(&profile);
+        assert_eq!(answers.len(), profile.trials.len(), "{recording}");
+        assert!(
+            answers.iter().all(|a| *a == Answer::Recorded),
+            "{recording}: a trial the GPU search did not run: {answers:?}"
+        );
+        assert_eq!(chosen, profile.chosen, "{recording}");
+    }
+}
 
 #[test]
 fn replaying_a_gpu_recording_yields_the_plan_chosen_on_the_gpu() {

@@ -1,4 +1,5 @@
 use std::path::Path;
+use std::sync::OnceLock;
 
 use serde_json::Value;
 
@@ -51,6 +52,18 @@ fn tune_to_boundary(dir: &Path) -> Value {
     )
 }
 
+/// The micro model tuned to its host-memory boundary on the small CPU, run once for every test
+/// that reads it: the plan printed (as JSON) and the plan file written.
+fn boundary_plan() -> &'static (Value, String) {
+    static PLAN: OnceLock<(Value, String)> = OnceLock::new();
+    PLAN.get_or_init(|| {
+        let dir = workdir();
+        let plan = tune_to_boundary(dir.path());
+        let file = std::fs::read_to_string(dir.path().join("plan.json")).unwrap();
+        (plan, file)
+    })
+}
+
 fn probe_fits(dir: &Path, micro_batch: usize, host_budget: u64) -> bool {
     let mb = micro_batch.to_string();
     let budget = host_budget.to_string();
@@ -85,7 +98,7 @@ fn probe_fits(dir: &Path, micro_batch: usize, host_budget: u64) -> bool {
 #[test]
 fn tune_finds_the_exact_host_memory_boundary_within_the_stated_probe_count() {
     let dir = workdir();
-    let plan = tune_to_boundary(dir.path());
+    let (plan, _) = boundary_plan();
     let usable = (plan["budget"]["host_bytes"].as_f64().unwrap()
         * (1.0 - plan["budget"]["headroom"].as_f64().unwrap())) as u64;
     // The first regime's search trials: plain fp32, no accumulation.
@@ -131,8 +144,7 @@ fn tune_finds_the_exact_host_memory_boundary_within_the_stated_probe_count() {
 
 #[test]
 fn the_fitted_memory_model_predicts_held_out_trials_within_three_percent() {
-    let dir = workdir();
-    let plan = tune_to_boundary(dir.path());
+    let (plan, _) = boundary_plan();
     let error = plan["model_error"]["memory_loo_rel_error"]
         .as_f64()
         .expect("enough trials to hold one out");
@@ -148,7 +160,8 @@ fn the_fitted_memory_model_predicts_held_out_trials_within_three_percent() {
 #[test]
 fn a_tuned_plan_trains_without_running_out_of_memory() {
     let dir = workdir();
-    let plan = tune_to_boundary(dir.path());
+    let (plan, file) = boundary_plan();
+    std::fs::write(dir.path().join("plan.json"), file).unwrap();
     assert!(plan["measured"]["peak_host_bytes"].as_u64().unwrap() > 0);
     // `train --plan` enforces the plan's host budget and fails if training exceeds it.
     let out = autotune_in(

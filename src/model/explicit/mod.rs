@@ -6,14 +6,14 @@
 //! dropout built from candle primitives (uniform draw, compare, cast, scale, multiply) another
 //! 20%. Here nothing is recorded in a graph:
 //!
-//! - each block's forward returns exactly what its backward reads ([`block::Saved`]): the
+//! - each block's forward returns exactly what its backward reads (`block::Saved`): the
 //!   inputs of the matrix products, the norms' inputs and what attention needs (with flash
 //!   attention, one log-sum-exp per row and head instead of the probabilities; see
-//!   [`attention`]);
+//!   `attention`);
 //! - bias, activation, dropout and residual run as one elementwise pass
 //!   ([`crate::ops::epilogue`]), and dropout masks are regenerated from their keys in the
 //!   backward pass instead of stored;
-//! - activation checkpointing is a choice per block of whether to keep [`block::Saved`] or only
+//! - activation checkpointing is a choice per block of whether to keep `block::Saved` or only
 //!   the block's input and run the forward again during backward.
 //!
 //! The maths are the composite engine's; `tests/it/explicit.rs` checks losses and every

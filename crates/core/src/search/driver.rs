@@ -140,6 +140,22 @@ pub struct SearchDriver {
 /// One regime's search trials: `(history index, result)` in history order.
 type Trials<'h> = [(usize, &'h TrialResult)];
 
+/// Where a regime's boundary can still be: above the largest feasible micro-batch `lo` (0 if
+/// none fitted) and below the smallest infeasible one above it, `hi`, if any.
+struct Bracket {
+    lo: usize,
+    hi: Option<usize>,
+    /// The candidates strictly inside the bracket, ascending.
+    open: Vec<usize>,
+}
+
+/// The next trial of a regime: micro-batch `b`.
+fn explore(b: usize) -> RegimeProgress {
+    RegimeProgress::Exploring {
+        next_micro_batch: b,
+    }
+}
+
 /// What earlier regimes of the space tell about one regime (see [`relatives`]).
 struct RelativeTrials<'a, 'h> {
     /// Where the regime's first trial goes (before rounding up to a candidate).
@@ -407,79 +423,128 @@ impl SearchDriver {
         related: &RelativeTrials<'_, '_>,
         best_earlier: f64,
     ) -> RegimeProgress {
-        let c = &self.candidates;
-        let top = *c.last().expect("a validated space has candidates");
-        let explore = |b| RegimeProgress::Exploring {
-            next_micro_batch: b,
-        };
         if trials.is_empty() {
-            if let Some(bound) = self.unprobed_offload_bound(related) {
-                if bound * (1.0 + PRUNE_SLACK) < best_earlier {
-                    return RegimeProgress::Finished(RegimeEnd::Pruned {
-                        largest: 0,
-                        upper_bound_tokens_per_s: bound,
-                        best_tokens_per_s: best_earlier,
-                    });
-                }
-            }
-            return explore(c[c.partition_point(|&b| b < related.start).min(c.len() - 1)]);
+            return self.first_trial(related, best_earlier);
         }
-        let feasible = |r: &TrialResult| self.is_feasible(r);
-        let mb = |r: &TrialResult| r.request.knobs.micro_batch;
-        let lo = trials
-            .iter()
-            .filter(|(_, r)| feasible(r))
-            .map(|(_, r)| mb(r))
-            .max()
-            .unwrap_or(0);
-        let hi = trials
-            .iter()
-            .filter(|(_, r)| !feasible(r) && mb(r) > lo)
-            .map(|(_, r)| mb(r))
-            .min();
-        let open: &[usize] = match hi {
-            Some(hi) => &c[c.partition_point(|&b| b <= lo)..c.partition_point(|&b| b < hi)],
-            None => &c[c.partition_point(|&b| b <= lo)..],
-        };
-        if open.is_empty() {
-            return RegimeProgress::Finished(match (lo, hi) {
+        let bracket = self.bracket(trials);
+        if bracket.open.is_empty() {
+            let top = *self
+                .candidates
+                .last()
+                .expect("a validated space has candidates");
+            return RegimeProgress::Finished(match (bracket.lo, bracket.hi) {
                 (0, _) => RegimeEnd::NothingFits,
-                (_, Some(_)) => RegimeEnd::Boundary { largest: lo },
+                (lo, Some(_)) => RegimeEnd::Boundary { largest: lo },
                 (_, None) => RegimeEnd::AllFit { largest: top },
             });
         }
-        if lo > 0 {
-            let lo_tokens = trials
-                .iter()
-                .find(|(_, r)| mb(r) == lo)
-                .and_then(|(_, r)| r.outcome.measurement())
-                .map_or(0.0, |m| m.tokens_per_s);
-            let top_open = *open.last().expect("open is not empty");
-            let bound = self.throughput_bound(trials, related, lo, lo_tokens, top_open);
+        if let Some(pruned) = self.pruned(trials, related, &bracket, best_earlier) {
+            return RegimeProgress::Finished(pruned);
+        }
+        match bracket.hi {
+            None => self.grow(trials, related, &bracket),
+            Some(hi) => self.refine(trials, bracket.lo, hi, &bracket.open),
+        }
+    }
+
+    /// A regime with no trials yet: pruned on its offload bound alone, or its first trial at
+    /// its start (rounded up to a candidate).
+    fn first_trial(&self, related: &RelativeTrials<'_, '_>, best_earlier: f64) -> RegimeProgress {
+        if let Some(bound) = self.unprobed_offload_bound(related) {
             if bound * (1.0 + PRUNE_SLACK) < best_earlier {
                 return RegimeProgress::Finished(RegimeEnd::Pruned {
-                    largest: lo,
+                    largest: 0,
                     upper_bound_tokens_per_s: bound,
                     best_tokens_per_s: best_earlier,
                 });
             }
         }
-        let Some(hi) = hi else {
-            let gain = (self.space.saturation_gain > 0.0)
-                .then(|| self.last_doubling_gain(trials, lo))
-                .flatten();
-            if let Some(gain) = gain {
-                if gain < self.space.saturation_gain {
-                    return RegimeProgress::Finished(RegimeEnd::Saturated { largest: lo, gain });
-                }
-            }
-            // Growth: at least double, and not below what the bases ran.
-            let next = (2 * lo).max(related.bases_reach);
-            return explore(open[open.partition_point(|&b| b < next).min(open.len() - 1)]);
+        let c = &self.candidates;
+        explore(c[c.partition_point(|&b| b < related.start).min(c.len() - 1)])
+    }
+
+    /// The largest feasible micro-batch, the smallest infeasible one above it, and the
+    /// candidates strictly between them that are still open.
+    fn bracket(&self, trials: &Trials<'_>) -> Bracket {
+        let c = &self.candidates;
+        let mb = |r: &TrialResult| r.request.knobs.micro_batch;
+        let lo = trials
+            .iter()
+            .filter(|(_, r)| self.is_feasible(r))
+            .map(|(_, r)| mb(r))
+            .max()
+            .unwrap_or(0);
+        let hi = trials
+            .iter()
+            .filter(|(_, r)| !self.is_feasible(r) && mb(r) > lo)
+            .map(|(_, r)| mb(r))
+            .min();
+        let open = match hi {
+            Some(hi) => &c[c.partition_point(|&b| b <= lo)..c.partition_point(|&b| b < hi)],
+            None => &c[c.partition_point(|&b| b <= lo)..],
         };
+        Bracket {
+            lo,
+            hi,
+            open: open.to_vec(),
+        }
+    }
+
+    /// Whether even the optimistic bound on the open micro-batches cannot beat the best earlier
+    /// regime (see the module docs' Pruning).
+    fn pruned(
+        &self,
+        trials: &Trials<'_>,
+        related: &RelativeTrials<'_, '_>,
+        bracket: &Bracket,
+        best_earlier: f64,
+    ) -> Option<RegimeEnd> {
+        let lo = bracket.lo;
+        if lo == 0 {
+            return None;
+        }
+        let lo_tokens = trials
+            .iter()
+            .find(|(_, r)| r.request.knobs.micro_batch == lo)
+            .and_then(|(_, r)| r.outcome.measurement())
+            .map_or(0.0, |m| m.tokens_per_s);
+        let top_open = *bracket.open.last().expect("open is not empty");
+        let bound = self.throughput_bound(trials, related, lo, lo_tokens, top_open);
+        (bound * (1.0 + PRUNE_SLACK) < best_earlier).then_some(RegimeEnd::Pruned {
+            largest: lo,
+            upper_bound_tokens_per_s: bound,
+            best_tokens_per_s: best_earlier,
+        })
+    }
+
+    /// No infeasible trial yet: saturated, or at least double the largest feasible micro-batch
+    /// and not below what the bases ran.
+    fn grow(
+        &self,
+        trials: &Trials<'_>,
+        related: &RelativeTrials<'_, '_>,
+        bracket: &Bracket,
+    ) -> RegimeProgress {
+        let lo = bracket.lo;
+        let gain = (self.space.saturation_gain > 0.0)
+            .then(|| self.last_doubling_gain(trials, lo))
+            .flatten();
+        if let Some(gain) = gain {
+            if gain < self.space.saturation_gain {
+                return RegimeProgress::Finished(RegimeEnd::Saturated { largest: lo, gain });
+            }
+        }
+        let open = &bracket.open;
+        let next = (2 * lo).max(related.bases_reach);
+        explore(open[open.partition_point(|&b| b < next).min(open.len() - 1)])
+    }
+
+    /// A bracket to close: the memory model's guess for the first [`MODEL_GUIDED_PROBES`]
+    /// trials after the first miss, then bisection.
+    fn refine(&self, trials: &Trials<'_>, lo: usize, hi: usize, open: &[usize]) -> RegimeProgress {
         let first_miss = trials
             .iter()
-            .position(|(_, r)| !feasible(r))
+            .position(|(_, r)| !self.is_feasible(r))
             .unwrap_or(trials.len());
         let refinements = trials.len() - first_miss - 1;
         if refinements < MODEL_GUIDED_PROBES {

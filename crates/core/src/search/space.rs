@@ -186,9 +186,10 @@ impl SearchSpace {
             request.global_batch,
         )?;
         let regimes = Self::with_data_parallel(&regimes, &degrees);
-        // One warm-up step suffices on both: trials share the device's memory pool, so the
-        // first step's allocations are already cached after the first trial; three timed steps
-        // give a median. The chosen setting's verification times more.
+        // One warm-up step takes a trial's first-use costs out of its timing (the memory pool's
+        // first reservation, since every trial starts from a trimmed pool, cuBLAS's heuristics,
+        // module loads); three timed steps give a median. The chosen setting's verification
+        // times more.
         let (warmup, timed, verify) = match target.kind {
             DeviceKind::Cpu => (1, 3, 5),
             DeviceKind::Cuda => (1, 3, 6),

@@ -103,6 +103,24 @@ impl Budget {
     }
 }
 
+/// Bytes for people, the one way the tool writes them: the largest binary unit that keeps the
+/// number at least 1, with two decimals ("22.43 GiB", "40.00 MiB"), or whole bytes below 1 KiB.
+/// [`parse_bytes`] reads every form this writes.
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.2} {}", UNITS[unit])
+    }
+}
+
 /// Parses a byte size for a command-line flag: `123`, `500MiB`, `24GiB`, `1.5GB`, `8g`.
 ///
 /// Units are case-insensitive: `B`; decimal `KB MB GB TB` (powers of 1000); binary
@@ -148,6 +166,22 @@ pub fn parse_bytes(text: &str) -> std::result::Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn bytes_are_written_in_the_unit_that_fits_and_read_back() {
+        assert_eq!(format_bytes(24 << 30), "24.00 GiB");
+        assert_eq!(format_bytes((3 << 30) / 2), "1.50 GiB");
+        assert_eq!(format_bytes(40 << 20), "40.00 MiB");
+        assert_eq!(format_bytes(1023), "1023 B");
+        assert_eq!(format_bytes(0), "0 B");
+        for bytes in [0u64, 1023, 40 << 20, 24 << 30, 5 << 40] {
+            let back = parse_bytes(&format_bytes(bytes)).unwrap();
+            assert!(
+                back.abs_diff(bytes) as f64 <= bytes as f64 * 0.005,
+                "{bytes} -> {back}"
+            );
+        }
+    }
     use super::*;
 
     fn measured(gpu: u64, host: u64) -> Measurement {
