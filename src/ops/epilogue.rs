@@ -91,7 +91,7 @@ fn activate_grad(z: f32, act: i32) -> f32 {
 
 /// What an epilogue does besides reading `y`.
 #[derive(Debug, Clone, Copy)]
-struct Plan {
+struct EpilogueOps {
     has_bias: bool,
     has_residual: bool,
     act: i32,
@@ -100,7 +100,7 @@ struct Plan {
     key: u64,
 }
 
-impl Plan {
+impl EpilogueOps {
     fn new(
         has_bias: bool,
         has_residual: bool,
@@ -143,7 +143,7 @@ pub fn epilogue(
     residual: Option<&Tensor>,
 ) -> Result<Tensor> {
     let y = y.contiguous()?;
-    let plan = Plan::new(bias.is_some(), residual.is_some(), act, dropout);
+    let ops = EpilogueOps::new(bias.is_some(), residual.is_some(), act, dropout);
     let bias = bias_or_dummy(&y, bias)?;
     let residual = match residual {
         Some(r) => {
@@ -158,7 +158,7 @@ pub fn epilogue(
         }
         None => y.clone(),
     };
-    y.apply_op3_no_bwd(&bias, &residual, &Epilogue { plan })
+    y.apply_op3_no_bwd(&bias, &residual, &Epilogue { ops })
 }
 
 /// Dropout alone: `dropout(x)` with `mask` (the identity when `p` is 0).
@@ -177,10 +177,10 @@ pub fn epilogue_backward(
     dropout: Option<DropoutMask>,
 ) -> Result<Tensor> {
     let y = y.contiguous()?;
-    let plan = Plan::new(bias.is_some(), false, act, dropout);
+    let ops = EpilogueOps::new(bias.is_some(), false, act, dropout);
     let bias = bias_or_dummy(&y, bias)?;
     let dout = dout.to_dtype(y.dtype())?.contiguous()?;
-    dout.apply_op3_no_bwd(&y, &bias, &EpilogueGrad { plan })
+    dout.apply_op3_no_bwd(&y, &bias, &EpilogueGrad { ops })
 }
 
 fn bias_or_dummy(y: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
@@ -212,7 +212,7 @@ pub fn embed(
     }
     let (_, d) = table.dims2()?;
     let table = table.contiguous()?;
-    let plan = Plan::new(false, false, None, dropout);
+    let ops = EpilogueOps::new(false, false, None, dropout);
     let has_positions = positions.is_some();
     let positions = match positions {
         Some(p) => {
@@ -227,7 +227,7 @@ pub fn embed(
         &table,
         &positions,
         &Embed {
-            plan,
+            ops,
             seq,
             has_positions,
         },
@@ -243,15 +243,15 @@ pub fn embed_backward(ids: &Tensor, d_out: &Tensor, vocab: usize) -> Result<Tens
 }
 
 struct Epilogue {
-    plan: Plan,
+    ops: EpilogueOps,
 }
 
 struct EpilogueGrad {
-    plan: Plan,
+    ops: EpilogueOps,
 }
 
 struct Embed {
-    plan: Plan,
+    ops: EpilogueOps,
     seq: usize,
     /// Whether the third input holds position embeddings (else it is a placeholder).
     has_positions: bool,
@@ -279,7 +279,7 @@ impl CustomOp3 for Epilogue {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let p = self.plan;
+        let p = self.ops;
         let cols = cols_of(l1);
         let y = input_f32(s1, l1, NAME)?;
         let bias = input_f32(s2, l2, NAME)?;
@@ -314,7 +314,7 @@ impl CustomOp3 for Epilogue {
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let out = super::cuda::float_slice!(NAME, s1, v => {
-            gpu::epilogue(v, l1, (s2, l2), (s3, l3), &self.plan, &s1.device)?
+            gpu::epilogue(v, l1, (s2, l2), (s3, l3), &self.ops, &s1.device)?
         });
         Ok((out, l1.shape().clone()))
     }
@@ -334,7 +334,7 @@ impl CustomOp3 for EpilogueGrad {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let p = self.plan;
+        let p = self.ops;
         let cols = cols_of(l1);
         let dout = input_f32(s1, l1, NAME)?;
         let y = input_f32(s2, l2, NAME)?;
@@ -370,7 +370,7 @@ impl CustomOp3 for EpilogueGrad {
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let out = super::cuda::float_slice!(NAME, s1, v => {
-            gpu::epilogue_grad(v, l1, (s2, l2), (s3, l3), &self.plan, &s1.device)?
+            gpu::epilogue_grad(v, l1, (s2, l2), (s3, l3), &self.ops, &s1.device)?
         });
         Ok((out, l1.shape().clone()))
     }
@@ -390,7 +390,7 @@ impl CustomOp3 for Embed {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let p = self.plan;
+        let p = self.ops;
         let ids = contiguous(u32::cpu_storage_as_slice(s1)?, l1, "embed")?;
         let (vocab, d) = l2.shape().dims2()?;
         let table = input_f32(s2, l2, "embed")?;

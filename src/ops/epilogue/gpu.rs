@@ -7,7 +7,7 @@ use candle_core::cuda_backend::cudarc::driver::{CudaSlice, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaDevice, CudaStorage, Layout, Result};
 
-use super::{cols_of, Embed, Plan, NAME};
+use super::{cols_of, Embed, EpilogueOps, NAME};
 use crate::ops::cuda::{self, Elem};
 
 /// Whether the kernels may take eight elements at a time: `n` and `cols` multiples of 8 and
@@ -23,7 +23,7 @@ pub(super) fn epilogue<T: Elem>(
     l1: &Layout,
     (bias, l2): (&CudaStorage, &Layout),
     (residual, l3): (&CudaStorage, &Layout),
-    p: &Plan,
+    p: &EpilogueOps,
     dev: &CudaDevice,
 ) -> Result<CudaStorage> {
     let n = l1.shape().elem_count();
@@ -63,7 +63,7 @@ pub(super) fn epilogue_grad<T: Elem>(
     l1: &Layout,
     (y, l2): (&CudaStorage, &Layout),
     (bias, l3): (&CudaStorage, &Layout),
-    p: &Plan,
+    p: &EpilogueOps,
     dev: &CudaDevice,
 ) -> Result<CudaStorage> {
     let n = l1.shape().elem_count();
@@ -105,7 +105,7 @@ pub(super) fn embed<T: Elem>(
     op: &Embed,
     dev: &CudaDevice,
 ) -> Result<CudaStorage> {
-    let (p, seq) = (&op.plan, op.seq);
+    let (p, seq) = (&op.ops, op.seq);
     let rows = l1.shape().elem_count();
     let d = cols_of(l2);
     let n = rows * d;
