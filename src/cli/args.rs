@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use autotune::knobs::{Checkpointing, Offload, Precision};
+use autotune::knobs::{Checkpointing, Offload, Precision, Update};
 
 /// Find the fastest training plan that fits your GPU and host memory, and train with it.
 #[derive(Debug, Parser)]
@@ -103,6 +103,11 @@ pub struct KnobArgs {
     /// Optimizer offload: none or optimizer.
     #[arg(long, default_value = "none")]
     pub offload: Offload,
+    /// When the optimizer updates: after-backward, or in-backward (each block's parameters as
+    /// soon as their gradients are complete, so the whole model's gradients never exist at
+    /// once; only without accumulation, fp16, offload, data parallelism or gradient clipping).
+    #[arg(long, default_value = "after-backward")]
+    pub update: Update,
     /// Data parallelism: train on N GPUs of this host (`cuda:0` … `cuda:N-1`, or N CPU processes
     /// with `--device cpu`), one process per GPU launched by autotune; micro-batch and
     /// accumulation are per GPU, so a step takes micro-batch × accumulation × N sequences.
@@ -202,6 +207,11 @@ pub struct TuneArgs {
     /// GPU, none on a CPU.
     #[arg(long)]
     pub offload: Vec<autotune::Offload>,
+    /// When the optimizer updates (repeatable: after-backward, in-backward); default both where
+    /// the update in backward is exactly the normal step (no gradient clipping, no
+    /// --global-batch, no fp16 or offload, one GPU).
+    #[arg(long)]
+    pub update: Vec<Update>,
     /// Data-parallel degrees to consider (repeatable, each at most the profile's gpu_count);
     /// default every GPU of the profile and the powers of two below. `--global-batch` is then
     /// the batch over all GPUs.
@@ -353,6 +363,7 @@ impl KnobArgs {
             precision: self.precision,
             checkpointing: self.checkpointing,
             offload: self.offload,
+            update: self.update,
             data_parallel: autotune::knobs::DataParallel {
                 degree: self.data_parallel,
                 shard_optimizer: self.shard_optimizer,

@@ -24,6 +24,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor, Var};
 
 use crate::model::batch::Batch;
+use crate::model::gradients::GradientSink;
 use crate::model::layers::cross_entropy;
 use crate::model::recompute::RecomputedBlocks;
 use crate::model::{Ctx, Transformer};
@@ -50,7 +51,7 @@ pub fn forward_backward(
     dtype: DType,
     ctx: &Ctx,
     loss_factor: f64,
-    sink: &mut dyn FnMut(usize, Tensor) -> Result<()>,
+    sink: &mut dyn GradientSink,
 ) -> Result<f64> {
     let vars = model.params().vars();
     let mut received = vec![false; vars.len()];
@@ -103,6 +104,10 @@ pub fn forward_backward(
             parameter: model.params().names()[i].clone(),
         });
     }
+    // Segments share no parameter, but a graph keeps every weight it read until it is
+    // dropped: only now is every weight done with.
+    drop(grads);
+    sink.settled()?;
     Ok(loss)
 }
 
@@ -111,12 +116,12 @@ fn harvest(
     grads: &mut GradStore,
     vars: &[Var],
     received: &mut [bool],
-    sink: &mut dyn FnMut(usize, Tensor) -> Result<()>,
+    sink: &mut dyn GradientSink,
 ) -> Result<()> {
     for (i, var) in vars.iter().enumerate() {
         if let Some(g) = grads.remove(var) {
             received[i] = true;
-            sink(i, g)?;
+            sink.gradient(i, g)?;
         }
     }
     Ok(())

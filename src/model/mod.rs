@@ -5,6 +5,7 @@ pub mod batch;
 pub mod block;
 pub mod dropout;
 pub mod explicit;
+pub mod gradients;
 pub mod layers;
 pub mod params;
 pub mod recompute;

@@ -29,6 +29,27 @@ pub fn accumulate<T: WithDType>(dst: &mut [f32], src: &[T], assign: bool, thread
     });
 }
 
+/// Scales `grads` so that their L2 norm is at most `max`, as PyTorch's `clip_grad_norm_` does
+/// (by `max / (norm + 1e-6)` when that is below 1); returns the norm before clipping. The sum
+/// of squares runs in f64 per chunk, and the chunks' sums are added in order, so the norm does
+/// not depend on which thread finishes first.
+pub fn clip_global_norm(grads: &mut [f32], max: f64, threads: usize) -> f64 {
+    let c = chunk_len(grads.len(), threads);
+    let mut partials = vec![0f64; grads.len().div_ceil(c.max(1))];
+    run_parallel(grads.chunks(c).zip(partials.iter_mut()), |(chunk, sum)| {
+        *sum = chunk.iter().map(|&g| f64::from(g) * f64::from(g)).sum();
+    });
+    let norm = partials.iter().sum::<f64>().sqrt();
+    let coef = max / (norm + 1e-6);
+    if coef < 1.0 {
+        let coef = coef as f32;
+        run_parallel(grads.chunks_mut(c), |chunk| {
+            chunk.iter_mut().for_each(|g| *g *= coef);
+        });
+    }
+    norm
+}
+
 /// Multiplies `grads` by `inv_scale` (when given, as the on-device `g · (1/scale)` does) and
 /// reports whether every element is finite.
 pub fn unscale_and_check(grads: &mut [f32], inv_scale: Option<f32>, threads: usize) -> bool {

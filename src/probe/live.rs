@@ -4,7 +4,8 @@
 //! (synchronising the device before every clock read), then runs an evaluation pass and a
 //! checkpoint dry run (the memory a save takes), because those are the paths where a batch
 //! size found by training steps alone runs out of memory later. How long each part took is
-//! logged at debug level (`trial phases`), to see what a trial costs besides its steps.
+//! logged at debug level (`trial phases`), to see what a trial costs besides its steps. Long,
+//! agreeing steps end the timing early ([`super::timing`]); the measurement says how many ran.
 
 use std::time::Instant;
 
@@ -107,6 +108,9 @@ impl LiveProber {
         let setup_s = clock.lap();
         let mut times = Vec::with_capacity(request.timed_steps);
         for i in 0..request.warmup_steps + request.timed_steps {
+            if super::timing::timing_done(&times, request.timed_steps) {
+                break;
+            }
             self.device
                 .synchronize()
                 .map_err(|e| in_phase(Phase::ForwardBackward)(e.into()))?;

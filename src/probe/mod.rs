@@ -15,6 +15,7 @@ pub mod host_memory;
 pub mod host_work;
 pub mod job;
 pub mod live;
+pub mod timing;
 pub mod worker;
 
 pub use crate::trial::Prober;

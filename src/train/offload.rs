@@ -139,6 +139,27 @@ impl OffloadAdam {
         host_optim::unscale_and_check(&mut self.grads, inv, self.threads)
     }
 
+    /// Host bytes by component: the f32 masters and the staged half-precision copies, the
+    /// moments, the f32 gradient sums.
+    pub fn host_bytes(&self) -> autotune_core::spec::state::Components {
+        let f32_bytes = |v: &Vec<f32>| (v.len() * std::mem::size_of::<f32>()) as u64;
+        let staged = match &self.staging {
+            Some(CpuStorage::BF16(v)) => (v.len() * 2) as u64,
+            Some(CpuStorage::F16(v)) => (v.len() * 2) as u64,
+            _ => 0,
+        };
+        autotune_core::spec::state::Components {
+            weights: f32_bytes(&self.master) + staged,
+            moments: f32_bytes(&self.first) + f32_bytes(&self.second),
+            gradients: f32_bytes(&self.grads),
+        }
+    }
+
+    /// Clips the summed gradients to the global L2 norm `max`; returns the norm before.
+    pub fn clip_global_norm(&mut self, max: f64) -> f64 {
+        host_optim::clip_global_norm(&mut self.grads, max, self.threads)
+    }
+
     /// Applies one update with the summed gradients and uploads the new working copies.
     pub fn step(&mut self) -> Result<()> {
         self.steps += 1;

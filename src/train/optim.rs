@@ -73,14 +73,39 @@ impl Adam {
     /// Applies one update with `grads[i]` for model parameter `i` (already unscaled and
     /// averaged; one per model parameter, of which this optimizer reads its own).
     pub fn step(&mut self, grads: &[Tensor]) -> Result<()> {
-        self.steps += 1;
-        let consts = AdamConsts::new(&self.spec, self.steps);
-        let grads = grads[self.offset..self.offset + self.vars.len()]
+        let step = self.begin_step();
+        let own: Vec<(usize, Tensor)> = grads[self.owned()]
             .iter()
-            .map(|g| g.to_dtype(candle_core::DType::F32)?.contiguous())
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        let weights: Vec<Tensor> = self.vars.iter().map(|v| v.as_tensor().clone()).collect();
-        crate::ops::adam_update_all(&weights, &self.first, &self.second, &grads, &consts)?;
+            .enumerate()
+            .map(|(i, g)| (self.offset + i, g.clone()))
+            .collect();
+        self.update(&step, &own)
+    }
+
+    /// Starts an optimizer step whose parameters are then updated in parts ([`Adam::update`]),
+    /// each once: the update in backward. The arithmetic is [`Adam::step`]'s, element by
+    /// element, so the weights come out bit-identical.
+    pub fn begin_step(&mut self) -> AdamStep {
+        self.steps += 1;
+        AdamStep(AdamConsts::new(&self.spec, self.steps))
+    }
+
+    /// Updates the model parameters `grads` name (`(index, gradient)`, unscaled and averaged)
+    /// in the step `step`; parameters this optimizer does not own are left alone.
+    pub fn update(&self, step: &AdamStep, grads: &[(usize, Tensor)]) -> Result<()> {
+        let owned = self.owned();
+        let mut weights = Vec::with_capacity(grads.len());
+        let mut first = Vec::with_capacity(grads.len());
+        let mut second = Vec::with_capacity(grads.len());
+        let mut gradients = Vec::with_capacity(grads.len());
+        for (index, g) in grads.iter().filter(|(i, _)| owned.contains(i)) {
+            let i = index - self.offset;
+            weights.push(self.vars[i].as_tensor().clone());
+            first.push(self.first[i].clone());
+            second.push(self.second[i].clone());
+            gradients.push(g.to_dtype(candle_core::DType::F32)?.contiguous()?);
+        }
+        crate::ops::adam_update_all(&weights, &first, &second, &gradients, &step.0)?;
         Ok(())
     }
 
@@ -123,6 +148,10 @@ impl Adam {
         Ok(())
     }
 }
+
+/// One optimizer step's constants (its step count's bias corrections), from
+/// [`Adam::begin_step`].
+pub struct AdamStep(AdamConsts);
 
 /// Where the optimizer runs: on the training device, or offloaded to the host.
 pub enum Optimizer {

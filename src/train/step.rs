@@ -24,18 +24,20 @@ use std::collections::HashMap;
 use candle_core::{DType, Device, Tensor};
 
 use crate::collective::{balanced_ranges, Collective};
-use crate::knobs::{Knobs, Offload};
+use crate::knobs::{Knobs, Offload, Update};
 use crate::model::autograd::forward_backward;
 use crate::model::batch::Batch;
 use crate::model::dropout::Dropout;
+use crate::model::gradients::GradientSink;
 use crate::model::layers::{cast, cross_entropy};
 use crate::model::params::InitValues;
 use crate::model::recompute::RecomputedBlocks;
 use crate::model::{explicit, Ctx, Engine, Masters, Transformer};
 use crate::spec::model::ModelSpec;
+use crate::spec::state::{Components, StateBytes};
 use crate::train::data::Data;
 use crate::train::offload::OffloadAdam;
-use crate::train::optim::{Adam, Optimizer};
+use crate::train::optim::{Adam, AdamStep, Optimizer};
 use crate::train::scaler::{LossScaler, ScaleDecision};
 use crate::Result;
 
@@ -63,6 +65,8 @@ pub struct Trainer {
     scaler: LossScaler,
     steps: u64,
     group: Collective,
+    /// The most gradient bytes the last step held on the device at once.
+    gradient_bytes: u64,
 }
 
 /// What forward and backward passes read; kept apart from the optimizer so that a step can
@@ -130,6 +134,15 @@ impl Trainer {
         values: InitValues,
     ) -> Result<Self> {
         knobs.validate("knobs", "")?;
+        if knobs.update == Update::InBackward && spec.optimizer.grad_clip.is_some() {
+            return Err(crate::Error::invalid(
+                "knobs",
+                "update",
+                "in-backward cannot clip gradients to a global norm (that needs every gradient \
+                 before the first update); use after-backward, or drop the model's \
+                 optimizer.grad_clip",
+            ));
+        }
         if knobs.data_parallel.degree != group.world_size() {
             return Err(crate::Error::invalid(
                 "knobs",
@@ -186,6 +199,7 @@ impl Trainer {
             scaler,
             steps: 0,
             group,
+            gradient_bytes: 0,
         })
     }
 
@@ -290,6 +304,44 @@ impl Trainer {
         self.steps = steps;
     }
 
+    /// The training state this trainer holds, measured from its tensors: the model's weights
+    /// and the optimizer's moments, and the most gradient bytes the last step held at once on
+    /// the device (nothing before a step). Compare with the layout's formula,
+    /// [`StateBytes::of`].
+    pub fn state_bytes(&self) -> StateBytes {
+        let bytes = |t: &Tensor| (t.elem_count() * t.dtype().size_in_bytes()) as u64;
+        let weights = self
+            .passes
+            .model
+            .params()
+            .vars()
+            .iter()
+            .map(|v| bytes(v.as_tensor()))
+            .sum();
+        match &self.optimizer {
+            Optimizer::OnDevice(adam) => StateBytes {
+                device: Components {
+                    weights,
+                    moments: adam
+                        .owned()
+                        .filter_map(|i| adam.moments(i))
+                        .map(|(m, v)| bytes(m) + bytes(v))
+                        .sum(),
+                    gradients: self.gradient_bytes,
+                },
+                host: Components::default(),
+            },
+            Optimizer::Offloaded(offload) => StateBytes {
+                device: Components {
+                    weights,
+                    moments: 0,
+                    gradients: 0,
+                },
+                host: offload.host_bytes(),
+            },
+        }
+    }
+
     /// The f32 master weights in parameter order: the model's parameters, or with offload
     /// host copies of the masters.
     pub fn master_weights(&self) -> Result<Vec<Tensor>> {
@@ -348,12 +400,34 @@ impl Trainer {
         let scale = self.scaler.scale;
         let shard = self.passes.knobs.data_parallel.shard_optimizer;
         let (loss, decision) = match &mut self.optimizer {
+            Optimizer::OnDevice(adam) if self.passes.knobs.update == Update::InBackward => {
+                // Validated at build: one micro-batch, no loss scale, no ranks, no clipping.
+                let step = adam.begin_step();
+                let mut sink = UpdateInBackward {
+                    adam,
+                    step,
+                    pending: Vec::new(),
+                    peak_bytes: 0,
+                };
+                let loss = self
+                    .passes
+                    .for_each_gradient(self.steps, scale, batches, &mut sink)?;
+                self.gradient_bytes = sink.peak_bytes;
+                (loss, ScaleDecision::Apply)
+            }
             Optimizer::OnDevice(adam) => {
                 let (grads, loss) = self.passes.device_gradients(self.steps, scale, batches)?;
-                let grads = sum_over_ranks(&mut self.group, grads)?;
+                self.gradient_bytes = grads
+                    .iter()
+                    .map(|g| (g.elem_count() * g.dtype().size_in_bytes()) as u64)
+                    .sum();
+                let mut grads = sum_over_ranks(&mut self.group, grads)?;
                 let finite = !check || all_finite(&grads)?;
                 let decision = self.scaler.update(finite);
                 if decision == ScaleDecision::Apply {
+                    if let Some(max) = self.passes.model.spec().optimizer.grad_clip {
+                        clip_global_norm(&mut grads, max)?;
+                    }
                     adam.step(&grads)?;
                     if shard {
                         drop(grads);
@@ -367,7 +441,7 @@ impl Trainer {
                     self.steps,
                     scale,
                     batches,
-                    &mut |micro, i, g| offload.accumulate(i, &g, micro == 0),
+                    &mut |micro: usize, i: usize, g: Tensor| offload.accumulate(i, &g, micro == 0),
                 )?;
                 self.group
                     .all_reduce_sum_host(offload.gradient_sums_mut(), &self.passes.device)?;
@@ -375,6 +449,9 @@ impl Trainer {
                 let finite = !check || offload.unscale_and_check(scale);
                 let decision = self.scaler.update(finite);
                 if decision == ScaleDecision::Apply {
+                    if let Some(max) = self.passes.model.spec().optimizer.grad_clip {
+                        offload.clip_global_norm(max);
+                    }
                     offload.step()?;
                 }
                 (loss, decision)
@@ -438,7 +515,7 @@ impl Passes {
         step: u64,
         scale: f64,
         batches: &[Batch],
-        sink: &mut dyn FnMut(usize, usize, Tensor) -> Result<()>,
+        sink: &mut dyn StepSink,
     ) -> Result<f64> {
         let dtype = crate::backend::compute_dtype(self.knobs.precision);
         let factor = scale / (batches.len() * self.ranks) as f64;
@@ -455,7 +532,7 @@ impl Passes {
                     attention,
                     &Dropout::hashed(p, &self.device, key),
                     factor,
-                    &mut |i, g| sink(micro, i, g),
+                    &mut MicroBatch { micro, sink },
                 )?;
                 continue;
             }
@@ -470,7 +547,7 @@ impl Passes {
                 dtype,
                 &ctx,
                 factor,
-                &mut |i, g| sink(micro, i, g),
+                &mut MicroBatch { micro, sink },
             )?;
         }
         Ok(loss_total / batches.len() as f64)
@@ -484,7 +561,7 @@ impl Passes {
         batches: &[Batch],
     ) -> Result<(Vec<Tensor>, f64)> {
         let mut sums: Vec<Option<Tensor>> = vec![None; self.model.params().vars().len()];
-        let loss = self.for_each_gradient(step, scale, batches, &mut |_, i, g| {
+        let loss = self.for_each_gradient(step, scale, batches, &mut |_, i: usize, g| {
             // Working copies in half precision (offload) have half-precision gradients.
             let g = cast(&g, DType::F32)?;
             sums[i] = Some(match sums[i].take() {
@@ -506,6 +583,86 @@ impl Passes {
             .collect::<Result<Vec<_>>>()?;
         Ok((grads, loss))
     }
+}
+
+/// What a step does with the gradients of its micro-batches: `gradient(micro, index, grad)` for
+/// every parameter of every micro-batch, and `settled` when a part of the model is done with
+/// (see [`GradientSink`]).
+trait StepSink {
+    fn gradient(&mut self, micro: usize, index: usize, grad: Tensor) -> Result<()>;
+
+    fn settled(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl<F: FnMut(usize, usize, Tensor) -> Result<()>> StepSink for F {
+    fn gradient(&mut self, micro: usize, index: usize, grad: Tensor) -> Result<()> {
+        self(micro, index, grad)
+    }
+}
+
+/// One micro-batch's pass feeding a step's sink.
+struct MicroBatch<'a> {
+    micro: usize,
+    sink: &'a mut dyn StepSink,
+}
+
+impl GradientSink for MicroBatch<'_> {
+    fn gradient(&mut self, index: usize, grad: Tensor) -> Result<()> {
+        self.sink.gradient(self.micro, index, grad)
+    }
+
+    fn settled(&mut self) -> Result<()> {
+        self.sink.settled()
+    }
+}
+
+/// The update in backward: each settled part of the model is updated at once, in the step
+/// begun before the pass, and its gradients dropped.
+struct UpdateInBackward<'a> {
+    adam: &'a Adam,
+    step: AdamStep,
+    pending: Vec<(usize, Tensor)>,
+    /// The most gradient bytes pending at once.
+    peak_bytes: u64,
+}
+
+impl StepSink for UpdateInBackward<'_> {
+    fn gradient(&mut self, _micro: usize, index: usize, grad: Tensor) -> Result<()> {
+        self.pending.push((index, grad));
+        let pending = self
+            .pending
+            .iter()
+            .map(|(_, g)| (g.elem_count() * g.dtype().size_in_bytes()) as u64)
+            .sum();
+        self.peak_bytes = self.peak_bytes.max(pending);
+        Ok(())
+    }
+
+    fn settled(&mut self) -> Result<()> {
+        self.adam.update(&self.step, &self.pending)?;
+        self.pending.clear();
+        Ok(())
+    }
+}
+
+/// Scales `grads` so that their global L2 norm is at most `max`, as PyTorch's
+/// `clip_grad_norm_` does (by `max / (norm + 1e-6)` when that is below 1); returns the norm
+/// before clipping. One device reduction per tensor and one host read in all.
+fn clip_global_norm(grads: &mut [Tensor], max: f64) -> Result<f64> {
+    let squares = grads
+        .iter()
+        .map(|g| g.sqr()?.sum_all())
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    let norm = f64::from(Tensor::stack(&squares, 0)?.sum_all()?.to_scalar::<f32>()?).sqrt();
+    let coef = max / (norm + 1e-6);
+    if coef < 1.0 {
+        for g in grads.iter_mut() {
+            *g = (&*g * coef)?;
+        }
+    }
+    Ok(norm)
 }
 
 /// Sums each rank's gradients over the group, in buckets of at most [`BUCKET_ELEMS`] values

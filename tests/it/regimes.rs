@@ -325,3 +325,192 @@ fn flash_attention_keeps_no_probabilities() {
         "flash {flash} B vs materialized {materialized} B; probabilities {probs} B"
     );
 }
+
+/// The update in backward against the normal step: the same weights to the bit after several
+/// steps, with every engine, precision and checkpointing it may run with.
+#[test]
+fn the_update_in_backward_trains_bit_identical_weights() {
+    use autotune::knobs::Update;
+    use autotune::model::Engine;
+    for spec in [deeper(small_gpt()), deeper(small_seed(0.2))] {
+        let data = Data::open(&DataSpec::Pattern, &spec).unwrap();
+        for (precision, checkpointing, engine) in [
+            (Precision::Fp32, Checkpointing::None, Engine::Explicit),
+            (Precision::Bf16, Checkpointing::None, Engine::Explicit),
+            (
+                Precision::Bf16,
+                Checkpointing::EveryKth(2),
+                Engine::Explicit,
+            ),
+            (Precision::Fp32, Checkpointing::EveryKth(1), Engine::Fused),
+        ] {
+            let train = |update| {
+                let knobs = Knobs {
+                    update,
+                    ..with_regime(checkpointing, Offload::None, precision)
+                };
+                let mut trainer = Trainer::new(&spec, knobs, &Device::Cpu, 5).unwrap();
+                trainer.set_engine(engine);
+                let losses: Vec<f64> = (0..3).map(|_| trainer.step(&data).unwrap().loss).collect();
+                (trainer, losses)
+            };
+            let (normal, normal_losses) = train(Update::AfterBackward);
+            let (fused, fused_losses) = train(Update::InBackward);
+            let what = format!("{} {precision} {checkpointing} {engine:?}", spec.name);
+            assert_eq!(fused_losses, normal_losses, "{what}: losses");
+            let names = normal.model().params().names();
+            let params = |t: &Trainer| t.master_weights().unwrap();
+            for ((name, a), b) in names.iter().zip(params(&normal)).zip(params(&fused)) {
+                assert_eq!(bits(&a), bits(&b), "{what}: {name}");
+            }
+            // The moments too: a resumed run must continue identically.
+            let moments = |t: &Trainer| match t.optimizer() {
+                autotune::train::optim::Optimizer::OnDevice(adam) => (0..names.len())
+                    .map(|i| {
+                        let (m, v) = adam.moments(i).unwrap();
+                        (bits(m), bits(v))
+                    })
+                    .collect::<Vec<_>>(),
+                _ => panic!("on-device optimizer expected"),
+            };
+            assert!(moments(&normal) == moments(&fused), "{what}: moments");
+        }
+    }
+}
+
+/// Where the update in backward would not be the normal step, a trainer refuses it and says
+/// why, naming the knob.
+#[test]
+fn the_update_in_backward_is_refused_where_it_is_not_the_normal_step() {
+    use autotune::knobs::Update;
+    let spec = small_gpt();
+    let clipped = ModelSpec {
+        optimizer: OptimizerSpec {
+            grad_clip: Some(1.0),
+            ..spec.optimizer
+        },
+        ..spec.clone()
+    };
+    let in_backward = |knobs: Knobs| Knobs {
+        update: Update::InBackward,
+        ..knobs
+    };
+    let plain = Knobs::new(4, Precision::Fp32);
+    let cases: [(&ModelSpec, Knobs, &str); 4] = [
+        (
+            &spec,
+            Knobs {
+                grad_accum: 2,
+                ..plain
+            },
+            "accumulation",
+        ),
+        (&spec, Knobs::new(4, Precision::Fp16), "fp16"),
+        (
+            &spec,
+            Knobs {
+                offload: Offload::Optimizer,
+                ..plain
+            },
+            "offload",
+        ),
+        (&clipped, plain, "clip"),
+    ];
+    for (model, knobs, why) in cases {
+        let err = match Trainer::new(model, in_backward(knobs), &Device::Cpu, 0) {
+            Ok(_) => panic!("{why}: the update in backward was accepted"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains("update") && err.contains(why), "{why}: {err}");
+    }
+    // And it is accepted where it is exact.
+    Trainer::new(&spec, in_backward(plain), &Device::Cpu, 0).unwrap();
+}
+
+/// The state a trainer holds, measured from its tensors, is what the layout's formula says,
+/// per component; the update in backward holds one part's gradients instead of all.
+#[test]
+fn trainer_state_bytes_follow_the_layout_formula() {
+    use autotune::knobs::Update;
+    use autotune::spec::state::StateBytes;
+    let spec = small_gpt();
+    let data = Data::open(&DataSpec::Pattern, &spec).unwrap();
+    for knobs in [
+        Knobs::new(2, Precision::Fp32),
+        Knobs::new(2, Precision::Bf16),
+        Knobs {
+            update: Update::InBackward,
+            ..Knobs::new(2, Precision::Bf16)
+        },
+        Knobs {
+            offload: Offload::Optimizer,
+            ..Knobs::new(2, Precision::Bf16)
+        },
+    ] {
+        let mut trainer = Trainer::new(&spec, knobs, &Device::Cpu, 0).unwrap();
+        trainer.step(&data).unwrap();
+        assert_eq!(
+            trainer.state_bytes(),
+            StateBytes::of(&spec, &knobs),
+            "{knobs}"
+        );
+    }
+}
+
+/// Gradient clipping is honoured: a clip far above the gradients' norm changes nothing, a
+/// clip below it changes the weights, and clipped training stays deterministic.
+#[test]
+fn gradient_clipping_by_global_norm_is_honoured() {
+    let data_for = |spec: &ModelSpec| Data::open(&DataSpec::Pattern, spec).unwrap();
+    let with_clip = |clip: Option<f64>| ModelSpec {
+        optimizer: OptimizerSpec {
+            grad_clip: clip,
+            ..small_gpt().optimizer
+        },
+        ..small_gpt()
+    };
+    let train = |spec: &ModelSpec, offload: Offload| {
+        let knobs = Knobs {
+            offload,
+            ..Knobs::new(4, Precision::Fp32)
+        };
+        let mut trainer = Trainer::new(spec, knobs, &Device::Cpu, 1).unwrap();
+        let data = data_for(spec);
+        for _ in 0..3 {
+            trainer.step(&data).unwrap();
+        }
+        trainer
+            .master_weights()
+            .unwrap()
+            .iter()
+            .map(bits)
+            .collect::<Vec<_>>()
+    };
+    for offload in [Offload::None, Offload::Optimizer] {
+        let free = train(&with_clip(None), offload);
+        assert_eq!(
+            train(&with_clip(Some(1e9)), offload),
+            free,
+            "{offload}: a loose clip"
+        );
+        let clipped = train(&with_clip(Some(1e-3)), offload);
+        assert_ne!(clipped, free, "{offload}: a tight clip changed nothing");
+        assert_eq!(
+            train(&with_clip(Some(1e-3)), offload),
+            clipped,
+            "{offload}: determinism"
+        );
+    }
+    // Clipping on the device (f32 sums of squares) and on the host (f64) agree but for the
+    // norm's last bits.
+    let close = |a: &[Vec<u32>], b: &[Vec<u32>]| {
+        a.iter().flatten().zip(b.iter().flatten()).all(|(x, y)| {
+            let (x, y) = (f32::from_bits(*x), f32::from_bits(*y));
+            (x - y).abs() <= 1e-4 * x.abs().max(1e-3)
+        })
+    };
+    assert!(close(
+        &train(&with_clip(Some(1e-3)), Offload::None),
+        &train(&with_clip(Some(1e-3)), Offload::Optimizer)
+    ));
+}

@@ -144,6 +144,55 @@ impl FromStr for Offload {
     }
 }
 
+/// When the optimizer updates the weights.
+///
+/// `InBackward` applies each parameter's update as soon as its gradient is complete (after the
+/// backward pass of the block that owns it) and frees the gradient, so the gradients of the
+/// whole model never exist at once: 4 bytes per parameter less at the peak. That is exactly the
+/// normal step only when nothing needs every gradient before the first update: no global-norm
+/// clipping, no fp16 overflow check, no accumulation, no sum over data-parallel ranks, and the
+/// optimizer on the device; [`Knobs::validate`] refuses the rest.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Update {
+    /// One update of every parameter after the backward pass (all gradients held).
+    #[default]
+    AfterBackward,
+    /// Each block's parameters updated as soon as its backward pass is done.
+    InBackward,
+}
+
+impl Update {
+    /// Whether this is the normal step (JSON omits it then).
+    pub fn is_after_backward(&self) -> bool {
+        *self == Update::AfterBackward
+    }
+}
+
+impl fmt::Display for Update {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Update::AfterBackward => "after-backward",
+            Update::InBackward => "in-backward",
+        })
+    }
+}
+
+impl FromStr for Update {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "after-backward" => Ok(Update::AfterBackward),
+            "in-backward" => Ok(Update::InBackward),
+            _ => Err(format!(
+                "unknown update `{s}`; expected after-backward or in-backward"
+            )),
+        }
+    }
+}
+
 /// Data parallelism: how many GPUs of one host (one process each) train on distinct slices of
 /// every optimizer step's batch, and whether they split the optimizer state between them.
 ///
@@ -209,14 +258,19 @@ pub struct Regime {
     /// GPUs per step and optimizer sharding.
     #[serde(default, skip_serializing_if = "DataParallel::is_single")]
     pub data_parallel: DataParallel,
+    /// When the optimizer updates; absent in JSON for the normal step after backward.
+    #[serde(default, skip_serializing_if = "Update::is_after_backward")]
+    pub update: Update,
 }
 
 impl Regime {
-    /// Whether the regime trades speed for memory (checkpointing, offload or sharding).
+    /// Whether the regime saves memory beside the plain step (checkpointing, offload, sharding,
+    /// or the update in backward).
     pub fn saves_memory(&self) -> bool {
         self.checkpointing != Checkpointing::None
             || self.offload != Offload::None
             || self.data_parallel.shard_optimizer
+            || self.update == Update::InBackward
     }
 }
 
@@ -229,6 +283,9 @@ impl fmt::Display for Regime {
         )?;
         if !self.data_parallel.is_single() {
             write!(f, " {}", self.data_parallel)?;
+        }
+        if !self.update.is_after_backward() {
+            write!(f, " update={}", self.update)?;
         }
         Ok(())
     }
@@ -253,6 +310,9 @@ pub struct Knobs {
     /// GPUs per step and optimizer sharding; micro-batch and accumulation are per GPU.
     #[serde(default, skip_serializing_if = "DataParallel::is_single")]
     pub data_parallel: DataParallel,
+    /// When the optimizer updates; absent in JSON for the normal step after backward.
+    #[serde(default, skip_serializing_if = "Update::is_after_backward")]
+    pub update: Update,
 }
 
 fn no_checkpointing() -> Checkpointing {
@@ -273,6 +333,7 @@ impl Knobs {
             checkpointing: Checkpointing::None,
             offload: Offload::None,
             data_parallel: DataParallel::SINGLE,
+            update: Update::AfterBackward,
         }
     }
 
@@ -293,6 +354,7 @@ impl Knobs {
             checkpointing: self.checkpointing,
             offload: self.offload,
             data_parallel: self.data_parallel,
+            update: self.update,
         }
     }
 
@@ -305,6 +367,7 @@ impl Knobs {
             checkpointing: regime.checkpointing,
             offload: regime.offload,
             data_parallel: regime.data_parallel,
+            update: regime.update,
         }
     }
 
@@ -353,7 +416,35 @@ impl Knobs {
                 "cannot be combined with optimizer offload yet; shard the optimizer or offload it, not both",
             ));
         }
+        if self.update == Update::InBackward {
+            if let Some(why) = self.in_backward_conflict() {
+                return Err(crate::Error::invalid(
+                    what,
+                    format!("{field_prefix}update"),
+                    format!(
+                        "in-backward is exactly the normal step only without {why}; use after-backward"
+                    ),
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// What, among these knobs, needs every gradient before the first update (so the update
+    /// cannot run in backward); `None` when nothing does. Global-norm clipping, the model's
+    /// own setting, is checked where the model is known.
+    pub fn in_backward_conflict(&self) -> Option<&'static str> {
+        if self.grad_accum > 1 {
+            Some("accumulation (grad_accum above 1)")
+        } else if self.precision.needs_loss_scaling() {
+            Some("fp16's overflow check (use bf16 or fp32)")
+        } else if self.offload != Offload::None {
+            Some("optimizer offload")
+        } else if self.data_parallel.degree > 1 {
+            Some("data parallelism (gradients are summed over the GPUs first)")
+        } else {
+            None
+        }
     }
 }
 

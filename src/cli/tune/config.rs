@@ -76,7 +76,24 @@ impl LiveSearch {
             budget.headroom = h;
         }
         budget.validate()?;
-        let space = SearchSpace::for_target(&target, &space_request(args))?;
+        let on_gpu = target.kind == DeviceKind::Cuda;
+        let head_dim = spec.head_dim();
+        // Where the kernels cover the head width, attention keeps no probabilities (always on
+        // the CPU; on a GPU in half precision).
+        let flash = |precision: autotune::Precision| {
+            !on_gpu
+                || (precision != autotune::Precision::Fp32
+                    && autotune::ops::FLASH_HEAD_DIMS.contains(&head_dim))
+        };
+        let space = SearchSpace::for_target(&target, &spec, &space_request(args))?;
+        // A GPU trial of a large model costs seconds: its first one goes near the predicted
+        // boundary. CPU trials cost milliseconds, and growing from 1 gives `check` the several
+        // settings per regime it compares.
+        let space = if on_gpu {
+            space.with_memory_prior(&spec, on_gpu, &flash)
+        } else {
+            space
+        };
         let isolation = isolation(args.isolation, &target, &space);
         Ok(Self {
             spec,
@@ -104,6 +121,7 @@ fn space_request(args: &TuneArgs) -> SpaceRequest {
         precisions: args.precision.clone(),
         checkpointing: args.checkpointing.clone(),
         offload: args.offload.clone(),
+        updates: args.update.clone(),
         data_parallel: args.data_parallel.clone(),
         max_micro_batch: args.max_micro_batch,
         global_batch: args.global_batch,

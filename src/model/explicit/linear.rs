@@ -64,6 +64,11 @@ impl<'a> Lin<'a> {
         self.outputs
     }
 
+    /// The layer's output features with padding: the columns of its products.
+    pub(crate) fn padded_outputs(&self) -> Result<usize> {
+        Ok(self.weight.dim(0)?)
+    }
+
     /// `x · Wᵀ` for `x` of `(rows, in)`: the product before the epilogue.
     pub(crate) fn product(&self, x: &Tensor) -> Result<Tensor> {
         Ok(x.matmul(&self.weight.t()?)?)
@@ -100,12 +105,43 @@ impl<'a> Lin<'a> {
     /// Gradient of the product's input from the gradient `dy` of `y = x · Wᵀ + b` (after the
     /// epilogue's own backward); hands the weight's and bias's gradients to `grads`.
     pub(crate) fn backward(&self, dy: &Tensor, x: &Tensor, grads: &mut Grads) -> Result<Tensor> {
-        // Rows of a padded weight beyond the outputs are dropped; their gradient is zero.
+        let (dw, db) = self.parameter_grads(dy, x)?;
+        self.put_grads(dw, db, grads)?;
+        self.input_grad(dy)
+    }
+
+    /// The weight's and bias's gradients from `dy` and the product's input `x` (rows of a
+    /// padded weight included), in the compute dtype and f32.
+    pub(crate) fn parameter_grads(
+        &self,
+        dy: &Tensor,
+        x: &Tensor,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        let db = match self.bias_var {
+            Some(_) => Some(column_sum(dy)?),
+            None => None,
+        };
+        Ok((dy.t()?.matmul(x)?, db))
+    }
+
+    /// Hands over the weight's and bias's gradients, without the rows of a padded weight
+    /// beyond the outputs (their gradient is zero).
+    pub(crate) fn put_grads(
+        &self,
+        dw: Tensor,
+        db: Option<Tensor>,
+        grads: &mut Grads,
+    ) -> Result<()> {
         let outputs = self.outputs;
-        grads.put(self.weight_var, dy.t()?.matmul(x)?.narrow(0, 0, outputs)?)?;
-        if let Some(b) = self.bias_var {
-            grads.put(b, column_sum(dy)?.narrow(0, 0, outputs)?)?;
+        grads.put(self.weight_var, dw.narrow(0, 0, outputs)?)?;
+        if let (Some(b), Some(db)) = (self.bias_var, db) {
+            grads.put(b, db.narrow(0, 0, outputs)?)?;
         }
+        Ok(())
+    }
+
+    /// Gradient of the product's input: `dy · W`.
+    pub(crate) fn input_grad(&self, dy: &Tensor) -> Result<Tensor> {
         Ok(dy.matmul(&self.weight)?)
     }
 

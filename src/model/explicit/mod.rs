@@ -21,6 +21,7 @@
 
 mod attention;
 mod block;
+mod head;
 mod linear;
 
 use std::collections::HashMap;
@@ -29,6 +30,7 @@ use candle_core::{DType, Tensor, TensorId};
 
 use crate::model::batch::Batch;
 use crate::model::dropout::Dropout;
+use crate::model::gradients::GradientSink;
 use crate::model::recompute::RecomputedBlocks;
 use crate::model::Transformer;
 use crate::ops::{self, DropoutMask};
@@ -37,14 +39,20 @@ use crate::{Error, Result};
 
 pub use self::attention::Attention;
 use self::block::{BlockWeights, Saved};
-use self::linear::{column_sum, Lin, Norm};
+use self::head::{head_row_multiple, Head};
+use self::linear::column_sum;
 
 /// Dropout site of the embeddings (blocks use their own parts, see [`Dropout::mask`]).
 const EMBED_PART: u64 = u64::MAX;
 
 /// Forward and backward pass of one micro-batch: hands `(parameter index, gradient in the
 /// parameter's dtype)` of `loss_factor × loss` to `sink`, once per parameter, and returns the
-/// unscaled loss.
+/// unscaled loss. The sink hears that a part's parameters are settled after the head's
+/// backward, after each block's and after the embeddings'.
+///
+/// A block's weights are cast to the compute dtype when the block runs and dropped after it,
+/// in the forward pass and again in the backward pass: the half-precision copies of the whole
+/// model never exist at once (2 bytes per parameter), for one more cast per block and step.
 #[allow(clippy::too_many_arguments)]
 pub fn forward_backward(
     model: &Transformer,
@@ -54,20 +62,22 @@ pub fn forward_backward(
     attention: Attention,
     dropout: &Dropout,
     loss_factor: f64,
-    sink: &mut dyn FnMut(usize, Tensor) -> Result<()>,
+    sink: &mut dyn GradientSink,
 ) -> Result<f64> {
     let started = std::time::Instant::now();
     let mut grads = Grads::new(model, sink);
     let (b, s) = batch.inputs.dims2()?;
-    let weights = block_weights(model, dtype, attention, batch.inputs.device())?;
+    let weights = BlockCaster::new(model, dtype, attention, batch.inputs.device());
 
     // Forward: keep each block's saved activations, or only its input where it is recomputed.
     let embed_mask = embed_mask(model, dropout);
     let mut x = embed(model, &batch.inputs, dtype, embed_mask)?;
-    let mut saved: Vec<LeftForBackward> = Vec::with_capacity(weights.len());
-    for (i, w) in weights.iter().enumerate() {
+    let mut saved: Vec<LeftForBackward> = Vec::with_capacity(model.blocks().len());
+    for i in 0..model.blocks().len() {
         let keep = !plan.recomputes(i);
-        let (out, kept) = w.forward(&x, b, s, dropout, i as u64, keep)?;
+        let (out, kept) = weights
+            .block(i)?
+            .forward(&x, b, s, dropout, i as u64, keep)?;
         saved.push(match kept {
             Some(kept) => LeftForBackward::Kept(kept),
             None => LeftForBackward::Input(x),
@@ -75,28 +85,21 @@ pub fn forward_backward(
         x = out;
     }
 
-    // Head and loss; the logits die as soon as their gradient has been taken.
+    // Head and loss, in chunks of rows; the loss is read at the very end: a read now would
+    // stall the device until the forward pass is done, leaving it idle while the backward pass
+    // is being queued.
     let (loss, mut dx) = {
         let head = Head::new(model, dtype, head_row_multiple(x.device()))?;
-        let (hidden, logits) = head.forward(&x)?;
-        let classes = head.classes();
-        let losses = ops::cross_entropy_rows_padded(&logits, &batch.targets, classes)?;
-        let rows = losses.elem_count();
-        // Read at the very end: a read now would stall the device until the forward pass is
-        // done, leaving it idle while the backward pass is being queued.
-        let loss = losses.to_dtype(DType::F64)?.mean_all()?;
-        let row_grad = Tensor::full((loss_factor / rows as f64) as f32, rows, x.device())?;
-        let dlogits =
-            ops::cross_entropy_backward(&logits, &batch.targets, classes, &losses, &row_grad)?;
-        drop(logits);
-        (loss, head.backward(&x, &hidden, dlogits, &mut grads)?)
+        let chunk = head.chunk_rows(&x)?;
+        head.loss_and_backward(&x, &batch.targets, loss_factor, chunk, &mut grads)?
     };
     drop(x);
+    grads.settled()?;
 
     // Backward through the blocks, last first, recomputing where only the input was kept.
     while let Some(stash) = saved.pop() {
         let i = saved.len();
-        let w = &weights[i];
+        let w = weights.block(i)?;
         let kept = match stash {
             LeftForBackward::Kept(kept) => kept,
             LeftForBackward::Input(input) => w
@@ -105,9 +108,13 @@ pub fn forward_backward(
                 .ok_or_else(|| Error::internal(format!("block {i} kept nothing when asked to")))?,
         };
         dx = w.backward(&dx, kept, b, s, dropout, i as u64, &mut grads)?;
+        // The block's weights (and their half-precision copies) are done with.
+        drop(w);
+        grads.settled()?;
     }
     embed_backward(model, &batch.inputs, &dx, embed_mask, &mut grads)?;
     grads.finish(model)?;
+    grads.settled()?;
     // The first read of the step: it waits for the device. A long enqueue and a short wait
     // mean the device starved while the host queued work.
     let enqueued = started.elapsed();
@@ -132,97 +139,49 @@ pub fn eval_loss(
     let off = Dropout::disabled();
     let mut x = embed(model, &batch.inputs, dtype, None)?;
     // One block's weights at a time: evaluation never holds more than a training step.
-    let spec = model.spec();
-    let attention = attention.resolve(batch.inputs.device(), dtype, spec.head_dim());
-    for (i, block) in model.blocks().iter().enumerate() {
-        let w = BlockWeights::new(&block.layers(), dtype, attention, spec.causal)?;
-        x = w.forward(&x, b, s, &off, i as u64, false)?.0;
+    let weights = BlockCaster::new(model, dtype, attention, batch.inputs.device());
+    for i in 0..model.blocks().len() {
+        x = weights
+            .block(i)?
+            .forward(&x, b, s, &off, i as u64, false)?
+            .0;
     }
     let head = Head::new(model, dtype, head_row_multiple(x.device()))?;
-    let (_, logits) = head.forward(&x)?;
-    let losses = ops::cross_entropy_rows_padded(&logits, &batch.targets, head.classes())?;
-    Ok(losses
-        .to_dtype(DType::F64)?
-        .mean_all()?
-        .to_scalar::<f64>()?)
+    let chunk = head.chunk_rows(&x)?;
+    Ok(head.loss(&x, &batch.targets, chunk)?.to_scalar::<f64>()?)
 }
 
-/// Every block's weights for one pass, with attention resolved for the device.
-fn block_weights<'a>(
+/// Casts one block's weights for the pass at a time, with attention resolved for the device.
+struct BlockCaster<'a> {
     model: &'a Transformer,
     dtype: DType,
     attention: Attention,
-    device: &candle_core::Device,
-) -> Result<Vec<BlockWeights<'a>>> {
-    let spec = model.spec();
-    let attention = attention.resolve(device, dtype, spec.head_dim());
-    model
-        .blocks()
-        .iter()
-        .map(|block| BlockWeights::new(&block.layers(), dtype, attention, spec.causal))
-        .collect()
 }
 
-/// The multiple the vocabulary head's rows are padded to on `device`.
-///
-/// cuBLAS runs its aligned tensor-core kernels only when every matrix dimension is a multiple
-/// of 8 half-precision elements; GPT-2's 50257 classes are not, and the head's three products
-/// (the largest of the step) then ran on a far slower kernel, in PyTorch too. 64 as in
-/// nanoGPT's 50304. The CPU gains nothing and computes no padding.
-fn head_row_multiple(device: &candle_core::Device) -> usize {
-    if device.is_cuda() {
-        64
-    } else {
-        1
-    }
-}
-
-/// The final norm (pre-norm models) and the vocabulary head, whose rows may be padded with
-/// zeros (the logits then have padding columns after the classes).
-struct Head<'a> {
-    norm: Option<Norm<'a>>,
-    lin: Lin<'a>,
-}
-
-impl<'a> Head<'a> {
-    fn new(model: &'a Transformer, dtype: DType, row_multiple: usize) -> Result<Self> {
-        Ok(Self {
-            norm: model.final_norm().map(Norm::new),
-            lin: Lin::new(model.head_layer(), dtype)?.pad_outputs(row_multiple)?,
-        })
-    }
-
-    /// The vocabulary size: the logits' leading columns that are classes.
-    fn classes(&self) -> usize {
-        self.lin.outputs()
-    }
-
-    /// `(the head's input after the final norm, logits)` for the last block's output `x`.
-    fn forward(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
-        let hidden = match &self.norm {
-            Some(n) => n.forward(x)?,
-            None => x.clone(),
-        };
-        let logits = self.lin.forward(&hidden, None, None, None)?;
-        Ok((hidden, logits))
-    }
-
-    /// Gradient of `x` from the logits' gradient (consumed, zero in padding columns); hands
-    /// over the head's and the norm's parameter gradients.
-    fn backward(
-        &self,
-        x: &Tensor,
-        hidden: &Tensor,
-        dlogits: Tensor,
-        grads: &mut Grads,
-    ) -> Result<Tensor> {
-        let dhidden = self.lin.backward(&dlogits, hidden, grads)?;
-        // The logits' gradient is the largest tensor of the step: gone before the norm's.
-        drop(dlogits);
-        match &self.norm {
-            Some(n) => n.backward(x, &dhidden, grads),
-            None => Ok(dhidden),
+impl<'a> BlockCaster<'a> {
+    fn new(
+        model: &'a Transformer,
+        dtype: DType,
+        attention: Attention,
+        device: &candle_core::Device,
+    ) -> Self {
+        let attention = attention.resolve(device, dtype, model.spec().head_dim());
+        Self {
+            model,
+            dtype,
+            attention,
         }
+    }
+
+    /// Block `i`'s weights in the compute dtype.
+    fn block(&self, i: usize) -> Result<BlockWeights<'a>> {
+        let block = &self.model.blocks()[i];
+        BlockWeights::new(
+            &block.layers(),
+            self.dtype,
+            self.attention,
+            self.model.spec().causal,
+        )
     }
 }
 
@@ -301,11 +260,11 @@ fn embed_backward(
 pub(crate) struct Grads<'a> {
     index: HashMap<TensorId, usize>,
     received: Vec<bool>,
-    sink: &'a mut dyn FnMut(usize, Tensor) -> Result<()>,
+    sink: &'a mut dyn GradientSink,
 }
 
 impl<'a> Grads<'a> {
-    fn new(model: &Transformer, sink: &'a mut dyn FnMut(usize, Tensor) -> Result<()>) -> Self {
+    fn new(model: &Transformer, sink: &'a mut dyn GradientSink) -> Self {
         let vars = model.params().vars();
         Self {
             index: vars
@@ -331,7 +290,12 @@ impl<'a> Grads<'a> {
             )));
         }
         self.received[i] = true;
-        (self.sink)(i, grad.to_dtype(var.dtype())?)
+        self.sink.gradient(i, grad.to_dtype(var.dtype())?)
+    }
+
+    /// Tells the sink that the gradients handed over so far are complete.
+    fn settled(&mut self) -> Result<()> {
+        self.sink.settled()
     }
 
     fn finish(&self, model: &Transformer) -> Result<()> {
@@ -341,82 +305,5 @@ impl<'a> Grads<'a> {
             }),
             None => Ok(()),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use candle_core::{Device, Tensor};
-
-    use super::*;
-    use crate::spec::model::ModelSpec;
-
-    /// Loss, input gradient and parameter gradients of the head for `row_multiple`.
-    fn head_pass(
-        model: &Transformer,
-        x: &Tensor,
-        targets: &Tensor,
-        row_multiple: usize,
-    ) -> (Vec<f32>, Vec<f32>, HashMap<usize, Vec<f32>>, usize) {
-        let mut got = HashMap::new();
-        let mut sink = |i: usize, g: Tensor| -> Result<()> {
-            got.insert(i, g.flatten_all()?.to_vec1::<f32>()?);
-            Ok(())
-        };
-        let mut grads = Grads::new(model, &mut sink);
-        let head = Head::new(model, DType::F32, row_multiple).unwrap();
-        let (hidden, logits) = head.forward(x).unwrap();
-        let columns = logits.dim(1).unwrap();
-        let losses = ops::cross_entropy_rows_padded(&logits, targets, head.classes()).unwrap();
-        let row_grad = Tensor::ones(losses.elem_count(), DType::F32, x.device()).unwrap();
-        let dlogits =
-            ops::cross_entropy_backward(&logits, targets, head.classes(), &losses, &row_grad)
-                .unwrap();
-        let dx = head.backward(x, &hidden, dlogits, &mut grads).unwrap();
-        drop(grads);
-        let losses = losses.to_vec1::<f32>().unwrap();
-        let dx = dx.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        (losses, dx, got, columns)
-    }
-
-    #[test]
-    fn a_padded_head_computes_what_the_unpadded_one_does() {
-        let spec = ModelSpec {
-            vocab_size: 37,
-            ..ModelSpec::tiny()
-        };
-        let device = Device::Cpu;
-        let model = Transformer::new(&spec, &device, 3).unwrap();
-        let rows = 10;
-        let x = Tensor::randn(0f32, 1.0, (rows, spec.d_model), &device).unwrap();
-        let targets = Tensor::arange(0u32, rows as u32, &device)
-            .unwrap()
-            .affine(3.0, 1.0)
-            .unwrap();
-
-        let (loss, dx, grads, columns) = head_pass(&model, &x, &targets, 1);
-        assert_eq!(columns, 37);
-        let (padded_loss, padded_dx, padded_grads, padded_columns) =
-            head_pass(&model, &x, &targets, 16);
-        assert_eq!(padded_columns, 48, "padded to a multiple of 16");
-        // Same values up to the products' summation order (on this CPU they are identical).
-        let close = |what: &str, got: &[f32], want: &[f32]| {
-            assert_eq!(got.len(), want.len(), "{what}: lengths");
-            let scale = want.iter().fold(1e-30f32, |m, v| m.max(v.abs()));
-            for (g, w) in got.iter().zip(want) {
-                assert!((g - w).abs() <= 1e-6 * scale, "{what}: {g} vs {w}");
-            }
-        };
-        close("loss", &padded_loss, &loss);
-        close("dx", &padded_dx, &dx);
-        // The head's weight (and the final norm's parameters) got gradients of the same shape
-        // and values: the padding rows were cut off.
-        assert!(!grads.is_empty());
-        assert_eq!(padded_grads.len(), grads.len());
-        for (i, want) in &grads {
-            close(&format!("parameter {i}"), &padded_grads[i], want);
-        }
-        let head_weight = model.head_layer().weight().elem_count();
-        assert!(grads.values().any(|g| g.len() == head_weight));
     }
 }

@@ -217,6 +217,7 @@ pub(crate) mod tests {
             checkpointing: Checkpointing::None,
             offload: Offload::None,
             data_parallel: crate::knobs::DataParallel::SINGLE,
+            update: Default::default(),
         };
         let ckpt = Regime {
             checkpointing: Checkpointing::EveryKth(1),

@@ -353,10 +353,16 @@ impl SearchDriver {
             None => Vec::new(),
         };
         // An offloaded regime with a twin first measures its host work where a step is
-        // cheapest; every other regime starts where its bases stopped.
+        // cheapest; every other regime starts where its bases stopped, or at half the
+        // boundary its memory prior predicts, whichever is larger.
+        let usable = self
+            .budget
+            .usable_gpu_bytes()
+            .unwrap_or_else(|| self.budget.usable_host_bytes()) as f64;
+        let prior = self.space.prior_start(i, usable).unwrap_or(0);
         let start = match offload_twin {
             Some(_) => self.space.start_micro_batch,
-            None => self.space.start_micro_batch.max(bases_reach),
+            None => self.space.start_micro_batch.max(bases_reach).max(prior),
         };
         RelativeTrials {
             start,
@@ -388,7 +394,15 @@ impl SearchDriver {
             } else if let Some(by) = trials.is_empty().then(dominator).flatten() {
                 RegimeProgress::Finished(RegimeEnd::Dominated { by })
             } else {
-                self.progress(trials, &self.relative_trials(sorted, i), best_earlier)
+                // A micro-batch whose plan failed its verification is infeasible here too: the
+                // regime's bracket closes below it again.
+                let failed_here: Vec<usize> = trials
+                    .iter()
+                    .map(|(_, r)| r.request.knobs.micro_batch)
+                    .filter(|&b| failed.contains(&self.space.plan_knobs(regime, b)))
+                    .collect();
+                let related = self.relative_trials(sorted, i);
+                self.progress(trials, &failed_here, &related, best_earlier)
             };
             exploring |= matches!(progress, RegimeProgress::Exploring { .. });
             let best = trials
@@ -420,13 +434,14 @@ impl SearchDriver {
     fn progress(
         &self,
         trials: &Trials<'_>,
+        failed: &[usize],
         related: &RelativeTrials<'_, '_>,
         best_earlier: f64,
     ) -> RegimeProgress {
         if trials.is_empty() {
             return self.first_trial(related, best_earlier);
         }
-        let bracket = self.bracket(trials);
+        let bracket = self.bracket(trials, failed);
         if bracket.open.is_empty() {
             let top = *self
                 .candidates
@@ -464,19 +479,21 @@ impl SearchDriver {
     }
 
     /// The largest feasible micro-batch, the smallest infeasible one above it, and the
-    /// candidates strictly between them that are still open.
-    fn bracket(&self, trials: &Trials<'_>) -> Bracket {
+    /// candidates strictly between them that are still open; micro-batches in `failed` (whose
+    /// plan failed its verification) count as infeasible.
+    fn bracket(&self, trials: &Trials<'_>, failed: &[usize]) -> Bracket {
         let c = &self.candidates;
         let mb = |r: &TrialResult| r.request.knobs.micro_batch;
+        let feasible = |r: &TrialResult| self.is_feasible(r) && !failed.contains(&mb(r));
         let lo = trials
             .iter()
-            .filter(|(_, r)| self.is_feasible(r))
+            .filter(|(_, r)| feasible(r))
             .map(|(_, r)| mb(r))
             .max()
             .unwrap_or(0);
         let hi = trials
             .iter()
-            .filter(|(_, r)| !self.is_feasible(r) && mb(r) > lo)
+            .filter(|(_, r)| !feasible(r) && mb(r) > lo)
             .map(|(_, r)| mb(r))
             .min();
         let open = match hi {

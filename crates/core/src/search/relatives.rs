@@ -9,7 +9,8 @@ use super::decision::{RegimeEnd, RegimeProgress, RegimeState};
 use crate::knobs::{Checkpointing, Offload, Regime};
 
 /// Whether `earlier` is a base of `regime`: the same precision and GPU count, and each memory
-/// saving of `earlier` is off or the same as in `regime`, which has at least one more.
+/// saving of `earlier` (checkpointing, offload, sharding, the update in backward) is off or the
+/// same as in `regime`, which has at least one more.
 pub(super) fn is_base(earlier: Regime, regime: Regime) -> bool {
     earlier != regime
         && earlier.precision == regime.precision
@@ -17,6 +18,7 @@ pub(super) fn is_base(earlier: Regime, regime: Regime) -> bool {
         && (earlier.checkpointing == Checkpointing::None
             || earlier.checkpointing == regime.checkpointing)
         && (earlier.offload == Offload::None || earlier.offload == regime.offload)
+        && (earlier.update.is_after_backward() || earlier.update == regime.update)
         && (!earlier.data_parallel.shard_optimizer || regime.data_parallel.shard_optimizer)
 }
 
@@ -52,6 +54,7 @@ mod tests {
             checkpointing,
             offload,
             data_parallel: Default::default(),
+            update: Default::default(),
         }
     }
 
@@ -85,5 +88,35 @@ mod tests {
             assert_eq!(is_base(earlier, later), base, "{earlier} → {later}");
             assert_eq!(is_offload_twin(earlier, later), twin, "{earlier} → {later}");
         }
+    }
+
+    #[test]
+    fn the_update_in_backward_is_a_memory_saving_like_the_others() {
+        use crate::knobs::Update;
+        let bf16 = |c, u| Regime {
+            update: u,
+            ..r(Precision::Bf16, c, Offload::None)
+        };
+        let (none, all) = (Checkpointing::None, Checkpointing::EveryKth(1));
+        let (after, during) = (Update::AfterBackward, Update::InBackward);
+        let plain = bf16(none, after);
+        let fused = bf16(none, during);
+        let ckpt = bf16(all, after);
+        let both = bf16(all, during);
+        // (earlier, later, is a base)
+        let table = [
+            (plain, fused, true),
+            (plain, both, true),
+            (fused, both, true),
+            (ckpt, both, true),
+            (fused, ckpt, false),
+            (ckpt, fused, false),
+            (both, fused, false),
+        ];
+        for (earlier, later, base) in table {
+            assert_eq!(is_base(earlier, later), base, "{earlier} → {later}");
+            assert!(!is_offload_twin(earlier, later), "{earlier} → {later}");
+        }
+        assert!(fused.saves_memory() && !plain.saves_memory());
     }
 }

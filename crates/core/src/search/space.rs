@@ -8,8 +8,10 @@ use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
-use crate::knobs::{Checkpointing, DataParallel, Knobs, Offload, Precision, Regime};
+use crate::knobs::{Checkpointing, DataParallel, Knobs, Offload, Precision, Regime, Update};
+use crate::spec::activations::MemoryLaw;
 use crate::spec::device::{DeviceKind, DeviceSpec};
+use crate::spec::model::ModelSpec;
 use crate::trial::TrialRequest;
 use crate::{Error, Result};
 
@@ -25,6 +27,9 @@ pub struct SpaceRequest {
     pub checkpointing: Vec<Checkpointing>,
     /// Offload settings to consider.
     pub offload: Vec<Offload>,
+    /// When to update, among those exact for the model and space: empty for both where the
+    /// update in backward is exact (see [`Update`]), else the normal step.
+    pub updates: Vec<Update>,
     /// Data-parallel degrees to consider.
     pub data_parallel: Vec<usize>,
     /// The largest micro-batch to try.
@@ -48,6 +53,7 @@ impl Default for SpaceRequest {
             precisions: Vec::new(),
             checkpointing: Vec::new(),
             offload: Vec::new(),
+            updates: Vec::new(),
             data_parallel: Vec::new(),
             max_micro_batch: SearchSpace::DEFAULT_MAX_MICRO_BATCH,
             global_batch: None,
@@ -102,6 +108,11 @@ pub struct SearchSpace {
     /// search replays with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offload_host_floor_s: Option<f64>,
+    /// An analytic memory law per regime (same order), or none: a regime's first trial then
+    /// goes to half its predicted boundary instead of the space's start (see
+    /// [`SearchSpace::prior_start`]), saving the doublings up to it; trials decide the rest.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub memory_prior: Vec<MemoryLaw>,
 }
 
 fn default_saturation_gain() -> f64 {
@@ -137,6 +148,7 @@ impl SearchSpace {
             max_trials: None,
             saturation_gain: Self::DEFAULT_SATURATION_GAIN,
             offload_host_floor_s: None,
+            memory_prior: Vec::new(),
         }
     }
 
@@ -154,6 +166,7 @@ impl SearchSpace {
             checkpointing,
             offload,
             data_parallel: crate::knobs::DataParallel::SINGLE,
+            update: Update::AfterBackward,
         };
         let all = Checkpointing::EveryKth(1);
         match kind {
@@ -170,16 +183,24 @@ impl SearchSpace {
         }
     }
 
-    /// The space a search of `target` runs: its default regimes narrowed or widened by
-    /// `request` ([`Self::combine_regimes`]), at every data-parallel degree asked for, with the
-    /// target's trial lengths unless the request sets them. Errors name the flag to change.
-    pub fn for_target(target: &DeviceSpec, request: &SpaceRequest) -> Result<Self> {
+    /// The space a search of `model` on `target` runs: the target's default regimes narrowed
+    /// or widened by `request` ([`Self::combine_regimes`]), each followed by its update in
+    /// backward where that is exact ([`Self::with_updates`]), at every data-parallel degree
+    /// asked for, with the target's trial lengths unless the request sets them. Errors name the
+    /// flag to change.
+    pub fn for_target(
+        target: &DeviceSpec,
+        model: &ModelSpec,
+        request: &SpaceRequest,
+    ) -> Result<Self> {
         let regimes = Self::combine_regimes(
             Self::default_regimes(target.kind),
             &request.precisions,
             &request.checkpointing,
             &request.offload,
         );
+        let exact = model.optimizer.grad_clip.is_none() && request.global_batch.is_none();
+        let regimes = Self::with_updates(&regimes, &request.updates, exact)?;
         let degrees = Self::data_parallel_degrees(
             &request.data_parallel,
             target.gpu_count,
@@ -206,6 +227,45 @@ impl SearchSpace {
         };
         space.validate()?;
         Ok(space)
+    }
+
+    /// `regimes` with the updates asked for (`updates`; empty means both): each regime for
+    /// which the update in backward is exact is followed by its in-backward twin, which saves
+    /// the gradients' memory at the same speed. `exact` says whether the model and the space
+    /// allow it at all (no gradient clipping, no fixed global batch that may accumulate).
+    pub fn with_updates(
+        regimes: &[Regime],
+        updates: &[Update],
+        exact: bool,
+    ) -> Result<Vec<Regime>> {
+        let wanted = |u: Update| updates.is_empty() || updates.contains(&u);
+        let mut out = Vec::new();
+        for r in regimes {
+            if wanted(Update::AfterBackward) {
+                out.push(*r);
+            }
+            let twin = Regime {
+                update: Update::InBackward,
+                ..*r
+            };
+            let valid = exact
+                && Knobs::with_batch(twin, 1, 1)
+                    .in_backward_conflict()
+                    .is_none();
+            if wanted(Update::InBackward) && valid {
+                out.push(twin);
+            }
+        }
+        if out.is_empty() {
+            return Err(Error::invalid(
+                WHAT,
+                "--update",
+                "in-backward is exact for none of the searched regimes (it needs no gradient \
+                 clipping, no --global-batch, no fp16, no offload and one GPU); add \
+                 --update after-backward",
+            ));
+        }
+        Ok(out)
     }
 
     /// The regimes to search: every combination of the given precisions, checkpointing and
@@ -247,6 +307,7 @@ impl SearchSpace {
                         checkpointing,
                         offload,
                         data_parallel: DataParallel::SINGLE,
+                        update: Update::AfterBackward,
                     };
                     if !out.contains(&r) {
                         out.push(r);
@@ -278,7 +339,11 @@ impl SearchSpace {
     pub fn with_data_parallel(regimes: &[Regime], degrees: &[usize]) -> Vec<Regime> {
         let mut out = Vec::new();
         for &degree in degrees {
-            for r in regimes {
+            // The update in backward runs before the gradients could be summed over GPUs.
+            for r in regimes
+                .iter()
+                .filter(|r| degree == 1 || r.update.is_after_backward())
+            {
                 let at = |data_parallel| Regime {
                     data_parallel,
                     ..*r
@@ -426,6 +491,27 @@ impl SearchSpace {
         if self.max_trials == Some(0) {
             return bad("max_probes", "must be at least 1".into());
         }
+        if !self.memory_prior.is_empty() && self.memory_prior.len() != self.regimes.len() {
+            return bad(
+                "memory_prior",
+                format!(
+                    "has {} laws for {} regimes; give one per regime or none",
+                    self.memory_prior.len(),
+                    self.regimes.len()
+                ),
+            );
+        }
+        if let Some(i) = self.memory_prior.iter().position(|law| {
+            !(law.fixed_bytes.is_finite()
+                && law.fixed_bytes >= 0.0
+                && law.per_sequence_bytes.is_finite()
+                && law.per_sequence_bytes > 0.0)
+        }) {
+            return bad(
+                &format!("memory_prior[{i}]"),
+                "needs finite bytes, at least 0 fixed and more than 0 per sequence".into(),
+            );
+        }
         if let Some(h) = self.offload_host_floor_s {
             if !(h.is_finite() && h >= 0.0) {
                 return bad(
@@ -450,6 +536,34 @@ impl SearchSpace {
         (1..=top)
             .filter(|b| per_rank.is_none_or(|n| n % b == 0))
             .collect()
+    }
+
+    /// The space with an analytic memory law for each regime
+    /// ([`crate::spec::activations::device_memory`]) as its prior; `flash(precision)` says
+    /// whether attention runs without keeping its probabilities at that precision.
+    pub fn with_memory_prior(
+        mut self,
+        model: &ModelSpec,
+        on_gpu: bool,
+        flash: &dyn Fn(Precision) -> bool,
+    ) -> Self {
+        self.memory_prior = self
+            .regimes
+            .iter()
+            .map(|&r| crate::spec::activations::device_memory(model, r, on_gpu, flash(r.precision)))
+            .collect();
+        self
+    }
+
+    /// Where regime `i`'s first trial goes by the memory prior: the largest power of two at
+    /// most half its predicted boundary within `usable_bytes` (the device's, or the host's on
+    /// a CPU), and 1 when the prior predicts nothing fits; `None` without a prior. Half, so
+    /// that the trial there and the doubling after it give the memory model two points below
+    /// the boundary, as growth from 1 would have, in fewer trials.
+    pub fn prior_start(&self, i: usize, usable_bytes: f64) -> Option<usize> {
+        let law = self.memory_prior.get(i)?;
+        let half = law.capacity(usable_bytes) / 2;
+        Some(if half == 0 { 1 } else { 1 << half.ilog2() })
     }
 
     /// Micro-batches accumulated per optimizer step at `micro_batch`: `global_batch /
@@ -491,6 +605,7 @@ impl SearchSpace {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spec::model::OptimizerSpec;
 
     fn r(precision: Precision, checkpointing: Checkpointing, offload: Offload) -> Regime {
         Regime {
@@ -498,7 +613,22 @@ mod tests {
             checkpointing,
             offload,
             data_parallel: DataParallel::SINGLE,
+            update: Update::AfterBackward,
         }
+    }
+
+    /// `regime` updating in backward.
+    fn in_backward(regime: Regime) -> Regime {
+        Regime {
+            update: Update::InBackward,
+            ..regime
+        }
+    }
+
+    /// The GPU's default regimes, each that can update in backward followed by that twin.
+    fn gpu_defaults_with_updates() -> Vec<Regime> {
+        let d = gpu_defaults();
+        vec![d[0], in_backward(d[0]), d[1], in_backward(d[1]), d[2], d[3]]
     }
 
     fn gpu_defaults() -> Vec<Regime> {
@@ -548,8 +678,9 @@ mod tests {
     #[test]
     fn a_target_space_takes_the_targets_trial_lengths_unless_asked() {
         let gpu = DeviceSpec::builtin("rtx4090-32g").unwrap();
-        let space = SearchSpace::for_target(&gpu, &SpaceRequest::default()).unwrap();
-        assert_eq!(space.regimes, gpu_defaults());
+        let model = ModelSpec::tiny();
+        let space = SearchSpace::for_target(&gpu, &model, &SpaceRequest::default()).unwrap();
+        assert_eq!(space.regimes, gpu_defaults_with_updates());
         assert_eq!(
             (
                 space.warmup_steps,
@@ -561,13 +692,14 @@ mod tests {
         let asked = SpaceRequest {
             timed_steps: Some(7),
             offload: vec![Offload::None],
+            updates: vec![Update::AfterBackward],
             ..SpaceRequest::default()
         };
-        let space = SearchSpace::for_target(&gpu, &asked).unwrap();
+        let space = SearchSpace::for_target(&gpu, &model, &asked).unwrap();
         assert_eq!((space.warmup_steps, space.timed_steps), (1, 7));
         assert_eq!(space.regimes, gpu_defaults()[..2].to_vec());
         let cpu = DeviceSpec::builtin("cpu").unwrap();
-        let space = SearchSpace::for_target(&cpu, &SpaceRequest::default()).unwrap();
+        let space = SearchSpace::for_target(&cpu, &model, &SpaceRequest::default()).unwrap();
         assert_eq!(
             (
                 space.warmup_steps,
@@ -578,6 +710,79 @@ mod tests {
         );
     }
 
+    /// The update in backward is searched only where it is exactly the normal step.
+    #[test]
+    fn the_update_in_backward_is_searched_only_where_exact() {
+        let gpu = DeviceSpec::builtin("rtx4090-32g").unwrap();
+        let model = ModelSpec::tiny();
+        let plain = gpu_defaults()[0];
+        let only = |updates: Vec<Update>| SpaceRequest {
+            checkpointing: vec![Checkpointing::None],
+            offload: vec![Offload::None],
+            updates,
+            ..SpaceRequest::default()
+        };
+        let regimes = |model: &ModelSpec, request: &SpaceRequest| {
+            SearchSpace::for_target(&gpu, model, request).map(|s| s.regimes)
+        };
+        // (model, request, expected regimes; None: refused naming --update)
+        let clipped = ModelSpec {
+            optimizer: OptimizerSpec {
+                grad_clip: Some(1.0),
+                ..model.optimizer
+            },
+            ..model.clone()
+        };
+        let fixed_batch = SpaceRequest {
+            global_batch: Some(64),
+            ..only(vec![])
+        };
+        let fp16 = SpaceRequest {
+            precisions: vec![Precision::Fp16],
+            ..only(vec![])
+        };
+        let fp16_plain = Regime {
+            precision: Precision::Fp16,
+            ..plain
+        };
+        let table: Vec<(&ModelSpec, SpaceRequest, Option<Vec<Regime>>)> = vec![
+            (&model, only(vec![]), Some(vec![plain, in_backward(plain)])),
+            (
+                &model,
+                only(vec![Update::InBackward]),
+                Some(vec![in_backward(plain)]),
+            ),
+            (&model, only(vec![Update::AfterBackward]), Some(vec![plain])),
+            (&clipped, only(vec![]), Some(vec![plain])),
+            (&clipped, only(vec![Update::InBackward]), None),
+            (&model, fixed_batch, Some(vec![plain])),
+            (&model, fp16, Some(vec![fp16_plain])),
+        ];
+        for (model, request, expected) in table {
+            match (regimes(model, &request), expected) {
+                (Ok(got), Some(want)) => assert_eq!(got, want, "{request:?}"),
+                (Err(Error::InvalidSpec { field, .. }), None) => assert_eq!(field, "--update"),
+                (got, want) => panic!("{request:?}: got {got:?}, expected {want:?}"),
+            }
+        }
+        // Offloaded regimes never update in backward, and neither do data-parallel ones.
+        let offload = SearchSpace::for_target(
+            &gpu,
+            &model,
+            &SpaceRequest {
+                offload: vec![Offload::Optimizer],
+                ..SpaceRequest::default()
+            },
+        )
+        .unwrap();
+        assert!(offload.regimes.iter().all(|r| r.update.is_after_backward()));
+        let two = SearchSpace::with_data_parallel(&gpu_defaults_with_updates(), &[2, 1]);
+        assert!(two
+            .iter()
+            .all(|r| r.data_parallel.degree == 1 || r.update.is_after_backward()));
+        assert!(two.iter().any(|r| !r.update.is_after_backward()));
+    }
+
     #[test]
     fn a_target_space_refuses_more_gpus_than_the_target_has() {
         let gpu = DeviceSpec::builtin("rtx4090-32g").unwrap();
@@ -585,7 +790,7 @@ mod tests {
             data_parallel: vec![2],
             ..SpaceRequest::default()
         };
-        match SearchSpace::for_target(&gpu, &asked) {
+        match SearchSpace::for_target(&gpu, &ModelSpec::tiny(), &asked) {
             Err(Error::InvalidSpec { field, .. }) => assert_eq!(field, "--data-parallel"),
             other => panic!("expected a refusal, got {other:?}"),
         }

@@ -67,6 +67,11 @@ pub struct OptimizerSpec {
     pub eps: f64,
     /// Weight decay (L2 for Adam, decoupled for AdamW).
     pub weight_decay: f64,
+    /// Clip the gradients to this global L2 norm before each update (PyTorch's
+    /// `clip_grad_norm_`), or not at all. Clipping needs every gradient before the first
+    /// update, so it rules out the update in backward ([`crate::knobs::Update::InBackward`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grad_clip: Option<f64>,
 }
 
 impl OptimizerSpec {
@@ -79,6 +84,7 @@ impl OptimizerSpec {
             beta2: 0.999,
             eps: 1e-8,
             weight_decay: 0.0,
+            grad_clip: None,
         }
     }
 
@@ -91,6 +97,7 @@ impl OptimizerSpec {
             beta2: 0.95,
             eps: 1e-8,
             weight_decay: 0.1,
+            grad_clip: None,
         }
     }
 }
@@ -310,6 +317,14 @@ impl ModelSpec {
                 format!("({}) must be zero or positive", o.weight_decay),
             );
         }
+        if let Some(clip) = o.grad_clip {
+            if !(is_positive(clip) && clip.is_finite()) {
+                return bad(
+                    "optimizer.grad_clip",
+                    format!("({clip}) must be a positive norm, e.g. 1.0, or absent for none"),
+                );
+            }
+        }
         Ok(())
     }
 
@@ -320,6 +335,13 @@ impl ModelSpec {
 
     /// Trainable parameters, counted from the shapes the model builds.
     pub fn parameter_count(&self) -> usize {
+        let g = self.parameter_groups();
+        g.embeddings + self.n_layers * g.block + g.head
+    }
+
+    /// The parameters by the parts of the model whose gradients a backward pass completes
+    /// together: the head (with the final norm), each block, the embeddings.
+    pub fn parameter_groups(&self) -> ParameterGroups {
         let d = self.d_model;
         let block = 4 * d * d + 4 * d // attention projections and biases
             + 2 * d * self.d_ff + self.d_ff + d // feed-forward
@@ -332,12 +354,43 @@ impl ModelSpec {
             NormPlacement::Pre => 2 * d,
             NormPlacement::Post => 0,
         };
-        self.vocab_size * d
-            + positions
-            + self.n_layers * block
-            + final_norm
-            + d * self.vocab_size
-            + self.vocab_size
+        ParameterGroups {
+            embeddings: self.vocab_size * d + positions,
+            block,
+            head: final_norm + d * self.vocab_size + self.vocab_size,
+        }
+    }
+
+    /// The parameters that are vectors (biases, norm scales and shifts) rather than matrices:
+    /// they stay f32 where matrices run in half precision.
+    pub fn vector_parameter_count(&self) -> usize {
+        let d = self.d_model;
+        // q/k/v and output biases, feed-forward biases, two norms.
+        let block = 4 * d + self.d_ff + d + 4 * d;
+        let final_norm = match self.norm {
+            NormPlacement::Pre => 2 * d,
+            NormPlacement::Post => 0,
+        };
+        self.n_layers * block + final_norm + self.vocab_size
+    }
+}
+
+/// Parameter counts of the parts of a model ([`ModelSpec::parameter_groups`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParameterGroups {
+    /// Token and position embeddings.
+    pub embeddings: usize,
+    /// One Transformer block.
+    pub block: usize,
+    /// The final norm and the vocabulary head.
+    pub head: usize,
+}
+
+impl ParameterGroups {
+    /// The largest group: the most parameters whose gradients exist at once when each part is
+    /// updated as soon as its backward pass is done.
+    pub fn largest(&self) -> usize {
+        self.embeddings.max(self.block).max(self.head)
     }
 }
 

@@ -27,6 +27,7 @@ fn bf16() -> Regime {
         checkpointing: Checkpointing::None,
         offload: Offload::None,
         data_parallel: crate::knobs::DataParallel::SINGLE,
+        update: Default::default(),
     }
 }
 

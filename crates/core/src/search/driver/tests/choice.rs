@@ -450,3 +450,109 @@ fn a_slow_regime_is_pruned_long_before_its_memory_boundary() {
     assert!(states[1].trials <= 4, "{states:?}");
     assert_eq!(outcome.chosen().unwrap().regime(), bf16());
 }
+
+/// A memory prior sends a regime's first trial to half its predicted boundary: fewer trials,
+/// the same exact boundary, whether the prior is right, too optimistic or too cautious.
+#[test]
+fn a_memory_prior_starts_a_regime_near_its_boundary() {
+    use crate::spec::activations::MemoryLaw;
+    let b = budget(10 * GIB, 0.05);
+    let sim = Simulator::with_budget(
+        &b,
+        1024,
+        vec![laws(bf16(), (1024.0, 37.0, 0.0), (0.01, 0.002))],
+    );
+    let mib = MIB as f64;
+    let run = |prior: Vec<MemoryLaw>| {
+        let s = SearchSpace {
+            memory_prior: prior,
+            ..space(vec![bf16()], 1024)
+        };
+        let driver = SearchDriver::new(s, b).unwrap();
+        let outcome = search(&driver, &sim);
+        let first = outcome.history[0].request.knobs.micro_batch;
+        (
+            outcome.chosen().unwrap().micro_batch,
+            first,
+            outcome.history.len(),
+        )
+    };
+    let (chosen, first, without) = run(Vec::new());
+    assert_eq!((chosen, first), (235, 1));
+    // (per-sequence MiB of the prior, expected first trial)
+    for (per_sequence, expected_first) in [(37.0, 64), (18.5, 128), (148.0, 16)] {
+        let prior = vec![MemoryLaw {
+            fixed_bytes: 1024.0 * mib,
+            per_sequence_bytes: per_sequence * mib,
+        }];
+        let (chosen, first, trials) = run(prior);
+        assert_eq!(chosen, 235, "prior {per_sequence} MiB per sequence");
+        assert_eq!(
+            first, expected_first,
+            "prior {per_sequence} MiB per sequence"
+        );
+        assert!(
+            trials < without,
+            "{trials} trials with the prior, {without} without"
+        );
+    }
+}
+
+/// A prior that is far off the other way (the first trial runs out of memory) still finds the
+/// boundary, from below.
+#[test]
+fn a_memory_prior_that_overshoots_still_finds_the_boundary() {
+    use crate::spec::activations::MemoryLaw;
+    let b = budget(10 * GIB, 0.05);
+    let sim = Simulator::with_budget(
+        &b,
+        1024,
+        vec![laws(bf16(), (1024.0, 37.0, 0.0), (0.01, 0.002))],
+    );
+    let s = SearchSpace {
+        memory_prior: vec![MemoryLaw {
+            fixed_bytes: 0.0,
+            per_sequence_bytes: (2 * MIB) as f64,
+        }],
+        ..space(vec![bf16()], 1024)
+    };
+    let driver = SearchDriver::new(s, b).unwrap();
+    let outcome = search(&driver, &sim);
+    assert!(
+        !driver.is_feasible(&outcome.history[0]),
+        "the first trial overshoots"
+    );
+    assert_eq!(outcome.chosen().unwrap().micro_batch, 235);
+}
+
+/// When the plan's verification fails at the regime's boundary (accumulation needs more
+/// memory than its search trial did) and nothing feasible was measured below it, the regime
+/// searches below again instead of giving up.
+#[test]
+fn a_failed_verification_reopens_its_regime_below_it() {
+    use crate::spec::activations::MemoryLaw;
+    let b = budget(10 * GIB, 0.05);
+    let s = SearchSpace {
+        global_batch: Some(1536),
+        // The prior starts the regime at 128: nothing below it was tried.
+        memory_prior: vec![MemoryLaw {
+            fixed_bytes: 1024.0 * MIB as f64,
+            per_sequence_bytes: 30.0 * MIB as f64,
+        }],
+        ..space(vec![bf16()], 1024)
+    };
+    let driver = SearchDriver::new(s, b).unwrap();
+    let mut sim = Simulator::with_budget(
+        &b,
+        1024,
+        vec![laws(bf16(), (1024.0, 37.0, 0.0), (0.01, 0.002))],
+    );
+    // Accumulation adds 4000 MiB: 128 (5760 MiB) and 192 fit alone, not when accumulating.
+    sim.accumulation_gpu_bytes = 4000 * MIB;
+    let outcome = search(&driver, &sim);
+    let first = outcome.history[0].request.knobs.micro_batch;
+    assert_eq!(first, 128);
+    let chosen = outcome.chosen().expect("a smaller micro-batch passes");
+    assert!(chosen.micro_batch < 128, "{chosen}");
+    assert!(driver.is_feasible(outcome.verification().unwrap()));
+}

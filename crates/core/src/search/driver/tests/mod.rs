@@ -23,6 +23,7 @@ fn regime(precision: Precision, checkpointing: Checkpointing, offload: Offload) 
         checkpointing,
         offload,
         data_parallel: crate::knobs::DataParallel::SINGLE,
+        update: Default::default(),
     }
 }
 

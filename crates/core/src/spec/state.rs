@@ -1,0 +1,131 @@
+//! The bytes of training state a setting keeps through a step, on the device and on the host,
+//! by component: what every micro-batch pays before its activations.
+//!
+//! Per parameter (`P` in all):
+//!
+//! | component | on the device | on the host |
+//! |---|---|---|
+//! | weights | 4 (the f32 masters are the model) or, with offload, 2 (bf16/f16 working copies of the matrices; 4 in fp32 and for vectors) | with offload, 4 (f32 masters), and 2 more for the half-precision copies staged for upload |
+//! | Adam moments | 8, or none with offload | with offload, 8 |
+//! | gradients | 4 (f32, all of them until the update) or, updating in backward, 4 × the largest part's parameters | with offload, 4 (f32 sums) |
+//!
+//! So the normal step holds 16 bytes per parameter on the device, the update in backward
+//! 12 plus one part's gradients, and offload in bf16 2 on the device and 18 on the host. Transients are
+//! not state: the half-precision copy of one block's weights while it runs, and with offload
+//! one tensor's gradient on its way to the host.
+
+use crate::knobs::{Knobs, Offload, Precision, Update};
+use crate::spec::model::ModelSpec;
+
+/// State bytes by component in one place.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Components {
+    /// Model weights (f32 masters, or half-precision working copies).
+    pub weights: u64,
+    /// Adam's first and second moments.
+    pub moments: u64,
+    /// Gradients held at once.
+    pub gradients: u64,
+}
+
+impl Components {
+    /// All components together.
+    pub fn total(&self) -> u64 {
+        self.weights + self.moments + self.gradients
+    }
+}
+
+/// Where a setting's state lives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StateBytes {
+    /// On the training device (host memory when training on the CPU).
+    pub device: Components,
+    /// In host memory beside a device (offload).
+    pub host: Components,
+}
+
+impl StateBytes {
+    /// The state `knobs` keep for `model` on one GPU (data-parallel sharding is not counted:
+    /// its share depends on how the tensors split).
+    pub fn of(model: &ModelSpec, knobs: &Knobs) -> Self {
+        let p = model.parameter_count() as u64;
+        let vectors = model.vector_parameter_count() as u64;
+        let gradients = match knobs.update {
+            Update::AfterBackward => 4 * p,
+            Update::InBackward => 4 * model.parameter_groups().largest() as u64,
+        };
+        match knobs.offload {
+            Offload::None => Self {
+                device: Components {
+                    weights: 4 * p,
+                    moments: 8 * p,
+                    gradients,
+                },
+                host: Components::default(),
+            },
+            Offload::Optimizer => Self {
+                device: Components {
+                    weights: match knobs.precision {
+                        Precision::Fp32 => 4 * p,
+                        Precision::Bf16 | Precision::Fp16 => 2 * (p - vectors) + 4 * vectors,
+                    },
+                    moments: 0,
+                    gradients: 0,
+                },
+                host: Components {
+                    weights: match knobs.precision {
+                        Precision::Fp32 => 4 * p,
+                        Precision::Bf16 | Precision::Fp16 => 6 * p,
+                    },
+                    moments: 8 * p,
+                    gradients: 4 * p,
+                },
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::knobs::Checkpointing;
+
+    #[test]
+    fn bytes_per_parameter_follow_the_layout() {
+        let model = ModelSpec::preset("gpt-1.3b").unwrap();
+        let p = model.parameter_count() as u64;
+        let knobs = |update, offload| Knobs {
+            update,
+            offload,
+            checkpointing: Checkpointing::EveryKth(1),
+            ..Knobs::new(4, Precision::Bf16)
+        };
+        let normal = StateBytes::of(&model, &knobs(Update::AfterBackward, Offload::None));
+        assert_eq!(normal.device.total(), 16 * p);
+        assert_eq!(normal.host.total(), 0);
+        let fused = StateBytes::of(&model, &knobs(Update::InBackward, Offload::None));
+        let largest = model.parameter_groups().largest() as u64;
+        assert_eq!(fused.device.total(), 12 * p + 4 * largest);
+        // gpt-1.3b's largest part is its embeddings (50257 tokens and 1024 positions of 2048
+        // values): under 12.5 bytes per parameter in all.
+        assert!(fused.device.total() < 12 * p + p / 2);
+        let offload = StateBytes::of(&model, &knobs(Update::AfterBackward, Offload::Optimizer));
+        let vectors = model.vector_parameter_count() as u64;
+        assert_eq!(offload.device.total(), 2 * p + 2 * vectors);
+        assert!(vectors < p / 1000, "vectors are a negligible share");
+        assert_eq!(offload.host.total(), 18 * p);
+    }
+
+    #[test]
+    fn the_groups_add_up_to_the_parameter_count() {
+        for name in crate::spec::model::PRESETS {
+            let model = ModelSpec::preset(name).unwrap();
+            let g = model.parameter_groups();
+            assert_eq!(
+                g.embeddings + model.n_layers * g.block + g.head,
+                model.parameter_count(),
+                "{name}"
+            );
+        }
+    }
+}

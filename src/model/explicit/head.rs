@@ -1,0 +1,290 @@
+//! The final norm, the vocabulary head and the loss, in chunks of rows.
+//!
+//! The logits of a whole micro-batch are the largest tensors of a step: rows × vocabulary,
+//! and their gradient as many again (gpt-1.3b at micro-batch 8: 8192 × 50304 bf16 values,
+//! 0.8 GB each). The head therefore runs on chunks of [`chunk_rows`] rows at a time, forward,
+//! loss and backward, and only one chunk's logits exist at once. The weight's gradient sums
+//! the chunks' products in f32; with one chunk the arithmetic is the unchunked head's.
+
+use candle_core::{DType, Tensor};
+
+use super::linear::{Lin, Norm};
+use super::Grads;
+use crate::model::Transformer;
+use crate::ops;
+use crate::Result;
+
+/// The most bytes one chunk's logits may take.
+const CHUNK_LOGIT_BYTES: usize = 256 << 20;
+
+/// Rows per chunk for logits of `columns` values in `dtype`: as many as fit
+/// [`CHUNK_LOGIT_BYTES`], a multiple of 64 (at least 64) so the products keep their aligned
+/// kernels.
+pub(crate) fn chunk_rows(columns: usize, dtype: DType) -> usize {
+    let per_row = columns.max(1) * dtype.size_in_bytes();
+    (CHUNK_LOGIT_BYTES / per_row / 64 * 64).max(64)
+}
+
+/// The multiple the vocabulary head's rows are padded to on `device`.
+///
+/// cuBLAS runs its aligned tensor-core kernels only when every matrix dimension is a multiple
+/// of 8 half-precision elements; GPT-2's 50257 classes are not, and the head's three products
+/// (the largest of the step) then ran on a far slower kernel, in PyTorch too. 64 as in
+/// nanoGPT's 50304. The CPU gains nothing and computes no padding.
+pub(crate) fn head_row_multiple(device: &candle_core::Device) -> usize {
+    if device.is_cuda() {
+        64
+    } else {
+        1
+    }
+}
+
+/// The final norm (pre-norm models) and the vocabulary head, whose rows may be padded with
+/// zeros (the logits then have padding columns after the classes).
+pub(crate) struct Head<'a> {
+    norm: Option<Norm<'a>>,
+    lin: Lin<'a>,
+}
+
+impl<'a> Head<'a> {
+    pub(crate) fn new(model: &'a Transformer, dtype: DType, row_multiple: usize) -> Result<Self> {
+        Ok(Self {
+            norm: model.final_norm().map(Norm::new),
+            lin: Lin::new(model.head_layer(), dtype)?.pad_outputs(row_multiple)?,
+        })
+    }
+
+    /// The vocabulary size: the logits' leading columns that are classes.
+    pub(crate) fn classes(&self) -> usize {
+        self.lin.outputs()
+    }
+
+    /// The rows per chunk for this head's logits in `x`'s dtype.
+    pub(crate) fn chunk_rows(&self, x: &Tensor) -> Result<usize> {
+        Ok(chunk_rows(self.lin.padded_outputs()?, x.dtype()))
+    }
+
+    /// The head's input after the final norm.
+    fn hidden(&self, x: &Tensor) -> Result<Tensor> {
+        match &self.norm {
+            Some(n) => n.forward(x),
+            None => Ok(x.clone()),
+        }
+    }
+
+    /// The mean loss of `x`'s rows against `targets` (a scalar f64 tensor, not read), without
+    /// gradients.
+    pub(crate) fn loss(&self, x: &Tensor, targets: &Tensor, chunk: usize) -> Result<Tensor> {
+        let hidden = self.hidden(x)?;
+        let rows = hidden.dim(0)?;
+        let mut total: Option<Tensor> = None;
+        for start in (0..rows).step_by(chunk.max(1)) {
+            let len = chunk.min(rows - start);
+            let logits = self
+                .lin
+                .forward(&hidden.narrow(0, start, len)?, None, None, None)?;
+            let losses = ops::cross_entropy_rows_padded(
+                &logits,
+                &targets.narrow(0, start, len)?,
+                self.classes(),
+            )?;
+            let sum = losses.to_dtype(DType::F64)?.sum_all()?;
+            total = Some(match total {
+                Some(t) => (t + sum)?,
+                None => sum,
+            });
+        }
+        let total = total.ok_or_else(|| crate::Error::internal("a batch without rows"))?;
+        Ok((total / rows as f64)?)
+    }
+
+    /// The mean loss (a scalar f64 tensor, not read: reading it would stall the device until
+    /// the forward pass is done) and the gradient of `x` of `loss_factor × loss`; hands over
+    /// the head's and the final norm's parameter gradients. Runs `chunk` rows at a time.
+    pub(crate) fn loss_and_backward(
+        &self,
+        x: &Tensor,
+        targets: &Tensor,
+        loss_factor: f64,
+        chunk: usize,
+        grads: &mut Grads,
+    ) -> Result<(Tensor, Tensor)> {
+        let hidden = self.hidden(x)?;
+        let rows = hidden.dim(0)?;
+        let row_grad = (loss_factor / rows as f64) as f32;
+        let mut total: Option<Tensor> = None;
+        let mut dw: Option<Tensor> = None;
+        let mut db: Option<Tensor> = None;
+        let mut dhidden = Vec::with_capacity(rows.div_ceil(chunk.max(1)));
+        for start in (0..rows).step_by(chunk.max(1)) {
+            let len = chunk.min(rows - start);
+            let h = hidden.narrow(0, start, len)?;
+            let t = targets.narrow(0, start, len)?;
+            let logits = self.lin.forward(&h, None, None, None)?;
+            let losses = ops::cross_entropy_rows_padded(&logits, &t, self.classes())?;
+            let sum = losses.to_dtype(DType::F64)?.sum_all()?;
+            let dlogits = ops::cross_entropy_backward(
+                &logits,
+                &t,
+                self.classes(),
+                &losses,
+                &Tensor::full(row_grad, len, x.device())?,
+            )?;
+            drop(logits);
+            let (dw_part, db_part) = self.lin.parameter_grads(&dlogits, &h)?;
+            dhidden.push(self.lin.input_grad(&dlogits)?);
+            // The logits' gradient is the largest tensor of the step: gone before the next.
+            drop(dlogits);
+            total = Some(add(total, sum)?);
+            dw = Some(add(dw, dw_part.to_dtype(DType::F32)?)?);
+            if let Some(part) = db_part {
+                db = Some(add(db, part)?);
+            }
+        }
+        let dw = dw.ok_or_else(|| crate::Error::internal("a batch without rows"))?;
+        self.lin.put_grads(dw, db, grads)?;
+        let dhidden = match dhidden.len() {
+            1 => dhidden.remove(0),
+            _ => Tensor::cat(&dhidden, 0)?,
+        };
+        let dx = match &self.norm {
+            Some(n) => n.backward(x, &dhidden, grads)?,
+            None => dhidden,
+        };
+        let total = total.ok_or_else(|| crate::Error::internal("a batch without rows"))?;
+        Ok(((total / rows as f64)?, dx))
+    }
+}
+
+/// `acc + t`, or `t` for the first part.
+fn add(acc: Option<Tensor>, t: Tensor) -> Result<Tensor> {
+    Ok(match acc {
+        Some(acc) => (acc + t)?,
+        None => t,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use candle_core::{Device, Tensor};
+
+    use super::*;
+    use crate::model::gradients::GradientSink;
+    use crate::spec::model::ModelSpec;
+
+    /// Mean loss, input gradient and parameter gradients of the head, `chunk` rows at a time,
+    /// its rows padded to `row_multiple`; and the padded logits' width.
+    fn head_pass(
+        model: &Transformer,
+        x: &Tensor,
+        targets: &Tensor,
+        row_multiple: usize,
+        chunk: usize,
+    ) -> (f64, Vec<f32>, HashMap<usize, Vec<f32>>, usize) {
+        let mut got = HashMap::new();
+        let mut sink = |i: usize, g: Tensor| -> Result<()> {
+            got.insert(i, g.flatten_all()?.to_vec1::<f32>()?);
+            Ok(())
+        };
+        let sink: &mut dyn GradientSink = &mut sink;
+        let mut grads = Grads::new(model, sink);
+        let head = Head::new(model, DType::F32, row_multiple).unwrap();
+        let columns = head.lin.padded_outputs().unwrap();
+        let (loss, dx) = head
+            .loss_and_backward(x, targets, 1.0, chunk, &mut grads)
+            .unwrap();
+        drop(grads);
+        let loss = loss.to_scalar::<f64>().unwrap();
+        let eval = head
+            .loss(x, targets, chunk)
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap();
+        assert_eq!(loss, eval, "the training and the evaluation loss agree");
+        let dx = dx.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        (loss, dx, got, columns)
+    }
+
+    /// Same values up to the products' summation order.
+    fn close(what: &str, got: &[f32], want: &[f32]) {
+        assert_eq!(got.len(), want.len(), "{what}: lengths");
+        let scale = want.iter().fold(1e-30f32, |m, v| m.max(v.abs()));
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() <= 1e-6 * scale, "{what}: {g} vs {w}");
+        }
+    }
+
+    fn fixture() -> (Transformer, Tensor, Tensor) {
+        let spec = ModelSpec {
+            vocab_size: 37,
+            ..ModelSpec::tiny()
+        };
+        let device = Device::Cpu;
+        let model = Transformer::new(&spec, &device, 3).unwrap();
+        let rows = 10;
+        let x = Tensor::randn(0f32, 1.0, (rows, spec.d_model), &device).unwrap();
+        let targets = Tensor::arange(0u32, rows as u32, &device)
+            .unwrap()
+            .affine(3.0, 1.0)
+            .unwrap();
+        (model, x, targets)
+    }
+
+    #[test]
+    fn a_padded_head_computes_what_the_unpadded_one_does() {
+        let (model, x, targets) = fixture();
+        let (loss, dx, grads, columns) = head_pass(&model, &x, &targets, 1, 64);
+        assert_eq!(columns, 37);
+        let (padded_loss, padded_dx, padded_grads, padded_columns) =
+            head_pass(&model, &x, &targets, 16, 64);
+        assert_eq!(padded_columns, 48, "padded to a multiple of 16");
+        assert!((padded_loss - loss).abs() <= 1e-6 * loss.abs());
+        close("dx", &padded_dx, &dx);
+        // The head's weight (and the final norm's parameters) got gradients of the same shape
+        // and values: the padding rows were cut off.
+        assert!(!grads.is_empty());
+        assert_eq!(padded_grads.len(), grads.len());
+        for (i, want) in &grads {
+            close(&format!("parameter {i}"), &padded_grads[i], want);
+        }
+        let head_weight = model.head_layer().weight().elem_count();
+        assert!(grads.values().any(|g| g.len() == head_weight));
+    }
+
+    #[test]
+    fn a_head_in_chunks_computes_what_the_whole_head_does() {
+        let (model, x, targets) = fixture();
+        let (loss, dx, grads, _) = head_pass(&model, &x, &targets, 1, 64);
+        // 10 rows in chunks of 3: three full chunks and one of a single row.
+        for chunk in [1, 3, 7] {
+            let (chunked_loss, chunked_dx, chunked_grads, _) =
+                head_pass(&model, &x, &targets, 1, chunk);
+            assert!(
+                (chunked_loss - loss).abs() <= 1e-6 * loss.abs(),
+                "chunk {chunk}: {chunked_loss} vs {loss}"
+            );
+            close(&format!("chunk {chunk}: dx"), &chunked_dx, &dx);
+            assert_eq!(chunked_grads.len(), grads.len());
+            for (i, want) in &grads {
+                close(
+                    &format!("chunk {chunk}: parameter {i}"),
+                    &chunked_grads[i],
+                    want,
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn chunks_keep_one_chunks_logits_under_the_budget() {
+        // gpt-1.3b's padded head in bf16: 50304 columns of 2 bytes.
+        let rows = chunk_rows(50_304, DType::BF16);
+        assert_eq!(rows % 64, 0);
+        assert!(rows * 50_304 * 2 <= CHUNK_LOGIT_BYTES);
+        assert!((rows + 64) * 50_304 * 2 > CHUNK_LOGIT_BYTES);
+        // A vocabulary too wide for 64 rows still gets 64.
+        assert_eq!(chunk_rows(1 << 30, DType::F32), 64);
+    }
+}
