@@ -1,7 +1,8 @@
 //! GPU timings of single kernels, printed for the record (not a correctness check: those are
-//! the `cuda_*` integration tests): flash attention at the seed's and gpt-124m's attention
-//! shapes, the fused ops against their composite references, and the host's cost per queued
-//! op. Run on a GPU machine with `cargo bench --features cuda --bench cuda_timings`.
+//! the `cuda_*` integration tests): flash attention at the seed's, gpt-124m's and gpt-1.3b's
+//! attention shapes, the fused ops against their composite references, and the host's cost per
+//! queued op. Run on a GPU machine with `cargo bench --features cuda --bench cuda_timings`;
+//! `benches/gpu/sdpa_ref.py` times PyTorch's attention at the same shapes, in the same format.
 //!
 //! Each time is the median (or mean, for the fused ops) of repeated runs after warm-ups, with
 //! the device synchronised before every clock read; inputs are random, never zeros.
@@ -62,12 +63,15 @@ fn median_ms(dev: &Device, reps: usize, mut f: impl FnMut()) -> f64 {
 
 /// Forward and backward times with the rates they reach counting the useful products only
 /// (forward 4·b·h·s²·hd, backward 2.5× that, half of each when causal), for comparison with the
-/// ~780 TFLOP/s bf16 ceiling of the H200.
+/// ~780 TFLOP/s bf16 ceiling of the H200. The shapes are those of `benches/gpu/sdpa_ref.py`.
 fn flash_attention(dev: &Device) {
     let seed_dropout = Some(DropoutMask { p: 0.1, key: 3 });
-    for (name, batch, seq, heads, causal, dropout) in [
-        ("seed b512", 512, 128, 8, false, seed_dropout),
-        ("gpt-124m b16", 16, 1024, 12, true, None),
+    for (name, batch, seq, heads, hd, causal, dropout) in [
+        ("seed b512", 512, 128, 8, 64, false, seed_dropout),
+        ("gpt-124m b16", 16, 1024, 12, 64, true, None),
+        ("gpt-1.3b b1", 1, 1024, 16, 128, true, None),
+        ("gpt-1.3b b2", 2, 1024, 16, 128, true, None),
+        ("gpt-1.3b b8", 8, 1024, 16, 128, true, None),
     ] {
         let shape = AttentionShape {
             batch,
@@ -75,7 +79,6 @@ fn flash_attention(dev: &Device) {
             heads,
             causal,
         };
-        let hd = 64;
         let d = heads * hd;
         let qkv = random(&[batch * seq, 3 * d], DType::BF16, dev);
         let dout = random(&[batch * seq, d], DType::BF16, dev);

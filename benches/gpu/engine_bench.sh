@@ -6,7 +6,8 @@
 #   1. the CUDA tests (flash attention with and without key padding vs the CPU, the one-launch
 #      Adam, the explicit engine and its kernels, padded cross-entropy included, vs the CPU),
 #      output in OUTDIR/cuda_tests.txt, then the kernel timings bench (flash attention, the
-#      fused ops, the host's time per op) in OUTDIR/cuda_timings.txt;
+#      fused ops, the host's time per op) in OUTDIR/cuda_timings.txt, and PyTorch's attention
+#      at the bench's flash shapes (sdpa_ref.py) in OUTDIR/sdpa_ref.txt;
 #   2. run.sh: the default engine and the materialised-attention engine against PyTorch eager on
 #      $ROWS (default: seed bf16 32/128/512, seed fp32 128/512, gpt-124m bf16 4/16);
 #   3. kernels.sh: one Nsight Compute kernel table per row of $KERNEL_ROWS for ours and PyTorch
@@ -46,6 +47,9 @@ if [[ -n "$TIMINGS_BIN" ]]; then
 else
   stamp "no timings binary in .gpux/: skipping the kernel timings"
 fi
+"${TORCH_ENV[@]}" "$PYTHON" benches/gpu/sdpa_ref.py > "$OUTDIR/sdpa_ref.txt" 2>&1
+stamp "PyTorch attention timings: exit $?"
+grep -E "^sdpa " "$OUTDIR/sdpa_ref.txt" >&2
 
 stamp "run.sh $ROWS"
 # shellcheck disable=SC2086

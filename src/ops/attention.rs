@@ -18,9 +18,9 @@
 //! Key padding ([`flash_attention_padded`]): per sequence, keys from a given length on are
 //! masked for every query, as PyTorch's `key_padding_mask`; the kernels skip their tiles.
 //!
-//! CPU: straightforward f32 loops (f64 row sums), one thread per group of heads; the reference
-//! the CUDA kernels (`kernels/attention.cu`) are tested against. CUDA: bf16 and f16 with head
-//! widths [`FLASH_HEAD_DIMS`]; see [`flash_attention_supported`].
+//! CPU: straightforward f32 loops (f64 row sums), one thread per group of heads, for any head
+//! width; the reference the CUDA kernels (`kernels/attention.cu`) are tested against. CUDA: bf16
+//! and f16 with head widths [`FLASH_HEAD_DIMS`]; see [`flash_attention_supported`].
 
 mod cpu;
 #[cfg(feature = "cuda")]
@@ -33,8 +33,9 @@ use super::{check_input, input_f32, output, DropoutMask};
 
 const NAME: &str = "flash-attention";
 
-/// Head widths the CUDA kernels are built for.
-pub const FLASH_HEAD_DIMS: [usize; 3] = [16, 32, 64];
+/// Head widths the CUDA kernels are built for: up to 64 with 64-row tiles, the wider ones (128:
+/// gpt-1.3b, Llama, Mistral) with 32-row tiles (see `kernels/attention.cu`).
+pub const FLASH_HEAD_DIMS: [usize; 6] = [16, 32, 64, 80, 96, 128];
 
 /// The geometry of one attention call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

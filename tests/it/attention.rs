@@ -1,6 +1,7 @@
 //! Flash attention on the CPU against an f64 autograd reference: outputs, log-sum-exps and the
 //! gradients of q, k and v, causal or not, with and without dropout and key padding, on fresh
-//! random inputs of a sequence length that is no multiple of any tile.
+//! random inputs of a sequence length that is no multiple of any tile, at the head widths the
+//! CUDA kernels are built for (16 to 128) and one they are not (8).
 //!
 //! The reference is candle's autograd over f64 primitives (a composite softmax with the row
 //! maximum detached, which softmax is invariant to), with the dropout mask built element by
@@ -135,7 +136,18 @@ fn reference(
 fn flash_attention_matches_an_f64_reference() {
     let mask = DropoutMask { p: 0.2, key: 41 };
     let mut seed = 100;
-    for (batch, seq, heads, hd) in [(2, 37, 3, 16), (1, 1, 2, 8), (1, 70, 1, 32)] {
+    // Every width the CUDA kernels take beyond 16 and 32 too (64; the wide 80, 96 and 128),
+    // which the CPU implementation has no special case for.
+    for (batch, seq, heads, hd) in [
+        (2, 37, 3, 16),
+        (1, 1, 2, 8),
+        (1, 70, 1, 32),
+        (1, 45, 2, 64),
+        (2, 37, 1, 80),
+        (1, 45, 2, 96),
+        (2, 70, 2, 128),
+        (1, 1, 1, 128),
+    ] {
         for causal in [false, true] {
             for dropout in [None, Some(mask)] {
                 for dtype in DTYPES {
@@ -181,10 +193,14 @@ fn flash_attention_matches_an_f64_reference() {
 fn padded_flash_attention_matches_an_f64_reference() {
     let mask = DropoutMask { p: 0.2, key: 43 };
     let mut seed = 300;
-    // Lengths of one key, a full sequence, and 64 and 65 (one tile exactly, and one more key).
+    // Lengths of one key, a full sequence, and 64 and 65 (one tile exactly, and one more key);
+    // 32 and 33 for the wide heads' 32-row tiles.
     for (batch, seq, heads, hd, lens) in [
         (3, 37, 2, 16, vec![37u32, 20, 1]),
         (2, 70, 1, 32, vec![64, 65]),
+        (3, 70, 2, 128, vec![1, 33, 70]),
+        (2, 45, 1, 96, vec![32, 45]),
+        (2, 40, 1, 80, vec![40, 7]),
     ] {
         for causal in [false, true] {
             for dropout in [None, Some(mask)] {
@@ -289,4 +305,18 @@ fn flash_attention_rejects_mismatched_shapes() {
     let wrong = random(&[10, 4], 1.0, 0.0, 2, DType::F32);
     let err = ops::flash_attention_backward(&qkv, &out, &lse, &wrong, &shape, None).unwrap_err();
     assert!(err.to_string().contains("must be [10, 8]"), "{err}");
+}
+
+#[test]
+fn every_preset_has_flash_attention_kernels() {
+    // gpt-1.3b's heads are 128 wide, the others' 16 or 64: on CUDA none may fall back to
+    // materialised attention.
+    for name in autotune::spec::model::PRESETS {
+        let spec = autotune::ModelSpec::preset(name).unwrap();
+        assert!(
+            ops::FLASH_HEAD_DIMS.contains(&spec.head_dim()),
+            "{name}: no CUDA flash attention for heads of {}",
+            spec.head_dim()
+        );
+    }
 }

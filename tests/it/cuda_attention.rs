@@ -8,6 +8,14 @@
 //! Tolerances (max error relative to the CPU's largest magnitude): outputs `ops::tol`; gradients
 //! twice that, because the kernels round the probabilities and their gradients to bf16/f16 as
 //! the operands of the second product, where the CPU keeps them in f32.
+//!
+//! Every head width the kernels are built for is covered ([`ops::FLASH_HEAD_DIMS`]: 16 to 64
+//! with 64-row tiles; 80, 96 and 128 with 32-row tiles, and at 128 a dk/dv kernel of two sweeps).
+//! To tell a failing kernel from the line alone, the gradient of q/k/v is checked in its three
+//! parts (dq from the dq kernel, dk and dv from the dk/dv kernel; each against the largest
+//! magnitude of the whole gradient, so the criterion is the whole gradient's), and a miss names
+//! how many elements are off and where the worst one is, as (sequence, token, head, column) for
+//! outputs and gradients and (sequence, head, token) for log-sum-exps.
 
 use candle_core::{DType, Device, Tensor};
 
@@ -32,11 +40,42 @@ struct Misses(Vec<String>);
 impl Misses {
     fn check(&mut self, what: &str, got: &Tensor, want: &Tensor, tol: f64) {
         let (abs, rel) = errors(got, want);
-        let ok = rel <= tol;
-        let line = format!(
-            "cuda {what:<64} max abs {abs:9.3e}  rel {rel:9.3e}  (tol {tol:.1e}){}",
-            if ok { "" } else { "  MISS" }
+        self.record(what, got, want, (abs, rel), tol, None);
+    }
+
+    /// [`Misses::check`] of a part of a tensor, its error relative to the largest magnitude of
+    /// the whole (`scale`).
+    fn check_part(&mut self, what: &str, got: &Tensor, want: &Tensor, scale: f64, tol: f64) {
+        let (abs, _) = errors(got, want);
+        self.record(
+            what,
+            got,
+            want,
+            (abs, abs / scale.max(1e-30)),
+            tol,
+            Some(scale),
         );
+    }
+
+    /// One line; on a miss also how many elements are off and the worst, against `tol` times
+    /// `scale` (by default the largest magnitude of `want`).
+    fn record(
+        &mut self,
+        what: &str,
+        got: &Tensor,
+        want: &Tensor,
+        (abs, rel): (f64, f64),
+        tol: f64,
+        scale: Option<f64>,
+    ) {
+        // NaN misses: a comparison with NaN is false.
+        let ok = rel <= tol;
+        let mut line =
+            format!("cuda {what:<72} max abs {abs:9.3e}  rel {rel:9.3e}  (tol {tol:.1e})");
+        if !ok {
+            let scale = scale.unwrap_or_else(|| max_abs(&values(want)));
+            line += &format!("  MISS {}", where_off(got, want, tol * scale.max(1e-30)));
+        }
         eprintln!("{line}");
         if !ok {
             self.0.push(line);
@@ -45,6 +84,86 @@ impl Misses {
 
     fn finish(self) {
         assert!(self.0.is_empty(), "missed:\n{}", self.0.join("\n"));
+    }
+}
+
+fn values(t: &Tensor) -> Vec<f64> {
+    t.to_device(&Device::Cpu)
+        .and_then(|t| t.to_dtype(DType::F64))
+        .and_then(|t| t.flatten_all())
+        .and_then(|t| t.to_vec1())
+        .unwrap()
+}
+
+fn max_abs(v: &[f64]) -> f64 {
+    v.iter().fold(0f64, |m, x| m.max(x.abs()))
+}
+
+/// How many elements of `got` are further than `limit` from `want` (NaN counts), and the worst
+/// with its index (one per dimension).
+fn where_off(got: &Tensor, want: &Tensor, limit: f64) -> String {
+    let (g, w) = (values(got), values(want));
+    let (mut off, mut worst, mut at) = (0usize, -1f64, 0usize);
+    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+        let d = (a - b).abs();
+        let d = if d.is_nan() { f64::INFINITY } else { d };
+        if d > limit {
+            off += 1;
+        }
+        if d > worst {
+            (worst, at) = (d, i);
+        }
+    }
+    let mut index = vec![0; got.rank()];
+    let mut rest = at;
+    for (k, &n) in got.dims().iter().enumerate().rev() {
+        index[k] = rest % n;
+        rest /= n;
+    }
+    format!(
+        "{off} of {} off, worst at {index:?}: {} for {}",
+        g.len(),
+        g[at],
+        w[at]
+    )
+}
+
+/// Rows `(batch·seq, heads·hd)` as `(batch, seq, heads, hd)`, so that a miss names the sequence,
+/// token, head and column.
+fn by_head(t: &Tensor, shape: &AttentionShape) -> Tensor {
+    let hd = t.dim(1).unwrap() / shape.heads;
+    t.reshape((shape.batch, shape.seq, shape.heads, hd))
+        .unwrap()
+}
+
+/// Checks the output, log-sum-exp and the three parts of the q/k/v gradient of a GPU run
+/// against the CPU's.
+fn check_run(
+    misses: &mut Misses,
+    what: &str,
+    shape: &AttentionShape,
+    dtype: DType,
+    (out, lse, dqkv): &(Tensor, Tensor, Tensor),
+    (out_c, lse_c, dqkv_c): &(Tensor, Tensor, Tensor),
+) {
+    misses.check(
+        &format!("{what} out"),
+        &by_head(out, shape),
+        &by_head(out_c, shape),
+        tol(dtype),
+    );
+    misses.check(&format!("{what} lse"), lse, lse_c, tol(DType::F32) * 10.0);
+    let d = out.dim(1).unwrap();
+    let scale = max_abs(&values(dqkv_c));
+    for (part, name) in ["dq", "dk", "dv"].iter().enumerate() {
+        let cols = |t: &Tensor| by_head(&t.narrow(1, part * d, d).unwrap(), shape);
+        misses.check_part(
+            &format!("{what} {name}"),
+            &cols(dqkv),
+            &cols(dqkv_c),
+            scale,
+            2.0 * tol(dtype),
+        );
     }
 }
 
@@ -60,12 +179,23 @@ fn cuda_flash_attention_matches_the_cpu() {
     let mut misses = Misses::default();
     let mask = DropoutMask { p: 0.1, key: 9 };
     let mut seed = 500;
+    // Sequences of one token, of whole tiles (64, 128) and in between; at the wide heads also
+    // of a 32-row tile and one more token (32, 33), and of several 64-row blocks (200, 300).
     for (batch, seq, heads, hd) in [
         (2, 200, 3, 64),
         (3, 64, 2, 32),
         (2, 129, 4, 16),
         (1, 1, 2, 64),
         (1, 300, 1, 64),
+        (2, 200, 3, 128),
+        (3, 64, 2, 128),
+        (1, 33, 2, 128),
+        (1, 1, 2, 128),
+        (1, 300, 1, 128),
+        (2, 129, 2, 96),
+        (1, 32, 3, 96),
+        (2, 100, 2, 80),
+        (1, 1, 1, 80),
     ] {
         for causal in [false, true] {
             for dropout in [None, Some(mask)] {
@@ -90,20 +220,21 @@ fn cuda_flash_attention_matches_the_cpu() {
                         (out, lse, dqkv)
                     };
                     poison_pool(&dev);
-                    let (out, lse, dqkv) = run(&dev);
-                    let (out_c, lse_c, dqkv_c) = run(&Device::Cpu);
+                    let gpu = run(&dev);
+                    let cpu = run(&Device::Cpu);
                     let what = format!(
                         "b{batch} s{seq} h{heads} hd{hd} causal={} drop={} {dtype:?}",
                         u8::from(causal),
                         u8::from(dropout.is_some())
                     );
-                    misses.check(&format!("{what} out"), &out, &out_c, tol(dtype));
-                    misses.check(&format!("{what} lse"), &lse, &lse_c, tol(DType::F32) * 10.0);
-                    misses.check(&format!("{what} dqkv"), &dqkv, &dqkv_c, 2.0 * tol(dtype));
-                    // No atomics: a second run is bit-identical.
-                    let (out2, _, dqkv2) = run(&dev);
-                    misses.check(&format!("{what} out rerun"), &out2, &out, 0.0);
-                    misses.check(&format!("{what} dqkv rerun"), &dqkv2, &dqkv, 0.0);
+                    check_run(&mut misses, &what, &shape, dtype, &gpu, &cpu);
+                    // No atomics: a second run (on a freshly poisoned pool) is bit-identical.
+                    poison_pool(&dev);
+                    let (out2, lse2, dqkv2) = run(&dev);
+                    let (out, lse, dqkv) = &gpu;
+                    misses.check(&format!("{what} out rerun"), &out2, out, 0.0);
+                    misses.check(&format!("{what} lse rerun"), &lse2, lse, 0.0);
+                    misses.check(&format!("{what} dqkv rerun"), &dqkv2, dqkv, 0.0);
                 }
             }
         }
@@ -117,11 +248,16 @@ fn cuda_padded_flash_attention_matches_the_cpu() {
     let mut misses = Misses::default();
     let mask = DropoutMask { p: 0.1, key: 11 };
     let mut seed = 700;
-    // Lengths of one key, of whole tiles (64, 128), one past a tile (65) and the full sequence.
+    // Lengths of one key, of whole tiles (64, 128), one past a tile (65) and the full sequence;
+    // at the wide heads also of one and three 32-row tiles and one key more (32, 33, 97).
     for (batch, seq, heads, hd, lens) in [
         (4, 200, 2, 64, vec![200u32, 1, 64, 65]),
         (2, 129, 3, 32, vec![128, 129]),
         (2, 70, 2, 16, vec![7, 70]),
+        (4, 150, 2, 128, vec![150, 1, 32, 97]),
+        (2, 129, 1, 128, vec![33, 64]),
+        (2, 100, 2, 96, vec![33, 100]),
+        (2, 70, 2, 80, vec![65, 32]),
     ] {
         for causal in [false, true] {
             for dropout in [None, Some(mask)] {
@@ -150,16 +286,30 @@ fn cuda_padded_flash_attention_matches_the_cpu() {
                         (out, lse, dqkv)
                     };
                     poison_pool(&dev);
-                    let (out, lse, dqkv) = run(&dev);
-                    let (out_c, lse_c, dqkv_c) = run(&Device::Cpu);
+                    let gpu = run(&dev);
+                    let cpu = run(&Device::Cpu);
                     let what = format!(
                         "b{batch} s{seq} h{heads} hd{hd} lens {lens:?} causal={} drop={} {dtype:?}",
                         u8::from(causal),
                         u8::from(dropout.is_some())
                     );
-                    misses.check(&format!("{what} out"), &out, &out_c, tol(dtype));
-                    misses.check(&format!("{what} lse"), &lse, &lse_c, tol(DType::F32) * 10.0);
-                    misses.check(&format!("{what} dqkv"), &dqkv, &dqkv_c, 2.0 * tol(dtype));
+                    check_run(&mut misses, &what, &shape, dtype, &gpu, &cpu);
+                    // Padding keys get exactly zero k and v gradients.
+                    let dqkv = &gpu.2;
+                    for (b, &len) in lens.iter().enumerate() {
+                        let pad = seq - len as usize;
+                        if pad > 0 {
+                            let rows = dqkv.narrow(0, b * seq + len as usize, pad).unwrap();
+                            let kv = rows.narrow(1, d, 2 * d).unwrap();
+                            let zeros = kv.zeros_like().unwrap();
+                            misses.check(
+                                &format!("{what} padding dk dv of sequence {b}"),
+                                &kv,
+                                &zeros,
+                                0.0,
+                            );
+                        }
+                    }
                 }
             }
         }
@@ -184,13 +334,33 @@ fn flash_gpt() -> ModelSpec {
 fn cuda_flash_engine_matches_the_materialized_engine() {
     let dev = gpu();
     let mut misses = Misses::default();
+    // Also with heads of 128 (d 256, 2 heads), the wide heads' kernels.
+    let wide = ModelSpec {
+        name: "flash-gpt-wide".into(),
+        d_model: 256,
+        d_ff: 512,
+        ..flash_gpt()
+    };
     for spec in [
         flash_gpt(),
         ModelSpec {
             causal: false,
             ..flash_gpt()
         },
+        wide.clone(),
+        ModelSpec {
+            causal: false,
+            ..wide
+        },
     ] {
+        // Otherwise both runs below would be materialised.
+        for dtype in [DType::BF16, DType::F16] {
+            assert!(
+                ops::flash_attention_supported(&dev, dtype, spec.head_dim()),
+                "no flash attention for heads of {}",
+                spec.head_dim()
+            );
+        }
         let data = Data::open(&DataSpec::Random, &spec).unwrap();
         let batch = data.batch(3, 0, 0, 4, &dev).unwrap();
         for (precision, grad_tol) in [(Precision::Bf16, 0.5), (Precision::Fp16, 0.4)] {
@@ -201,7 +371,11 @@ fn cuda_flash_engine_matches_the_materialized_engine() {
             };
             let (g, loss) = run(Engine::Explicit);
             let (g_ref, loss_ref) = run(Engine::ExplicitMaterialized);
-            let what = format!("engine causal={} {precision}", u8::from(spec.causal));
+            let what = format!(
+                "engine hd{} causal={} {precision}",
+                spec.head_dim(),
+                u8::from(spec.causal)
+            );
             eprintln!("{what}: loss flash {loss:.6} materialized {loss_ref:.6}");
             if ((loss - loss_ref) / loss_ref).abs() > 1e-3 {
                 misses.0.push(format!("{what}: loss {loss} vs {loss_ref}"));

@@ -1,8 +1,10 @@
 //! CUDA launches for flash attention (`kernels/attention.cu`).
 //!
 //! Every kernel runs 128 threads (four warps of 16 rows) per block on a
-//! `(batch·heads, ceil(seq / 64))` grid. The backward pass launches the dq kernel first: it
-//! also writes `D = rowsum(dO ⊙ O)`, which the dk/dv kernel reads.
+//! `(batch·heads, ceil(seq / 64))` grid, for every head width (the kernels of wide heads stream
+//! narrower tiles, but still take 64 rows per block), with static shared memory only. The
+//! backward pass launches the dq kernel first: it also writes `D = rowsum(dO ⊙ O)`, which the
+//! dk/dv kernel reads.
 
 #![allow(unsafe_code)]
 

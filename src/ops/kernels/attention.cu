@@ -8,12 +8,29 @@
 //
 // Grids are (batch·heads, tiles of 64 rows): the long dimension in x, which has no 65535 limit.
 // Forward (one block per 64 query rows of one (batch, head), four warps of 16 rows): stream
-// 64-key tiles of k and v through double-buffered shared memory, keep the running row maximum and sum of the
-// online softmax in registers, and save one log-sum-exp per row (f32) for the backward pass.
-// Backward, as two kernels that never need atomics (so every gradient is deterministic):
+// 64-key tiles of k and v through double-buffered shared memory, keep the running row maximum
+// and sum of the online softmax in registers, and save one log-sum-exp per row (f32) for the
+// backward pass. Backward, as two kernels that never need atomics (so every gradient is
+// deterministic):
 //   dq:   one block per 64 query rows; also writes D = rowsum(dO ⊙ O) for the next kernel;
 //   dkdv: one block per 64 keys, streaming 64-query tiles of q and dO.
 // Each recomputes the probabilities from q, k and the saved log-sum-exp.
+//
+// Wide heads (80, 96 and 128; `Tiles` below). A 64-row tile of a 128-wide head is 17 KB, so
+// double-buffered k and v tiles would take 70 KB: over the 48 KB of static shared memory, and
+// as dynamic shared memory (which needs a per-kernel opt-in above 48 KB) enough to leave room
+// for one block per SM on an RTX 4090 (100 KB per SM) where two fit now. So heads wider than 64
+// stream tiles of 32 rows instead, still double-buffered (35 KB at 128, 27 KB at 96, 23 KB at
+// 80, all static), and keep everything else: 64 rows and four warps per block, A fragments in
+// registers, two blocks per SM on the RTX 4090 and the H200 alike (the registers, up to 255 per
+// thread, allow no more there either). A tile narrower than a block's rows can be all masked
+// for a warp (causal, the block's last key tile): its probabilities come out 0, and the online
+// softmax keeps the finite maximum of the first tile, whose key 0 every row sees. At 128 the
+// dk/dv kernel's k and v fragments, dk and dv accumulators (32 + 32 + 64 + 64 registers) and
+// score tiles do not fit in registers at once (a single sweep spills), so it sweeps the query
+// tiles twice: dv is accumulated and written first, then dk, each sweep recomputing the
+// probabilities (five products where a single sweep runs four). Registers and spills per
+// kernel are listed in README.md next to this file.
 //
 // Matrix products use the warp-level `mma.sync.m16n8k16` (bf16 or f16 in, f32 accumulate),
 // available from sm_80, so the compute_80 PTX runs on Ampere, Ada (RTX 4090) and Hopper. The
@@ -37,7 +54,8 @@ namespace flash {
 
 constexpr int WARPS = 4;
 constexpr int THREADS = WARPS * 32;
-constexpr int TILE = 64;  // query rows per block, keys per tile (both: 16 rows per warp)
+constexpr int TILE = 64;  // rows per block (queries, or keys in dk/dv: 16 per warp); also the
+                          // rows of a streamed tile up to head width 64 (see `Tiles`)
 constexpr int PAD = 8;    // shared rows are padded by 16 bytes: ldmatrix reads no bank twice
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
@@ -122,16 +140,16 @@ __device__ __forceinline__ void frag_a_global(uint32_t (&a)[4], const T *x, long
     a[3] = at(r1, c + 8);
 }
 
-// Copies `TILE` rows of width HD (rows row0.. of a global matrix) into shared memory as
+// Copies `N` rows of width HD (rows row0.. of a global matrix) into shared memory as
 // asynchronous 16-byte copies (sm_80 `cp.async`), so the next tile streams in while the current
 // one is computed on; complete it with `cp_async_wait` and a barrier. Rows at or past `rows`
 // are zero-filled: zero v rows keep masked-out keys from feeding NaN garbage into 0 · v.
-template <typename T, int HD>
+template <typename T, int HD, int N>
 __device__ __forceinline__ void load_tile_async(T *dst, const T *src, long long stride, int row0,
                                                 int rows) {
     constexpr int VEC = 8;
     constexpr int PER_ROW = HD / VEC;
-    for (int i = threadIdx.x; i < TILE * PER_ROW; i += THREADS) {
+    for (int i = threadIdx.x; i < N * PER_ROW; i += THREADS) {
         const int r = i / PER_ROW, c = (i % PER_ROW) * VEC;
         const bool valid = row0 + r < rows;
         const T *from = valid ? src + (row0 + r) * stride + c : src;
@@ -148,16 +166,15 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// Issues tile `next` (if any) into the other buffer and waits for tile `cur`'s copies: the
-// double-buffered pipeline every kernel's tile loop runs.
-template <typename T, int HD>
-__device__ __forceinline__ void pipeline_step(T (*a)[TILE * (HD + PAD)],
-                                              T (*b)[TILE * (HD + PAD)], const T *sa,
-                                              long long stride_a, const T *sb,
+// Issues tile `next` (if any, tiles of N rows) into the other buffer and waits for the current
+// tile's copies: the double-buffered pipeline every kernel's tile loop runs.
+template <typename T, int HD, int N>
+__device__ __forceinline__ void pipeline_step(T (*a)[N * (HD + PAD)], T (*b)[N * (HD + PAD)],
+                                              const T *sa, long long stride_a, const T *sb,
                                               long long stride_b, int next, int tiles, int rows) {
     if (next < tiles) {
-        load_tile_async<T, HD>(a[next & 1], sa, stride_a, next * TILE, rows);
-        load_tile_async<T, HD>(b[next & 1], sb, stride_b, next * TILE, rows);
+        load_tile_async<T, HD, N>(a[next & 1], sa, stride_a, next * N, rows);
+        load_tile_async<T, HD, N>(b[next & 1], sb, stride_b, next * N, rows);
         cp_async_commit();
         cp_async_wait<1>();
     } else {
@@ -171,14 +188,14 @@ __device__ __forceinline__ int acc_row(int e) { return (threadIdx.x & 31) / 4 + 
 __device__ __forceinline__ int acc_col(int e) { return 2 * (threadIdx.x & 3) + (e & 1); }
 
 // The two products every kernel runs, for one warp's 16 rows (A in registers, 16 columns from
-// k0) against a shared tile X of TILE rows × HD:
-//   c (16 × TILE) += A · X[.., k0 .. k0+16]ᵀ     (scores: q·kᵀ, dO·vᵀ, k·qᵀ, v·dOᵀ)
-//   c (16 × HD)   += A · X[k0 .. k0+16, ..]       (outputs: P·v, dS·k, Pᵀ·dO, dSᵀ·q)
-template <typename T, int HD>
-__device__ __forceinline__ void mma_by_rows_t(float (&c)[TILE / 8][4], const uint32_t (&a)[4],
+// k0) against a shared tile X of N rows × HD:
+//   c (16 × N)  += A · X[.., k0 .. k0+16]ᵀ     (scores: q·kᵀ, dO·vᵀ, k·qᵀ, v·dOᵀ)
+//   c (16 × HD) += A · X[k0 .. k0+16, ..]       (outputs: P·v, dS·k, Pᵀ·dO, dSᵀ·q)
+template <typename T, int HD, int N>
+__device__ __forceinline__ void mma_by_rows_t(float (&c)[N / 8][4], const uint32_t (&a)[4],
                                               const T *x, int k0) {
 #pragma unroll
-    for (int nt = 0; nt < TILE / 8; nt += 2) {
+    for (int nt = 0; nt < N / 8; nt += 2) {
         uint32_t bf[4];
         frag_b_rows(bf, x, HD + PAD, nt * 8, k0);
         Mma<T>::run(c[nt], a, bf[0], bf[1]);
@@ -198,10 +215,10 @@ __device__ __forceinline__ void mma_by_rows(float (&c)[HD / 8][4], const uint32_
     }
 }
 
-// The A operand for columns kk·16 .. kk·16+16 of a 16 × TILE accumulator: the accumulator
-// layout of two m16n8 tiles is the A layout of one m16k16 (FlashAttention-2's register reuse).
-template <typename T>
-__device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&c)[TILE / 8][4], int kk) {
+// The A operand for columns kk·16 .. kk·16+16 of a 16 × N accumulator: the accumulator layout
+// of two m16n8 tiles is the A layout of one m16k16 (FlashAttention-2's register reuse).
+template <typename T, int N>
+__device__ __forceinline__ void acc_to_a(uint32_t (&a)[4], const float (&c)[N / 8][4], int kk) {
     a[0] = Mma<T>::pack(c[2 * kk][0], c[2 * kk][1]);
     a[1] = Mma<T>::pack(c[2 * kk][2], c[2 * kk][3]);
     a[2] = Mma<T>::pack(c[2 * kk + 1][0], c[2 * kk + 1][1]);
@@ -242,11 +259,25 @@ __device__ __forceinline__ bool kept(const Dims &p, int bh, int i, int j) {
     return dropout_keep(p.key, idx, p.threshold);
 }
 
+// How each head width tiles its work (see the header comment): `STREAM` rows per streamed tile
+// (keys and values in the forward and dq kernels, queries and output gradients in dk/dv), and
+// whether dk/dv takes two sweeps over the queries (dv, then dk) instead of one.
+template <int HD> struct Tiles {
+    static_assert(HD % 16 == 0 && HD >= 16 && HD <= 128, "head widths are multiples of 16");
+    static constexpr int STREAM = HD <= 64 ? TILE : 32;
+    static constexpr bool TWO_SWEEPS = HD > 96;
+    static_assert(TILE % STREAM == 0, "a block's rows span whole streamed tiles");
+    // Static shared memory is capped at 48 KB per block: two double-buffered tiles.
+    static_assert(2 * 2 * STREAM * (HD + PAD) * 2 + 2 * STREAM * 4 <= 48 * 1024,
+                  "the streamed tiles fit static shared memory");
+};
+
 template <typename T, int HD>
 __device__ void forward(const T *qkv, const uint32_t *lens, T *out, float *lse, Dims p) {
     constexpr int PITCH = HD + PAD;
-    __shared__ __align__(16) T kbuf[2][TILE * PITCH];
-    __shared__ __align__(16) T vbuf[2][TILE * PITCH];
+    constexpr int KT = Tiles<HD>::STREAM;
+    __shared__ __align__(16) T kbuf[2][KT * PITCH];
+    __shared__ __align__(16) T vbuf[2][KT * PITCH];
     const int d = p.heads * HD, S = p.seq;
     const long long stride = 3LL * d;
     const int bh = blockIdx.x, b = bh / p.heads, h = bh % p.heads;
@@ -266,27 +297,28 @@ __device__ void forward(const T *qkv, const uint32_t *lens, T *out, float *lse, 
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     const float sl2 = p.scale * LOG2E;
     const int keys = key_count(lens, b, S);
-    int tiles = (keys + TILE - 1) / TILE;
-    if (p.causal) tiles = min(tiles, tile + 1);
+    int tiles = (keys + KT - 1) / KT;
+    // The last key this block's last row sees is in key tile (tile + 1) · TILE / KT − 1.
+    if (p.causal) tiles = min(tiles, (tile + 1) * (TILE / KT));
 
-    load_tile_async<T, HD>(kbuf[0], k, stride, 0, S);
-    load_tile_async<T, HD>(vbuf[0], v, stride, 0, S);
+    load_tile_async<T, HD, KT>(kbuf[0], k, stride, 0, S);
+    load_tile_async<T, HD, KT>(vbuf[0], v, stride, 0, S);
     cp_async_commit();
     for (int j = 0; j < tiles; ++j) {
-        pipeline_step<T, HD>(kbuf, vbuf, k, stride, v, stride, j + 1, tiles, S);
+        pipeline_step<T, HD, KT>(kbuf, vbuf, k, stride, v, stride, j + 1, tiles, S);
         __syncthreads();  // tile j is in for every thread's copies
         const T *ks = kbuf[j & 1], *vs = vbuf[j & 1];
 
-        float s[TILE / 8][4] = {};
+        float s[KT / 8][4] = {};
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; ++kk) mma_by_rows_t<T, HD>(s, qf[kk], ks, kk * 16);
+        for (int kk = 0; kk < HD / 16; ++kk) mma_by_rows_t<T, HD, KT>(s, qf[kk], ks, kk * 16);
         // Scores in the log2 domain; masked keys at -inf. Then the new row maxima.
         float mnew[2] = {m[0], m[1]};
 #pragma unroll
-        for (int nt = 0; nt < TILE / 8; ++nt) {
+        for (int nt = 0; nt < KT / 8; ++nt) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int row = row0 + acc_row(e), col = j * TILE + nt * 8 + acc_col(e);
+                const int row = row0 + acc_row(e), col = j * KT + nt * 8 + acc_col(e);
                 float x = s[nt][e] * sl2;
                 if (col >= keys || (p.causal && col > row)) x = -INFINITY;
                 s[nt][e] = x;
@@ -298,7 +330,9 @@ __device__ void forward(const T *qkv, const uint32_t *lens, T *out, float *lse, 
         for (int r = 0; r < 2; ++r) {
             mnew[r] = fmaxf(mnew[r], __shfl_xor_sync(0xffffffffu, mnew[r], 1));
             mnew[r] = fmaxf(mnew[r], __shfl_xor_sync(0xffffffffu, mnew[r], 2));
-            // Every processed tile holds a visible key for every row, so mnew is finite.
+            // Key 0 is visible to every row, so from the first tile on mnew is finite. (With
+            // tiles narrower than a block, a row may see no key of a later tile: mnew keeps the
+            // finite running maximum and its probabilities come out 0.)
             base[r] = mnew[r] == -INFINITY ? 0.f : mnew[r];
             const float alpha = exp2f(m[r] - base[r]);
             l[r] *= alpha;
@@ -311,13 +345,13 @@ __device__ void forward(const T *qkv, const uint32_t *lens, T *out, float *lse, 
         }
         // Probabilities (unnormalised); the row sums see them before dropout.
 #pragma unroll
-        for (int nt = 0; nt < TILE / 8; ++nt) {
+        for (int nt = 0; nt < KT / 8; ++nt) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 float pe = exp2f(s[nt][e] - base[e >> 1]);
                 l[e >> 1] += pe;
                 if (p.threshold) {
-                    const int row = row0 + acc_row(e), col = j * TILE + nt * 8 + acc_col(e);
+                    const int row = row0 + acc_row(e), col = j * KT + nt * 8 + acc_col(e);
                     if (row < S && col < S && !kept(p, bh, row, col)) pe = 0.f;
                 }
                 s[nt][e] = pe;
@@ -325,9 +359,9 @@ __device__ void forward(const T *qkv, const uint32_t *lens, T *out, float *lse, 
         }
         // acc += P · V, the probabilities reused in registers as the A operand.
 #pragma unroll
-        for (int kk = 0; kk < TILE / 16; ++kk) {
+        for (int kk = 0; kk < KT / 16; ++kk) {
             uint32_t pa[4];
-            acc_to_a<T>(pa, s, kk);
+            acc_to_a<T, KT>(pa, s, kk);
             mma_by_rows<T, HD>(acc, pa, vs, kk * 16);
         }
         __syncthreads();  // everyone is done with tile j before its buffer is refilled
@@ -357,8 +391,9 @@ template <typename T, int HD>
 __device__ void backward_dq(const T *qkv, const uint32_t *lens, const T *out, const T *dout,
                             const float *lse, float *dsum, T *dqkv, Dims p) {
     constexpr int PITCH = HD + PAD;
-    __shared__ __align__(16) T kbuf[2][TILE * PITCH];
-    __shared__ __align__(16) T vbuf[2][TILE * PITCH];
+    constexpr int KT = Tiles<HD>::STREAM;
+    __shared__ __align__(16) T kbuf[2][KT * PITCH];
+    __shared__ __align__(16) T vbuf[2][KT * PITCH];
     const int d = p.heads * HD, S = p.seq;
     const long long stride = 3LL * d;
     const int bh = blockIdx.x, b = bh / p.heads, h = bh % p.heads;
@@ -405,27 +440,27 @@ __device__ void backward_dq(const T *qkv, const uint32_t *lens, const T *out, co
     float acc[HD / 8][4] = {};
     const float sl2 = p.scale * LOG2E;
     const int keys = key_count(lens, b, S);
-    int tiles = (keys + TILE - 1) / TILE;
-    if (p.causal) tiles = min(tiles, tile + 1);
-    load_tile_async<T, HD>(kbuf[0], k, stride, 0, S);
-    load_tile_async<T, HD>(vbuf[0], v, stride, 0, S);
+    int tiles = (keys + KT - 1) / KT;
+    if (p.causal) tiles = min(tiles, (tile + 1) * (TILE / KT));
+    load_tile_async<T, HD, KT>(kbuf[0], k, stride, 0, S);
+    load_tile_async<T, HD, KT>(vbuf[0], v, stride, 0, S);
     cp_async_commit();
     for (int j = 0; j < tiles; ++j) {
-        pipeline_step<T, HD>(kbuf, vbuf, k, stride, v, stride, j + 1, tiles, S);
+        pipeline_step<T, HD, KT>(kbuf, vbuf, k, stride, v, stride, j + 1, tiles, S);
         __syncthreads();
         const T *ks = kbuf[j & 1], *vs = vbuf[j & 1];
 
-        float s[TILE / 8][4] = {}, dp[TILE / 8][4] = {};
+        float s[KT / 8][4] = {}, dp[KT / 8][4] = {};
 #pragma unroll
         for (int kk = 0; kk < HD / 16; ++kk) {
-            mma_by_rows_t<T, HD>(s, qf[kk], ks, kk * 16);
-            mma_by_rows_t<T, HD>(dp, df[kk], vs, kk * 16);
+            mma_by_rows_t<T, HD, KT>(s, qf[kk], ks, kk * 16);
+            mma_by_rows_t<T, HD, KT>(dp, df[kk], vs, kk * 16);
         }
 #pragma unroll
-        for (int nt = 0; nt < TILE / 8; ++nt) {
+        for (int nt = 0; nt < KT / 8; ++nt) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int row = row0 + acc_row(e), col = j * TILE + nt * 8 + acc_col(e);
+                const int row = row0 + acc_row(e), col = j * KT + nt * 8 + acc_col(e);
                 const bool visible = row < S && col < keys && !(p.causal && col > row);
                 const float pe = visible ? exp2f(s[nt][e] * sl2 - l2[e >> 1]) : 0.f;
                 float z = 1.f;
@@ -434,9 +469,9 @@ __device__ void backward_dq(const T *qkv, const uint32_t *lens, const T *out, co
             }
         }
 #pragma unroll
-        for (int kk = 0; kk < TILE / 16; ++kk) {
+        for (int kk = 0; kk < KT / 16; ++kk) {
             uint32_t sa[4];
-            acc_to_a<T>(sa, s, kk);
+            acc_to_a<T, KT>(sa, s, kk);
             mma_by_rows<T, HD>(acc, sa, ks, kk * 16);
         }
         __syncthreads();
@@ -454,117 +489,211 @@ __device__ void backward_dq(const T *qkv, const uint32_t *lens, const T *out, co
     }
 }
 
+// What one dk/dv sweep over the query tiles reads: the block's place, its streamed tiles in
+// shared memory, and the global rows they stream from.
+template <typename T, int HD> struct DkdvSweep {
+    static constexpr int QT = Tiles<HD>::STREAM;
+    T (*qbuf)[QT * (HD + PAD)];
+    T (*dobuf)[QT * (HD + PAD)];
+    float *l2s, *ds;
+    const T *q, *dog;
+    const float *lse, *dsum;
+    long long stride;
+    float sl2;  // scale · log2(e)
+    int d, S, bh, keys, key0, first, tiles;
+};
+
+// Which products a sweep accumulates.
+enum Grads { DK_AND_DV, DV_ONLY, DK_ONLY };
+
+// One sweep of the dk/dv kernel over the query tiles first .. tiles: dv += dropout(P)ᵀ · dO
+// unless DK_ONLY, dk += dSᵀ · q unless DV_ONLY (the scales are applied by the caller). kf and
+// vf are the block's k and v rows as A fragments (vf is unread by DV_ONLY).
+template <typename T, int HD, Grads G>
+__device__ __forceinline__ void dkdv_sweep(float (&dk)[HD / 8][4], float (&dv)[HD / 8][4],
+                                           const uint32_t (&kf)[HD / 16][4],
+                                           const uint32_t (&vf)[HD / 16][4],
+                                           const DkdvSweep<T, HD> &w, const Dims &p) {
+    constexpr int QT = DkdvSweep<T, HD>::QT;
+    if (w.first < w.tiles) {
+        load_tile_async<T, HD, QT>(w.qbuf[w.first & 1], w.q, w.stride, w.first * QT, w.S);
+        load_tile_async<T, HD, QT>(w.dobuf[w.first & 1], w.dog, w.d, w.first * QT, w.S);
+        cp_async_commit();
+    }
+    for (int i = w.first; i < w.tiles; ++i) {
+        pipeline_step<T, HD, QT>(w.qbuf, w.dobuf, w.q, w.stride, w.dog, w.d, i + 1, w.tiles,
+                                 w.S);
+        const T *qs = w.qbuf[i & 1], *dos = w.dobuf[i & 1];
+        for (int r = threadIdx.x; r < QT; r += THREADS) {
+            const int row = i * QT + r;
+            w.l2s[r] = row < w.S ? w.lse[(long long)w.bh * w.S + row] * LOG2E : 0.f;
+            if (G != DV_ONLY) w.ds[r] = row < w.S ? w.dsum[(long long)w.bh * w.S + row] : 0.f;
+        }
+        __syncthreads();
+
+        // Sᵀ = k · qᵀ, then Pᵀ; `kept_bits` remembers the dropout mask for dPᵀ.
+        float s[QT / 8][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk) mma_by_rows_t<T, HD, QT>(s, kf[kk], qs, kk * 16);
+        uint32_t kept_bits = 0xffffffffu;
+#pragma unroll
+        for (int nt = 0; nt < QT / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = w.key0 + acc_row(e), lq = nt * 8 + acc_col(e), row = i * QT + lq;
+                const bool visible = row < w.S && key < w.keys && !(p.causal && key > row);
+                s[nt][e] = visible ? exp2f(s[nt][e] * w.sl2 - w.l2s[lq]) : 0.f;
+                if (p.threshold && !(visible && kept(p, w.bh, row, key)))
+                    kept_bits &= ~(1u << (nt * 4 + e));
+            }
+        }
+        if (G != DK_ONLY) {
+            // dv += dropout(P)ᵀ · dO (the keep scale is applied once at the end).
+#pragma unroll
+            for (int kk = 0; kk < QT / 16; ++kk) {
+                float z[8];
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    const int nt = 2 * kk + (e >> 2), c = e & 3;
+                    z[e] = (kept_bits >> (nt * 4 + c)) & 1u ? s[nt][c] : 0.f;
+                }
+                const uint32_t pa[4] = {Mma<T>::pack(z[0], z[1]), Mma<T>::pack(z[2], z[3]),
+                                        Mma<T>::pack(z[4], z[5]), Mma<T>::pack(z[6], z[7])};
+                mma_by_rows<T, HD>(dv, pa, dos, kk * 16);
+            }
+        }
+        if (G != DV_ONLY) {
+            // dPᵀ = v · dOᵀ, then dSᵀ = Pᵀ ⊙ (dropout(dPᵀ) − D) in place of Pᵀ.
+            float dp[QT / 8][4] = {};
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; ++kk)
+                mma_by_rows_t<T, HD, QT>(dp, vf[kk], dos, kk * 16);
+#pragma unroll
+            for (int nt = 0; nt < QT / 8; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int lq = nt * 8 + acc_col(e);
+                    float z = 1.f;
+                    if (p.threshold) z = (kept_bits >> (nt * 4 + e)) & 1u ? p.keep_scale : 0.f;
+                    s[nt][e] = s[nt][e] * (dp[nt][e] * z - w.ds[lq]);
+                }
+            }
+            // dk += dSᵀ · q.
+#pragma unroll
+            for (int kk = 0; kk < QT / 16; ++kk) {
+                uint32_t sa[4];
+                acc_to_a<T, QT>(sa, s, kk);
+                mma_by_rows<T, HD>(dk, sa, qs, kk * 16);
+            }
+        }
+        __syncthreads();  // everyone is done with tile i (and l2s, ds) before they are refilled
+    }
+}
+
+// Rows key0 + (0, 8) of this thread's accumulator, times `scale`, into columns `col0` ..
+// `col0 + HD` of the keys' gradient rows (col0: d for dk, 2·d for dv).
+template <typename T, int HD>
+__device__ __forceinline__ void store_key_rows(T *dqkv, const float (&acc)[HD / 8][4],
+                                               float scale, int b, int S, int key0, int col0,
+                                               long long stride, int h) {
+    const int t = threadIdx.x & 3;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int key = key0 + acc_row(2 * r);
+        if (key >= S) continue;
+        T *dst = dqkv + ((long long)b * S + key) * stride + col0 + h * HD;
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; ++dt) {
+            *reinterpret_cast<uint32_t *>(dst + dt * 8 + 2 * t) =
+                Mma<T>::pack(acc[dt][2 * r] * scale, acc[dt][2 * r + 1] * scale);
+        }
+    }
+}
+
 // dv = Σ_i dropout(P)_ij dO_i and dk = scale · Σ_i dS_ij q_i for this block's 64 keys; the
 // products run transposed (keys as rows), so P and dS come out as Pᵀ and dSᵀ fragments.
 template <typename T, int HD>
 __device__ void backward_dkdv(const T *qkv, const uint32_t *lens, const T *dout,
                               const float *lse, const float *dsum, T *dqkv, Dims p) {
     constexpr int PITCH = HD + PAD;
-    __shared__ __align__(16) T qbuf[2][TILE * PITCH];
-    __shared__ __align__(16) T dobuf[2][TILE * PITCH];
-    __shared__ float l2s[TILE];
-    __shared__ float ds[TILE];
+    constexpr int QT = Tiles<HD>::STREAM;
+    __shared__ __align__(16) T qbuf[2][QT * PITCH];
+    __shared__ __align__(16) T dobuf[2][QT * PITCH];
+    __shared__ float l2s[QT];
+    __shared__ float ds[QT];
     const int d = p.heads * HD, S = p.seq;
     const long long stride = 3LL * d;
     const int bh = blockIdx.x, b = bh / p.heads, h = bh % p.heads;
-    const int warp = threadIdx.x >> 5, t = threadIdx.x & 3;
+    const int warp = threadIdx.x >> 5;
     const T *q = qkv + (long long)b * S * stride + h * HD;
     const T *k = q + d;
     const T *v = q + 2 * d;
     const T *dog = dout + (long long)b * S * d + h * HD;
     const int key0 = blockIdx.y * TILE + warp * 16;
+    // The sweep's arguments, gathered after the k and v fragments are loaded.
+    const auto sweep = [&]() {
+        DkdvSweep<T, HD> w;
+        w.sl2 = p.scale * LOG2E;
+        w.keys = key_count(lens, b, S);
+        // A block of padding keys only writes their zero gradients. Causal: queries before
+        // the block's first key see none of its keys.
+        w.tiles = blockIdx.y * TILE < w.keys ? (S + QT - 1) / QT : 0;
+        w.first = p.causal ? (int)blockIdx.y * (TILE / QT) : 0;
+        w.qbuf = qbuf;
+        w.dobuf = dobuf;
+        w.l2s = l2s;
+        w.ds = ds;
+        w.q = q;
+        w.dog = dog;
+        w.lse = lse;
+        w.dsum = dsum;
+        w.stride = stride;
+        w.d = d;
+        w.S = S;
+        w.bh = bh;
+        w.key0 = key0;
+        return w;
+    };
 
     uint32_t kf[HD / 16][4], vf[HD / 16][4];
+    if constexpr (!Tiles<HD>::TWO_SWEEPS) {
 #pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) {
-        frag_a_global(kf[kk], k, stride, key0, kk * 16, S);
-        frag_a_global(vf[kk], v, stride, key0, kk * 16, S);
-    }
-    float dk[HD / 8][4] = {}, dv[HD / 8][4] = {};
-    const float sl2 = p.scale * LOG2E;
-    const int keys = key_count(lens, b, S);
-    // A block of padding keys only writes their zero gradients.
-    const int tiles = blockIdx.y * TILE < keys ? (S + TILE - 1) / TILE : 0;
-    const int first = p.causal ? blockIdx.y : 0;
-    if (first < tiles) {
-        load_tile_async<T, HD>(qbuf[first & 1], q, stride, first * TILE, S);
-        load_tile_async<T, HD>(dobuf[first & 1], dog, d, first * TILE, S);
-        cp_async_commit();
-    }
-    for (int i = first; i < tiles; ++i) {
-        pipeline_step<T, HD>(qbuf, dobuf, q, stride, dog, d, i + 1, tiles, S);
-        const T *qs = qbuf[i & 1], *dos = dobuf[i & 1];
-        for (int r = threadIdx.x; r < TILE; r += THREADS) {
-            const int row = i * TILE + r;
-            l2s[r] = row < S ? lse[(long long)bh * S + row] * LOG2E : 0.f;
-            ds[r] = row < S ? dsum[(long long)bh * S + row] : 0.f;
+        for (int kk = 0; kk < HD / 16; ++kk) {
+            frag_a_global(kf[kk], k, stride, key0, kk * 16, S);
+            frag_a_global(vf[kk], v, stride, key0, kk * 16, S);
         }
-        __syncthreads();
-
-        // Sᵀ = k · qᵀ, then Pᵀ; `kept_bits` remembers the dropout mask for dPᵀ.
-        float s[TILE / 8][4] = {};
+        float dk[HD / 8][4] = {}, dv[HD / 8][4] = {};
+        dkdv_sweep<T, HD, DK_AND_DV>(dk, dv, kf, vf, sweep(), p);
+        const int t = threadIdx.x & 3;
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; ++kk) mma_by_rows_t<T, HD>(s, kf[kk], qs, kk * 16);
-        uint32_t kept_bits = 0xffffffffu;
+        for (int r = 0; r < 2; ++r) {
+            const int key = key0 + acc_row(2 * r);
+            if (key >= S) continue;
+            T *dst = dqkv + ((long long)b * S + key) * stride + h * HD;
 #pragma unroll
-        for (int nt = 0; nt < TILE / 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int key = key0 + acc_row(e), lq = nt * 8 + acc_col(e), row = i * TILE + lq;
-                const bool visible = row < S && key < keys && !(p.causal && key > row);
-                s[nt][e] = visible ? exp2f(s[nt][e] * sl2 - l2s[lq]) : 0.f;
-                if (p.threshold && !(visible && kept(p, bh, row, key)))
-                    kept_bits &= ~(1u << (nt * 4 + e));
+            for (int dt = 0; dt < HD / 8; ++dt) {
+                *reinterpret_cast<uint32_t *>(dst + d + dt * 8 + 2 * t) =
+                    Mma<T>::pack(dk[dt][2 * r] * p.scale, dk[dt][2 * r + 1] * p.scale);
+                *reinterpret_cast<uint32_t *>(dst + 2 * d + dt * 8 + 2 * t) = Mma<T>::pack(
+                    dv[dt][2 * r] * p.keep_scale, dv[dt][2 * r + 1] * p.keep_scale);
             }
         }
-        // dv += dropout(P)ᵀ · dO (the keep scale is applied once at the end).
+    } else {
+        // Wide heads: dk and dv accumulators together with k, v and the score tiles would
+        // not fit in registers, so dv is swept first and written, then dk.
 #pragma unroll
-        for (int kk = 0; kk < TILE / 16; ++kk) {
-            float z[8];
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                const int nt = 2 * kk + (e >> 2), c = e & 3;
-                z[e] = (kept_bits >> (nt * 4 + c)) & 1u ? s[nt][c] : 0.f;
-            }
-            const uint32_t pa[4] = {Mma<T>::pack(z[0], z[1]), Mma<T>::pack(z[2], z[3]),
-                                    Mma<T>::pack(z[4], z[5]), Mma<T>::pack(z[6], z[7])};
-            mma_by_rows<T, HD>(dv, pa, dos, kk * 16);
+        for (int kk = 0; kk < HD / 16; ++kk) frag_a_global(kf[kk], k, stride, key0, kk * 16, S);
+        const DkdvSweep<T, HD> w = sweep();
+        {
+            float dv[HD / 8][4] = {};
+            dkdv_sweep<T, HD, DV_ONLY>(dv, dv, kf, kf, w, p);
+            store_key_rows<T, HD>(dqkv, dv, p.keep_scale, b, S, key0, 2 * d, stride, h);
         }
-        // dPᵀ = v · dOᵀ, then dSᵀ = Pᵀ ⊙ (dropout(dPᵀ) − D) in place of Pᵀ.
-        float dp[TILE / 8][4] = {};
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; ++kk) mma_by_rows_t<T, HD>(dp, vf[kk], dos, kk * 16);
-#pragma unroll
-        for (int nt = 0; nt < TILE / 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int lq = nt * 8 + acc_col(e);
-                float z = 1.f;
-                if (p.threshold) z = (kept_bits >> (nt * 4 + e)) & 1u ? p.keep_scale : 0.f;
-                s[nt][e] = s[nt][e] * (dp[nt][e] * z - ds[lq]);
-            }
-        }
-        // dk += dSᵀ · q.
-#pragma unroll
-        for (int kk = 0; kk < TILE / 16; ++kk) {
-            uint32_t sa[4];
-            acc_to_a<T>(sa, s, kk);
-            mma_by_rows<T, HD>(dk, sa, qs, kk * 16);
-        }
-        __syncthreads();
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int key = key0 + acc_row(2 * r);
-        if (key >= S) continue;
-        T *dst = dqkv + ((long long)b * S + key) * stride + h * HD;
-#pragma unroll
-        for (int dt = 0; dt < HD / 8; ++dt) {
-            *reinterpret_cast<uint32_t *>(dst + d + dt * 8 + 2 * t) =
-                Mma<T>::pack(dk[dt][2 * r] * p.scale, dk[dt][2 * r + 1] * p.scale);
-            *reinterpret_cast<uint32_t *>(dst + 2 * d + dt * 8 + 2 * t) =
-                Mma<T>::pack(dv[dt][2 * r] * p.keep_scale, dv[dt][2 * r + 1] * p.keep_scale);
-        }
+        for (int kk = 0; kk < HD / 16; ++kk) frag_a_global(vf[kk], v, stride, key0, kk * 16, S);
+        float dk[HD / 8][4] = {};
+        dkdv_sweep<T, HD, DK_ONLY>(dk, dk, kf, vf, w, p);
+        store_key_rows<T, HD>(dqkv, dk, p.scale, b, S, key0, d, stride, h);
     }
 }
 
@@ -592,6 +721,12 @@ __device__ void backward_dkdv(const T *qkv, const uint32_t *lens, const T *dout,
 FLASH_KERNELS(__nv_bfloat16, bf16, 16)
 FLASH_KERNELS(__nv_bfloat16, bf16, 32)
 FLASH_KERNELS(__nv_bfloat16, bf16, 64)
+FLASH_KERNELS(__nv_bfloat16, bf16, 80)
+FLASH_KERNELS(__nv_bfloat16, bf16, 96)
+FLASH_KERNELS(__nv_bfloat16, bf16, 128)
 FLASH_KERNELS(__half, f16, 16)
 FLASH_KERNELS(__half, f16, 32)
 FLASH_KERNELS(__half, f16, 64)
+FLASH_KERNELS(__half, f16, 80)
+FLASH_KERNELS(__half, f16, 96)
+FLASH_KERNELS(__half, f16, 128)
