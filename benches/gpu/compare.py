@@ -85,6 +85,10 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip(), file=sys.stderr)
         return 0 if argv else 2
+    # `--ref IMPL` compares against another reference's records (e.g. pytorch-compile).
+    ref_impl = "pytorch"
+    if argv[0] == "--ref" and len(argv) > 1:
+        ref_impl, argv = argv[1], argv[2:]
     rows, model_order = load(argv)
     if not rows:
         print("compare.py: no results found", file=sys.stderr)
@@ -106,7 +110,7 @@ def main(argv: list[str]) -> int:
     noisy = []
     for key in sorted(rows, key=sort_key):
         ours = rows[key].get("autotune")
-        ref = rows[key].get("pytorch")
+        ref = rows[key].get(ref_impl)
         ours_tps, ref_tps = num(ours, "tokens_per_s"), num(ref, "tokens_per_s")
         if ours_tps and ref_tps:
             speed_ratios.append(ours_tps / ref_tps)

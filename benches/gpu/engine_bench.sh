@@ -53,7 +53,7 @@ grep -E "^sdpa " "$OUTDIR/sdpa_ref.txt" >&2
 
 stamp "run.sh $ROWS"
 # shellcheck disable=SC2086
-EXTRA_ENGINES=explicit-materialized benches/gpu/run.sh "$OUTDIR" $ROWS > /dev/null
+EXTRA_ENGINES="${EXTRA_ENGINES-explicit-materialized}" benches/gpu/run.sh "$OUTDIR" $ROWS > /dev/null
 stamp "run.sh: exit $?"
 
 for row in $KERNEL_ROWS; do

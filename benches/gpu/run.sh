@@ -11,6 +11,8 @@
 #   GPU_ENV           path of gpu-env.sh (default: $GPU_DIR/gpu-env.sh, then ../shared/tools/gpu-env.sh)
 #   CAP_MIB           cap PyTorch's allocator at this many MiB (e.g. 24052 for a 24 GB card)
 #   AUTOTUNE_ARGS     extra arguments for `autotune probe` (e.g. its own memory cap)
+#   COMPILE_ROWS      "MODEL:PRECISION:MB ..." rows also measured under torch.compile, into
+#                     pytorch-compile.jsonl and table-vs-compile.md
 #   EXTRA_ENGINES     more `--engine`s to measure beside the default, each into
 #                     autotune-ENGINE.jsonl and table-ENGINE.md (e.g. explicit-materialized)
 #   TIMEOUT_PER_RUN   seconds per process before it is killed (default 120)
@@ -125,10 +127,19 @@ for spec in "${SPECS[@]}"; do
     run_one pytorch "$OUTDIR/pytorch.jsonl" "$OUTDIR/pytorch.log" "$model" "$precision" "$b" -- \
       "${TORCH_ENV[@]}" "$PYTHON" benches/gpu/torch_ref.py --model "$model" --precision "$precision" --micro-batch "$b" \
       --warmup "$WARMUP" --steps "$STEPS" "${cap_args[@]}"
+    if [[ " ${COMPILE_ROWS:-} " == *" $model:$precision:$b "* ]]; then
+      run_one pytorch-compile "$OUTDIR/pytorch-compile.jsonl" "$OUTDIR/pytorch.log" "$model" "$precision" "$b" -- \
+        "${TORCH_ENV[@]}" "$PYTHON" benches/gpu/torch_ref.py --model "$model" --precision "$precision" --micro-batch "$b" \
+        --warmup "$WARMUP" --steps "$STEPS" --compile "${cap_args[@]}"
+    fi
   done
 done
 
 "$PYTHON" benches/gpu/compare.py "$OUTDIR/autotune.jsonl" "$OUTDIR/pytorch.jsonl" > "$OUTDIR/table.md"
+if [[ -s "$OUTDIR/pytorch-compile.jsonl" ]]; then
+  "$PYTHON" benches/gpu/compare.py --ref pytorch-compile "$OUTDIR/autotune.jsonl" "$OUTDIR/pytorch-compile.jsonl" > "$OUTDIR/table-vs-compile.md"
+  echo "against torch.compile:"; cat "$OUTDIR/table-vs-compile.md"
+fi
 for engine in ${EXTRA_ENGINES:-}; do
   "$PYTHON" benches/gpu/compare.py "$OUTDIR/autotune-$engine.jsonl" "$OUTDIR/pytorch.jsonl" > "$OUTDIR/table-$engine.md"
   echo "engine $engine:"; cat "$OUTDIR/table-$engine.md"

@@ -185,7 +185,7 @@ def sync(device: torch.device) -> None:
 
 
 def train_steps(p: Preset, precision: str, micro_batch: int, warmup: int, steps: int,
-                device: torch.device, seed: int) -> dict:
+                device: torch.device, seed: int, compile_model: bool = False) -> dict:
     """Builds model + optimizer, runs warm-up and timed steps, returns the measurements.
 
     Everything lives in this function's frame so that returning (or raising) drops
@@ -196,6 +196,10 @@ def train_steps(p: Preset, precision: str, micro_batch: int, warmup: int, steps:
     model = build_model(p).to(device)
     model.train()
     params = count_params(model)
+    if compile_model:
+        # What a tuned PyTorch user runs: inductor's default mode. Compilation happens in the
+        # first (warm-up) steps and is not timed.
+        model = torch.compile(model)
     opt = build_optimizer(p, model, device)
     # GradScaler is only needed for fp16: bf16 has fp32's exponent range.
     scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
@@ -255,10 +259,10 @@ def record(p: Preset, precision: str, micro_batch: int, params: int | None, **fi
 
 
 def measure(p: Preset, precision: str, micro_batch: int, warmup: int, steps: int,
-            device: torch.device, seed: int) -> dict:
+            device: torch.device, seed: int, compile_model: bool = False) -> dict:
     oom = False
     try:
-        r = train_steps(p, precision, micro_batch, warmup, steps, device, seed)
+        r = train_steps(p, precision, micro_batch, warmup, steps, device, seed, compile_model)
     except Exception as exc:  # noqa: BLE001 - only OOM is an expected outcome
         if not is_oom(exc):
             raise
@@ -271,7 +275,8 @@ def measure(p: Preset, precision: str, micro_batch: int, warmup: int, steps: int
         # max_memory_reserved is read before this, so the cache flush does not hide it.
         torch.cuda.empty_cache()
     if oom:
-        return record(p, precision, micro_batch, formula_params(p))
+        return record(p, precision, micro_batch, formula_params(p),
+                      impl="pytorch-compile" if compile_model else "pytorch")
 
     times = sorted(r["times"])
     median = percentile(times, 0.5)
@@ -282,6 +287,7 @@ def measure(p: Preset, precision: str, micro_batch: int, warmup: int, steps: int
           f"{tokens / median:,.0f} tok/s, peak {peak}, loss {r['loss']:.3f}", file=sys.stderr)
     return record(
         p, precision, micro_batch, r["params"], outcome="fits",
+        impl="pytorch-compile" if compile_model else "pytorch",
         step_time_median_s=median, step_time_spread=spread, tokens_per_s=tokens / median,
         peak_gpu_bytes=r["peak"], peak_reserved_bytes=r["reserved"], timed_steps=len(times),
     )
@@ -333,6 +339,8 @@ def main() -> int:
                     help="limit the caching allocator to this many MiB (e.g. 24052 to emulate "
                          "a 24 GB card minus its CUDA context); omitted = whole GPU")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--compile", action="store_true",
+                    help="run the model under torch.compile (inductor, default mode)")
     ap.add_argument("--self-test", action="store_true",
                     help="check parameter counts and run a few CPU steps; no GPU needed")
     args = ap.parse_args()
@@ -366,7 +374,7 @@ def main() -> int:
 
     p = PRESETS[args.model]
     for b in batches:
-        r = measure(p, args.precision, b, args.warmup, args.steps, device, args.seed)
+        r = measure(p, args.precision, b, args.warmup, args.steps, device, args.seed, args.compile)
         print(json.dumps(r), flush=True)
     return 0
 

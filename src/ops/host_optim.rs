@@ -172,8 +172,10 @@ impl AdamConsts {
     }
 }
 
-/// The flat optimizer state a step updates in place.
-pub struct HostState<'a> {
+/// The flat optimizer state a step updates in place, and the gradients it reads: f32 sums, or
+/// one micro-batch's gradients in their own dtype (bf16, f16 and f32 all convert to f32
+/// exactly, as the sums' first micro-batch does).
+pub struct HostState<'a, G = f32> {
     /// f32 master weights.
     pub master: &'a mut [f32],
     /// First moments.
@@ -181,14 +183,14 @@ pub struct HostState<'a> {
     /// Second moments.
     pub second: &'a mut [f32],
     /// Unscaled gradients.
-    pub grads: &'a [f32],
+    pub grads: &'a [G],
 }
 
 /// Applies one fused Adam step to every element and, when `working` is given, writes the new
 /// weights' half-precision working copy in the same pass.
-pub fn adam_step<T: WithDType>(
+pub fn adam_step<T: WithDType, G: WithDType>(
     c: &AdamConsts,
-    state: HostState<'_>,
+    state: HostState<'_, G>,
     working: Option<&mut [T]>,
     threads: usize,
 ) {
@@ -211,7 +213,7 @@ pub fn adam_step<T: WithDType>(
         .zip(working);
     run_parallel(chunks, |((((theta, m), v), g), w)| {
         for j in 0..theta.len() {
-            adam_element(c, &mut theta[j], &mut m[j], &mut v[j], g[j]);
+            adam_element(c, &mut theta[j], &mut m[j], &mut v[j], g[j].to_f64() as f32);
         }
         if let Some(w) = w {
             w.iter_mut()

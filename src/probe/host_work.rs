@@ -66,7 +66,7 @@ fn fastest_update_s(n: usize) -> f64 {
         };
         let started = Instant::now();
         // Without the half-precision copy a real step also writes: less work, still a floor.
-        host_optim::adam_step::<f32>(&consts, state, None, threads);
+        host_optim::adam_step::<f32, f32>(&consts, state, None, threads);
         if step > 1 {
             fastest = fastest.min(started.elapsed().as_secs_f64());
         }

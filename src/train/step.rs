@@ -436,6 +436,15 @@ impl Trainer {
                 }
                 (loss, decision)
             }
+            Optimizer::Offloaded(offload)
+                if crate::train::offload::streams(self.passes.model.spec(), &self.passes.knobs) =>
+            {
+                let (passes, steps) = (&self.passes, self.steps);
+                let loss = offload.streamed_step(&mut |sink| {
+                    passes.for_each_gradient(steps, scale, batches, &mut Streamed(sink))
+                })?;
+                (loss, ScaleDecision::Apply)
+            }
             Optimizer::Offloaded(offload) => {
                 let loss = self.passes.for_each_gradient(
                     self.steps,
@@ -599,6 +608,19 @@ trait StepSink {
 impl<F: FnMut(usize, usize, Tensor) -> Result<()>> StepSink for F {
     fn gradient(&mut self, micro: usize, index: usize, grad: Tensor) -> Result<()> {
         self(micro, index, grad)
+    }
+}
+
+/// A gradient sink of one micro-batch's pass as a step's sink.
+struct Streamed<'a>(&'a mut dyn GradientSink);
+
+impl StepSink for Streamed<'_> {
+    fn gradient(&mut self, _micro: usize, index: usize, grad: Tensor) -> Result<()> {
+        self.0.gradient(index, grad)
+    }
+
+    fn settled(&mut self) -> Result<()> {
+        self.0.settled()
     }
 }
 

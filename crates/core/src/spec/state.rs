@@ -10,12 +10,25 @@
 //! | gradients | 4 (f32, all of them until the update) or, updating in backward, 4 × the largest part's parameters | with offload, 4 (f32 sums) |
 //!
 //! So the normal step holds 16 bytes per parameter on the device, the update in backward
-//! 12 plus one part's gradients, and offload in bf16 2 on the device and 18 on the host. Transients are
+//! 12 plus one part's gradients, and offload in bf16 2 on the device and, on the host, 12 when
+//! the step streams ([`offload_streams`]: the gradients and new weights of a few parts in
+//! flight are not state) or 18 when it sums (f32 gradient sums and staged copies). Transients are
 //! not state: the half-precision copy of one block's weights while it runs, and with offload
 //! one tensor's gradient on its way to the host.
 
 use crate::knobs::{Knobs, Offload, Precision, Update};
 use crate::spec::model::ModelSpec;
+
+/// Whether an offloaded step with `knobs` streams each part of the model through the host as
+/// the backward pass settles it: nothing needs every gradient before the first update (no
+/// accumulation, no fp16 loss scale, one GPU, no gradient clipping).
+pub fn offload_streams(model: &ModelSpec, knobs: &Knobs) -> bool {
+    knobs.offload == Offload::Optimizer
+        && knobs.grad_accum == 1
+        && !knobs.precision.needs_loss_scaling()
+        && knobs.data_parallel.degree == 1
+        && model.optimizer.grad_clip.is_none()
+}
 
 /// State bytes by component in one place.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -72,13 +85,21 @@ impl StateBytes {
                     moments: 0,
                     gradients: 0,
                 },
-                host: Components {
-                    weights: match knobs.precision {
-                        Precision::Fp32 => 4 * p,
-                        Precision::Bf16 | Precision::Fp16 => 6 * p,
-                    },
-                    moments: 8 * p,
-                    gradients: 4 * p,
+                host: if offload_streams(model, knobs) {
+                    Components {
+                        weights: 4 * p,
+                        moments: 8 * p,
+                        gradients: 0,
+                    }
+                } else {
+                    Components {
+                        weights: match knobs.precision {
+                            Precision::Fp32 => 4 * p,
+                            Precision::Bf16 | Precision::Fp16 => 6 * p,
+                        },
+                        moments: 8 * p,
+                        gradients: 4 * p,
+                    }
                 },
             },
         }
@@ -113,7 +134,15 @@ mod tests {
         let vectors = model.vector_parameter_count() as u64;
         assert_eq!(offload.device.total(), 2 * p + 2 * vectors);
         assert!(vectors < p / 1000, "vectors are a negligible share");
-        assert_eq!(offload.host.total(), 18 * p);
+        assert_eq!(offload.host.total(), 12 * p, "a streamed step");
+        let summed = StateBytes::of(
+            &model,
+            &Knobs {
+                grad_accum: 2,
+                ..knobs(Update::AfterBackward, Offload::Optimizer)
+            },
+        );
+        assert_eq!(summed.host.total(), 18 * p, "a summed step");
     }
 
     #[test]

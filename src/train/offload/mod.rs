@@ -2,10 +2,18 @@
 //!
 //! The device holds only working copies of the parameters (matrices in the compute dtype,
 //! vectors in f32, see [`crate::model::params::working_dtype`]), which the forward pass uses as
-//! they are. Per micro-batch each gradient is copied to the host and summed in f32 there, so
-//! accumulation costs no device memory and loses no precision; the Adam update then runs on
-//! the host over flat buffers with every core ([`crate::ops::host_optim`]), writing the new
-//! half-precision working copies in the same pass, and those are uploaded.
+//! they are. Two ways to step:
+//!
+//! - **Streamed** ([`stream`]), when one micro-batch's gradients are the update's (no
+//!   accumulation, no loss scale to check, no clipping, one GPU): each part of the model goes
+//!   to the host as soon as the backward pass settles it, and is updated and uploaded there
+//!   while the device runs the parts before it. Host state: masters and moments, 12 bytes per
+//!   parameter, plus a few parts in flight.
+//! - **Summed**: per micro-batch each gradient is copied to the host and summed in f32 there,
+//!   so accumulation costs no device memory and loses no precision; the Adam update then runs
+//!   on the host over flat buffers with every core ([`crate::ops::host_optim`]), writing the
+//!   new half-precision working copies in the same pass, and those are uploaded. The sums and
+//!   the staged copies (6 bytes per parameter more) are allocated by the first summed step.
 //!
 //! On a CPU device the placement changes nothing, but the same code runs, so tests cover it.
 //! All host state is ordinary heap memory, which the trials' counting allocator measures.
@@ -24,6 +32,10 @@ use crate::spec::model::{ModelSpec, OptimizerSpec};
 use crate::train::tensor_file::{self, Entry};
 use crate::Result;
 
+pub mod stream;
+
+pub use autotune_core::spec::state::offload_streams as streams;
+
 /// Adam / AdamW whose masters, moments and gradient sums live in host memory.
 pub struct OffloadAdam {
     spec: OptimizerSpec,
@@ -34,9 +46,12 @@ pub struct OffloadAdam {
     master: Vec<f32>,
     first: Vec<f32>,
     second: Vec<f32>,
+    /// f32 gradient sums of a summed step, like `master`; empty until the first.
     grads: Vec<f32>,
-    /// Half-precision working copies, laid out like `master`; only when some working copy is
-    /// not f32 (f32 ones upload straight from `master`).
+    /// The half-precision dtype of the working copies that are not f32, if any.
+    half: Option<DType>,
+    /// Half-precision working copies laid out like `master`, for a summed step's upload (f32
+    /// ones upload straight from `master`); allocated by the first.
     staging: Option<CpuStorage>,
     steps: u64,
     threads: usize,
@@ -63,30 +78,43 @@ impl OffloadAdam {
             .map(|v| v.dtype())
             .filter(|&d| d != DType::F32)
             .collect();
-        let staging = match half.first() {
-            None => None,
-            Some(&dtype) => {
-                if half.iter().any(|&d| d != dtype) {
-                    return Err(crate::Error::internal(format!(
-                        "working copies mix {half:?}"
-                    )));
-                }
-                Some(CpuDevice.zeros_impl(&Shape::from(end), dtype)?)
+        if let Some(&dtype) = half.first() {
+            if half.iter().any(|&d| d != dtype) {
+                return Err(crate::Error::internal(format!(
+                    "working copies mix {half:?}"
+                )));
             }
-        };
+        }
         let state = Self {
             spec,
             vars: vars.to_vec(),
             ranges,
             first: vec![0.0; end],
             second: vec![0.0; end],
-            grads: vec![0.0; end],
+            grads: Vec::new(),
+            half: half.first().copied(),
             master,
-            staging,
+            staging: None,
             steps: 0,
             threads: crate::parallel::default_threads(),
         };
         Ok(state)
+    }
+
+    /// The staged working copies, allocated on first use.
+    fn staging(&mut self) -> Result<Option<&mut CpuStorage>> {
+        if let (None, Some(dtype)) = (&self.staging, self.half) {
+            self.staging = Some(CpuDevice.zeros_impl(&Shape::from(self.master.len()), dtype)?);
+        }
+        Ok(self.staging.as_mut())
+    }
+
+    /// The gradient sums, allocated (zero) on first use.
+    fn sums(&mut self) -> &mut Vec<f32> {
+        if self.grads.len() != self.master.len() {
+            self.grads = vec![0.0; self.master.len()];
+        }
+        &mut self.grads
     }
 
     /// Optimizer updates applied so far.
@@ -111,8 +139,9 @@ impl OffloadAdam {
                 "gradient {index} did not arrive as a contiguous host tensor"
             )));
         };
-        let dst = &mut self.grads[self.ranges[index].clone()];
+        let range = self.ranges[index].clone();
         let t = self.threads;
+        let dst = &mut self.sums()[range];
         match cpu {
             CpuStorage::F32(v) => host_optim::accumulate(dst, &v[start..end], first, t),
             CpuStorage::BF16(v) => host_optim::accumulate(dst, &v[start..end], first, t),
@@ -130,7 +159,7 @@ impl OffloadAdam {
     /// The gradient sums, flat in parameter order: data-parallel ranks add theirs together
     /// here before the update.
     pub fn gradient_sums_mut(&mut self) -> &mut [f32] {
-        &mut self.grads
+        self.sums()
     }
 
     /// Divides the summed gradients by the loss scale and reports whether all are finite.
@@ -164,6 +193,8 @@ impl OffloadAdam {
     pub fn step(&mut self) -> Result<()> {
         self.steps += 1;
         let c = AdamConsts::new(&self.spec, self.steps);
+        self.sums();
+        self.staging()?;
         let state = HostState {
             master: &mut self.master,
             first: &mut self.first,
@@ -172,7 +203,7 @@ impl OffloadAdam {
         };
         let t = self.threads;
         match &mut self.staging {
-            None => host_optim::adam_step::<f32>(&c, state, None, t),
+            None => host_optim::adam_step::<f32, f32>(&c, state, None, t),
             Some(CpuStorage::BF16(w)) => host_optim::adam_step(&c, state, Some(w), t),
             Some(CpuStorage::F16(w)) => host_optim::adam_step(&c, state, Some(w), t),
             Some(_) => {
@@ -203,15 +234,34 @@ impl OffloadAdam {
         Ok(())
     }
 
-    /// Rewrites the half-precision staging from the masters and uploads every working copy.
+    /// Uploads every working copy made afresh from the masters, one tensor at a time (no
+    /// model-sized staging: a resumed streamed run never needs one).
     fn refresh_working(&mut self) -> Result<()> {
         let t = self.threads;
-        match &mut self.staging {
-            Some(CpuStorage::BF16(w)) => host_optim::fill_working(&self.master, w, t),
-            Some(CpuStorage::F16(w)) => host_optim::fill_working(&self.master, w, t),
-            _ => {}
+        for (var, r) in self.vars.iter().zip(&self.ranges) {
+            let master = &self.master[r.clone()];
+            let (dims, dev) = (var.dims(), var.device());
+            let working = match var.dtype() {
+                DType::F32 => Tensor::from_slice(master, dims, dev)?,
+                DType::BF16 => {
+                    let mut w = vec![half::bf16::ZERO; r.len()];
+                    host_optim::fill_working(master, &mut w, t);
+                    Tensor::from_vec(w, dims, dev)?
+                }
+                DType::F16 => {
+                    let mut w = vec![half::f16::ZERO; r.len()];
+                    host_optim::fill_working(master, &mut w, t);
+                    Tensor::from_vec(w, dims, dev)?
+                }
+                dtype => {
+                    return Err(crate::Error::internal(format!(
+                        "no working copy of dtype {dtype:?}"
+                    )))
+                }
+            };
+            var.set(&working)?;
         }
-        self.upload()
+        Ok(())
     }
 
     /// Copies of the f32 masters as host tensors, in parameter order.
@@ -346,12 +396,17 @@ fn copy_into(
 /// With P parameters, L elements in the largest parameter tensor and b bytes per element of
 /// the compute dtype (2 for bf16/f16, 4 for fp32):
 ///
-/// - **`Offload::Optimizer`.** Allocated once: the f32 master (4 B), first and second moments
-///   (4 + 4 B) and the f32 gradient sum (4 B), i.e. 16 B per parameter; at bf16/f16 also the
-///   working-copy staging buffer (2 B per parameter; fp32 uploads straight from the masters).
-///   During the step one gradient at a time is copied down (L·b B; uploads read the staging
-///   directly). Checkpoints stream through a 256 KiB buffer.
-///   Total `P·(16 + s) + L·b + 256 KiB`, s = 2 at bf16/f16 and 0 at fp32.
+/// - **`Offload::Optimizer`, streamed** ([`streams`]). Allocated once: the f32 master (4 B)
+///   and the moments (4 + 4 B), 12 B per parameter. In flight: the parts waiting in the update
+///   channel, the one being downloaded, and the one being updated with its new working copies,
+///   `(PARTS_IN_FLIGHT + 3)` parts of at most G elements (the largest part, see
+///   `ModelSpec::parameter_groups`) at b bytes. Total `12·P + (PARTS_IN_FLIGHT + 3)·G·b`.
+/// - **`Offload::Optimizer`, summed.** Allocated once: the f32 master (4 B), first and second
+///   moments (4 + 4 B) and the f32 gradient sum (4 B), i.e. 16 B per parameter; at bf16/f16
+///   also the working-copy staging buffer (2 B per parameter; fp32 uploads straight from the
+///   masters). During the step one gradient at a time is copied down (L·b B; uploads read the
+///   staging directly). Total `P·(16 + s) + L·b`, s = 2 at bf16/f16 and 0 at fp32.
+/// - Either way checkpoints stream through a 256 KiB buffer.
 /// - **`Offload::None`.** The optimizer stays on the device; a checkpoint copies one tensor at a
 ///   time to the host and then into its byte image: `2·4·L`.
 /// - **Both.** One step's token batches, inputs and targets as u32: `8 · global_batch · seq_len`.
@@ -375,6 +430,10 @@ pub fn host_bytes_estimate(spec: &ModelSpec, knobs: &Knobs) -> u64 {
     let b = crate::backend::compute_dtype(knobs.precision).size_in_bytes() as u64;
     let tokens = 8 * (knobs.global_batch() * spec.seq_len) as u64;
     let state = match knobs.offload {
+        Offload::Optimizer if streams(spec, knobs) => {
+            let part = spec.parameter_groups().largest() as u64;
+            12 * p + (stream::PARTS_IN_FLIGHT as u64 + 3) * part * b + 256 * 1024
+        }
         Offload::Optimizer => {
             let staging = if b < 4 { 2 } else { 0 };
             (p * (16 + staging) + largest * b + 256 * 1024) * knobs.data_parallel.degree as u64
@@ -390,19 +449,32 @@ mod tests {
     use crate::knobs::Precision;
 
     #[test]
-    fn offload_costs_about_eighteen_bytes_per_parameter_at_bf16() {
-        let spec = ModelSpec::preset("gpt-124m").expect("preset");
+    fn offload_costs_eighteen_bytes_per_parameter_summed_and_twelve_streamed() {
+        let spec = ModelSpec::preset("gpt-1.3b").expect("preset");
+        let per_param = |knobs: &Knobs| {
+            host_bytes_estimate(&spec, knobs) as f64 / spec.parameter_count() as f64
+        };
         let on = Knobs {
             offload: Offload::Optimizer,
             ..Knobs::new(8, Precision::Bf16)
         };
-        let per_param = host_bytes_estimate(&spec, &on) as f64 / spec.parameter_count() as f64;
-        assert!((18.0..19.0).contains(&per_param), "{per_param}");
-        let fp32 = Knobs {
-            precision: Precision::Fp32,
+        // Streamed: 12 bytes and five parts (the 105M-parameter embeddings the largest) in bf16.
+        assert!((12.0..13.0).contains(&per_param(&on)), "{}", per_param(&on));
+        let summed = Knobs {
+            grad_accum: 2,
             ..on
         };
-        assert!(host_bytes_estimate(&spec, &fp32) < host_bytes_estimate(&spec, &on));
+        assert!(
+            (18.0..19.0).contains(&per_param(&summed)),
+            "{}",
+            per_param(&summed)
+        );
+        // fp32 sums need no staged half-precision copies.
+        let fp32 = Knobs {
+            precision: Precision::Fp32,
+            ..summed
+        };
+        assert!(host_bytes_estimate(&spec, &fp32) < host_bytes_estimate(&spec, &summed));
         let off = Knobs::new(8, Precision::Bf16);
         assert!(host_bytes_estimate(&spec, &off) < host_bytes_estimate(&spec, &on) / 5);
     }

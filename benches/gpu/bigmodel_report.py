@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Summarise bigmodel_bench.sh's folder: bytes per parameter of the state, the tune's time,
+the plan against PyTorch eager's best feasible batch, and training with the plan.
+
+    python3 bigmodel_report.py OUTDIR > OUTDIR/summary.md
+
+Standard library only. Also writes OUTDIR/headline.json: the entries for
+benches/results/headline.json (without the folder and commit, which the caller adds).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+GIB = 2**30
+
+
+def lines(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return out
+
+
+def load(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    out = Path(argv[0])
+    headline = []
+    print("# gpt-1.3b on the emulated RTX 4090 (24564 MiB), bf16\n")
+
+    # State bytes per parameter: the affine law's fixed part from micro-batches 1 and 2.
+    state = lines(out / "state.jsonl")
+    print("## State: peak minus activations, per parameter\n")
+    print("| update | peak mb 1 | peak mb 2 | fixed part (2·p1 − p2) | bytes/param |")
+    print("|---|--:|--:|--:|--:|")
+    for update in ("after-backward", "in-backward"):
+        rows = {r.get("micro_batch"): r for r in state if r.get("update") == update}
+        p1, p2 = rows.get(1), rows.get(2)
+        if not (p1 and p2 and p1.get("outcome") == "fits" and p2.get("outcome") == "fits"):
+            outcome = lambda r: "–" if r is None else r.get("outcome", "?")  # noqa: E731
+            print(f"| {update} | {outcome(p1)} | {outcome(p2)} | – | – |")
+            continue
+        a, b = p1["peak_gpu_bytes"], p2["peak_gpu_bytes"]
+        fixed = 2 * a - b
+        per = fixed / p1["params"]
+        print(f"| {update} | {a / GIB:.2f} GiB | {b / GIB:.2f} GiB | {fixed / GIB:.2f} GiB | {per:.2f} |")
+        headline.append({
+            "metric": "gpt-1.3b state bytes/param" if update == "after-backward"
+            else "gpt-1.3b state bytes/param (update in backward)",
+            "ours": round(per, 2), "reference": 16.0, "ratio": round(per / 16.0, 3),
+            "unit": "bytes/param",
+            "reference_is": "PyTorch eager's mixed-precision AdamW state (16 B/param)",
+        })
+    print("\nThe fixed part includes the CUDA context and libraries outside the memory pool "
+          "(about 0.6 GiB) and one block's half-precision weights.\n")
+
+    # The tune and its plan.
+    tune = load(out / "tune.time") or {}
+    plan = load(out / "gpt-1.3b.plan.json")
+    print("## Tune\n")
+    print(f"- wall time: {tune.get('seconds', '–')} s (exit {tune.get('exit', '–')})")
+    if plan:
+        m = plan["measured"]
+        print(f"- plan: `{plan['knobs']}`")
+        print(f"- measured: {m['tokens_per_s']:,.0f} tokens/s, {m['step_time_median_s'] * 1e3:.0f} ms/step, "
+              f"peak {m['peak_gpu_bytes'] / GIB:.2f} GiB, {len(plan['evidence'])} trials")
+        if "seconds" in tune:
+            headline.append({
+                "metric": "gpt-1.3b tune seconds", "ours": tune["seconds"], "reference": 60.0,
+                "ratio": round(tune["seconds"] / 60.0, 3), "unit": "s",
+                "reference_is": "the target: a verified plan in 60 s",
+            })
+    else:
+        print("- no plan")
+
+    # PyTorch eager's best feasible batch under the same cap.
+    torch = lines(out / "torch-1.3b.jsonl")
+    fits = [r for r in torch if r.get("outcome") == "fits"]
+    print("\n## PyTorch eager (fused AdamW, SDPA, autocast bf16), same cap\n")
+    print("| micro-batch | tokens/s | peak GiB |")
+    print("|--:|--:|--:|")
+    for r in torch:
+        if r.get("outcome") == "fits":
+            print(f"| {r['micro_batch']} | {r['tokens_per_s']:,.0f} | {r['peak_gpu_bytes'] / GIB:.2f} |")
+        else:
+            print(f"| {r.get('micro_batch')} | {r.get('outcome')} | – |")
+    if plan and fits:
+        best = max(fits, key=lambda r: r["tokens_per_s"])
+        ours = plan["measured"]["tokens_per_s"]
+        ratio = ours / best["tokens_per_s"]
+        print(f"\nPlan against PyTorch's best feasible batch (mb {best['micro_batch']}): "
+              f"**{ratio:.2f}×** ({ours:,.0f} vs {best['tokens_per_s']:,.0f} tokens/s)\n")
+        headline.append({
+            "metric": "gpt-1.3b plan tokens/s vs PyTorch eager", "ours": round(ours),
+            "reference": round(best["tokens_per_s"]), "ratio": round(ratio, 3),
+            "unit": "tokens/s",
+            "reference_is": f"PyTorch 2.11 eager, best feasible batch (mb {best['micro_batch']}) "
+                            "under the same 24564 MiB cap, same call",
+        })
+
+    # Training with the plan.
+    train = load(out / "train.json")
+    print("## Training with the plan\n")
+    if train:
+        print(f"- {train.get('steps')} steps, last loss {train.get('last_loss')}, "
+              f"{train.get('tokens_per_s', 0):,.0f} tokens/s, interrupted: {train.get('interrupted')}")
+    else:
+        print("- no training report (see train.log)")
+
+    (out / "headline.json").write_text(json.dumps(headline, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
