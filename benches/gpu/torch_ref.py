@@ -55,6 +55,7 @@ PRESETS = {
     "gpt-124m": _gpt("gpt-124m", 768, 12, 12, 163e6),
     "gpt-350m": _gpt("gpt-350m", 1024, 16, 24, 406e6),
     "gpt-1.3b": _gpt("gpt-1.3b", 2048, 16, 24, 1.42e9),
+    "gpt-2b": _gpt("gpt-2b", 2560, 20, 24, 2.15e9),
     "tiny": Preset("tiny", "gpt", 256, 64, 4, 2, 256, 64, 0.0),  # exact count checked by formula only
 }
 

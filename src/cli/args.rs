@@ -69,7 +69,7 @@ impl Command {
 /// The model and where to run it.
 #[derive(Debug, Args)]
 pub struct ModelArgs {
-    /// Model preset (tiny, seed, gpt-124m, gpt-350m, gpt-1.3b) or a JSON spec file.
+    /// Model preset (tiny, seed, gpt-124m, gpt-350m, gpt-1.3b, gpt-2b) or a JSON spec file.
     #[arg(long, default_value = "tiny")]
     pub model: String,
     /// Where to run: cpu, cuda, or auto (cuda when built with it and a GPU is present).
@@ -183,7 +183,7 @@ impl std::fmt::Display for Backend {
 
 #[derive(Debug, Args)]
 pub struct TuneArgs {
-    /// Model preset (tiny, seed, gpt-124m, gpt-350m, gpt-1.3b) or a JSON spec file.
+    /// Model preset (tiny, seed, gpt-124m, gpt-350m, gpt-1.3b, gpt-2b) or a JSON spec file.
     #[arg(long, default_value = "tiny")]
     pub model: String,
     /// Target machine: auto (this machine's GPU, else the CPU), a built-in profile

@@ -137,7 +137,7 @@ pub struct ModelSpec {
 }
 
 /// The names accepted by [`ModelSpec::preset`].
-pub const PRESETS: [&str; 5] = ["tiny", "seed", "gpt-124m", "gpt-350m", "gpt-1.3b"];
+pub const PRESETS: [&str; 6] = ["tiny", "seed", "gpt-124m", "gpt-350m", "gpt-1.3b", "gpt-2b"];
 
 impl ModelSpec {
     /// The model our users start from: `nn.Embedding(10000, 512)` → 6 × `nn.TransformerEncoderLayer(512, 8)`
@@ -204,6 +204,9 @@ impl ModelSpec {
             "gpt-124m" => Self::gpt("gpt-124m", 768, 12, 12),
             "gpt-350m" => Self::gpt("gpt-350m", 1024, 16, 24),
             "gpt-1.3b" => Self::gpt("gpt-1.3b", 2048, 16, 24),
+            // The largest GPT whose exact AdamW state (12 bytes per parameter, streamed
+            // offload) fits the 32 GB host of the RTX 4090 box with room for the rest.
+            "gpt-2b" => Self::gpt("gpt-2b", 2560, 20, 24),
             _ => {
                 return Err(Error::UnknownName {
                     what: "model preset",
@@ -450,6 +453,11 @@ mod tests {
             (millions("gpt-1.3b") - 1420.0).abs() < 10.0,
             "{}",
             millions("gpt-1.3b")
+        );
+        // PyTorch's module count of the same shape (torch_ref.py builds it): 2,148,228,177.
+        assert_eq!(
+            ModelSpec::preset("gpt-2b").unwrap().parameter_count(),
+            2_148_228_177
         );
     }
 
