@@ -237,8 +237,12 @@ pub fn fill_working<T: WithDType>(master: &[f32], working: &mut [T], threads: us
 /// of the f64, which drops an f32's three lowest mantissa bits from the tie-breaking (sticky)
 /// decision. Folding those bits into the lowest bit that is read keeps the decision, so the
 /// result equals the direct f32 conversion for every input, subnormals and overflow included.
+/// An f32 working copy is the master itself (f32 → f64 → f32 is exact).
 #[inline(always)]
 fn to_half<T: WithDType>(x: f32) -> T {
+    if T::DTYPE == candle_core::DType::F32 {
+        return T::from_f64(f64::from(x));
+    }
     let bits = x.to_bits();
     let folded = if bits & 0x7 != 0 {
         (bits & !0x7) | 0x8

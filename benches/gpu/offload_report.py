@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Summarise offload_bench.sh's folder: autotune's offloaded gpt-1.3b against DeepSpeed
+ZeRO-2 + CPU offload at the same micro-batches, and the gpt-2b tune and training run.
+
+    python3 offload_report.py OUTDIR > OUTDIR/summary.md
+
+Standard library only. Also writes OUTDIR/headline.json: the entries for
+benches/results/headline.json (without the folder and commit, which the caller adds).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+GIB = 2**30
+
+
+def lines(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return out
+
+
+def load(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def gib(x) -> str:
+    return "–" if x is None else f"{x / GIB:.2f}"
+
+
+def fits(r) -> bool:
+    return bool(r) and r.get("outcome") == "fits" and r.get("tokens_per_s")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    out = Path(argv[0])
+    headline = []
+    print("# Optimizer offload on the emulated RTX 4090 (24564 MiB), 32 GB host budget, bf16\n")
+    print("Host link: the GPU machine's (not a 4090's PCIe 4).\n")
+    ours = {r.get("micro_batch"): r for r in lines(out / "ours.jsonl")}
+    ds = {r.get("micro_batch"): r for r in lines(out / "deepspeed.jsonl")}
+    print("## gpt-1.3b: autotune offload vs DeepSpeed ZeRO-2 + CPU offload\n")
+    print("| micro-batch | ours tok/s | ours ms/step | ours GPU GiB | ours host GiB "
+          "| DeepSpeed tok/s | DeepSpeed ms/step | DeepSpeed GPU GiB | DeepSpeed host RSS GiB | ratio |")
+    print("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for mb in sorted(set(ours) | set(ds), key=lambda m: m or 0):
+        a, b = ours.get(mb), ds.get(mb)
+        cell = lambda r, k: (f"{r[k]:.0f}" if fits(r) and r.get(k) is not None else  # noqa: E731
+                             ("–" if r is None else r.get("outcome", "?")))
+        ms = lambda r: f"{r['step_time_median_s'] * 1e3:.0f}" if fits(r) else "–"  # noqa: E731
+        ratio = "–"
+        if fits(a) and fits(b):
+            ratio = f"{a['tokens_per_s'] / b['tokens_per_s']:.2f}"
+            headline.append({
+                "metric": f"gpt-1.3b offload mb{mb} tokens/s vs DeepSpeed ZeRO-Offload",
+                "ours": round(a["tokens_per_s"], 1), "reference": round(b["tokens_per_s"], 1),
+                "ratio": round(a["tokens_per_s"] / b["tokens_per_s"], 3), "unit": "tokens/s",
+                "reference_is": "DeepSpeed 0.19.8 ZeRO-2 + CPU optimizer offload, same call, H200 host link",
+            })
+        print(f"| {mb} | {cell(a, 'tokens_per_s')} | {ms(a)} | {gib(a and a.get('peak_gpu_bytes'))} "
+              f"| {gib(a and a.get('peak_host_bytes'))} | {cell(b, 'tokens_per_s')} | {ms(b)} "
+              f"| {gib(b and b.get('peak_gpu_bytes'))} | {gib(b and b.get('peak_host_rss_bytes'))} | {ratio} |")
+    a4 = ours.get(4)
+    if fits(a4):
+        headline.append({
+            "metric": "gpt-1.3b offload mb4 host GiB",
+            "ours": round(a4["peak_host_bytes"] / GIB, 2),
+            "reference": round(ds[4]["peak_host_rss_bytes"] / GIB, 2) if fits(ds.get(4)) and ds[4].get("peak_host_rss_bytes") else None,
+            "unit": "GiB",
+            "reference_is": "DeepSpeed 0.19.8 peak host RSS, same call",
+        })
+        h = headline[-1]
+        h["ratio"] = round(h["ours"] / h["reference"], 3) if h["reference"] else None
+
+    print("\n## gpt-2b on rtx4090-32g\n")
+    plan = load(out / "gpt-2b.plan.json")
+    tune = load(out / "tune-2b.time")
+    train = load(out / "train-2b.json")
+    if tune:
+        print(f"- tune: exit {tune.get('exit')}, {tune.get('seconds')} s")
+    if plan:
+        knobs = plan.get("knobs", plan.get("plan", {}).get("knobs"))
+        print(f"- plan knobs: `{json.dumps(knobs)}`")
+        pred = plan.get("predicted") or plan.get("prediction")
+        if pred:
+            print(f"- predicted: `{json.dumps(pred)[:400]}`")
+    if train:
+        print(f"- train: `{json.dumps(train)[:600]}`")
+    (out / "headline.json").write_text(json.dumps(headline, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
