@@ -252,6 +252,7 @@ fn verdict_text(verdict: &Verdict) -> String {
         }
         Verdict::NoLongerOom { .. } => "fits now (was out of memory)".into(),
         Verdict::Crashed { reason } => format!("CRASHED: {reason}"),
+        Verdict::TimedOut { after_s } => format!("TIMED OUT after {after_s:.0} s"),
         Verdict::Missing => "missing".into(),
     }
 }

@@ -23,7 +23,10 @@ use autotune::train::run::{self, RunConfig, RunSummary, TrainEvent, TrainObserve
 use autotune::train::step::Trainer;
 use autotune::{Knobs, ModelSpec};
 
+use autotune::spec::limits;
+
 use super::args::TrainArgs;
+use super::flags::{self, as_flag};
 use super::printer::Printer;
 use super::reporters::bytes;
 use super::Status;
@@ -53,8 +56,15 @@ pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
     let spec = ModelSpec::resolve(&args.model.model)?;
     let knobs = args.knobs.knobs();
     check_data_parallel_flags(&args)?;
-    knobs.validate("knobs", "--")?;
+    knobs
+        .validate("knobs", "")
+        .and_then(|()| limits::check_knobs(&spec, &knobs, "knobs", ""))
+        .map_err(|e| as_flag(e, flags::TRAIN))?;
     let degree = knobs.data_parallel.degree;
+    if let Some(why) = beyond_this_host(&spec, knobs, &args.model.device) {
+        printer.data_text(format!("does not fit: {why}"));
+        return Ok(Status::Negative);
+    }
     if degree > 1 && rank.is_none() {
         let launched = super::launch::Launched {
             args: std::env::args_os().skip(1).collect(),
@@ -96,6 +106,26 @@ pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
     let summary = job.run(printer)?;
     printer.data_json(&TrainReport::new(&spec, knobs, &summary));
     Ok(status_of(&summary))
+}
+
+/// Why training on this machine's CPU cannot fit its memory, when the model's state and one
+/// micro-batch's logits alone exceed it (a GPU reports its own out-of-memory; on the CPU an
+/// allocation larger than the machine would abort the process instead).
+fn beyond_this_host(spec: &ModelSpec, knobs: Knobs, device: &str) -> Option<String> {
+    let on_cpu =
+        device == "cpu" || (device == "auto" && autotune::backend::cuda_device_count() == 0);
+    if !on_cpu {
+        return None;
+    }
+    let host = autotune::backend::host_memory_bytes()?;
+    let ranks = knobs.data_parallel.degree as u64;
+    let per_rank = host / ranks.max(1);
+    let memory = if ranks > 1 {
+        format!("host memory each of {ranks} ranks has")
+    } else {
+        "host memory this machine has".to_string()
+    };
+    limits::setting_exceeds(spec, &knobs, per_rank, &memory)
 }
 
 /// The data-parallel flags against each other and this machine, with the flag to change.

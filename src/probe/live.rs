@@ -75,6 +75,20 @@ impl LiveProber {
 
     fn run(&mut self, request: &TrialRequest) -> Result<TrialResult> {
         let started = Instant::now();
+        let floor = super::floor::certain_out_of_memory(
+            &self.spec,
+            &request.knobs,
+            &self.device,
+            self.host_budget,
+        );
+        if let Some(memory) = floor {
+            let phase = Phase::Setup;
+            return Ok(TrialResult {
+                request: *request,
+                outcome: Outcome::OutOfMemory { memory, phase },
+                wall_s: started.elapsed().as_secs_f64(),
+            });
+        }
         host_memory::set_soft_limit(self.host_budget);
         host_memory::reset_peak();
         self.device_memory.reset_peak()?;

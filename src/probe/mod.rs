@@ -11,6 +11,7 @@
 //! that bounds offloaded regimes before their first trial.
 
 pub mod child;
+pub mod floor;
 pub mod host_memory;
 pub mod host_work;
 pub mod job;

@@ -54,7 +54,11 @@ pub struct WorkerReply {
 impl WorkerReply {
     /// Whether the worker may run the next trial (see the module docs).
     pub fn worker_stays(&self) -> bool {
-        self.leftover_device_bytes == 0 && !matches!(self.result.outcome, Outcome::Crashed { .. })
+        self.leftover_device_bytes == 0
+            && !matches!(
+                self.result.outcome,
+                Outcome::Crashed { .. } | Outcome::TimedOut { .. }
+            )
     }
 }
 

@@ -12,6 +12,9 @@ mod data_parallel;
 /// The command line: exit codes and messages for bad input.
 mod cli;
 
+/// Big numbers in flags and specs: refused naming the field, or answered as not fitting.
+mod bounds;
+
 /// Tuning on the CPU: exact boundaries, model error, plans that train, bad input.
 mod tune;
 

@@ -10,7 +10,10 @@ use autotune::spec::budget::Budget;
 use autotune::spec::device::{DeviceKind, DeviceSpec};
 use autotune::ModelSpec;
 
+use autotune::spec::limits;
+
 use crate::cli::args::{Backend, ProbeIsolation, TuneArgs};
+use crate::cli::flags::{self, as_flag};
 
 /// A validated `tune`.
 pub struct TuneConfig {
@@ -75,8 +78,10 @@ impl LiveSearch {
         if let Some(h) = args.headroom {
             budget.headroom = h;
         }
-        budget.validate()?;
-        let space = SearchSpace::for_target(&target, &space_request(args))?;
+        budget.validate().map_err(|e| as_flag(e, flags::TUNE))?;
+        let mut space = SearchSpace::for_target(&target, &space_request(args))
+            .map_err(|e| as_flag(e, flags::TUNE))?;
+        cap_micro_batch(&mut space, &spec, &budget);
         let isolation = isolation(args.isolation, &target, &space);
         Ok(Self {
             spec,
@@ -85,6 +90,31 @@ impl LiveSearch {
             space,
             isolation,
         })
+    }
+}
+
+/// Lowers the space's largest micro-batch to the largest whose logits alone fit in the memory
+/// the budget allows (device and host together): larger ones cannot fit, so they need no
+/// trial, and the search's list of candidates never grows past what the machine could hold.
+fn cap_micro_batch(space: &mut SearchSpace, spec: &ModelSpec, budget: &Budget) {
+    let usable = budget
+        .usable_gpu_bytes()
+        .unwrap_or(0)
+        .saturating_add(budget.usable_host_bytes());
+    let smallest_element = space
+        .regimes
+        .iter()
+        .map(|r| r.precision)
+        .min_by_key(|&p| limits::logits_bytes(spec, 1, p))
+        .unwrap_or(autotune::Precision::Fp32);
+    let reach = limits::largest_micro_batch_within(spec, smallest_element, usable);
+    if reach < space.max_micro_batch {
+        tracing::debug!(
+            asked = space.max_micro_batch,
+            reach,
+            "largest micro-batch capped at what the budget can hold"
+        );
+        space.max_micro_batch = reach.max(space.start_micro_batch);
     }
 }
 

@@ -23,6 +23,7 @@ use autotune::search::decision::Decision;
 use autotune::search::driver::SearchDriver;
 use autotune::search::run::{run_search, SearchOutcome};
 use autotune::spec::device::{DeviceKind, DeviceSpec};
+use autotune::spec::limits;
 use autotune::trial::TrialResult;
 use autotune::{ModelSpec, Offload};
 
@@ -122,6 +123,22 @@ fn live(search_config: &LiveSearch, printer: &Printer) -> anyhow::Result<Tuned> 
     }
     let driver = SearchDriver::new(space, *budget)?;
     announce(search_config, printer);
+    let recorded = backend::recorded_device(target.kind == DeviceKind::Cuda, target);
+    // A model whose state alone exceeds the budget is answered before any trial: building it
+    // to find out would take more memory than the machine has.
+    if let Some(hint) = limits::state_exceeds_budget(spec, budget) {
+        return Ok(Tuned {
+            spec: spec.clone(),
+            target: target.clone(),
+            recorded,
+            driver,
+            plan: None,
+            outcome: SearchOutcome {
+                history: Vec::new(),
+                decision: Decision::NoFeasible { hint },
+            },
+        });
+    }
     let mut prober = prober::live_prober(search_config)?;
     let outcome = search(&driver, prober.as_mut(), printer)?;
     let mut plan = Plan::from_search(&driver, &outcome, spec, target, now());
@@ -129,7 +146,6 @@ fn live(search_config: &LiveSearch, printer: &Printer) -> anyhow::Result<Tuned> 
         // Scaling efficiency is measured, never assumed: one GPU's trial if the search ran none.
         plan.measure_scaling(driver.space(), prober.as_mut())?;
     }
-    let recorded = backend::recorded_device(target.kind == DeviceKind::Cuda, target);
     Ok(Tuned {
         spec: spec.clone(),
         target: target.clone(),

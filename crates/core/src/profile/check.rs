@@ -190,6 +190,11 @@ pub enum Verdict {
         /// What was seen.
         reason: String,
     },
+    /// It did not finish within its time limit now, and did when recorded (a regression).
+    TimedOut {
+        /// The limit it ran into, seconds.
+        after_s: f64,
+    },
     /// No fresh trial of this setting was given.
     Missing,
 }
@@ -203,6 +208,7 @@ impl Verdict {
                 | Verdict::Slower { .. }
                 | Verdict::NewlyOom { .. }
                 | Verdict::Crashed { .. }
+                | Verdict::TimedOut { .. }
         )
     }
 
@@ -423,7 +429,9 @@ fn compare(recorded: &Outcome, now: &Outcome, tolerance: &Tolerance) -> Vec<Verd
             memory: *memory,
             phase: *phase,
         }],
-        (Outcome::Crashed { .. }, Outcome::Crashed { .. }) => Vec::new(),
+        (Outcome::Crashed { .. }, Outcome::Crashed { .. })
+        | (Outcome::TimedOut { .. }, Outcome::TimedOut { .. }) => Vec::new(),
+        (_, Outcome::TimedOut { after_s }) => vec![Verdict::TimedOut { after_s: *after_s }],
         (_, Outcome::Crashed { reason }) => vec![Verdict::Crashed {
             reason: reason.clone(),
         }],

@@ -29,7 +29,7 @@ use crate::knobs::Knobs;
 use crate::plan::Tool;
 use crate::search::{SearchDriver, SearchOutcome, SearchSpace};
 use crate::spec::budget::Budget;
-use crate::spec::device::{field_of_serde_message, DeviceKind, DeviceSpec};
+use crate::spec::device::{DeviceKind, DeviceSpec};
 use crate::spec::model::ModelSpec;
 use crate::trial::TrialResult;
 use crate::{Error, Result};
@@ -173,17 +173,10 @@ impl Profile {
     /// Parses and validates a profile: the `kind` tag first, then the schema version, then
     /// the fields.
     pub fn from_json(text: &str) -> Result<Self> {
-        let value: serde_json::Value = serde_json::from_str(text).map_err(|e| {
-            let problem = if e.is_eof() {
-                format!("ends before the JSON document does (a truncated file?): {e}")
-            } else {
-                format!("is not valid JSON: {e}")
-            };
-            Error::invalid(WHAT, "(document)", problem)
-        })?;
+        let value = crate::json::parse_value(WHAT, text)?;
         let object = value
             .as_object()
-            .ok_or_else(|| Error::invalid(WHAT, "(document)", "must be a JSON object"))?;
+            .ok_or_else(|| Error::invalid(WHAT, crate::json::DOCUMENT, "must be a JSON object"))?;
         match object.get("kind") {
             Some(kind) if kind.as_str() == Some(PROFILE_KIND) => {}
             found => {
@@ -219,11 +212,7 @@ impl Profile {
                 ),
             ));
         }
-        let profile: Self = serde_json::from_value(value).map_err(|e| {
-            let message = e.to_string();
-            let field = field_of_serde_message(&message).unwrap_or_else(|| "(document)".into());
-            Error::invalid(WHAT, field, message)
-        })?;
+        let profile: Self = crate::json::from_value(WHAT, value)?;
         profile.validate()?;
         Ok(profile)
     }
@@ -236,10 +225,14 @@ impl Profile {
         self.budget.validate()?;
         self.space.validate()?;
         for (i, probe) in self.trials.iter().enumerate() {
-            probe
-                .request
-                .knobs
-                .validate(WHAT, &format!("probes[{i}].request.knobs."))?;
+            let at = format!("probes[{i}].");
+            probe.validate(WHAT, &at)?;
+            crate::spec::limits::check_knobs(
+                &self.model,
+                &probe.request.knobs,
+                WHAT,
+                &format!("{at}request.knobs."),
+            )?;
         }
         if let Some(chosen) = &self.chosen {
             chosen.validate(WHAT, "chosen.")?;

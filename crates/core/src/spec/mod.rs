@@ -2,4 +2,5 @@
 
 pub mod budget;
 pub mod device;
+pub mod limits;
 pub mod model;
