@@ -270,6 +270,17 @@ pub struct RunTrainArgs {
     /// Seed for weights, data order and dropout.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Continue the run in --run-dir: train with its plan.json (no tuning; the tuning flags
+    /// are not used) from its latest checkpoint.
+    #[arg(long)]
+    pub resume: bool,
+    /// Start over in a --run-dir that holds a run, replacing its plan and checkpoints (without
+    /// it, such a directory is refused unless --resume continues it).
+    #[arg(long, conflicts_with = "resume")]
+    pub overwrite: bool,
+    /// Keep only the newest N checkpoints (default: keep every one).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub keep_last: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -316,6 +327,13 @@ pub struct TrainArgs {
     /// Continue from the latest checkpoint in --checkpoint-dir.
     #[arg(long, requires = "checkpoint_dir")]
     pub resume: bool,
+    /// Start over in a --checkpoint-dir that holds checkpoints, removing them (without it, such
+    /// a directory is refused unless --resume continues its run).
+    #[arg(long, requires = "checkpoint_dir", conflicts_with = "resume")]
+    pub overwrite: bool,
+    /// Keep only the newest N checkpoints (default: keep every one).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub keep_last: Option<u64>,
     /// Print a JSON summary on stdout.
     #[arg(long)]
     pub json: bool,

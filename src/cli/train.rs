@@ -17,10 +17,10 @@ use autotune::collective::{Collective, RankEnv};
 use autotune::plan::schema::Plan;
 use autotune::probe::host_memory;
 use autotune::spec::device::DeviceKind;
-use autotune::train::checkpoint;
 use autotune::train::data::{Data, DataSpec};
 use autotune::train::run::{self, RunConfig, RunSummary, TrainEvent, TrainObserver};
 use autotune::train::step::Trainer;
+use autotune::train::{checkpoint, checkpoint_dir};
 use autotune::{Knobs, ModelSpec};
 
 use autotune::spec::limits;
@@ -45,6 +45,8 @@ pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
             eval_every: args.eval_every,
             seed: args.model.seed,
             resume: args.resume,
+            overwrite: args.overwrite,
+            keep_last: args.keep_last.map(|n| n as usize),
         };
         if let Some(rank) = rank {
             return super::launch::run_rank(plan_job(&training, Some(&rank))?, rank);
@@ -65,6 +67,16 @@ pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
         printer.data_text(format!("does not fit: {why}"));
         return Ok(Status::Negative);
     }
+    // The ranks of a launched run write into the directory their launcher holds.
+    let _lock = match rank {
+        None => claim_checkpoint_dir(
+            args.checkpoint_dir.as_deref(),
+            args.resume,
+            args.overwrite,
+            printer,
+        )?,
+        Some(_) => None,
+    };
     if degree > 1 && rank.is_none() {
         let launched = super::launch::Launched {
             args: std::env::args_os().skip(1).collect(),
@@ -93,6 +105,7 @@ pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
             checkpoint_dir: args.checkpoint_dir.clone(),
             checkpoint_every: args.checkpoint_every,
             eval_every: args.eval_every,
+            keep_last: args.keep_last.map(|n| n as usize),
         },
         seed: args.model.seed,
         resume: args.resume,
@@ -161,6 +174,9 @@ pub struct PlanTraining<'a> {
     pub eval_every: u64,
     pub seed: u64,
     pub resume: bool,
+    /// Start over in a checkpoint directory that holds checkpoints, removing them.
+    pub overwrite: bool,
+    pub keep_last: Option<usize>,
 }
 
 pub fn train_with_plan(
@@ -168,6 +184,7 @@ pub fn train_with_plan(
     printer: &Printer,
 ) -> anyhow::Result<(RunSummary, Status)> {
     let plan = t.plan;
+    let _lock = claim_checkpoint_dir(t.checkpoint_dir.as_deref(), t.resume, t.overwrite, printer)?;
     let degree = plan.knobs.data_parallel.degree;
     if degree > 1 {
         let device = match plan.device.kind {
@@ -219,6 +236,10 @@ impl PlanTraining<'_> {
             args.push("--checkpoint-dir".into());
             args.push(dir.as_os_str().to_owned());
         }
+        if let Some(keep_last) = self.keep_last {
+            args.push("--keep-last".into());
+            args.push(keep_last.to_string().into());
+        }
         if self.resume {
             args.push("--resume".into());
         }
@@ -252,6 +273,7 @@ fn plan_job<'a>(t: &'a PlanTraining, rank: Option<&RankEnv>) -> anyhow::Result<J
             checkpoint_dir: t.checkpoint_dir.clone(),
             checkpoint_every: t.checkpoint_every,
             eval_every: t.eval_every,
+            keep_last: t.keep_last,
         },
         seed: t.seed,
         resume: t.resume,
@@ -262,8 +284,50 @@ fn plan_job<'a>(t: &'a PlanTraining, rank: Option<&RankEnv>) -> anyhow::Result<J
     })
 }
 
+/// Takes the checkpoint directory for this run: its lock (held until the run ends), its stale
+/// temporaries swept, and, without `--resume`, its old checkpoints refused, or removed with
+/// `--overwrite`, so two runs never mix in one directory.
+pub fn claim_checkpoint_dir(
+    dir: Option<&std::path::Path>,
+    resume: bool,
+    overwrite: bool,
+    printer: &Printer,
+) -> anyhow::Result<Option<checkpoint_dir::DirLock>> {
+    let Some(dir) = dir else {
+        return Ok(None);
+    };
+    let lock = checkpoint_dir::lock(dir)?;
+    let swept = checkpoint_dir::sweep_temporaries(dir)?;
+    if swept > 0 {
+        printer.status(format!(
+            "removed {swept} temporary file(s) an interrupted save left in {}",
+            dir.display()
+        ));
+    }
+    if !resume && checkpoint_dir::holds_checkpoints(dir)? {
+        if !overwrite {
+            let newest = checkpoint_dir::checkpoints(dir)?
+                .last()
+                .map(|(step, _)| format!(" (up to step {step})"))
+                .unwrap_or_default();
+            anyhow::bail!(
+                "`{}` already holds checkpoints of a run{newest}; pass --resume to continue it, --overwrite to start over and remove them, or use another directory",
+                dir.display()
+            );
+        }
+        checkpoint_dir::clear(dir)?;
+        printer.status(format!(
+            "--overwrite: removed the checkpoints in {}",
+            dir.display()
+        ));
+    }
+    Ok(Some(lock))
+}
+
 fn status_of(summary: &RunSummary) -> Status {
-    if summary.interrupted {
+    if summary.diverged.is_some() {
+        Status::Negative
+    } else if summary.interrupted {
         Status::Interrupted
     } else {
         Status::Success
@@ -355,7 +419,10 @@ fn resume(
     Ok(())
 }
 
-/// First Ctrl-C asks the loop to checkpoint and stop; a second one exits at once.
+/// The first interrupt (Ctrl-C, or SIGTERM or SIGHUP, what schedulers send on preemption) asks
+/// the loop to checkpoint after the current step and stop (exit 130); a second one exits at
+/// once with 130 without saving, leaving `latest` at the checkpoint before (a save it cuts
+/// short leaves only a temporary, which the next run on the directory removes).
 pub fn interrupt_flag(printer: &Printer) -> Arc<AtomicBool> {
     static FLAG: std::sync::OnceLock<Arc<AtomicBool>> = std::sync::OnceLock::new();
     let flag = FLAG.get_or_init(|| {
@@ -366,12 +433,12 @@ pub fn interrupt_flag(printer: &Printer) -> Arc<AtomicBool> {
                 std::process::exit(130);
             }
             eprintln!(
-                "\ninterrupt: saving a checkpoint after this step (press Ctrl-C again to quit now)"
+                "\ninterrupt: saving a checkpoint after this step (interrupt again to quit now, without saving)"
             );
         });
         if let Err(e) = result {
             printer.warn(format!(
-                "cannot install the Ctrl-C handler ({e}); an interrupt will not save a checkpoint"
+                "cannot install the interrupt handler ({e}); an interrupt will not save a checkpoint"
             ));
         }
         flag
@@ -457,6 +524,7 @@ pub struct TrainReport<'a> {
     tokens_per_s: f64,
     skipped_steps: u64,
     checkpoint: Option<String>,
+    diverged: Option<autotune::train::run::Divergence>,
 }
 
 impl<'a> TrainReport<'a> {
@@ -471,11 +539,24 @@ impl<'a> TrainReport<'a> {
             tokens_per_s: summary.tokens_per_s,
             skipped_steps: summary.skipped_steps,
             checkpoint: summary.checkpoint.as_ref().map(|p| p.display().to_string()),
+            diverged: summary.diverged.clone(),
         }
     }
 }
 
 pub fn report(printer: &Printer, summary: &RunSummary) {
+    if let Some(d) = &summary.diverged {
+        let kept = summary
+            .checkpoint
+            .as_ref()
+            .map(|c| format!("; the last good checkpoint is {}", c.display()))
+            .unwrap_or_default();
+        printer.status(format!(
+            "diverged at step {}: {} is not finite, so nothing more was saved{kept}; lower the learning rate, or resume from an earlier checkpoint",
+            d.step, d.what
+        ));
+        return;
+    }
     let verb = if summary.interrupted {
         "interrupted at"
     } else {

@@ -9,6 +9,9 @@ mod training;
 /// Data parallelism on CPU ranks: equal to one process, sharding, the launcher, exports.
 mod data_parallel;
 
+/// Checkpoints: preemption, one run per directory, verification, divergence, retention.
+mod checkpoints;
+
 /// The command line: exit codes and messages for bad input.
 mod cli;
 
