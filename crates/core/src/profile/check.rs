@@ -252,10 +252,35 @@ pub struct CheckReport {
 }
 
 impl CheckReport {
-    /// Whether the check passed: no regression.
+    /// Whether the check passed: no regression, and at least one setting compared (a check
+    /// that compared nothing found nothing, which is not a pass).
     pub fn passed(&self) -> bool {
-        self.regressions == 0
+        self.regressions == 0 && self.compared() > 0
     }
+
+    /// Settings with a fresh trial to compare.
+    pub fn compared(&self) -> usize {
+        self.settings.len() - self.missing
+    }
+}
+
+/// The fresh trials another recording holds for `profile`'s settings: only those it recorded
+/// (the same request, or the same knobs), never a prediction, so that a setting it lacks is
+/// [`Verdict::Missing`] and not a synthesised answer.
+pub fn recorded_answers(profile: &Profile, other: &Profile) -> Vec<TrialResult> {
+    let mut prober = super::replay::ReplayProber::new(other.clone());
+    profile
+        .trials
+        .iter()
+        .map(|recorded| prober.replay(&recorded.request))
+        .filter(|r| {
+            matches!(
+                r.answer,
+                super::replay::Answer::Recorded | super::replay::Answer::SameKnobs
+            )
+        })
+        .map(|r| r.result)
+        .collect()
 }
 
 /// Compares `fresh` trials with the profile's recorded ones, setting by setting.
