@@ -226,6 +226,12 @@ pub struct TuneArgs {
     /// How trials are isolated (default: a worker process on a GPU, in-process on the CPU).
     #[arg(long, value_enum)]
     pub isolation: Option<ProbeIsolation>,
+    /// Seconds a child, worker or data-parallel trial may run before it is stopped as timed
+    /// out (an infeasible setting; a worker is then replaced). Default: 900 s until a trial
+    /// fits, then ten times what the slowest trial so far predicts, at least 120 s. In-process
+    /// trials cannot be stopped.
+    #[arg(long, value_name = "SECONDS")]
+    pub trial_timeout: Option<f64>,
     /// Where trials run: `live` (this machine) or `replay:PROFILE` (answered from a recorded
     /// profile, offline and deterministic; the profile's model, device and space are used).
     #[arg(long, default_value = "live")]

@@ -16,7 +16,7 @@ use super::args::RunArgs;
 use super::printer::Printer;
 use super::train::{train_with_plan, PlanTraining};
 use super::tune::config::TuneConfig;
-use super::tune::{emit, tune};
+use super::tune::{emit, record, search_only};
 use super::Status;
 
 #[derive(Serialize)]
@@ -54,11 +54,12 @@ pub fn run(args: RunArgs, printer: &Printer) -> anyhow::Result<Status> {
                 run_dir.display()
             );
         }
-        tuned = tune(&TuneConfig::from_args(&args.tune)?, printer)?;
+        let config = TuneConfig::from_args(&args.tune)?;
+        tuned = search_only(&config, printer)?;
         // JSON output belongs to the combined report below, not to the tuning half.
         let quiet_json = Printer::new(false, false, false);
         let Some(plan) = &tuned.plan else {
-            return emit(
+            let status = emit(
                 &tuned,
                 None,
                 if printer.is_json() {
@@ -67,8 +68,12 @@ pub fn run(args: RunArgs, printer: &Printer) -> anyhow::Result<Status> {
                     &quiet_json
                 },
             );
+            record(&tuned, &config, printer)?;
+            return status;
         };
+        // The plan first: a recording that cannot be written must not cost the plan.
         plan.save(&plan_path)?;
+        record(&tuned, &config, printer)?;
         printer.status(format!(
             "plan: {} ({:.0} tokens/s measured), written to {}",
             plan.knobs,

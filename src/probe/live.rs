@@ -196,20 +196,9 @@ fn in_phase(phase: Phase) -> impl Fn(Error) -> Failure {
     }
 }
 
-/// Whether a backend error is a device allocation failure.
-///
-/// candle has no out-of-memory variant: the driver's `CUDA_ERROR_OUT_OF_MEMORY` and cuBLAS's
-/// `CUBLAS_STATUS_ALLOC_FAILED` arrive boxed inside `Error::Cuda`, possibly wrapped in
-/// backtrace or context layers, so the whole chain's debug text is inspected.
+/// Whether a backend error is a device allocation failure (see [`super::oom`]).
 pub fn is_out_of_memory(error: &Error) -> bool {
-    is_out_of_memory_text(&format!("{error:?}"))
-}
-
-/// Whether an error text names a device allocation failure.
-pub fn is_out_of_memory_text(text: &str) -> bool {
-    text.contains("OUT_OF_MEMORY")
-        || text.contains("ALLOC_FAILED")
-        || text.contains("out of memory")
+    super::oom::is_out_of_memory(error)
 }
 
 /// Seconds between successive laps of a trial.
@@ -250,7 +239,8 @@ fn checkpoint_dry_run(trainer: &Trainer) -> Result<()> {
                 .chain(state.values())
                 .max_by_key(|t| t.elem_count() * t.dtype().size_in_bytes());
             if let Some(t) = largest {
-                drop(t.to_device(&Device::Cpu)?);
+                // A real copy on the CPU too, where `to_device` would share the storage.
+                drop(crate::train::checkpoint::host_copy(t)?);
             }
         }
         Optimizer::Offloaded(offload) => {

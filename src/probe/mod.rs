@@ -16,6 +16,8 @@ pub mod host_memory;
 pub mod host_work;
 pub mod job;
 pub mod live;
+pub mod oom;
+pub mod timeout;
 pub mod worker;
 
 pub use crate::trial::Prober;

@@ -355,3 +355,14 @@ fn run_resumes_its_run_directory_and_refuses_to_replace_it_unasked() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("no plan.json"), "{}", stderr(&out));
 }
+
+#[test]
+fn the_copy_a_save_takes_owns_its_bytes_on_the_cpu_too() {
+    let t = candle_core::Tensor::zeros((4, 8), candle_core::DType::F32, &Device::Cpu).unwrap();
+    let copy = checkpoint::host_copy(&t).unwrap();
+    let ones = candle_core::Tensor::ones((4, 8), candle_core::DType::F32, &Device::Cpu).unwrap();
+    // Writing into the original's storage shows whether the copy shares it.
+    t.slice_set(&ones, 0, 0).unwrap();
+    let copied: f32 = copy.sum_all().unwrap().to_scalar().unwrap();
+    assert_eq!(copied, 0.0, "the copy shares the original's storage");
+}

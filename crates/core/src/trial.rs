@@ -221,3 +221,35 @@ pub struct TrialResult {
     /// Wall time the trial took, including setup, seconds.
     pub wall_s: f64,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::knobs::Precision;
+
+    #[test]
+    fn a_timed_out_trial_is_recorded_and_read_back_and_older_outcomes_still_read() {
+        let result = TrialResult {
+            request: TrialRequest {
+                knobs: Knobs::new(4, Precision::Bf16),
+                warmup_steps: 1,
+                timed_steps: 3,
+            },
+            outcome: Outcome::TimedOut { after_s: 900.0 },
+            wall_s: 900.5,
+        };
+        let json = serde_json::to_string(&result).unwrap();
+        assert!(
+            json.contains(r#""outcome":"timed_out","after_s":900.0"#),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<TrialResult>(&json).unwrap(), result);
+        let older = r#"{"request": {"knobs": {"micro_batch": 4, "grad_accum": 1, "precision": "bf16"}, "warmup_steps": 1, "timed_steps": 3}, "outcome": "crashed", "reason": "gone", "wall_s": 1.0}"#;
+        assert!(serde_json::from_str::<TrialResult>(older).is_ok());
+        let bad = TrialResult {
+            outcome: Outcome::TimedOut { after_s: -1.0 },
+            ..result
+        };
+        assert!(bad.validate("profile", "probes[0].").is_err());
+    }
+}

@@ -10,6 +10,7 @@ use autotune::spec::budget::Budget;
 use autotune::spec::device::{DeviceKind, DeviceSpec};
 use autotune::ModelSpec;
 
+use autotune::probe::timeout::TrialTimeout;
 use autotune::spec::limits;
 
 use crate::cli::args::{Backend, ProbeIsolation, TuneArgs};
@@ -50,11 +51,22 @@ pub struct LiveSearch {
     pub space: SearchSpace,
     /// How trials are isolated from this process and from each other.
     pub isolation: ProbeIsolation,
+    /// How long a trial in another process may run.
+    pub trial_timeout: TrialTimeout,
 }
 
 impl TuneConfig {
     /// Resolves and checks `args`.
     pub fn from_args(args: &TuneArgs) -> anyhow::Result<Self> {
+        // Where the results go is checked first: a search can take long, and its plan must not
+        // be lost to a typo in a path.
+        for (flag, path) in [("--out", &args.out), ("--record", &args.record)] {
+            if let Some(path) = path {
+                autotune::atomic_file::check_writable(path).map_err(|e| {
+                    anyhow::anyhow!("`{flag} {}` cannot be written: {e}", path.display())
+                })?;
+            }
+        }
         let source = match &args.backend {
             Backend::Replay(path) => Source::Replay {
                 path: path.clone(),
@@ -83,12 +95,29 @@ impl LiveSearch {
             .map_err(|e| as_flag(e, flags::TUNE))?;
         cap_micro_batch(&mut space, &spec, &budget);
         let isolation = isolation(args.isolation, &target, &space);
+        let trial_timeout = match args.trial_timeout {
+            None => TrialTimeout::scaled(),
+            Some(s) if s.is_finite() && s > 0.0 && s <= autotune::trial::MAX_STEP_TIME_S => {
+                TrialTimeout::fixed(std::time::Duration::from_secs_f64(s))
+            }
+            Some(s) => {
+                return Err(autotune_core::Error::InvalidFlag {
+                    flag: "--trial-timeout".into(),
+                    problem: format!(
+                        "({s}) must be a number of seconds above 0 and at most {:e}",
+                        autotune::trial::MAX_STEP_TIME_S
+                    ),
+                }
+                .into())
+            }
+        };
         Ok(Self {
             spec,
             target,
             budget,
             space,
             isolation,
+            trial_timeout,
         })
     }
 }
