@@ -472,7 +472,7 @@ impl TrainObserver for Progress {
         match event {
             TrainEvent::Started { start_step, .. } => {
                 self.bar.set_position(*start_step);
-                self.first_step.set(start_step + 1);
+                self.first_step.set(start_step.saturating_add(1));
                 if *start_step > 0 {
                     self.printer
                         .status(format!("resuming at step {start_step}"));

@@ -366,3 +366,38 @@ fn the_copy_a_save_takes_owns_its_bytes_on_the_cpu_too() {
     let copied: f32 = copy.sum_all().unwrap().to_scalar().unwrap();
     assert_eq!(copied, 0.0, "the copy shares the original's storage");
 }
+
+/// Rewrites a checkpoint's state with `edit` and seals it again, as a bad save elsewhere could.
+fn reseal_state(step_dir: &Path, edit: impl Fn(&mut serde_json::Value)) {
+    let path = step_dir.join("state.json");
+    let mut state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut state);
+    std::fs::write(&path, state.to_string()).unwrap();
+    let names = ["model.safetensors", "optimizer.safetensors", "state.json"];
+    Manifest::of(step_dir, &names)
+        .unwrap()
+        .write(step_dir)
+        .unwrap();
+}
+
+#[test]
+fn counters_at_their_limit_in_a_checkpoint_get_an_answer_not_an_overflow() {
+    // Found by the fuzz run: both panicked with "attempt to add with overflow".
+    for field in ["step", "clean_steps"] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = train(dir.path(), "2", &[]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        reseal_state(&dir.path().join("ck/step-000002"), |state| match field {
+            "step" => state["step"] = u64::MAX.into(),
+            _ => state["scaler"]["clean_steps"] = u64::MAX.into(),
+        });
+        let out = train(dir.path(), "3", &["--resume"]);
+        let code = out.status.code();
+        assert!(
+            matches!(code, Some(0..=2)),
+            "{field}: {code:?} {}",
+            stderr(&out)
+        );
+    }
+}

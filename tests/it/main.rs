@@ -12,6 +12,9 @@ mod data_parallel;
 /// Checkpoints: preemption, one run per directory, verification, divergence, retention.
 mod checkpoints;
 
+/// Fuzzing the JSON readers and the numeric flags: every input ends in exit 0, 1 or 2.
+mod fuzz;
+
 /// The command line: exit codes and messages for bad input.
 mod cli;
 
