@@ -23,6 +23,28 @@ pub enum Error {
         problem: String,
     },
 
+    /// A checkpoint's files do not match its manifest (flipped bytes, a truncated copy, a file
+    /// from elsewhere), or it has no readable manifest.
+    #[error("checkpoint `{path}` is damaged: {problem}; {}", intact_advice(path, newest_intact.as_deref()))]
+    CheckpointDamaged {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// What is damaged.
+        problem: String,
+        /// The newest checkpoint beside it that verifies, if any.
+        newest_intact: Option<PathBuf>,
+    },
+
+    /// Weights or a loss stopped being finite numbers: the run diverged, or a checkpoint held
+    /// them. Nothing non-finite is saved.
+    #[error("{what} is not finite at step {step}; nothing non-finite is saved")]
+    NonFinite {
+        /// The step at which it was found.
+        step: u64,
+        /// What is not finite ("parameter `blocks.0.attn.w_qkv`", "the loss").
+        what: String,
+    },
+
     /// The training data cannot feed the requested model.
     #[error("data `{source_name}`: {problem}")]
     Data {
@@ -75,6 +97,23 @@ impl Error {
         source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
     ) -> Self {
         autotune_core::Error::file(action, path, source).into()
+    }
+}
+
+/// What to do about a damaged checkpoint: resume from the newest intact one, or start over.
+fn intact_advice(damaged: &std::path::Path, newest_intact: Option<&std::path::Path>) -> String {
+    let dir = damaged.parent().unwrap_or(std::path::Path::new("."));
+    match newest_intact.and_then(|p| p.file_name()) {
+        Some(name) => format!(
+            "the newest intact checkpoint is `{}`: to resume from it, write `{}` into `{}`",
+            dir.join(name).display(),
+            name.to_string_lossy(),
+            dir.join("latest").display()
+        ),
+        None => format!(
+            "no intact checkpoint remains in `{}`; start afresh with --overwrite",
+            dir.display()
+        ),
     }
 }
 

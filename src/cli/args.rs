@@ -236,6 +236,12 @@ pub struct TuneArgs {
     /// How trials are isolated (default: a worker process on a GPU, in-process on the CPU).
     #[arg(long, value_enum)]
     pub isolation: Option<ProbeIsolation>,
+    /// Seconds a child, worker or data-parallel trial may run before it is stopped as timed
+    /// out (an infeasible setting; a worker is then replaced). Default: 900 s until a trial
+    /// fits, then ten times what the slowest trial so far predicts, at least 120 s. In-process
+    /// trials cannot be stopped.
+    #[arg(long, value_name = "SECONDS")]
+    pub trial_timeout: Option<f64>,
     /// Where trials run: `live` (this machine) or `replay:PROFILE` (answered from a recorded
     /// profile, offline and deterministic; the profile's model, device and space are used).
     #[arg(long, default_value = "live")]
@@ -280,6 +286,17 @@ pub struct RunTrainArgs {
     /// Seed for weights, data order and dropout.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Continue the run in --run-dir: train with its plan.json (no tuning; the tuning flags
+    /// are not used) from its latest checkpoint.
+    #[arg(long)]
+    pub resume: bool,
+    /// Start over in a --run-dir that holds a run, replacing its plan and checkpoints (without
+    /// it, such a directory is refused unless --resume continues it).
+    #[arg(long, conflicts_with = "resume")]
+    pub overwrite: bool,
+    /// Keep only the newest N checkpoints (default: keep every one).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub keep_last: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -326,6 +343,13 @@ pub struct TrainArgs {
     /// Continue from the latest checkpoint in --checkpoint-dir.
     #[arg(long, requires = "checkpoint_dir")]
     pub resume: bool,
+    /// Start over in a --checkpoint-dir that holds checkpoints, removing them (without it, such
+    /// a directory is refused unless --resume continues its run).
+    #[arg(long, requires = "checkpoint_dir", conflicts_with = "resume")]
+    pub overwrite: bool,
+    /// Keep only the newest N checkpoints (default: keep every one).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub keep_last: Option<u64>,
     /// Print a JSON summary on stdout.
     #[arg(long)]
     pub json: bool,

@@ -13,9 +13,10 @@ use autotune::backend::{self, CANDLE_VERSION};
 use autotune::dist::probe::{ByDegree, DataParallelProber};
 use autotune::probe::live::LiveProber;
 use autotune::probe::Prober;
-use autotune::profile::check::{check, recheck, CheckReport, SettingCheck, Tolerance, Verdict};
+use autotune::profile::check::{
+    check, recheck, recorded_answers, CheckReport, SettingCheck, Tolerance, Verdict,
+};
 use autotune::profile::record::Profile;
-use autotune::profile::replay::ReplayProber;
 use autotune::spec::device::DeviceKind;
 use autotune::trial::Phase;
 
@@ -41,11 +42,12 @@ pub struct CheckArgs {
     /// Print the report as one JSON document on stdout.
     #[arg(long)]
     pub json: bool,
-    /// Smallest relative step-time change that counts (the floor of the noise band; wider
-    /// when the trials' spreads are).
+    /// Smallest relative step-time change that counts: a change must exceed this fraction or 3
+    /// standard errors of the medians, whichever is larger.
     #[arg(long, default_value_t = Tolerance::DEFAULT_TIME_THRESHOLD)]
     pub time_tolerance: f64,
-    /// Smallest relative peak-memory change that counts (changes under 16 MiB never count).
+    /// Smallest relative peak-memory change that counts: a change must exceed this fraction of
+    /// the recorded peak or 64 MiB, whichever is larger.
     #[arg(long, default_value_t = Tolerance::DEFAULT_MEMORY_THRESHOLD)]
     pub memory_tolerance: f64,
 }
@@ -82,10 +84,14 @@ impl CheckConfig {
             ..Tolerance::default()
         };
         tolerance.validate()?;
-        Ok(Self {
-            profile: Profile::load(&args.profile)?,
-            tolerance,
-        })
+        let profile = Profile::load(&args.profile)?;
+        if profile.trials.is_empty() {
+            anyhow::bail!(
+                "`{}` holds no trials, so there is nothing to check against; record one with `autotune tune --record`",
+                args.profile.display()
+            );
+        }
+        Ok(Self { profile, tolerance })
     }
 }
 
@@ -94,9 +100,24 @@ pub fn run(args: CheckArgs, printer: &Printer) -> anyhow::Result<Status> {
     let CheckConfig { profile, tolerance } = CheckConfig::from_args(&args)?;
     announce(&profile, printer);
     let gpu = profile.budget.gpu_bytes.is_some();
-    let reporter = CheckProgress::new(printer, profile.trials.len(), gpu);
-    let (mut prober, backend_name) = fresh_trials(&args, &profile, printer)?;
-    let fresh = recheck(&profile, prober.as_mut(), &reporter)?;
+    let (fresh, backend_name) = match &args.backend {
+        Backend::Replay(path) => {
+            let other = Profile::load(path)?;
+            if let Some(why) = profile.setup_differs(&other) {
+                anyhow::bail!(
+                    "cannot compare `{}` with `{}`: {why}; compare recordings of one model on one device",
+                    args.profile.display(),
+                    path.display()
+                );
+            }
+            (recorded_answers(&profile, &other), args.backend.to_string())
+        }
+        Backend::Live => {
+            let reporter = CheckProgress::new(printer, profile.trials.len(), gpu);
+            let (mut prober, name) = live_trials(&args, &profile, printer)?;
+            (recheck(&profile, prober.as_mut(), &reporter)?, name)
+        }
+    };
     let report = check(&profile, &fresh, tolerance);
     printer.data_json(&CheckOutput {
         profile: &args.profile,
@@ -108,6 +129,12 @@ pub fn run(args: CheckArgs, printer: &Printer) -> anyhow::Result<Status> {
     if report.passed() {
         printer.status("check passed: no regression beyond the tolerances");
         Ok(Status::Success)
+    } else if report.compared() == 0 {
+        printer.status(format!(
+            "check failed: none of the {} settings could be compared (all missing)",
+            report.settings.len()
+        ));
+        Ok(Status::Negative)
     } else {
         printer.status(format!(
             "check failed: {} of {} settings regressed",
@@ -137,37 +164,28 @@ fn announce(profile: &Profile, printer: &Printer) {
     }
 }
 
-/// The prober of fresh trials and its name for the report: another recording, or this
-/// machine emulating the profile's device (data-parallel settings on as many ranks as they
-/// were recorded on).
-fn fresh_trials(
+/// The prober of fresh trials on this machine, emulating the profile's device (data-parallel
+/// settings on as many ranks as they were recorded on), and its name for the report.
+fn live_trials(
     args: &CheckArgs,
     profile: &Profile,
     printer: &Printer,
 ) -> anyhow::Result<(Box<dyn Prober>, String)> {
-    match &args.backend {
-        Backend::Replay(path) => Ok((
-            Box::new(ReplayProber::new(Profile::load(path)?)),
-            args.backend.to_string(),
-        )),
-        Backend::Live => {
-            let device = open_device(&args.device, profile, printer)?;
-            let meter = backend::memory_meter(&device, profile.budget.gpu_bytes)?;
-            let host_budget = Some(profile.budget.host_bytes);
-            let single = LiveProber::new(&profile.model, &device, host_budget, meter);
-            let exe = std::env::current_exe()
-                .map_err(|e| anyhow::anyhow!("cannot locate the autotune executable: {e}"))?;
-            let ranks = DataParallelProber::new(
-                exe,
-                &profile.model,
-                backend::describe(&device),
-                profile.budget.gpu_bytes,
-                host_budget,
-            );
-            let name = format!("live:{}", backend::describe(&device));
-            Ok((Box::new(ByDegree::new(Box::new(single), ranks)), name))
-        }
-    }
+    let device = open_device(&args.device, profile, printer)?;
+    let meter = backend::memory_meter(&device, profile.budget.gpu_bytes)?;
+    let host_budget = Some(profile.budget.host_bytes);
+    let single = LiveProber::new(&profile.model, &device, host_budget, meter);
+    let exe = std::env::current_exe()
+        .map_err(|e| anyhow::anyhow!("cannot locate the autotune executable: {e}"))?;
+    let ranks = DataParallelProber::new(
+        exe,
+        &profile.model,
+        backend::describe(&device),
+        profile.budget.gpu_bytes,
+        host_budget,
+    );
+    let name = format!("live:{}", backend::describe(&device));
+    Ok((Box::new(ByDegree::new(Box::new(single), ranks)), name))
 }
 
 /// Opens the device for live trials; `auto` means the kind the profile was recorded on, and a
@@ -252,6 +270,7 @@ fn verdict_text(verdict: &Verdict) -> String {
         }
         Verdict::NoLongerOom { .. } => "fits now (was out of memory)".into(),
         Verdict::Crashed { reason } => format!("CRASHED: {reason}"),
+        Verdict::TimedOut { after_s } => format!("TIMED OUT after {after_s:.0} s"),
         Verdict::Missing => "missing".into(),
     }
 }
@@ -307,4 +326,32 @@ fn table(report: &CheckReport, gpu: bool) -> String {
         t.memory_floor_bytes >> 20,
     ));
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_help_states_the_tolerances_the_report_applies() {
+        use clap::CommandFactory;
+        let mut command = crate::cli::args::Cli::command();
+        let check = command.find_subcommand_mut("check").expect("check exists");
+        let help = check.render_long_help().to_string();
+        let t = Tolerance::default();
+        let z = format!("{} standard errors", t.significance_z);
+        let floor = format!("{} MiB", t.memory_floor_bytes >> 20);
+        assert!(help.contains(&z) && help.contains(&floor), "{help}");
+        let report = table(
+            &CheckReport {
+                settings: Vec::new(),
+                regressions: 0,
+                improvements: 0,
+                missing: 0,
+                tolerance: t,
+            },
+            false,
+        );
+        assert!(report.contains(&z) && report.contains(&floor), "{report}");
+    }
 }

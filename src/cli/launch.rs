@@ -50,6 +50,7 @@ impl Launched<'_> {
             rendezvous,
             input: RankInput::Interrupts,
             grace_after_exit: None,
+            deadline: None,
         };
         let interrupt = interrupt_flag(printer);
         let progress = Progress::new(printer, self.total_steps);

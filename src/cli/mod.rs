@@ -6,6 +6,7 @@
 mod args;
 mod check;
 mod export;
+mod flags;
 mod launch;
 mod printer;
 mod probe;

@@ -9,7 +9,10 @@ use autotune::probe::{child, worker, Prober};
 use autotune::trial::{Outcome, TrialRequest, TrialResult};
 use autotune::ModelSpec;
 
+use autotune::spec::limits;
+
 use super::args::ProbeArgs;
+use super::flags::{self, as_flag};
 use super::printer::Printer;
 use super::reporters::{bytes, memory_name};
 use super::Status;
@@ -32,13 +35,16 @@ struct ProbeLine<'a> {
 pub fn run(args: ProbeArgs, printer: &Printer) -> anyhow::Result<Status> {
     let spec = ModelSpec::resolve(&args.model.model)?;
     let knobs = args.knobs.knobs();
-    knobs.validate("knobs", "--")?;
     let host_budget = args.host_budget.as_deref().map(parse_bytes).transpose()?;
     let request = TrialRequest {
         knobs,
         warmup_steps: args.warmup,
         timed_steps: args.steps,
     };
+    request
+        .validate("knobs", "")
+        .and_then(|()| limits::check_knobs(&spec, &knobs, "knobs", ""))
+        .map_err(|e| as_flag(e, flags::PROBE))?;
     let gpu_capacity = args.gpu_capacity.as_deref().map(parse_bytes).transpose()?;
     let (result, device_name) = if knobs.data_parallel.degree > 1 {
         probe_data_parallel(&args, &spec, &request, gpu_capacity, host_budget, printer)?
@@ -78,6 +84,9 @@ pub fn run(args: ProbeArgs, printer: &Printer) -> anyhow::Result<Status> {
             memory_name(*memory)
         )),
         Outcome::Crashed { reason } => printer.data_text(format!("crashed: {reason}")),
+        Outcome::TimedOut { after_s } => {
+            printer.data_text(format!("timed out after {after_s:.0} s"))
+        }
     }
     Ok(match result.outcome {
         Outcome::Fits(_) => Status::Success,

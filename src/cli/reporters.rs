@@ -50,6 +50,7 @@ pub fn trial_outcome(result: &TrialResult, feasible: bool) -> String {
             format!("out of {} memory during {phase:?}", memory_name(*memory))
         }
         Outcome::Crashed { reason } => format!("crashed: {reason}"),
+        Outcome::TimedOut { after_s } => format!("timed out after {after_s:.0} s"),
     }
 }
 
@@ -171,5 +172,6 @@ pub fn check_outcome(outcome: &Outcome, gpu: bool) -> String {
         ),
         Outcome::OutOfMemory { memory, .. } => format!("out of {} memory", memory_name(*memory)),
         Outcome::Crashed { .. } => "crashed".into(),
+        Outcome::TimedOut { .. } => "timed out".into(),
     }
 }

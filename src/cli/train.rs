@@ -17,13 +17,16 @@ use autotune::collective::{Collective, RankEnv};
 use autotune::plan::schema::Plan;
 use autotune::probe::host_memory;
 use autotune::spec::device::DeviceKind;
-use autotune::train::checkpoint;
 use autotune::train::data::{Data, DataSpec};
 use autotune::train::run::{self, RunConfig, RunSummary, TrainEvent, TrainObserver};
 use autotune::train::step::Trainer;
+use autotune::train::{checkpoint, checkpoint_dir};
 use autotune::{Knobs, ModelSpec};
 
+use autotune::spec::limits;
+
 use super::args::TrainArgs;
+use super::flags::{self, as_flag};
 use super::printer::Printer;
 use super::reporters::bytes;
 use super::Status;
@@ -42,6 +45,8 @@ pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
             eval_every: args.eval_every,
             seed: args.model.seed,
             resume: args.resume,
+            overwrite: args.overwrite,
+            keep_last: args.keep_last.map(|n| n as usize),
         };
         if let Some(rank) = rank {
             return super::launch::run_rank(plan_job(&training, Some(&rank))?, rank);
@@ -53,8 +58,25 @@ pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
     let spec = ModelSpec::resolve(&args.model.model)?;
     let knobs = args.knobs.knobs();
     check_data_parallel_flags(&args)?;
-    knobs.validate("knobs", "--")?;
+    knobs
+        .validate("knobs", "")
+        .and_then(|()| limits::check_knobs(&spec, &knobs, "knobs", ""))
+        .map_err(|e| as_flag(e, flags::TRAIN))?;
     let degree = knobs.data_parallel.degree;
+    if let Some(why) = beyond_this_host(&spec, knobs, &args.model.device) {
+        printer.data_text(format!("does not fit: {why}"));
+        return Ok(Status::Negative);
+    }
+    // The ranks of a launched run write into the directory their launcher holds.
+    let _lock = match rank {
+        None => claim_checkpoint_dir(
+            args.checkpoint_dir.as_deref(),
+            args.resume,
+            args.overwrite,
+            printer,
+        )?,
+        Some(_) => None,
+    };
     if degree > 1 && rank.is_none() {
         let launched = super::launch::Launched {
             args: std::env::args_os().skip(1).collect(),
@@ -83,6 +105,7 @@ pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
             checkpoint_dir: args.checkpoint_dir.clone(),
             checkpoint_every: args.checkpoint_every,
             eval_every: args.eval_every,
+            keep_last: args.keep_last.map(|n| n as usize),
         },
         seed: args.model.seed,
         resume: args.resume,
@@ -96,6 +119,26 @@ pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
     let summary = job.run(printer)?;
     printer.data_json(&TrainReport::new(&spec, knobs, &summary));
     Ok(status_of(&summary))
+}
+
+/// Why training on this machine's CPU cannot fit its memory, when the model's state and one
+/// micro-batch's logits alone exceed it (a GPU reports its own out-of-memory; on the CPU an
+/// allocation larger than the machine would abort the process instead).
+fn beyond_this_host(spec: &ModelSpec, knobs: Knobs, device: &str) -> Option<String> {
+    let on_cpu =
+        device == "cpu" || (device == "auto" && autotune::backend::cuda_device_count() == 0);
+    if !on_cpu {
+        return None;
+    }
+    let host = autotune::backend::host_memory_bytes()?;
+    let ranks = knobs.data_parallel.degree as u64;
+    let per_rank = host / ranks.max(1);
+    let memory = if ranks > 1 {
+        format!("host memory each of {ranks} ranks has")
+    } else {
+        "host memory this machine has".to_string()
+    };
+    limits::setting_exceeds(spec, &knobs, per_rank, &memory)
 }
 
 /// The data-parallel flags against each other and this machine, with the flag to change.
@@ -131,6 +174,9 @@ pub struct PlanTraining<'a> {
     pub eval_every: u64,
     pub seed: u64,
     pub resume: bool,
+    /// Start over in a checkpoint directory that holds checkpoints, removing them.
+    pub overwrite: bool,
+    pub keep_last: Option<usize>,
 }
 
 pub fn train_with_plan(
@@ -138,6 +184,7 @@ pub fn train_with_plan(
     printer: &Printer,
 ) -> anyhow::Result<(RunSummary, Status)> {
     let plan = t.plan;
+    let _lock = claim_checkpoint_dir(t.checkpoint_dir.as_deref(), t.resume, t.overwrite, printer)?;
     let degree = plan.knobs.data_parallel.degree;
     if degree > 1 {
         let device = match plan.device.kind {
@@ -189,6 +236,10 @@ impl PlanTraining<'_> {
             args.push("--checkpoint-dir".into());
             args.push(dir.as_os_str().to_owned());
         }
+        if let Some(keep_last) = self.keep_last {
+            args.push("--keep-last".into());
+            args.push(keep_last.to_string().into());
+        }
         if self.resume {
             args.push("--resume".into());
         }
@@ -222,6 +273,7 @@ fn plan_job<'a>(t: &'a PlanTraining, rank: Option<&RankEnv>) -> anyhow::Result<J
             checkpoint_dir: t.checkpoint_dir.clone(),
             checkpoint_every: t.checkpoint_every,
             eval_every: t.eval_every,
+            keep_last: t.keep_last,
         },
         seed: t.seed,
         resume: t.resume,
@@ -232,8 +284,50 @@ fn plan_job<'a>(t: &'a PlanTraining, rank: Option<&RankEnv>) -> anyhow::Result<J
     })
 }
 
+/// Takes the checkpoint directory for this run: its lock (held until the run ends), its stale
+/// temporaries swept, and, without `--resume`, its old checkpoints refused, or removed with
+/// `--overwrite`, so two runs never mix in one directory.
+pub fn claim_checkpoint_dir(
+    dir: Option<&std::path::Path>,
+    resume: bool,
+    overwrite: bool,
+    printer: &Printer,
+) -> anyhow::Result<Option<checkpoint_dir::DirLock>> {
+    let Some(dir) = dir else {
+        return Ok(None);
+    };
+    let lock = checkpoint_dir::lock(dir)?;
+    let swept = checkpoint_dir::sweep_temporaries(dir)?;
+    if swept > 0 {
+        printer.status(format!(
+            "removed {swept} temporary file(s) an interrupted save left in {}",
+            dir.display()
+        ));
+    }
+    if !resume && checkpoint_dir::holds_checkpoints(dir)? {
+        if !overwrite {
+            let newest = checkpoint_dir::checkpoints(dir)?
+                .last()
+                .map(|(step, _)| format!(" (up to step {step})"))
+                .unwrap_or_default();
+            anyhow::bail!(
+                "`{}` already holds checkpoints of a run{newest}; pass --resume to continue it, --overwrite to start over and remove them, or use another directory",
+                dir.display()
+            );
+        }
+        checkpoint_dir::clear(dir)?;
+        printer.status(format!(
+            "--overwrite: removed the checkpoints in {}",
+            dir.display()
+        ));
+    }
+    Ok(Some(lock))
+}
+
 fn status_of(summary: &RunSummary) -> Status {
-    if summary.interrupted {
+    if summary.diverged.is_some() {
+        Status::Negative
+    } else if summary.interrupted {
         Status::Interrupted
     } else {
         Status::Success
@@ -325,7 +419,10 @@ fn resume(
     Ok(())
 }
 
-/// First Ctrl-C asks the loop to checkpoint and stop; a second one exits at once.
+/// The first interrupt (Ctrl-C, or SIGTERM or SIGHUP, what schedulers send on preemption) asks
+/// the loop to checkpoint after the current step and stop (exit 130); a second one exits at
+/// once with 130 without saving, leaving `latest` at the checkpoint before (a save it cuts
+/// short leaves only a temporary, which the next run on the directory removes).
 pub fn interrupt_flag(printer: &Printer) -> Arc<AtomicBool> {
     static FLAG: std::sync::OnceLock<Arc<AtomicBool>> = std::sync::OnceLock::new();
     let flag = FLAG.get_or_init(|| {
@@ -336,12 +433,12 @@ pub fn interrupt_flag(printer: &Printer) -> Arc<AtomicBool> {
                 std::process::exit(130);
             }
             eprintln!(
-                "\ninterrupt: saving a checkpoint after this step (press Ctrl-C again to quit now)"
+                "\ninterrupt: saving a checkpoint after this step (interrupt again to quit now, without saving)"
             );
         });
         if let Err(e) = result {
             printer.warn(format!(
-                "cannot install the Ctrl-C handler ({e}); an interrupt will not save a checkpoint"
+                "cannot install the interrupt handler ({e}); an interrupt will not save a checkpoint"
             ));
         }
         flag
@@ -375,7 +472,7 @@ impl TrainObserver for Progress {
         match event {
             TrainEvent::Started { start_step, .. } => {
                 self.bar.set_position(*start_step);
-                self.first_step.set(start_step + 1);
+                self.first_step.set(start_step.saturating_add(1));
                 if *start_step > 0 {
                     self.printer
                         .status(format!("resuming at step {start_step}"));
@@ -427,6 +524,7 @@ pub struct TrainReport<'a> {
     tokens_per_s: f64,
     skipped_steps: u64,
     checkpoint: Option<String>,
+    diverged: Option<autotune::train::run::Divergence>,
 }
 
 impl<'a> TrainReport<'a> {
@@ -441,11 +539,24 @@ impl<'a> TrainReport<'a> {
             tokens_per_s: summary.tokens_per_s,
             skipped_steps: summary.skipped_steps,
             checkpoint: summary.checkpoint.as_ref().map(|p| p.display().to_string()),
+            diverged: summary.diverged.clone(),
         }
     }
 }
 
 pub fn report(printer: &Printer, summary: &RunSummary) {
+    if let Some(d) = &summary.diverged {
+        let kept = summary
+            .checkpoint
+            .as_ref()
+            .map(|c| format!("; the last good checkpoint is {}", c.display()))
+            .unwrap_or_default();
+        printer.status(format!(
+            "diverged at step {}: {} is not finite, so nothing more was saved{kept}; lower the learning rate, or resume from an earlier checkpoint",
+            d.step, d.what
+        ));
+        return;
+    }
     let verb = if summary.interrupted {
         "interrupted at"
     } else {

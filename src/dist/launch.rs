@@ -52,6 +52,9 @@ pub struct Launch {
     pub input: RankInput,
     /// How long the others may keep running after one rank exited successfully.
     pub grace_after_exit: Option<Duration>,
+    /// How long the group may run at all before every rank is killed (a trial's time limit);
+    /// `None` for training, which runs as long as it takes.
+    pub deadline: Option<Duration>,
 }
 
 /// How one rank ended.
@@ -157,6 +160,8 @@ pub struct LaunchOutcome {
     pub exits: Vec<RankExit>,
     /// The first rank that failed, if any did.
     pub failure: Option<RankFailure>,
+    /// Whether the group ran into [`Launch::deadline`] and was killed.
+    pub timed_out: bool,
 }
 
 enum Line {
@@ -172,9 +177,11 @@ pub fn run(
     on_event: &mut dyn FnMut(LaunchEvent),
 ) -> Result<LaunchOutcome> {
     let (tx, rx) = mpsc::channel::<Line>();
+    let started = Instant::now();
     let mut group = spawn_ranks(launch, &tx, on_event)?;
     drop(tx);
     let mut lines_open = true;
+    let mut timed_out = false;
     loop {
         match rx.recv_timeout(Duration::from_millis(20)) {
             Ok(line) => group.relay(line, on_event),
@@ -186,11 +193,17 @@ pub fn run(
         }
         group.reap();
         group.stop_the_rest_if_done(launch.grace_after_exit);
+        if launch.deadline.is_some_and(|d| started.elapsed() > d) && !group.all_exited() {
+            timed_out = true;
+            group.stop_all();
+        }
         if group.all_exited() && !lines_open {
             break;
         }
     }
-    Ok(group.outcome(on_event))
+    let mut outcome = group.outcome(on_event);
+    outcome.timed_out = timed_out;
+    Ok(outcome)
 }
 
 /// The running ranks and what is known of how they are doing.
@@ -348,6 +361,18 @@ impl RankGroup {
         }
     }
 
+    /// Kills every rank still running (the group's time is up).
+    fn stop_all(&mut self) {
+        for (rank, child) in self.children.iter_mut().enumerate() {
+            if self.exits[rank].is_none() {
+                // Already gone is fine: it is about to be reaped.
+                let _ = child.kill();
+                let _ = child.wait();
+                self.exits[rank] = Some(RankExit::Stopped);
+            }
+        }
+    }
+
     fn all_exited(&self) -> bool {
         self.exits.iter().all(Option::is_some)
     }
@@ -364,6 +389,7 @@ impl RankGroup {
         LaunchOutcome {
             exits,
             failure: self.failure,
+            timed_out: false,
         }
     }
 }

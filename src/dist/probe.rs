@@ -14,9 +14,13 @@ use std::time::{Duration, Instant};
 
 use crate::dist::launch::{self, Launch, RankExit, RankInput};
 use crate::probe::job::TrialJob;
+use crate::probe::timeout::TrialTimeout;
 use crate::spec::model::ModelSpec;
 use crate::trial::{Measurement, MemoryKind, Outcome, Phase, Prober, TrialRequest, TrialResult};
 use crate::{Error, Result};
+
+/// The most data-parallel ranks on the CPU: processes of one host.
+pub const MAX_CPU_RANKS: usize = 64;
 
 /// How long the other ranks of a trial may run on after one has finished (one that stopped at
 /// an out-of-memory leaves the others blocked in a collective).
@@ -26,6 +30,7 @@ const GRACE_AFTER_EXIT: Duration = Duration::from_secs(20);
 pub struct DataParallelProber {
     executable: PathBuf,
     job: TrialJob,
+    timeout: TrialTimeout,
 }
 
 impl DataParallelProber {
@@ -41,7 +46,14 @@ impl DataParallelProber {
         Self {
             executable,
             job: TrialJob::new(model, device, gpu_capacity, host_budget),
+            timeout: TrialTimeout::scaled(),
         }
+    }
+
+    /// Trials limited by `timeout` instead of the scaled default.
+    pub fn with_timeout(mut self, timeout: TrialTimeout) -> Self {
+        self.timeout = timeout;
+        self
     }
 }
 
@@ -60,6 +72,7 @@ impl Prober for DataParallelProber {
             rendezvous: launch::rendezvous_for(job.device.starts_with("cuda"))?,
             input: RankInput::Job(serde_json::to_vec(&job).expect("jobs always serialise")),
             grace_after_exit: Some(GRACE_AFTER_EXIT),
+            deadline: Some(self.timeout.limit(request)),
         };
         let mut results: Vec<Option<TrialResult>> = vec![None; ranks];
         let never = std::sync::atomic::AtomicBool::new(false);
@@ -70,12 +83,20 @@ impl Prober for DataParallelProber {
                 }
             }
         })?;
-        let combined = combine(request, &results, &outcome.exits, outcome.failure.as_ref());
-        Ok(TrialResult {
+        let combined = if outcome.timed_out {
+            Outcome::TimedOut {
+                after_s: self.timeout.limit(request).as_secs_f64(),
+            }
+        } else {
+            combine(request, &results, &outcome.exits, outcome.failure.as_ref())
+        };
+        let result = TrialResult {
             request: *request,
             outcome: combined,
             wall_s: started.elapsed().as_secs_f64(),
-        })
+        };
+        self.timeout.observe(&result);
+        Ok(result)
     }
 }
 
@@ -169,7 +190,20 @@ fn merge(request: &TrialRequest, ranks: &[&Measurement]) -> Measurement {
 
 /// Checks that a data-parallel trial can run here: `degree` ranks need that many GPUs.
 pub fn check_degree(degree: usize, device: &str, flag: &str) -> Result<()> {
-    if degree <= 1 || !device.starts_with("cuda") {
+    if degree <= 1 {
+        return Ok(());
+    }
+    if !device.starts_with("cuda") {
+        // CPU ranks are processes of this host, each with a whole copy of the model.
+        if degree > MAX_CPU_RANKS {
+            return Err(Error::invalid(
+                "data parallelism",
+                flag,
+                format!(
+                    "asks for {degree} CPU ranks; at most {MAX_CPU_RANKS} run on one host (they share its cores and memory)"
+                ),
+            ));
+        }
         return Ok(());
     }
     let visible = crate::backend::cuda_device_count();

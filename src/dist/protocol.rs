@@ -56,6 +56,7 @@ mod tests {
                 tokens_per_s: 2.5,
                 skipped_steps: 0,
                 checkpoint: Some("ckpt/step-000003".into()),
+                diverged: None,
             }),
         ];
         for m in messages {

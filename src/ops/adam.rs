@@ -79,14 +79,33 @@ pub fn adam_update_all(
         );
     }
     #[cfg(feature = "cuda")]
-    if let Some(candle_core::Device::Cuda(dev)) = theta.first().map(|t| t.device().clone()) {
-        for (i, t) in theta.iter().enumerate() {
-            check(t, &m[i], &v[i], &g[i])?;
+    if let Some(device) = theta.first().map(|t| t.device().clone()) {
+        if let candle_core::Device::Cuda(dev) = &device {
+            for (i, t) in theta.iter().enumerate() {
+                check(t, &m[i], &v[i], &g[i])?;
+                on_device(&device, i, [t, &m[i], &v[i], &g[i]])?;
+            }
+            return gpu::multi(dev, theta, m, v, g, consts);
         }
-        return gpu::multi(&dev, theta, m, v, g, consts);
     }
     for (i, t) in theta.iter().enumerate() {
         adam_update(t, &m[i], &v[i], &g[i], consts)?;
+    }
+    Ok(())
+}
+
+/// The four tensors of parameter `index` on `device`: the one launch takes raw addresses, and
+/// an address on another GPU would be read and written as if it were on this one.
+#[cfg(feature = "cuda")]
+fn on_device(device: &candle_core::Device, index: usize, tensors: [&Tensor; 4]) -> Result<()> {
+    for (name, t) in ["weight", "m", "v", "gradient"].into_iter().zip(tensors) {
+        if !t.device().same_device(device) {
+            bail!(
+                "adam: the {name} of parameter {index} is on {:?}, not on the first weight's {:?}; every tensor of one update must be on one device",
+                t.device().location(),
+                device.location()
+            );
+        }
     }
     Ok(())
 }

@@ -4,15 +4,18 @@
 //! A child guards the search against what an in-process trial cannot survive: a sticky CUDA
 //! error that poisons the context, a host allocation failure (Rust aborts), or the kernel's
 //! out-of-memory killer. The parent writes one [`TrialJob`] as JSON on the child's stdin and
-//! reads one [`TrialResult`] as a JSON line from its stdout; anything else is an outcome too.
+//! reads one [`TrialResult`] as a JSON line from its stdout; anything else is an outcome too,
+//! and so is a child that outlives its time limit ([`TrialTimeout`]): it is killed, and the
+//! trial is [`Outcome::TimedOut`].
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::job::TrialJob;
 use super::live::LiveProber;
+use super::timeout::TrialTimeout;
 use crate::backend;
 use crate::collective::rank::{rank_device, RankEnv};
 use crate::collective::Collective;
@@ -24,6 +27,7 @@ use crate::{Error, Result};
 pub struct ChildProber {
     executable: PathBuf,
     job: TrialJob,
+    timeout: TrialTimeout,
 }
 
 impl ChildProber {
@@ -38,7 +42,14 @@ impl ChildProber {
         Self {
             executable,
             job: TrialJob::new(model, device, gpu_capacity, host_budget),
+            timeout: TrialTimeout::scaled(),
         }
+    }
+
+    /// Trials limited by `timeout` instead of the scaled default.
+    pub fn with_timeout(mut self, timeout: TrialTimeout) -> Self {
+        self.timeout = timeout;
+        self
     }
 }
 
@@ -58,12 +69,23 @@ impl Prober for ChildProber {
             .map_err(spawn_err)?;
         let job = serde_json::to_vec(&self.job).expect("jobs always serialise");
         if let Some(mut stdin) = child.stdin.take() {
-            stdin.write_all(&job).map_err(spawn_err)?;
+            // A child that died at once has closed its stdin; its exit tells the story.
+            let _ = stdin.write_all(&job);
         }
-        let output = child.wait_with_output().map_err(spawn_err)?;
+        let limit = self.timeout.limit(request);
+        let Some(output) = wait_within(child, limit).map_err(spawn_err)? else {
+            return Ok(TrialResult {
+                request: *request,
+                outcome: Outcome::TimedOut {
+                    after_s: limit.as_secs_f64(),
+                },
+                wall_s: started.elapsed().as_secs_f64(),
+            });
+        };
         let stdout = String::from_utf8_lossy(&output.stdout);
         if let Some(line) = stdout.lines().rev().find(|l| l.starts_with('{')) {
             if let Ok(result) = serde_json::from_str::<TrialResult>(line) {
+                self.timeout.observe(&result);
                 return Ok(result);
             }
         }
@@ -79,6 +101,42 @@ impl Prober for ChildProber {
             outcome: classify_exit(&output.status, last_line),
             wall_s: started.elapsed().as_secs_f64(),
         })
+    }
+}
+
+/// Waits for `child` to end and collects its output; `None` if it outlived `limit`, in which
+/// case it is killed (and reaped).
+fn wait_within(
+    child: std::process::Child,
+    limit: Duration,
+) -> std::io::Result<Option<std::process::Output>> {
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(output) => {
+            let _ = waiter.join();
+            output.map(Some)
+        }
+        Err(_) => {
+            // The waiter has not reaped the child yet, so its pid is still the child's.
+            kill(pid);
+            let _ = waiter.join();
+            Ok(None)
+        }
+    }
+}
+
+/// Kills process `pid` (a child not yet waited for).
+pub(crate) fn kill(pid: u32) {
+    if let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    {
+        // Already gone is fine: it ended on its own just now.
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
     }
 }
 
@@ -124,7 +182,7 @@ pub(crate) fn classify_exit(status: &std::process::ExitStatus, last_line: String
             };
         }
     }
-    if super::live::is_out_of_memory_text(&last_line) {
+    if super::oom::names_out_of_memory_status(&last_line) {
         return Outcome::OutOfMemory {
             memory: MemoryKind::Gpu,
             phase: Phase::ForwardBackward,
@@ -132,5 +190,35 @@ pub(crate) fn classify_exit(status: &std::process::ExitStatus, last_line: String
     }
     Outcome::Crashed {
         reason: format!("probe child exited with {status}: {last_line}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dead_childs_words_mean_out_of_memory_only_when_they_name_the_status() {
+        use std::os::unix::process::ExitStatusExt;
+        let failed = std::process::ExitStatus::from_raw(2 << 8);
+        let said = |line: &str| classify_exit(&failed, line.to_string());
+        assert!(matches!(
+            said("error: data `out of memory.txt`: empty"),
+            Outcome::Crashed { .. }
+        ));
+        assert!(matches!(
+            said("error: DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")"),
+            Outcome::OutOfMemory {
+                memory: MemoryKind::Gpu,
+                ..
+            }
+        ));
+        assert!(matches!(
+            said("memory allocation of 1099511627776 bytes failed"),
+            Outcome::OutOfMemory {
+                memory: MemoryKind::Host,
+                ..
+            }
+        ));
     }
 }

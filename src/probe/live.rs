@@ -76,6 +76,20 @@ impl LiveProber {
 
     fn run(&mut self, request: &TrialRequest) -> Result<TrialResult> {
         let started = Instant::now();
+        let floor = super::floor::certain_out_of_memory(
+            &self.spec,
+            &request.knobs,
+            &self.device,
+            self.host_budget,
+        );
+        if let Some(memory) = floor {
+            let phase = Phase::Setup;
+            return Ok(TrialResult {
+                request: *request,
+                outcome: Outcome::OutOfMemory { memory, phase },
+                wall_s: started.elapsed().as_secs_f64(),
+            });
+        }
         host_memory::set_soft_limit(self.host_budget);
         host_memory::reset_peak();
         self.device_memory.reset_peak()?;
@@ -186,20 +200,9 @@ fn in_phase(phase: Phase) -> impl Fn(Error) -> Failure {
     }
 }
 
-/// Whether a backend error is a device allocation failure.
-///
-/// candle has no out-of-memory variant: the driver's `CUDA_ERROR_OUT_OF_MEMORY` and cuBLAS's
-/// `CUBLAS_STATUS_ALLOC_FAILED` arrive boxed inside `Error::Cuda`, possibly wrapped in
-/// backtrace or context layers, so the whole chain's debug text is inspected.
+/// Whether a backend error is a device allocation failure (see [`super::oom`]).
 pub fn is_out_of_memory(error: &Error) -> bool {
-    is_out_of_memory_text(&format!("{error:?}"))
-}
-
-/// Whether an error text names a device allocation failure.
-pub fn is_out_of_memory_text(text: &str) -> bool {
-    text.contains("OUT_OF_MEMORY")
-        || text.contains("ALLOC_FAILED")
-        || text.contains("out of memory")
+    super::oom::is_out_of_memory(error)
 }
 
 /// Seconds between successive laps of a trial.
@@ -240,7 +243,8 @@ fn checkpoint_dry_run(trainer: &Trainer) -> Result<()> {
                 .chain(state.values())
                 .max_by_key(|t| t.elem_count() * t.dtype().size_in_bytes());
             if let Some(t) = largest {
-                drop(t.to_device(&Device::Cpu)?);
+                // A real copy on the CPU too, where `to_device` would share the storage.
+                drop(crate::train::checkpoint::host_copy(t)?);
             }
         }
         Optimizer::Offloaded(offload) => {

@@ -11,10 +11,13 @@
 //! that bounds offloaded regimes before their first trial.
 
 pub mod child;
+pub mod floor;
 pub mod host_memory;
 pub mod host_work;
 pub mod job;
 pub mod live;
+pub mod oom;
+pub mod timeout;
 pub mod timing;
 pub mod worker;
 

@@ -16,6 +16,9 @@
 //!   trial's pool and shift its peak), or
 //! - crashed (the worker is gone, or its context may be poisoned).
 //!
+//! A trial that outlives its time limit ([`TrialTimeout`]) is [`Outcome::TimedOut`]: the worker
+//! is killed (it may be stuck in a kernel or a collective) and the next trial starts a new one.
+//!
 //! An out-of-memory is neither: CUDA reports it as an ordinary error, everything the trial
 //! held is dropped, and on an H200 the pool was empty at the start of every trial after one,
 //! with the same memory outside the pool (`benches/results/2026-12-03-h200-worker-trials/`).
@@ -26,15 +29,18 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use super::child::{classify_exit, write_line};
 use super::job::TrialJob;
 use super::live::LiveProber;
+use super::timeout::TrialTimeout;
 use crate::backend;
 use crate::spec::model::ModelSpec;
 use crate::trial::{Outcome, Prober, TrialRequest, TrialResult};
@@ -54,7 +60,11 @@ pub struct WorkerReply {
 impl WorkerReply {
     /// Whether the worker may run the next trial (see the module docs).
     pub fn worker_stays(&self) -> bool {
-        self.leftover_device_bytes == 0 && !matches!(self.result.outcome, Outcome::Crashed { .. })
+        self.leftover_device_bytes == 0
+            && !matches!(
+                self.result.outcome,
+                Outcome::Crashed { .. } | Outcome::TimedOut { .. }
+            )
     }
 }
 
@@ -64,6 +74,7 @@ pub struct WorkerProber {
     job: TrialJob,
     worker: Option<Worker>,
     started: usize,
+    timeout: TrialTimeout,
 }
 
 impl WorkerProber {
@@ -80,7 +91,14 @@ impl WorkerProber {
             job: TrialJob::new(model, device, gpu_capacity, host_budget),
             worker: None,
             started: 0,
+            timeout: TrialTimeout::scaled(),
         }
+    }
+
+    /// Trials limited by `timeout` instead of the scaled default.
+    pub fn with_timeout(mut self, timeout: TrialTimeout) -> Self {
+        self.timeout = timeout;
+        self
     }
 
     /// Workers started so far.
@@ -99,9 +117,14 @@ impl Prober for WorkerProber {
             self.worker = Some(Worker::start(&self.executable)?);
             self.started += 1;
         }
-        let worker = self.worker.as_mut().expect("started above");
-        match worker.ask(&line) {
-            Some(reply) => {
+        let Some(worker) = self.worker.as_mut() else {
+            return Err(Error::internal("the probe worker is missing after its start").into());
+        };
+        let started = Instant::now();
+        let limit = self.timeout.limit(request);
+        match worker.ask(&line, limit) {
+            Answer::Reply(reply) => {
+                self.timeout.observe(&reply.result);
                 if !reply.worker_stays() {
                     tracing::debug!(
                         leftover = reply.leftover_device_bytes,
@@ -113,12 +136,33 @@ impl Prober for WorkerProber {
                 }
                 Ok(reply.result)
             }
-            None => {
-                let worker = self.worker.take().expect("asked above");
+            Answer::Gone => {
+                let outcome = match self.worker.take() {
+                    Some(worker) => worker.died(),
+                    None => Outcome::Crashed {
+                        reason: "the probe worker is gone".into(),
+                    },
+                };
                 Ok(TrialResult {
                     request: *request,
-                    outcome: worker.died(),
-                    wall_s: 0.0,
+                    outcome,
+                    wall_s: started.elapsed().as_secs_f64(),
+                })
+            }
+            Answer::TimedOut => {
+                tracing::debug!(
+                    limit_s = limit.as_secs_f64(),
+                    "killing a probe worker that timed out"
+                );
+                if let Some(worker) = self.worker.take() {
+                    worker.kill();
+                }
+                Ok(TrialResult {
+                    request: *request,
+                    outcome: Outcome::TimedOut {
+                        after_s: limit.as_secs_f64(),
+                    },
+                    wall_s: started.elapsed().as_secs_f64(),
                 })
             }
         }
@@ -134,11 +178,23 @@ impl Drop for WorkerProber {
     }
 }
 
+/// What a worker did with a job.
+enum Answer {
+    /// It replied.
+    Reply(WorkerReply),
+    /// It is gone, or answered nonsense.
+    Gone,
+    /// It did not reply within the limit.
+    TimedOut,
+}
+
 /// One running worker process.
 struct Worker {
     child: Child,
     stdin: Option<ChildStdin>,
-    stdout: BufReader<ChildStdout>,
+    /// The worker's stdout lines, read by a thread so that a reply can be waited for with a
+    /// time limit.
+    stdout: Receiver<String>,
     /// The last non-empty line the worker wrote on stderr: its last words if it dies.
     last_words: Arc<Mutex<String>>,
     stderr_reader: Option<JoinHandle<()>>,
@@ -166,6 +222,14 @@ impl Worker {
                 "the probe worker started without its pipes".to_string(),
             ));
         };
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
         // The worker's stderr is drained all along, so that its logging never blocks it.
         let last_words = Arc::new(Mutex::new(String::new()));
         let sink = Arc::clone(&last_words);
@@ -184,29 +248,49 @@ impl Worker {
         Ok(Self {
             child,
             stdin: Some(stdin),
-            stdout: BufReader::new(stdout),
+            stdout: lines,
             last_words,
             stderr_reader: Some(stderr_reader),
         })
     }
 
-    /// Sends one job and reads the reply; `None` when the worker is gone or answered nonsense.
-    fn ask(&mut self, job_line: &str) -> Option<WorkerReply> {
-        let stdin = self.stdin.as_mut()?;
-        stdin.write_all(job_line.as_bytes()).ok()?;
-        stdin.write_all(b"\n").ok()?;
-        stdin.flush().ok()?;
-        let mut line = String::new();
+    /// Sends one job and waits up to `limit` for the reply.
+    fn ask(&mut self, job_line: &str, limit: Duration) -> Answer {
+        let Some(stdin) = self.stdin.as_mut() else {
+            return Answer::Gone;
+        };
+        let sent = stdin
+            .write_all(job_line.as_bytes())
+            .and_then(|()| stdin.write_all(b"\n"))
+            .and_then(|()| stdin.flush());
+        if sent.is_err() {
+            return Answer::Gone;
+        }
+        let deadline = Instant::now() + limit;
         loop {
-            line.clear();
-            if self.stdout.read_line(&mut line).ok()? == 0 {
-                return None;
-            }
-            // Anything else a library might print on stdout is skipped; a reply is one object.
-            if line.starts_with('{') {
-                return serde_json::from_str(line.trim_end()).ok();
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.stdout.recv_timeout(left) {
+                // Anything else a library might print on stdout is skipped; a reply is one object.
+                Ok(line) if line.starts_with('{') => {
+                    return match serde_json::from_str(line.trim_end()) {
+                        Ok(reply) => Answer::Reply(reply),
+                        Err(_) => Answer::Gone,
+                    };
+                }
+                Ok(_) => {}
+                Err(RecvTimeoutError::Timeout) => return Answer::TimedOut,
+                Err(RecvTimeoutError::Disconnected) => return Answer::Gone,
             }
         }
+    }
+
+    /// Kills a worker stuck in a trial, and reaps it.
+    fn kill(mut self) {
+        drop(self.stdin.take());
+        // Already gone is fine: it ended on its own just now.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.join_stderr();
     }
 
     /// Ends the worker (end of its input) and waits for it.

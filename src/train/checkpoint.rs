@@ -1,11 +1,16 @@
-//! Checkpoints: weights, optimizer moments and run state, written atomically.
+//! Checkpoints: weights, optimizer moments and run state, written atomically and verified
+//! before they are resumed.
 //!
 //! Layout of a checkpoint directory `DIR/step-000120/`:
-//! `model.safetensors` (f32 master weights), `optimizer.safetensors` (`m.*`, `v.*`), and
-//! `state.json` ([`RunState`]). With optimizer offload the masters and moments are streamed from
-//! host memory; the files are the same, so a checkpoint resumes under either placement. A checkpoint is written into a hidden temporary directory and
-//! renamed into place, then `DIR/latest` is replaced atomically, so an interrupted save never
-//! leaves a half-written checkpoint behind `latest`.
+//! `model.safetensors` (f32 master weights), `optimizer.safetensors` (`m.*`, `v.*`),
+//! `state.json` ([`RunState`]) and `manifest.json` (every other file's length and SHA-256, see
+//! [`manifest`]). With optimizer offload the masters and moments are streamed from host memory;
+//! the files are the same, so a checkpoint resumes under either placement.
+//!
+//! A checkpoint is written into a hidden temporary directory (removed again if the save fails)
+//! and renamed into place, then `DIR/latest` is replaced atomically, so an interrupted save
+//! never leaves a half-written checkpoint behind `latest`. Weights that are not finite are
+//! never saved. `latest` holds a checkpoint's name, never a path: it cannot point outside `DIR`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -13,6 +18,8 @@ use std::path::{Path, PathBuf};
 use candle_core::Device;
 
 use serde::{Deserialize, Serialize};
+
+pub mod manifest;
 
 use crate::knobs::Knobs;
 use crate::spec::model::ModelSpec;
@@ -22,8 +29,15 @@ use crate::train::scaler::LossScaler;
 use crate::train::step::Trainer;
 use crate::{Error, Result};
 
-/// Version of the checkpoint layout; readers refuse others.
-pub const CHECKPOINT_VERSION: u32 = 1;
+/// Version of the checkpoint layout: 2 adds the manifest. Readers take versions 1 (unverified:
+/// it has no manifest) and 2, and refuse others.
+pub const CHECKPOINT_VERSION: u32 = 2;
+
+/// The layout before manifests, still read.
+const UNVERIFIED_VERSION: u32 = 1;
+
+/// The files a checkpoint holds besides its manifest.
+const FILES: [&str; 3] = ["model.safetensors", "optimizer.safetensors", "state.json"];
 
 /// Everything besides tensors that a resumed run needs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -63,6 +77,12 @@ pub fn save_with_moments(
     tokens_seen: u64,
     moments: Option<HashMap<String, candle_core::Tensor>>,
 ) -> Result<PathBuf> {
+    if let Some(name) = first_non_finite(trainer)? {
+        return Err(Error::NonFinite {
+            step: trainer.steps(),
+            what: format!("parameter `{name}`"),
+        });
+    }
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::file("cannot create checkpoint directory", dir, e))?;
     let name = format!("step-{:06}", trainer.steps());
@@ -74,10 +94,41 @@ pub fn save_with_moments(
     }
     std::fs::create_dir_all(&tmp)
         .map_err(|e| Error::file("cannot create checkpoint directory", &tmp, e))?;
+    if let Err(e) = write_files(&tmp, trainer, data, tokens_seen, moments) {
+        // Best effort: the error that matters is the save's, not the clean-up's.
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    if final_path.exists() {
+        std::fs::remove_dir_all(&final_path)
+            .map_err(|e| Error::file("cannot replace old checkpoint", &final_path, e))?;
+    }
+    if let Err(e) = std::fs::rename(&tmp, &final_path) {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(Error::file(
+            "cannot move checkpoint into place",
+            &final_path,
+            e,
+        ));
+    }
+    write_atomic(
+        &dir.join(crate::train::checkpoint_dir::LATEST),
+        name.as_bytes(),
+    )?;
+    Ok(final_path)
+}
 
+/// Writes a checkpoint's files into `tmp`, the manifest last.
+fn write_files(
+    tmp: &Path,
+    trainer: &Trainer,
+    data: &DataSpec,
+    tokens_seen: u64,
+    moments: Option<HashMap<String, candle_core::Tensor>>,
+) -> Result<()> {
     let params = trainer.model().params();
-    let model_file = tmp.join("model.safetensors");
-    let optim_file = tmp.join("optimizer.safetensors");
+    let model_file = tmp.join(FILES[0]);
+    let optim_file = tmp.join(FILES[1]);
     let cannot = "cannot write checkpoint";
     match trainer.optimizer() {
         Optimizer::OnDevice(adam) => {
@@ -106,41 +157,69 @@ pub fn save_with_moments(
         tokens_seen,
     };
     let state_json = serde_json::to_vec_pretty(&state).expect("run state always serialises");
-    write_synced(&tmp.join("state.json"), &state_json)?;
-
-    if final_path.exists() {
-        std::fs::remove_dir_all(&final_path)
-            .map_err(|e| Error::file("cannot replace old checkpoint", &final_path, e))?;
-    }
-    std::fs::rename(&tmp, &final_path)
-        .map_err(|e| Error::file("cannot move checkpoint into place", &final_path, e))?;
-    write_atomic(&dir.join("latest"), name.as_bytes())?;
-    Ok(final_path)
+    write_synced(&tmp.join(FILES[2]), &state_json)?;
+    manifest::Manifest::of(tmp, &FILES)?.write(tmp)
 }
 
-/// The checkpoint `dir/latest` points at, if any.
+/// The name of the first parameter of `trainer` holding a NaN or an infinity, if any.
+pub fn first_non_finite(trainer: &Trainer) -> Result<Option<String>> {
+    let params = trainer.model().params();
+    for (name, var) in params.names().iter().zip(params.vars()) {
+        // `x - x` is 0 for every finite x and NaN for NaN and ±inf, so the sum is NaN exactly
+        // when some element is not finite (a plain sum could overflow to inf on finite values).
+        let t = var.as_tensor();
+        let probe = t.sub(t)?.sum_all()?.to_dtype(candle_core::DType::F32)?;
+        if probe.to_scalar::<f32>()?.is_nan() {
+            return Ok(Some(name.clone()));
+        }
+    }
+    Ok(None)
+}
+
+/// A host copy of `tensor` that owns its bytes: what a save of it reads. On the CPU
+/// `to_device` would hand back the same storage and copy nothing.
+pub fn host_copy(tensor: &candle_core::Tensor) -> Result<candle_core::Tensor> {
+    if tensor.device().is_cpu() {
+        Ok(tensor.copy()?)
+    } else {
+        Ok(tensor.to_device(&Device::Cpu)?)
+    }
+}
+
+/// The checkpoint `dir/latest` points at, if any. `latest` must name a checkpoint of `dir`
+/// (`step-NNNNNN`), never a path, so a resume cannot be led into another run's directory.
 pub fn latest(dir: &Path) -> Result<Option<PathBuf>> {
-    let pointer = dir.join("latest");
+    let pointer = dir.join(crate::train::checkpoint_dir::LATEST);
     if !pointer.exists() {
         return Ok(None);
     }
     let name = std::fs::read_to_string(&pointer)
         .map_err(|e| Error::file("cannot read checkpoint pointer", &pointer, e))?;
-    Ok(Some(dir.join(name.trim())))
+    let name = name.trim();
+    if !crate::train::checkpoint_dir::is_checkpoint_name(name) {
+        return Err(Error::invalid(
+            "checkpoint pointer",
+            pointer.display().to_string(),
+            format!(
+                "names `{name}`, which is not a checkpoint of this directory; write the name of one of its step-NNNNNN checkpoints into it"
+            ),
+        ));
+    }
+    Ok(Some(dir.join(name)))
 }
 
 /// Reads a checkpoint's run state.
 pub fn read_state(checkpoint: &Path) -> Result<RunState> {
-    let path = checkpoint.join("state.json");
+    let path = checkpoint.join(FILES[2]);
     let text = std::fs::read_to_string(&path)
         .map_err(|e| Error::file("cannot read checkpoint state", &path, e))?;
-    let state: RunState = serde_json::from_str(&text)
+    let state = RunState::from_json(&text)
         .map_err(|e| Error::file("corrupt checkpoint state", &path, e))?;
-    if state.version != CHECKPOINT_VERSION {
+    if ![UNVERIFIED_VERSION, CHECKPOINT_VERSION].contains(&state.version) {
         return Err(Error::CheckpointMismatch {
             path: checkpoint.to_path_buf(),
             problem: format!(
-                "layout version {} is not the supported {CHECKPOINT_VERSION}",
+                "layout version {} is not one of the supported {UNVERIFIED_VERSION} and {CHECKPOINT_VERSION}",
                 state.version
             ),
         });
@@ -148,8 +227,67 @@ pub fn read_state(checkpoint: &Path) -> Result<RunState> {
     Ok(state)
 }
 
+impl RunState {
+    /// Parses and checks a run state: every field present and of its type (named by path
+    /// otherwise), a valid model and knobs, a finite positive loss scale, and counters that
+    /// agree (no more updates than steps).
+    pub fn from_json(text: &str) -> autotune_core::Result<Self> {
+        const WHAT: &str = "checkpoint state";
+        let state: Self = autotune_core::json::from_str(WHAT, text)?;
+        state.model.validate()?;
+        state.knobs.validate(WHAT, "knobs.")?;
+        crate::spec::limits::check_knobs(&state.model, &state.knobs, WHAT, "knobs.")?;
+        let bad =
+            |field: &str, problem: String| Err(autotune_core::Error::invalid(WHAT, field, problem));
+        if !(state.scaler.scale.is_finite() && state.scaler.scale > 0.0) {
+            return bad(
+                "scaler.scale",
+                format!("({}) must be a positive number", state.scaler.scale),
+            );
+        }
+        if state.optimizer_steps > state.step {
+            return bad(
+                "optimizer_steps",
+                format!(
+                    "({}) must be at most step ({}): a skipped step updates nothing",
+                    state.optimizer_steps, state.step
+                ),
+            );
+        }
+        Ok(state)
+    }
+}
+
+/// Whether the checkpoint is intact: its manifest verifies (a version 1 checkpoint has none and
+/// is trusted as it was). A damaged one is an error naming what is damaged and the newest
+/// intact checkpoint beside it.
+pub fn verify(checkpoint: &Path) -> Result<()> {
+    let version = read_state(checkpoint).map(|s| s.version).ok();
+    if version == Some(UNVERIFIED_VERSION) {
+        tracing::warn!(
+            path = %checkpoint.display(),
+            "a version 1 checkpoint has no manifest; its contents are not verified"
+        );
+        return Ok(());
+    }
+    let damage = match manifest::verify(checkpoint) {
+        Ok(()) => match read_state(checkpoint) {
+            Ok(_) => return Ok(()),
+            Err(e) => e.to_string(),
+        },
+        Err(damage) => damage,
+    };
+    let dir = checkpoint.parent().unwrap_or(Path::new("."));
+    Err(Error::CheckpointDamaged {
+        path: checkpoint.to_path_buf(),
+        problem: damage,
+        newest_intact: crate::train::checkpoint_dir::newest_intact(dir, checkpoint),
+    })
+}
+
 /// Loads weights, optimizer moments and counters from `checkpoint` into `trainer`.
 pub fn restore(checkpoint: &Path, trainer: &mut Trainer) -> Result<RunState> {
+    verify(checkpoint)?;
     let state = read_state(checkpoint)?;
     let mismatch = |problem: String| Error::CheckpointMismatch {
         path: checkpoint.to_path_buf(),
@@ -203,7 +341,7 @@ fn write_streamed(
     file.sync_all()
 }
 
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
     let mut file =
         std::fs::File::create(path).map_err(|e| Error::file("cannot create", path, e))?;

@@ -2,6 +2,7 @@
 //! step that honours the knobs, checkpoints and the run loop.
 
 pub mod checkpoint;
+pub mod checkpoint_dir;
 pub mod data;
 pub mod offload;
 pub mod optim;

@@ -4,6 +4,9 @@
 //! saves a checkpoint and returns, so stopping a run never loses more than the current step.
 //! It reports progress as [`TrainEvent`]s; rendering them is the caller's business.
 //!
+//! A loss or weights that stop being finite numbers end the run as diverged: nothing
+//! non-finite is saved, so `latest` keeps naming the last good checkpoint.
+//!
 //! As one rank of a data-parallel group, every rank runs this same loop in step: whether to
 //! stop is agreed on (any rank's interrupt stops all of them after the same step), and only
 //! the root rank writes checkpoints (all ranks take part in gathering a sharded optimizer).
@@ -28,6 +31,9 @@ pub struct RunConfig {
     pub checkpoint_every: u64,
     /// Evaluate on a held-out batch every this many steps; 0 disables.
     pub eval_every: u64,
+    /// Keep only this many of the newest checkpoints (and the one `latest` names); `None`
+    /// keeps every one.
+    pub keep_last: Option<usize>,
 }
 
 /// Progress of a run.
@@ -96,6 +102,18 @@ pub struct RunSummary {
     pub skipped_steps: u64,
     /// The last checkpoint written.
     pub checkpoint: Option<PathBuf>,
+    /// Why the run stopped early because a number stopped being finite, if it did.
+    #[serde(default)]
+    pub diverged: Option<Divergence>,
+}
+
+/// A run stopped because its loss or weights stopped being finite numbers.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Divergence {
+    /// Steps completed when it was found.
+    pub step: u64,
+    /// What is not finite ("the loss (NaN)", "parameter `head.weight`").
+    pub what: String,
 }
 
 /// Trains `trainer` on `data` until `config.total_steps` or until `interrupt` is set.
@@ -112,7 +130,7 @@ pub fn run(
         total_steps: config.total_steps,
     });
     let tokens_per_step = (trainer.knobs().global_batch() * trainer.model().spec().seq_len) as u64;
-    let mut tokens_seen = trainer.steps() * tokens_per_step;
+    let mut tokens_seen = trainer.steps().saturating_mul(tokens_per_step);
     let mut summary = RunSummary {
         steps: trainer.steps(),
         interrupted: false,
@@ -121,7 +139,15 @@ pub fn run(
         tokens_per_s: 0.0,
         skipped_steps: 0,
         checkpoint: None,
+        diverged: None,
     };
+    if let Some(name) = checkpoint::first_non_finite(trainer)? {
+        summary.diverged = Some(Divergence {
+            step: trainer.steps(),
+            what: format!("parameter `{name}`"),
+        });
+        return Ok(summary);
+    }
     let started = Instant::now();
     let mut tokens_this_run = 0u64;
     while trainer.steps() < config.total_steps {
@@ -133,8 +159,8 @@ pub fn run(
         let report = trainer.step(data)?;
         trainer.device().synchronize()?;
         let dt = t0.elapsed().as_secs_f64();
-        tokens_seen += report.tokens as u64;
-        tokens_this_run += report.tokens as u64;
+        tokens_seen = tokens_seen.saturating_add(report.tokens as u64);
+        tokens_this_run = tokens_this_run.saturating_add(report.tokens as u64);
         summary.last_loss = Some(report.loss);
         let step = trainer.steps();
         observer.on_event(&TrainEvent::Step {
@@ -142,6 +168,13 @@ pub fn run(
             report,
             tokens_per_s: report.tokens as f64 / dt,
         });
+        if !report.loss.is_finite() {
+            summary.diverged = Some(Divergence {
+                step,
+                what: format!("the loss ({})", report.loss),
+            });
+            break;
+        }
         if config.eval_every > 0 && step % config.eval_every == 0 {
             let loss = eval(trainer, data)?;
             summary.last_eval_loss = Some(loss);
@@ -149,16 +182,26 @@ pub fn run(
         }
         let due = config.checkpoint_every > 0 && step % config.checkpoint_every == 0;
         if due && step < config.total_steps {
-            summary.checkpoint =
-                save(trainer, data_spec, config, tokens_seen, observer)?.or(summary.checkpoint);
+            match save(trainer, data_spec, config, tokens_seen, observer)? {
+                Saved::To(path) => summary.checkpoint = path.or(summary.checkpoint),
+                Saved::NotFinite(divergence) => {
+                    summary.diverged = Some(divergence);
+                    break;
+                }
+            }
         }
     }
     summary.steps = trainer.steps();
     summary.skipped_steps = trainer.scaler().skipped_steps;
     summary.tokens_per_s = tokens_this_run as f64 / started.elapsed().as_secs_f64().max(1e-9);
+    if summary.diverged.is_some() {
+        return Ok(summary);
+    }
     // Always leave a checkpoint of where the run stopped, finished or interrupted.
-    summary.checkpoint =
-        save(trainer, data_spec, config, tokens_seen, observer)?.or(summary.checkpoint);
+    match save(trainer, data_spec, config, tokens_seen, observer)? {
+        Saved::To(path) => summary.checkpoint = path.or(summary.checkpoint),
+        Saved::NotFinite(divergence) => summary.diverged = Some(divergence),
+    }
     Ok(summary)
 }
 
@@ -174,24 +217,42 @@ pub fn eval(trainer: &Trainer, data: &Data) -> Result<f64> {
     trainer.eval_loss(&batch)
 }
 
+/// What a save did.
+enum Saved {
+    /// Wrote this checkpoint (`None`: checkpoints are off, or another rank writes them).
+    To(Option<PathBuf>),
+    /// Wrote nothing: the weights are not finite.
+    NotFinite(Divergence),
+}
+
 fn save(
     trainer: &mut Trainer,
     data_spec: &DataSpec,
     config: &RunConfig,
     tokens_seen: u64,
     observer: &dyn TrainObserver,
-) -> Result<Option<PathBuf>> {
+) -> Result<Saved> {
     let Some(dir) = &config.checkpoint_dir else {
-        return Ok(None);
+        return Ok(Saved::To(None));
     };
+    // Every rank looks (their weights are the same), so that all of them stop together.
+    if let Some(name) = checkpoint::first_non_finite(trainer)? {
+        return Ok(Saved::NotFinite(Divergence {
+            step: trainer.steps(),
+            what: format!("parameter `{name}`"),
+        }));
+    }
     let gathered = trainer.gather_optimizer_state()?;
     if !trainer.is_root() {
-        return Ok(None);
+        return Ok(Saved::To(None));
     }
     let path = checkpoint::save_with_moments(dir, trainer, data_spec, tokens_seen, gathered)?;
+    if let Some(keep_last) = config.keep_last {
+        crate::train::checkpoint_dir::prune(dir, keep_last, &path)?;
+    }
     observer.on_event(&TrainEvent::CheckpointSaved {
         step: trainer.steps(),
         path: path.clone(),
     });
-    Ok(Some(path))
+    Ok(Saved::To(Some(path)))
 }

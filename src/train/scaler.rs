@@ -54,12 +54,13 @@ impl LossScaler {
         if !grads_finite {
             self.scale = (self.scale * 0.5).max(f64::MIN_POSITIVE);
             self.clean_steps = 0;
-            self.skipped_steps += 1;
+            self.skipped_steps = self.skipped_steps.saturating_add(1);
             return ScaleDecision::Skip;
         }
-        self.clean_steps += 1;
+        // Saturating: the counters come from checkpoints too, whatever they hold.
+        self.clean_steps = self.clean_steps.saturating_add(1);
         if self.clean_steps >= self.growth_interval {
-            self.scale *= 2.0;
+            self.scale = (self.scale * 2.0).min(f64::MAX);
             self.clean_steps = 0;
         }
         ScaleDecision::Apply

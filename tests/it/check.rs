@@ -151,3 +151,108 @@ fn a_file_that_is_not_a_profile_exits_2_naming_it() {
         "{err}"
     );
 }
+
+/// `check --profile profile.json --backend replay:OTHER`.
+fn check_against(dir: &Path, other: &Profile) -> std::process::Output {
+    other.save(&dir.join("other.json")).unwrap();
+    autotune_in(
+        dir,
+        &[
+            "check",
+            "--profile",
+            "profile.json",
+            "--backend",
+            "replay:other.json",
+        ],
+    )
+}
+
+/// Writes `profile` as JSON with `edit` applied (bypassing the writer's own checks).
+fn write_edited(dir: &Path, name: &str, profile: &Profile, edit: impl Fn(&mut Value)) {
+    let mut value = serde_json::to_value(profile).unwrap();
+    edit(&mut value);
+    std::fs::write(dir.join(name), value.to_string()).unwrap();
+}
+
+#[test]
+fn check_refuses_what_it_cannot_compare_and_reports_missing_settings_as_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let profile = record(d);
+    let fits = profile
+        .trials
+        .iter()
+        .position(|t| matches!(t.outcome, Outcome::Fits(_)))
+        .unwrap();
+    let refused = |name: &str, needle: &str| {
+        let out = autotune_in(
+            d,
+            &[
+                "check",
+                "--profile",
+                name,
+                "--backend",
+                "replay:profile.json",
+            ],
+        );
+        assert_eq!(out.status.code(), Some(2), "{name}: {}", stderr(&out));
+        assert!(stderr(&out).contains(needle), "{name}: {}", stderr(&out));
+    };
+    write_edited(d, "empty.json", &profile, |v| {
+        v["probes"] = serde_json::json!([])
+    });
+    refused("empty.json", "holds no trials");
+    write_edited(d, "huge.json", &profile, |v| {
+        v["probes"][fits]["step_time_median_s"] = 1e308.into()
+    });
+    refused("huge.json", &format!("probes[{fits}].step_time_median_s"));
+    write_edited(d, "negative.json", &profile, |v| {
+        v["probes"][fits]["step_time_median_s"] = (-0.5).into()
+    });
+    refused("negative.json", "step_time_median_s");
+    // A profile whose model was edited after recording measured another model.
+    let mut sealed = profile.clone();
+    sealed.spec_hash = Some(autotune::profile::record::spec_hash(
+        &sealed.model,
+        &sealed.device.target,
+    ));
+    write_edited(d, "edited.json", &sealed, |v| {
+        v["model"]["n_layers"] = 3.into()
+    });
+    refused("edited.json", "spec_hash");
+
+    // A recording of another model is not compared.
+    let mut other_model = profile.clone();
+    other_model.model.n_layers += 1;
+    let out = check_against(d, &other_model);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("another model spec (n_layers"),
+        "{}",
+        stderr(&out)
+    );
+
+    // Settings the other recording lacks are missing, not crashed; the rest still compare.
+    let mut fewer = profile.clone();
+    let dropped = fewer.trials.remove(fits).request.knobs;
+    fewer.trials.retain(|t| t.request.knobs != dropped);
+    let out = check_against(d, &fewer);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let table = stdout(&out);
+    assert!(
+        table.contains("missing") && !table.contains("CRASHED"),
+        "{table}"
+    );
+    // A check that compared nothing has not passed.
+    let mut none = profile.clone();
+    for t in &mut none.trials {
+        t.request.knobs.micro_batch += 1000;
+    }
+    let out = check_against(d, &none);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("could be compared"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -110,5 +110,5 @@ fn bad_flag_values_exit_2() {
     assert!(stderr(&out).contains("fp8"));
     let out = autotune(&["train", "--micro-batch", "0", "--steps", "1"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("micro_batch"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("`--micro-batch`"), "{}", stderr(&out));
 }

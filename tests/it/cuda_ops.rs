@@ -504,10 +504,9 @@ fn cuda_explicit_kernels_match_the_cpu() {
     }
 }
 
-/// The streamed offload on the GPU (page-locked buffers, a copy stream beside the compute
-/// stream) trains what the on-device optimizer trains: the same losses to bf16 rounding, and
-/// device working copies that are their host masters' casts bit for bit, so every part went
-/// down and came back up whole and in place.
+/// The streamed offload on the GPU trains what the on-device optimizer trains: the same losses
+/// to bf16 rounding, and device working copies that are their host masters' casts bit for bit,
+/// so every part went down and came back up whole and in place.
 #[test]
 fn cuda_streamed_offload_tracks_the_device_optimizer() {
     use autotune::knobs::Offload;
@@ -547,4 +546,29 @@ fn cuda_streamed_offload_tracks_the_device_optimizer() {
             "a working copy is not its master's cast"
         );
     }
+}
+
+/// An id at or past the vocabulary reads as NaN on the GPU and adds nothing to the table's
+/// gradient, where an unchecked index would read and atomically add out of bounds.
+#[test]
+fn cuda_embedding_ids_past_the_vocabulary_touch_no_memory() {
+    let dev = gpu();
+    let (vocab, d) = (8u32, 16);
+    let ids = Tensor::from_vec(vec![1u32, vocab, 3, u32::MAX], (1, 4), &dev).unwrap();
+    let table = Tensor::ones((vocab as usize, d), DType::F32, &dev).unwrap();
+    let out = ops::embed(&ids, &table, None, 4, None).unwrap();
+    let rows: Vec<Vec<f32>> = out.reshape((4, d)).unwrap().to_vec2().unwrap();
+    assert!(rows[0].iter().all(|x| *x == 1.0) && rows[2].iter().all(|x| *x == 1.0));
+    assert!(
+        rows[1].iter().chain(&rows[3]).all(|x| x.is_nan()),
+        "{rows:?}"
+    );
+    let d_out = Tensor::ones((4, d), DType::F32, &dev).unwrap();
+    let grad = ops::embed_backward(&ids, &d_out, vocab as usize).unwrap();
+    let total: f32 = grad.sum_all().unwrap().to_scalar().unwrap();
+    assert_eq!(
+        total,
+        2.0 * d as f32,
+        "only the two valid ids add their rows"
+    );
 }

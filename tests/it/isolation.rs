@@ -121,3 +121,42 @@ fn tune_with_a_worker_finds_the_same_host_boundary_as_in_process() {
     assert!(in_process > 1 && in_process < 512, "{in_process}");
     assert_eq!(plan_of("worker"), in_process);
 }
+
+/// An executable that takes its job and never answers: a trial stuck in a kernel or a
+/// collective, as seen from the parent.
+fn hanging_trial(dir: &std::path::Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("hangs.sh");
+    std::fs::write(&path, "#!/bin/sh\nexec tail -f /dev/null\n").unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+#[test]
+fn a_trial_past_its_time_limit_is_timed_out_and_the_next_gets_a_fresh_worker() {
+    use autotune::probe::timeout::TrialTimeout;
+    let dir = tempfile::tempdir().unwrap();
+    let hangs = hanging_trial(dir.path());
+    let spec = small_gpt();
+    let limit = TrialTimeout::fixed(std::time::Duration::from_millis(300));
+    let mut child =
+        ChildProber::new(hangs.clone(), &spec, "cpu", None, None).with_timeout(limit.clone());
+    let result = child.probe(&request(2)).unwrap();
+    assert!(
+        matches!(result.outcome, Outcome::TimedOut { after_s } if after_s == 0.3),
+        "{result:?}"
+    );
+    let mut worker = WorkerProber::new(hangs, &spec, "cpu", None, None).with_timeout(limit);
+    for _ in 0..2 {
+        let result = worker.probe(&request(2)).unwrap();
+        assert!(
+            matches!(result.outcome, Outcome::TimedOut { .. }),
+            "{result:?}"
+        );
+    }
+    assert_eq!(
+        worker.workers_started(),
+        2,
+        "a timed-out worker is replaced"
+    );
+}

@@ -9,8 +9,17 @@ mod training;
 /// Data parallelism on CPU ranks: equal to one process, sharding, the launcher, exports.
 mod data_parallel;
 
+/// Checkpoints: preemption, one run per directory, verification, divergence, retention.
+mod checkpoints;
+
+/// Fuzzing the JSON readers and the numeric flags: every input ends in exit 0, 1 or 2.
+mod fuzz;
+
 /// The command line: exit codes and messages for bad input.
 mod cli;
+
+/// Big numbers in flags and specs: refused naming the field, or answered as not fitting.
+mod bounds;
 
 /// Tuning on the CPU: exact boundaries, model error, plans that train, bad input.
 mod tune;

@@ -54,3 +54,65 @@ pub fn small_gpt() -> ModelSpec {
         ..ModelSpec::tiny()
     }
 }
+
+/// Starts the binary in `dir`; its stderr lines arrive on the receiver as they are written.
+pub fn spawn_in(
+    dir: &Path,
+    args: &[&str],
+) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_autotune"))
+        .current_dir(dir)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the test binary starts");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let err = child.stderr.take().expect("stderr is piped");
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (child, rx)
+}
+
+/// Reads lines until one contains `needle` (at most a minute); every line read so far.
+pub fn read_until(rx: &std::sync::mpsc::Receiver<String>, needle: &str) -> Vec<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut seen = Vec::new();
+    while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                let found = line.contains(needle);
+                seen.push(line);
+                if found {
+                    return seen;
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    panic!("no line with `{needle}` within a minute: {seen:#?}");
+}
+
+/// Sends `signal` (`-TERM`, `-HUP`, `-INT`) to process `pid`.
+pub fn signal(pid: u32, signal: &str) {
+    let ok = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(ok.success(), "kill {signal} {pid}");
+}
+
+/// The exit code of `child` once it ends (its stdout and stderr drained).
+pub fn exit_code(child: std::process::Child) -> Option<i32> {
+    child
+        .wait_with_output()
+        .expect("the child ends")
+        .status
+        .code()
+}

@@ -35,8 +35,50 @@ pub fn write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     written
 }
 
+/// Checks that [`write()`] could write `path` now: its directory exists or can be created, a
+/// file can be created in it, and `path` is not a directory. Run before long work whose result
+/// goes there, so that a bad location fails first, not after the work.
+pub fn check_writable(path: &Path) -> std::io::Result<()> {
+    if path.is_dir() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::IsADirectory,
+            "it is a directory; name a file",
+        ));
+    }
+    let name = path.file_name().ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, "the path names no file")
+    })?;
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let probe = dir.join(format!(
+        ".{}.{}.writable",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    std::fs::File::create(&probe)?;
+    std::fs::remove_file(&probe)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_location_that_cannot_be_written_is_found_before_writing() {
+        let dir = tempfile::tempdir().unwrap();
+        super::check_writable(&dir.path().join("new").join("plan.json")).unwrap();
+        assert!(super::check_writable(dir.path()).is_err(), "a directory");
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(
+            super::check_writable(&file.join("plan.json")).is_err(),
+            "under a file"
+        );
+        let names: Vec<_> = std::fs::read_dir(dir.path().join("new")).unwrap().collect();
+        assert!(names.is_empty(), "the check leaves nothing behind");
+    }
+
     #[test]
     fn replaces_the_file_and_leaves_no_temporary_behind() {
         let dir = tempfile::tempdir().unwrap();

@@ -20,6 +20,15 @@ pub enum Error {
         problem: String,
     },
 
+    /// A command-line flag's value cannot be used: the flag as the user types it, and why.
+    #[error("invalid `{flag}`: {problem}")]
+    InvalidFlag {
+        /// The flag, as on the command line (`--micro-batch`).
+        flag: String,
+        /// What is wrong with its value and, where possible, how to fix it.
+        problem: String,
+    },
+
     /// A file could not be read, parsed or written.
     #[error("{action} `{path}`")]
     File {

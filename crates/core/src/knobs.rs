@@ -10,6 +10,14 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+/// The largest micro-batch, in sequences: far above what any device holds, and small enough
+/// that every count formed from it stays inside 64 bits.
+pub const MAX_MICRO_BATCH: usize = 1 << 20;
+/// The most micro-batches accumulated per optimizer step.
+pub const MAX_GRAD_ACCUM: usize = 1 << 20;
+/// The most data-parallel ranks (GPUs of one host, or processes a plan is exported for).
+pub const MAX_DATA_PARALLEL: usize = 1 << 12;
+
 /// Arithmetic precision of a training step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -63,7 +71,12 @@ impl FromStr for Precision {
 
 /// Activation checkpointing: which Transformer blocks keep only their input and recompute in backward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "mode", content = "k")]
+#[serde(
+    rename_all = "snake_case",
+    tag = "mode",
+    content = "k",
+    deny_unknown_fields
+)]
 pub enum Checkpointing {
     /// Keep every activation.
     None,
@@ -248,6 +261,7 @@ impl fmt::Display for DataParallel {
 
 /// The batch-independent part of a plan: memory and time are modelled per regime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Regime {
     /// Arithmetic precision.
     pub precision: Precision,
@@ -337,14 +351,16 @@ impl Knobs {
         }
     }
 
-    /// Sequences per optimizer step over all GPUs: micro-batch × accumulation × degree.
+    /// Sequences per optimizer step over all GPUs: micro-batch × accumulation × degree
+    /// (saturating for knobs that [`Knobs::validate`] refuses).
     pub fn global_batch(&self) -> usize {
-        self.per_rank_batch() * self.data_parallel.degree
+        self.per_rank_batch()
+            .saturating_mul(self.data_parallel.degree)
     }
 
     /// Sequences one GPU (rank) runs per optimizer step: micro-batch × accumulation.
     pub fn per_rank_batch(&self) -> usize {
-        self.micro_batch * self.grad_accum
+        self.micro_batch.saturating_mul(self.grad_accum)
     }
 
     /// The batch-independent part.
@@ -373,6 +389,23 @@ impl Knobs {
 
     /// Checks the knobs on their own; `field_prefix` names where they came from in error messages.
     pub fn validate(&self, what: &'static str, field_prefix: &str) -> crate::Result<()> {
+        for (field, value, max) in [
+            ("micro_batch", self.micro_batch, MAX_MICRO_BATCH),
+            ("grad_accum", self.grad_accum, MAX_GRAD_ACCUM),
+            (
+                "data_parallel.degree",
+                self.data_parallel.degree,
+                MAX_DATA_PARALLEL,
+            ),
+        ] {
+            if value > max {
+                return Err(crate::Error::invalid(
+                    what,
+                    format!("{field_prefix}{field}"),
+                    format!("({value}) must be at most {max}"),
+                ));
+            }
+        }
         if self.micro_batch == 0 {
             return Err(crate::Error::invalid(
                 what,
@@ -478,6 +511,47 @@ mod tests {
         }
         assert!("every-0".parse::<Checkpointing>().is_err());
         assert!("fp8".parse::<Precision>().is_err());
+    }
+
+    #[test]
+    fn batch_sizes_past_the_bounds_are_refused_and_products_saturate() {
+        let field = |k: Knobs| match k.validate("knobs", "") {
+            Err(crate::Error::InvalidSpec { field, .. }) => field,
+            other => panic!("expected invalid knobs, got {other:?}"),
+        };
+        let huge = Knobs::new(usize::MAX, Precision::Fp32);
+        assert_eq!(field(huge), "micro_batch");
+        assert_eq!(huge.global_batch(), usize::MAX);
+        let accum = Knobs {
+            grad_accum: usize::MAX,
+            ..Knobs::new(1, Precision::Fp32)
+        };
+        assert_eq!(field(accum), "grad_accum");
+        let degree = Knobs {
+            data_parallel: DataParallel::replicated(usize::MAX),
+            ..Knobs::new(1, Precision::Fp32)
+        };
+        assert_eq!(field(degree), "data_parallel.degree");
+        Knobs::new(MAX_MICRO_BATCH, Precision::Fp32)
+            .validate("knobs", "")
+            .unwrap();
+    }
+
+    #[test]
+    fn unknown_keys_inside_checkpointing_are_refused() {
+        let json = |checkpointing: &str| {
+            format!(
+                r#"{{"micro_batch": 1, "grad_accum": 1, "precision": "fp32", "checkpointing": {checkpointing}}}"#
+            )
+        };
+        assert!(serde_json::from_str::<Knobs>(&json(r#"{"mode": "every_kth", "k": 2}"#)).is_ok());
+        let err = serde_json::from_str::<Knobs>(&json(r#"{"mode": "every_kth", "k": 2, "j": 3}"#))
+            .unwrap_err();
+        assert!(err.to_string().contains("\"j\""), "{err}");
+        assert!(serde_json::from_str::<Regime>(
+            r#"{"precision": "fp32", "checkpointing": {"mode": "none"}, "offload": "none", "extra": 1}"#
+        )
+        .is_err());
     }
 
     #[test]

@@ -14,6 +14,7 @@
 pub mod atomic_file;
 pub mod error;
 pub mod fit;
+pub mod json;
 pub mod knobs;
 pub mod plan;
 pub mod profile;

@@ -7,7 +7,13 @@
 use serde::{Deserialize, Serialize};
 
 use crate::knobs::Knobs;
-use crate::Result;
+use crate::{Error, Result};
+
+/// The most warm-up or timed steps of one trial.
+pub const MAX_TRIAL_STEPS: usize = 1 << 16;
+
+/// The longest step time a measurement may record: eleven days is not a trial's step.
+pub const MAX_STEP_TIME_S: f64 = 1e6;
 
 /// Runs trials for a search: in this process, in child processes, on several GPUs, from a
 /// recording or a simulation. The search driver decides what to run; a prober only runs it.
@@ -21,6 +27,47 @@ pub trait Prober {
 impl<F: FnMut(&TrialRequest) -> Result<TrialResult>> Prober for F {
     fn probe(&mut self, request: &TrialRequest) -> Result<TrialResult> {
         self(request)
+    }
+}
+
+impl TrialRequest {
+    /// Checks the knobs and that the trial's lengths are within [`MAX_TRIAL_STEPS`].
+    pub fn validate(&self, what: &'static str, field_prefix: &str) -> Result<()> {
+        self.knobs
+            .validate(what, &format!("{field_prefix}knobs."))?;
+        for (field, steps) in [
+            ("warmup_steps", self.warmup_steps),
+            ("timed_steps", self.timed_steps),
+        ] {
+            if steps > MAX_TRIAL_STEPS {
+                return Err(Error::invalid(
+                    what,
+                    format!("{field_prefix}{field}"),
+                    format!("({steps}) must be at most {MAX_TRIAL_STEPS}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl TrialResult {
+    /// Checks a recorded trial: its request, its outcome's numbers and its wall time.
+    pub fn validate(&self, what: &'static str, field_prefix: &str) -> Result<()> {
+        self.request
+            .validate(what, &format!("{field_prefix}request."))?;
+        self.outcome.validate(what, field_prefix)?;
+        if !(self.wall_s.is_finite() && self.wall_s >= 0.0) {
+            return Err(Error::invalid(
+                what,
+                format!("{field_prefix}wall_s"),
+                format!(
+                    "({}) must be a finite number of seconds, at least 0",
+                    self.wall_s
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -99,9 +146,61 @@ pub enum Outcome {
         /// What was seen.
         reason: String,
     },
+    /// The trial did not finish within its time limit and was stopped (a hung kernel or
+    /// collective, a setting far slower than expected). The search treats it as infeasible,
+    /// as a crash.
+    TimedOut {
+        /// The limit it ran into, seconds.
+        after_s: f64,
+    },
 }
 
 impl Outcome {
+    /// Checks a recorded outcome's numbers: every time finite, positive where it was measured,
+    /// and at most [`MAX_STEP_TIME_S`]; `field_prefix` names where it sits in the document.
+    pub fn validate(&self, what: &'static str, field_prefix: &str) -> Result<()> {
+        let seconds = |field: &str, value: f64, positive: bool| {
+            let ok = value.is_finite()
+                && value <= MAX_STEP_TIME_S
+                && if positive { value > 0.0 } else { value >= 0.0 };
+            if ok {
+                return Ok(());
+            }
+            let least = if positive { "above 0" } else { "at least 0" };
+            Err(Error::invalid(
+                what,
+                format!("{field_prefix}{field}"),
+                format!(
+                    "({value}) must be a number of seconds {least} and at most {MAX_STEP_TIME_S:e}"
+                ),
+            ))
+        };
+        match self {
+            Outcome::Fits(m) => {
+                seconds(
+                    "step_time_median_s",
+                    m.step_time_median_s,
+                    m.timed_steps > 0,
+                )?;
+                for (field, value) in [
+                    ("step_time_spread", m.step_time_spread),
+                    ("tokens_per_s", m.tokens_per_s),
+                ] {
+                    if !(value.is_finite() && value >= 0.0) {
+                        return Err(Error::invalid(
+                            what,
+                            format!("{field_prefix}{field}"),
+                            format!("({value}) must be a finite number, at least 0"),
+                        ));
+                    }
+                }
+                Ok(())
+            }
+            Outcome::TimedOut { after_s } => seconds("after_s", *after_s, true),
+            Outcome::OutOfMemory { .. } | Outcome::Crashed { .. } => Ok(()),
+        }
+    }
+
     /// The measurement, if the setting fitted.
     pub fn measurement(&self) -> Option<&Measurement> {
         match self {
@@ -121,4 +220,36 @@ pub struct TrialResult {
     pub outcome: Outcome,
     /// Wall time the trial took, including setup, seconds.
     pub wall_s: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::knobs::Precision;
+
+    #[test]
+    fn a_timed_out_trial_is_recorded_and_read_back_and_older_outcomes_still_read() {
+        let result = TrialResult {
+            request: TrialRequest {
+                knobs: Knobs::new(4, Precision::Bf16),
+                warmup_steps: 1,
+                timed_steps: 3,
+            },
+            outcome: Outcome::TimedOut { after_s: 900.0 },
+            wall_s: 900.5,
+        };
+        let json = serde_json::to_string(&result).unwrap();
+        assert!(
+            json.contains(r#""outcome":"timed_out","after_s":900.0"#),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<TrialResult>(&json).unwrap(), result);
+        let older = r#"{"request": {"knobs": {"micro_batch": 4, "grad_accum": 1, "precision": "bf16"}, "warmup_steps": 1, "timed_steps": 3}, "outcome": "crashed", "reason": "gone", "wall_s": 1.0}"#;
+        assert!(serde_json::from_str::<TrialResult>(older).is_ok());
+        let bad = TrialResult {
+            outcome: Outcome::TimedOut { after_s: -1.0 },
+            ..result
+        };
+        assert!(bad.validate("profile", "probes[0].").is_err());
+    }
 }

@@ -10,7 +10,11 @@ use autotune::spec::budget::Budget;
 use autotune::spec::device::{DeviceKind, DeviceSpec};
 use autotune::ModelSpec;
 
+use autotune::probe::timeout::TrialTimeout;
+use autotune::spec::limits;
+
 use crate::cli::args::{Backend, ProbeIsolation, TuneArgs};
+use crate::cli::flags::{self, as_flag};
 
 /// A validated `tune`.
 pub struct TuneConfig {
@@ -47,11 +51,22 @@ pub struct LiveSearch {
     pub space: SearchSpace,
     /// How trials are isolated from this process and from each other.
     pub isolation: ProbeIsolation,
+    /// How long a trial in another process may run.
+    pub trial_timeout: TrialTimeout,
 }
 
 impl TuneConfig {
     /// Resolves and checks `args`.
     pub fn from_args(args: &TuneArgs) -> anyhow::Result<Self> {
+        // Where the results go is checked first: a search can take long, and its plan must not
+        // be lost to a typo in a path.
+        for (flag, path) in [("--out", &args.out), ("--record", &args.record)] {
+            if let Some(path) = path {
+                autotune::atomic_file::check_writable(path).map_err(|e| {
+                    anyhow::anyhow!("`{flag} {}` cannot be written: {e}", path.display())
+                })?;
+            }
+        }
         let source = match &args.backend {
             Backend::Replay(path) => Source::Replay {
                 path: path.clone(),
@@ -75,7 +90,7 @@ impl LiveSearch {
         if let Some(h) = args.headroom {
             budget.headroom = h;
         }
-        budget.validate()?;
+        budget.validate().map_err(|e| as_flag(e, flags::TUNE))?;
         let on_gpu = target.kind == DeviceKind::Cuda;
         let head_dim = spec.head_dim();
         // Where the kernels cover the head width, attention keeps no probabilities (always on
@@ -85,7 +100,9 @@ impl LiveSearch {
                 || (precision != autotune::Precision::Fp32
                     && autotune::ops::FLASH_HEAD_DIMS.contains(&head_dim))
         };
-        let space = SearchSpace::for_target(&target, &spec, &space_request(args))?;
+        let mut space = SearchSpace::for_target(&target, &spec, &space_request(args))
+            .map_err(|e| as_flag(e, flags::TUNE))?;
+        cap_micro_batch(&mut space, &spec, &budget);
         // A GPU trial of a large model costs seconds: its first one goes near the predicted
         // boundary. CPU trials cost milliseconds, and growing from 1 gives `check` the several
         // settings per regime it compares.
@@ -95,13 +112,55 @@ impl LiveSearch {
             space
         };
         let isolation = isolation(args.isolation, &target, &space);
+        let trial_timeout = match args.trial_timeout {
+            None => TrialTimeout::scaled(),
+            Some(s) if s.is_finite() && s > 0.0 && s <= autotune::trial::MAX_STEP_TIME_S => {
+                TrialTimeout::fixed(std::time::Duration::from_secs_f64(s))
+            }
+            Some(s) => {
+                return Err(autotune_core::Error::InvalidFlag {
+                    flag: "--trial-timeout".into(),
+                    problem: format!(
+                        "({s}) must be a number of seconds above 0 and at most {:e}",
+                        autotune::trial::MAX_STEP_TIME_S
+                    ),
+                }
+                .into())
+            }
+        };
         Ok(Self {
             spec,
             target,
             budget,
             space,
             isolation,
+            trial_timeout,
         })
+    }
+}
+
+/// Lowers the space's largest micro-batch to the largest whose logits alone fit in the memory
+/// the budget allows (device and host together): larger ones cannot fit, so they need no
+/// trial, and the search's list of candidates never grows past what the machine could hold.
+fn cap_micro_batch(space: &mut SearchSpace, spec: &ModelSpec, budget: &Budget) {
+    let usable = budget
+        .usable_gpu_bytes()
+        .unwrap_or(0)
+        .saturating_add(budget.usable_host_bytes());
+    let smallest_element = space
+        .regimes
+        .iter()
+        .map(|r| r.precision)
+        .min_by_key(|&p| limits::logits_bytes(spec, 1, p))
+        .unwrap_or(autotune::Precision::Fp32);
+    let reach = limits::largest_micro_batch_within(spec, smallest_element, usable);
+    if reach < space.max_micro_batch {
+        tracing::debug!(
+            asked = space.max_micro_batch,
+            reach,
+            "largest micro-batch capped at what the budget can hold"
+        );
+        space.max_micro_batch = reach.max(space.start_micro_batch);
     }
 }
 

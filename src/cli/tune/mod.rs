@@ -23,6 +23,7 @@ use autotune::search::decision::Decision;
 use autotune::search::driver::SearchDriver;
 use autotune::search::run::{run_search, SearchOutcome};
 use autotune::spec::device::{DeviceKind, DeviceSpec};
+use autotune::spec::limits;
 use autotune::trial::TrialResult;
 use autotune::{ModelSpec, Offload};
 
@@ -57,22 +58,33 @@ impl Tuned {
 }
 
 pub fn run(args: TuneArgs, printer: &Printer) -> anyhow::Result<Status> {
-    let config = TuneConfig::from_args(&args)?;
-    let tuned = tune(&config, printer)?;
-    emit(&tuned, config.out.as_ref(), printer)
+    run_config(&TuneConfig::from_args(&args)?, printer)
 }
 
-/// Runs the search `config` describes, and records it if asked.
-pub fn tune(config: &TuneConfig, printer: &Printer) -> anyhow::Result<Tuned> {
-    let tuned = match &config.source {
+/// Searches, writes the plan, then the recording.
+fn run_config(config: &TuneConfig, printer: &Printer) -> anyhow::Result<Status> {
+    let tuned = search_only(config, printer)?;
+    // The plan first: a recording that cannot be written must not cost the plan.
+    let status = emit(&tuned, config.out.as_ref(), printer)?;
+    record(&tuned, config, printer)?;
+    Ok(status)
+}
+
+/// Runs the search `config` describes.
+pub fn search_only(config: &TuneConfig, printer: &Printer) -> anyhow::Result<Tuned> {
+    Ok(match &config.source {
         Source::Replay { path, profile } => replay(path, profile, printer)?,
         Source::Live(search) => live(search, printer)?,
-    };
+    })
+}
+
+/// Writes the search's profile where `--record` asks.
+pub fn record(tuned: &Tuned, config: &TuneConfig, printer: &Printer) -> anyhow::Result<()> {
     if let Some(path) = &config.record {
         tuned.record().save(path)?;
         printer.status(format!("profile recorded to {}", path.display()));
     }
-    Ok(tuned)
+    Ok(())
 }
 
 /// Plans offline from a recorded profile: the recorded model, target and search space, with
@@ -122,6 +134,22 @@ fn live(search_config: &LiveSearch, printer: &Printer) -> anyhow::Result<Tuned> 
     }
     let driver = SearchDriver::new(space, *budget)?;
     announce(search_config, printer);
+    let recorded = backend::recorded_device(target.kind == DeviceKind::Cuda, target);
+    // A model whose state alone exceeds the budget is answered before any trial: building it
+    // to find out would take more memory than the machine has.
+    if let Some(hint) = limits::state_exceeds_budget(spec, budget) {
+        return Ok(Tuned {
+            spec: spec.clone(),
+            target: target.clone(),
+            recorded,
+            driver,
+            plan: None,
+            outcome: SearchOutcome {
+                history: Vec::new(),
+                decision: Decision::NoFeasible { hint },
+            },
+        });
+    }
     let mut prober = prober::live_prober(search_config)?;
     let outcome = search(&driver, prober.as_mut(), printer)?;
     let mut plan = Plan::from_search(&driver, &outcome, spec, target, now());
@@ -129,7 +157,6 @@ fn live(search_config: &LiveSearch, printer: &Printer) -> anyhow::Result<Tuned> 
         // Scaling efficiency is measured, never assumed: one GPU's trial if the search ran none.
         plan.measure_scaling(driver.space(), prober.as_mut())?;
     }
-    let recorded = backend::recorded_device(target.kind == DeviceKind::Cuda, target);
     Ok(Tuned {
         spec: spec.clone(),
         target: target.clone(),
@@ -226,4 +253,34 @@ fn summary(plan: &Plan) -> String {
         text.push_str(&format!(", memory model held-out error {:.1}%", e * 100.0));
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recording_that_cannot_be_written_does_not_cost_the_plan() {
+        let dir = tempfile::tempdir().unwrap();
+        let recording = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("profiles/recorded/rtx4090-32g-on-h200/seed.json");
+        let plan = dir.path().join("plan.json");
+        // Under a file: no directory can be made there.
+        let blocker = dir.path().join("file");
+        std::fs::write(&blocker, b"x").unwrap();
+        let config = TuneConfig {
+            source: Source::Replay {
+                path: recording.clone(),
+                profile: Box::new(Profile::load(&recording).unwrap()),
+            },
+            record: Some(blocker.join("profile.json")),
+            out: Some(plan.clone()),
+        };
+        let quiet = Printer::new(true, false, false);
+        let Err(err) = run_config(&config, &quiet) else {
+            panic!("a recording that cannot be written is an error");
+        };
+        assert!(err.to_string().contains("profile"), "{err}");
+        autotune::plan::schema::Plan::load(&plan).expect("the plan was written first");
+    }
 }

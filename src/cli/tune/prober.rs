@@ -37,21 +37,16 @@ pub fn live_prober(search: &LiveSearch) -> anyhow::Result<Box<dyn Prober>> {
             let meter = backend::memory_meter(&device, gpu_capacity)?;
             Box::new(LiveProber::new(&search.spec, &device, host_budget, meter))
         }
-        ProbeIsolation::Child => Box::new(ChildProber::new(
-            exe.clone(),
-            &search.spec,
-            device,
-            gpu_capacity,
-            host_budget,
-        )),
-        ProbeIsolation::Worker => Box::new(WorkerProber::new(
-            exe.clone(),
-            &search.spec,
-            device,
-            gpu_capacity,
-            host_budget,
-        )),
+        ProbeIsolation::Child => Box::new(
+            ChildProber::new(exe.clone(), &search.spec, device, gpu_capacity, host_budget)
+                .with_timeout(search.trial_timeout.clone()),
+        ),
+        ProbeIsolation::Worker => Box::new(
+            WorkerProber::new(exe.clone(), &search.spec, device, gpu_capacity, host_budget)
+                .with_timeout(search.trial_timeout.clone()),
+        ),
     };
-    let ranks = DataParallelProber::new(exe, &search.spec, device, gpu_capacity, host_budget);
+    let ranks = DataParallelProber::new(exe, &search.spec, device, gpu_capacity, host_budget)
+        .with_timeout(search.trial_timeout.clone());
     Ok(Box::new(ByDegree::new(single, ranks)))
 }

@@ -97,6 +97,15 @@ pub(super) fn epilogue_grad<T: Elem>(
     Ok(CudaStorage::wrap_cuda_slice(dy, dev.clone()))
 }
 
+/// An embedding table's row count as the kernels take it.
+fn vocab_rows(rows: usize) -> Result<u32> {
+    u32::try_from(rows).map_err(|_| {
+        candle_core::Error::Msg(format!(
+            "embed: a table of {rows} rows is over the kernels' u32 ids"
+        ))
+    })
+}
+
 pub(super) fn embed<T: Elem>(
     table: &CudaSlice<T>,
     l2: &Layout,
@@ -116,6 +125,7 @@ pub(super) fn embed<T: Elem>(
     // SAFETY: the kernel launched below writes every element.
     let mut out = unsafe { cuda::output::<T>(dev, n) }?;
     let (d32, seq32) = (cuda::dim(d, "width")?, cuda::dim(seq.max(1), "sequence")?);
+    let vocab = vocab_rows(l2.shape().elem_count() / d.max(1))?;
     let has_positions = i32::from(op.has_positions);
     let stream = dev.cuda_stream();
     let mut args = stream.launch_builder(&func);
@@ -125,13 +135,14 @@ pub(super) fn embed<T: Elem>(
         .arg(&mut out)
         .arg(&n)
         .arg(&d32)
+        .arg(&vocab)
         .arg(&seq32)
         .arg(&has_positions)
         .arg(&p.threshold)
         .arg(&p.scale)
         .arg(&p.key);
-    // SAFETY: the arguments match `embed_fwd_<T>`; `ids` holds rows entries (each below
-    // the table's row count, which the data pipeline guarantees), `out` rows·d elements.
+    // SAFETY: the arguments match `embed_fwd_<T>`; `ids` holds rows entries, the kernel reads
+    // the table only for those below its `vocab` rows, and `out` holds rows·d elements.
     unsafe { args.launch(cuda::elementwise_config(n)) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
 }
@@ -150,11 +161,17 @@ pub(super) fn embed_grad<T: Elem>(
     let func = cuda::kernel(dev, &cuda::EPILOGUE, "embed_grad", T::DTYPE)?;
     let mut table = dev.alloc_zeros::<f32>(vocab * d)?;
     let d32 = cuda::dim(d, "width")?;
+    let vocab32 = vocab_rows(vocab)?;
     let stream = dev.cuda_stream();
     let mut args = stream.launch_builder(&func);
-    args.arg(&ids).arg(&d_out).arg(&mut table).arg(&n).arg(&d32);
+    args.arg(&ids)
+        .arg(&d_out)
+        .arg(&mut table)
+        .arg(&n)
+        .arg(&d32)
+        .arg(&vocab32);
     // SAFETY: the arguments match `embed_grad_<T>`; `d_out` holds n = rows·d elements and
-    // `table` vocab·d floats, indexed by ids below vocab.
+    // `table` vocab·d floats, which the kernel indexes only by ids below vocab.
     unsafe { args.launch(cuda::elementwise_config(n)) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(table, dev.clone()))
 }

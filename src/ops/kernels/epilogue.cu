@@ -5,6 +5,11 @@
 //   embed:    out = dropout(table[ids[r]] + positions[r % seq])
 //   embed_grad: dtable[ids[r]] += d[r]  (float atomics: summation order is not fixed)
 //
+// An id at or past the table's `vocab` rows is never read or written through: the lookup
+// gives NaN (a kernel cannot return an error, and NaN makes the bad batch visible in the
+// loss, as the cross-entropy kernel does for an out-of-range target) and its gradient is
+// dropped, where an unchecked index would read or atomically add out of bounds.
+//
 // Dropout masks are a pure function of (key, element index): a SplitMix64 hash, the same one
 // the CPU implementation uses, so the backward pass (and a recomputed forward) regenerate the
 // forward's mask instead of storing it, and CPU and GPU draw identical masks.
@@ -137,12 +142,13 @@ __device__ void epilogue_bwd(const T *dout, const T *y, const float *bias, T *dy
 
 template <typename T>
 __device__ void embed_fwd(const uint32_t *ids, const T *table, const T *positions, T *out,
-                          size_t n, int d, int seq, int has_positions, uint32_t threshold,
-                          float scale, uint64_t key) {
+                          size_t n, int d, uint32_t vocab, int seq, int has_positions,
+                          uint32_t threshold, float scale, uint64_t key) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         const size_t r = i / d, c = i % d;
-        float v = to_f32(table[(size_t)ids[r] * d + c]);
+        const uint32_t id = ids[r];
+        float v = id < vocab ? to_f32(table[(size_t)id * d + c]) : NAN;
         if (has_positions) v += to_f32(positions[(r % seq) * d + c]);
         if (threshold) v = dropout_keep(key, i, threshold) ? v * scale : 0.f;
         out[i] = from_f32<T>(v);
@@ -150,11 +156,13 @@ __device__ void embed_fwd(const uint32_t *ids, const T *table, const T *position
 }
 
 template <typename T>
-__device__ void embed_grad(const uint32_t *ids, const T *d_out, float *d_table, size_t n, int d) {
+__device__ void embed_grad(const uint32_t *ids, const T *d_out, float *d_table, size_t n, int d,
+                           uint32_t vocab) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         const size_t r = i / d, c = i % d;
-        atomicAdd(d_table + (size_t)ids[r] * d + c, to_f32(d_out[i]));
+        const uint32_t id = ids[r];
+        if (id < vocab) atomicAdd(d_table + (size_t)id * d + c, to_f32(d_out[i]));
     }
 }
 
@@ -174,13 +182,15 @@ __device__ void embed_grad(const uint32_t *ids, const T *d_out, float *d_table, 
     }                                                                                          \
     extern "C" __global__ void embed_fwd_##NAME(                                               \
         const uint32_t *ids, const T *table, const T *positions, T *out, size_t n, int d,      \
-        int seq, int has_positions, uint32_t threshold, float scale, uint64_t key) {           \
-        embed_fwd<T>(ids, table, positions, out, n, d, seq, has_positions, threshold, scale,   \
-                     key);                                                                     \
+        uint32_t vocab, int seq, int has_positions, uint32_t threshold, float scale,           \
+        uint64_t key) {                                                                        \
+        embed_fwd<T>(ids, table, positions, out, n, d, vocab, seq, has_positions, threshold,   \
+                     scale, key);                                                              \
     }                                                                                          \
     extern "C" __global__ void embed_grad_##NAME(const uint32_t *ids, const T *d_out,          \
-                                                 float *d_table, size_t n, int d) {            \
-        embed_grad<T>(ids, d_out, d_table, n, d);                                              \
+                                                 float *d_table, size_t n, int d,              \
+                                                 uint32_t vocab) {                             \
+        embed_grad<T>(ids, d_out, d_table, n, d, vocab);                                       \
     }
 
 EPILOGUE_KERNELS(float, f32)

@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::knobs::Knobs;
 use crate::spec::budget::Budget;
-use crate::spec::device::{field_of_serde_message, DeviceSpec};
+use crate::spec::device::DeviceSpec;
 use crate::spec::model::ModelSpec;
 use crate::trial::{Measurement, TrialResult};
 use crate::{Error, Result};
@@ -180,11 +180,10 @@ impl Plan {
 
     /// Parses and validates a plan; the schema version is checked before anything else.
     pub fn from_json(text: &str) -> Result<Self> {
-        let value: serde_json::Value = serde_json::from_str(text)
-            .map_err(|e| Error::invalid(WHAT, "(document)", e.to_string()))?;
+        let value = crate::json::parse_value(WHAT, text)?;
         let version = value
             .as_object()
-            .ok_or_else(|| Error::invalid(WHAT, "(document)", "must be a JSON object"))?
+            .ok_or_else(|| Error::invalid(WHAT, crate::json::DOCUMENT, "must be a JSON object"))?
             .get("schema_version")
             .ok_or_else(|| {
                 Error::invalid(
@@ -206,14 +205,7 @@ impl Plan {
                 ),
             ));
         }
-        let plan: Self = serde_json::from_value(value).map_err(|e| {
-            let message = e.to_string();
-            Error::invalid(
-                WHAT,
-                field_of_serde_message(&message).unwrap_or_else(|| "(document)".into()),
-                message,
-            )
-        })?;
+        let plan: Self = crate::json::from_value(WHAT, value)?;
         plan.validate()?;
         Ok(plan)
     }
@@ -224,6 +216,16 @@ impl Plan {
         self.device.validate()?;
         self.budget.validate()?;
         self.knobs.validate(WHAT, "knobs.")?;
+        crate::spec::limits::check_knobs(&self.model, &self.knobs, WHAT, "knobs.")?;
+        crate::trial::Outcome::Fits(self.measured).validate(WHAT, "measured.")?;
+        for (i, trial) in self.evidence.iter().enumerate() {
+            trial.validate(WHAT, &format!("evidence[{i}]."))?;
+        }
+        for (i, alternative) in self.alternatives.iter().enumerate() {
+            alternative
+                .knobs
+                .validate(WHAT, &format!("alternatives[{i}].knobs."))?;
+        }
         if self.budget.gpu_bytes.is_some() != self.device.gpu_memory_bytes.is_some() {
             return Err(Error::invalid(
                 WHAT,

@@ -190,6 +190,11 @@ pub enum Verdict {
         /// What was seen.
         reason: String,
     },
+    /// It did not finish within its time limit now, and did when recorded (a regression).
+    TimedOut {
+        /// The limit it ran into, seconds.
+        after_s: f64,
+    },
     /// No fresh trial of this setting was given.
     Missing,
 }
@@ -203,6 +208,7 @@ impl Verdict {
                 | Verdict::Slower { .. }
                 | Verdict::NewlyOom { .. }
                 | Verdict::Crashed { .. }
+                | Verdict::TimedOut { .. }
         )
     }
 
@@ -246,10 +252,35 @@ pub struct CheckReport {
 }
 
 impl CheckReport {
-    /// Whether the check passed: no regression.
+    /// Whether the check passed: no regression, and at least one setting compared (a check
+    /// that compared nothing found nothing, which is not a pass).
     pub fn passed(&self) -> bool {
-        self.regressions == 0
+        self.regressions == 0 && self.compared() > 0
     }
+
+    /// Settings with a fresh trial to compare.
+    pub fn compared(&self) -> usize {
+        self.settings.len() - self.missing
+    }
+}
+
+/// The fresh trials another recording holds for `profile`'s settings: only those it recorded
+/// (the same request, or the same knobs), never a prediction, so that a setting it lacks is
+/// [`Verdict::Missing`] and not a synthesised answer.
+pub fn recorded_answers(profile: &Profile, other: &Profile) -> Vec<TrialResult> {
+    let mut prober = super::replay::ReplayProber::new(other.clone());
+    profile
+        .trials
+        .iter()
+        .map(|recorded| prober.replay(&recorded.request))
+        .filter(|r| {
+            matches!(
+                r.answer,
+                super::replay::Answer::Recorded | super::replay::Answer::SameKnobs
+            )
+        })
+        .map(|r| r.result)
+        .collect()
 }
 
 /// Compares `fresh` trials with the profile's recorded ones, setting by setting.
@@ -423,7 +454,9 @@ fn compare(recorded: &Outcome, now: &Outcome, tolerance: &Tolerance) -> Vec<Verd
             memory: *memory,
             phase: *phase,
         }],
-        (Outcome::Crashed { .. }, Outcome::Crashed { .. }) => Vec::new(),
+        (Outcome::Crashed { .. }, Outcome::Crashed { .. })
+        | (Outcome::TimedOut { .. }, Outcome::TimedOut { .. }) => Vec::new(),
+        (_, Outcome::TimedOut { after_s }) => vec![Verdict::TimedOut { after_s: *after_s }],
         (_, Outcome::Crashed { reason }) => vec![Verdict::Crashed {
             reason: reason.clone(),
         }],

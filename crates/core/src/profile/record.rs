@@ -20,6 +20,7 @@
 //! | `created_unix_s` | integer | When the profile was recorded, seconds since the Unix epoch. |
 //! | `probes` | array | Every trial in the order it ran, as in a plan's `evidence`: the request's knobs and trial lengths, the outcome (`fits` with `peak_gpu_bytes`, `peak_host_bytes`, `step_time_median_s`, `step_time_spread`, `timed_steps`, `tokens_per_s`; `out_of_memory` with `memory` and `phase`; or `crashed` with `reason`), and `wall_s`. |
 //! | `chosen` | object or null | The knobs the search chose, or `null` when nothing was feasible. |
+//! | `spec_hash` | string | SHA-256 of the model spec and the target device spec as recorded (see [`spec_hash`]); a reader recomputes it and refuses a profile whose model or device was edited after recording. Profiles recorded before it have none, and are read unchecked. |
 
 use std::path::{Path, PathBuf};
 
@@ -29,7 +30,7 @@ use crate::knobs::Knobs;
 use crate::plan::Tool;
 use crate::search::{SearchDriver, SearchOutcome, SearchSpace};
 use crate::spec::budget::Budget;
-use crate::spec::device::{field_of_serde_message, DeviceKind, DeviceSpec};
+use crate::spec::device::{DeviceKind, DeviceSpec};
 use crate::spec::model::ModelSpec;
 use crate::trial::TrialResult;
 use crate::{Error, Result};
@@ -72,6 +73,22 @@ pub struct Profile {
     pub trials: Vec<TrialResult>,
     /// The knobs the search chose, if any.
     pub chosen: Option<Knobs>,
+    /// [`spec_hash`] of `model` and `device.target` when recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec_hash: Option<String>,
+}
+
+/// What identifies the setup a profile's trials measured: the SHA-256, lowercase hex, of the
+/// model spec and the target device spec as JSON (keys sorted, so that it depends only on their
+/// values). Two recordings compare only if their hashes agree.
+pub fn spec_hash(model: &ModelSpec, target: &DeviceSpec) -> String {
+    use sha2::{Digest, Sha256};
+    let value = serde_json::json!({"model": model, "device": target});
+    let bytes = serde_json::to_vec(&value).expect("specs always serialise");
+    Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The machine a profile was recorded on: the target it emulated and what was detected.
@@ -117,6 +134,7 @@ impl Profile {
         candle_version: &str,
         created_unix_s: u64,
     ) -> Self {
+        let hash = spec_hash(model, &device.target);
         Self {
             schema_version: PROFILE_SCHEMA_VERSION,
             kind: PROFILE_KIND.into(),
@@ -129,6 +147,7 @@ impl Profile {
             created_unix_s,
             trials: outcome.history.clone(),
             chosen: outcome.chosen(),
+            spec_hash: Some(hash),
         }
     }
 
@@ -173,17 +192,10 @@ impl Profile {
     /// Parses and validates a profile: the `kind` tag first, then the schema version, then
     /// the fields.
     pub fn from_json(text: &str) -> Result<Self> {
-        let value: serde_json::Value = serde_json::from_str(text).map_err(|e| {
-            let problem = if e.is_eof() {
-                format!("ends before the JSON document does (a truncated file?): {e}")
-            } else {
-                format!("is not valid JSON: {e}")
-            };
-            Error::invalid(WHAT, "(document)", problem)
-        })?;
+        let value = crate::json::parse_value(WHAT, text)?;
         let object = value
             .as_object()
-            .ok_or_else(|| Error::invalid(WHAT, "(document)", "must be a JSON object"))?;
+            .ok_or_else(|| Error::invalid(WHAT, crate::json::DOCUMENT, "must be a JSON object"))?;
         match object.get("kind") {
             Some(kind) if kind.as_str() == Some(PROFILE_KIND) => {}
             found => {
@@ -219,11 +231,7 @@ impl Profile {
                 ),
             ));
         }
-        let profile: Self = serde_json::from_value(value).map_err(|e| {
-            let message = e.to_string();
-            let field = field_of_serde_message(&message).unwrap_or_else(|| "(document)".into());
-            Error::invalid(WHAT, field, message)
-        })?;
+        let profile: Self = crate::json::from_value(WHAT, value)?;
         profile.validate()?;
         Ok(profile)
     }
@@ -236,13 +244,29 @@ impl Profile {
         self.budget.validate()?;
         self.space.validate()?;
         for (i, probe) in self.trials.iter().enumerate() {
-            probe
-                .request
-                .knobs
-                .validate(WHAT, &format!("probes[{i}].request.knobs."))?;
+            let at = format!("probes[{i}].");
+            probe.validate(WHAT, &at)?;
+            crate::spec::limits::check_knobs(
+                &self.model,
+                &probe.request.knobs,
+                WHAT,
+                &format!("{at}request.knobs."),
+            )?;
         }
         if let Some(chosen) = &self.chosen {
             chosen.validate(WHAT, "chosen.")?;
+        }
+        if let Some(recorded) = &self.spec_hash {
+            let now = spec_hash(&self.model, &self.device.target);
+            if *recorded != now {
+                return Err(Error::invalid(
+                    WHAT,
+                    "spec_hash",
+                    format!(
+                        "is {recorded}, but the profile's model and device spec hash to {now}: they were edited after the trials were recorded, which then measured another setup; record the profile again"
+                    ),
+                ));
+            }
         }
         let has_gpu = self.device.target.kind == DeviceKind::Cuda;
         if self.budget.gpu_bytes.is_some() != has_gpu {
@@ -253,6 +277,42 @@ impl Profile {
             ));
         }
         Ok(())
+    }
+
+    /// Why `other`'s trials do not measure what this profile's do, if they do not: another
+    /// model spec (the fields that differ are named) or another target device.
+    pub fn setup_differs(&self, other: &Profile) -> Option<String> {
+        if spec_hash(&self.model, &self.device.target)
+            == spec_hash(&other.model, &other.device.target)
+        {
+            return None;
+        }
+        if self.model != other.model {
+            let (a, b) = (
+                serde_json::to_value(&self.model).unwrap_or_default(),
+                serde_json::to_value(&other.model).unwrap_or_default(),
+            );
+            let fields: Vec<String> = a
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(k, v)| b.get(k.as_str()) != Some(v))
+                .map(|(k, v)| {
+                    format!(
+                        "{k} {v} vs {}",
+                        b.get(k.as_str()).unwrap_or(&serde_json::Value::Null)
+                    )
+                })
+                .collect();
+            return Some(format!(
+                "it was recorded for another model spec ({})",
+                fields.join(", ")
+            ));
+        }
+        Some(format!(
+            "it was recorded for another target device (`{}` vs `{}`)",
+            self.device.target.name, other.device.target.name
+        ))
     }
 
     /// The profile as pretty-printed JSON.

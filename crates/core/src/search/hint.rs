@@ -67,6 +67,10 @@ fn facts(driver: &SearchDriver, sorted: &SortedHistory<'_>) -> (Vec<String>, Sho
                 shortage.crashed = true;
                 format!("crashed ({reason})")
             }
+            Outcome::TimedOut { after_s } => {
+                shortage.crashed = true;
+                format!("did not finish within its {after_s:.0} s time limit")
+            }
             Outcome::Fits(m) => match budget.exceeded(m) {
                 Some(kind) => {
                     shortage.over_headroom = shortage.over_headroom.or(Some(kind));

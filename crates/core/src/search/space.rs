@@ -439,6 +439,45 @@ impl SearchSpace {
         if self.max_micro_batch == 0 {
             return bad("max_micro_batch", "must be at least 1".into());
         }
+        // Bounded so that the candidates (up to `max_micro_batch` of them) stay a small list.
+        let bounds = [
+            (
+                "max_micro_batch",
+                self.max_micro_batch,
+                crate::knobs::MAX_MICRO_BATCH,
+            ),
+            (
+                "global_batch",
+                self.global_batch.unwrap_or(0),
+                crate::spec::limits::MAX_GLOBAL_BATCH,
+            ),
+            (
+                "warmup_steps",
+                self.warmup_steps,
+                crate::trial::MAX_TRIAL_STEPS,
+            ),
+            (
+                "timed_steps",
+                self.timed_steps,
+                crate::trial::MAX_TRIAL_STEPS,
+            ),
+            (
+                "verify_timed_steps",
+                self.verify_timed_steps,
+                crate::trial::MAX_TRIAL_STEPS,
+            ),
+        ];
+        for (field, value, max) in bounds {
+            if value > max {
+                return bad(field, format!("({value}) must be at most {max}"));
+            }
+        }
+        if !(self.saturation_gain.is_finite() && self.saturation_gain >= 0.0) {
+            return bad(
+                "saturation_gain",
+                format!("({}) must be a fraction, at least 0", self.saturation_gain),
+            );
+        }
         if !(1..=self.max_micro_batch).contains(&self.start_micro_batch) {
             return bad(
                 "start_micro_batch",
@@ -879,6 +918,38 @@ mod tests {
             }),
             "max_probes"
         );
+        for (huge, expected) in [
+            (
+                SearchSpace {
+                    max_micro_batch: 1 << 30,
+                    ..space()
+                },
+                "max_micro_batch",
+            ),
+            (
+                SearchSpace {
+                    global_batch: Some(usize::MAX),
+                    ..space()
+                },
+                "global_batch",
+            ),
+            (
+                SearchSpace {
+                    timed_steps: usize::MAX,
+                    ..space()
+                },
+                "timed_steps",
+            ),
+            (
+                SearchSpace {
+                    saturation_gain: f64::NAN,
+                    ..space()
+                },
+                "saturation_gain",
+            ),
+        ] {
+            assert_eq!(field(huge), expected);
+        }
     }
 
     #[test]

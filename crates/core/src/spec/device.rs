@@ -122,11 +122,7 @@ impl DeviceSpec {
 
     /// Parses and validates a JSON profile.
     pub fn from_json(text: &str) -> Result<Self> {
-        let profile: Self = serde_json::from_str(text).map_err(|e| {
-            let message = e.to_string();
-            let field = field_of_serde_message(&message).unwrap_or_else(|| "(document)".into());
-            Error::invalid(WHAT, field, message)
-        })?;
+        let profile: Self = crate::json::from_str(WHAT, text)?;
         profile.validate()?;
         Ok(profile)
     }
@@ -157,6 +153,13 @@ impl DeviceSpec {
         }
         match (self.kind, self.gpu_count) {
             (_, 0) => return bad("gpu_count", "must be at least 1 (leave it out for one GPU)"),
+            (_, n) if n > crate::knobs::MAX_DATA_PARALLEL => {
+                return Err(Error::invalid(
+                    WHAT,
+                    "gpu_count",
+                    format!("({n}) must be at most {}", crate::knobs::MAX_DATA_PARALLEL),
+                ))
+            }
             (DeviceKind::Cpu, n) if n > 1 => {
                 return bad(
                     "gpu_count",
@@ -175,21 +178,6 @@ impl DeviceSpec {
         }
         Ok(())
     }
-}
-
-/// serde names the field in messages like "unknown field `x`" or "missing field `x`"; other
-/// messages ("unknown variant `tpu`", wrong types) quote a value, not a field, so the caller
-/// falls back to "(document)" and the message itself says what is wrong.
-pub(crate) fn field_of_serde_message(message: &str) -> Option<String> {
-    let names_a_field = ["unknown field", "missing field", "duplicate field"]
-        .iter()
-        .any(|p| message.starts_with(p));
-    if !names_a_field {
-        return None;
-    }
-    let start = message.find('`')? + 1;
-    let len = message[start..].find('`')?;
-    Some(message[start..start + len].to_string())
 }
 
 #[cfg(test)]

@@ -4,5 +4,6 @@
 pub mod activations;
 pub mod budget;
 pub mod device;
+pub mod limits;
 pub mod model;
 pub mod state;

@@ -8,7 +8,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::spec::device::field_of_serde_message;
+use crate::json;
+use crate::spec::limits::{self, MAX_DIMENSION, MAX_LAYERS, MAX_PARAMETERS, MAX_TENSOR_BYTES};
 use crate::{Error, Result};
 
 /// Where layer normalisation sits in a block.
@@ -136,6 +137,8 @@ pub struct ModelSpec {
     pub optimizer: OptimizerSpec,
 }
 
+const WHAT: &str = "model spec";
+
 /// The names accepted by [`ModelSpec::preset`].
 pub const PRESETS: [&str; 6] = ["tiny", "seed", "gpt-124m", "gpt-350m", "gpt-1.3b", "gpt-2b"];
 
@@ -242,16 +245,15 @@ impl ModelSpec {
 
     /// Parses and validates a JSON spec (see [`ModelSpec::from_file`]).
     pub fn from_json(text: &str) -> Result<Self> {
-        let mut value: serde_json::Value = serde_json::from_str(text)
-            .map_err(|e| Error::invalid("model spec", "(document)", e.to_string()))?;
+        let mut value = json::parse_value(WHAT, text)?;
         let object = value
             .as_object_mut()
-            .ok_or_else(|| Error::invalid("model spec", "(document)", "must be a JSON object"))?;
+            .ok_or_else(|| Error::invalid(WHAT, json::DOCUMENT, "must be a JSON object"))?;
         let spec_value = match object.remove("preset") {
             Some(preset) => {
                 let name = preset
                     .as_str()
-                    .ok_or_else(|| Error::invalid("model spec", "preset", "must be a string"))?;
+                    .ok_or_else(|| Error::invalid(WHAT, "preset", "must be a string"))?;
                 let mut base =
                     serde_json::to_value(Self::preset(name)?).expect("a spec always serialises");
                 merge(&mut base, value);
@@ -259,30 +261,30 @@ impl ModelSpec {
             }
             None => value,
         };
-        let spec: Self = serde_json::from_value(spec_value).map_err(|e| {
-            let message = e.to_string();
-            let field = field_of_serde_message(&message).unwrap_or_else(|| "(document)".into());
-            Error::invalid("model spec", field, message)
-        })?;
+        let spec: Self = json::from_value(WHAT, spec_value)?;
         spec.validate()?;
         Ok(spec)
     }
 
     /// Checks that the numbers describe a model that can be built.
     pub fn validate(&self) -> Result<()> {
-        let bad = |field: &str, problem: String| Err(Error::invalid("model spec", field, problem));
-        for (field, value) in [
-            ("vocab_size", self.vocab_size),
-            ("d_model", self.d_model),
-            ("n_heads", self.n_heads),
-            ("n_layers", self.n_layers),
-            ("d_ff", self.d_ff),
-            ("seq_len", self.seq_len),
+        let bad = |field: &str, problem: String| Err(Error::invalid(WHAT, field, problem));
+        for (field, value, max) in [
+            ("vocab_size", self.vocab_size, MAX_DIMENSION),
+            ("d_model", self.d_model, MAX_DIMENSION),
+            ("n_heads", self.n_heads, MAX_DIMENSION),
+            ("n_layers", self.n_layers, MAX_LAYERS),
+            ("d_ff", self.d_ff, MAX_DIMENSION),
+            ("seq_len", self.seq_len, MAX_DIMENSION),
         ] {
             if value == 0 {
                 return bad(field, "must be at least 1".into());
             }
+            if value > max {
+                return bad(field, format!("({value}) must be at most {max}"));
+            }
         }
+        self.validate_sizes()?;
         if self.d_model % self.n_heads != 0 {
             return bad(
                 "n_heads",
@@ -299,8 +301,8 @@ impl ModelSpec {
         }
         // Written as `is_positive` so that NaN is rejected too.
         let is_positive = |x: f64| x > 0.0;
-        if !is_positive(self.norm_eps) {
-            return bad("norm_eps", "must be positive".into());
+        if !(is_positive(self.norm_eps) && self.norm_eps.is_finite()) {
+            return bad("norm_eps", "must be a positive number".into());
         }
         let o = &self.optimizer;
         if !(o.lr > 0.0 && o.lr.is_finite()) {
@@ -311,10 +313,10 @@ impl ModelSpec {
                 return bad(field, format!("({beta}) must be in [0, 1)"));
             }
         }
-        if !is_positive(o.eps) {
-            return bad("optimizer.eps", "must be positive".into());
+        if !(is_positive(o.eps) && o.eps.is_finite()) {
+            return bad("optimizer.eps", "must be a positive number".into());
         }
-        if o.weight_decay.is_nan() || o.weight_decay < 0.0 {
+        if !(o.weight_decay.is_finite() && o.weight_decay >= 0.0) {
             return bad(
                 "optimizer.weight_decay",
                 format!("({}) must be zero or positive", o.weight_decay),
@@ -331,15 +333,76 @@ impl ModelSpec {
         Ok(())
     }
 
+    /// The largest tensors the model builds, each within [`MAX_TENSOR_BYTES`], and its
+    /// parameter count within [`MAX_PARAMETERS`]: a model no machine could allocate is an input
+    /// error naming the field that makes it so, not an abort halfway through building it.
+    fn validate_sizes(&self) -> Result<()> {
+        let n = |x: usize| x as u64;
+        let activation_width = n(self.vocab_size)
+            .max(n(self.d_ff))
+            .max(3 * n(self.d_model));
+        // Every product has factors of at most 2^24, so none overflows.
+        let tensors = [
+            (
+                "vocab_size",
+                n(self.vocab_size) * n(self.d_model),
+                "the embedding table",
+            ),
+            (
+                "d_ff",
+                n(self.d_ff) * n(self.d_model),
+                "a feed-forward weight",
+            ),
+            (
+                "d_model",
+                3 * n(self.d_model) * n(self.d_model),
+                "the attention projections",
+            ),
+            (
+                "seq_len",
+                n(self.seq_len) * activation_width,
+                "one sequence's widest activation",
+            ),
+        ];
+        for (field, elements, what) in tensors {
+            let bytes = elements.saturating_mul(4);
+            if bytes > MAX_TENSOR_BYTES {
+                return Err(Error::invalid(
+                    WHAT,
+                    field,
+                    format!(
+                        "makes {what} {} (f32), over the {} a single tensor may take; make it smaller",
+                        crate::spec::budget::format_bytes(bytes),
+                        crate::spec::budget::format_bytes(MAX_TENSOR_BYTES)
+                    ),
+                ));
+            }
+        }
+        match limits::parameter_count(self) {
+            Some(p) if p <= MAX_PARAMETERS => Ok(()),
+            count => Err(Error::invalid(
+                WHAT,
+                "n_layers",
+                format!(
+                    "({}) makes {} parameters, over the {MAX_PARAMETERS} a model may have; use fewer or narrower layers",
+                    self.n_layers,
+                    count.map_or("more than 2^64".to_string(), |p| p.to_string())
+                ),
+            )),
+        }
+    }
+
     /// Width of one attention head.
     pub fn head_dim(&self) -> usize {
         self.d_model / self.n_heads
     }
 
-    /// Trainable parameters, counted from the shapes the model builds.
+    /// Trainable parameters, counted from the shapes the model builds (saturating for a spec
+    /// that [`ModelSpec::validate`] refuses).
     pub fn parameter_count(&self) -> usize {
-        let g = self.parameter_groups();
-        g.embeddings + self.n_layers * g.block + g.head
+        limits::parameter_count(self)
+            .and_then(|p| usize::try_from(p).ok())
+            .unwrap_or(usize::MAX)
     }
 
     /// The parameters by the parts of the model whose gradients a backward pass completes
@@ -426,6 +489,52 @@ mod tests {
     use super::*;
 
     #[test]
+    fn sizes_no_machine_could_allocate_are_refused_naming_the_field() {
+        let field = |json: &str| match ModelSpec::from_json(json) {
+            Err(Error::InvalidSpec { field, problem, .. }) => (field, problem),
+            other => panic!("expected an invalid spec, got {other:?}"),
+        };
+        for (json, expected) in [
+            (r#"{"preset": "tiny", "d_model": 2147483648}"#, "d_model"),
+            (
+                r#"{"preset": "tiny", "d_model": 9223372036854775808}"#,
+                "d_model",
+            ),
+            (
+                r#"{"preset": "tiny", "d_model": 18446744073709551615}"#,
+                "d_model",
+            ),
+            (r#"{"preset": "tiny", "n_layers": 4294967296}"#, "n_layers"),
+            (
+                r#"{"preset": "tiny", "vocab_size": 16777216, "d_model": 16777216, "n_heads": 1}"#,
+                "vocab_size",
+            ),
+            (
+                r#"{"preset": "tiny", "d_model": 65536, "d_ff": 16777216, "n_heads": 1}"#,
+                "d_ff",
+            ),
+            (
+                r#"{"preset": "tiny", "seq_len": 16777216, "vocab_size": 16777216}"#,
+                "seq_len",
+            ),
+            (
+                r#"{"preset": "tiny", "d_model": 262144, "d_ff": 16, "n_heads": 1, "n_layers": 65536}"#,
+                "n_layers",
+            ),
+        ] {
+            assert_eq!(field(json).0, expected, "{json}: {:?}", field(json));
+        }
+        // A large but allocatable model is valid: whether it fits is the search's answer.
+        let big = r#"{"preset": "gpt-1.3b", "d_model": 8192, "n_layers": 40, "d_ff": 32768}"#;
+        let spec = ModelSpec::from_json(big).unwrap();
+        assert!(
+            spec.parameter_count() > 30_000_000_000,
+            "{}",
+            spec.parameter_count()
+        );
+    }
+
+    #[test]
     fn presets_are_valid_and_sized_as_named() {
         for name in PRESETS {
             let spec = ModelSpec::preset(name).unwrap();
@@ -483,6 +592,11 @@ mod tests {
         assert_eq!(field(r#"{"preset": "seed", "n_layer": 3}"#), "n_layer");
         assert_eq!(field(r#"{"preset": "seed", "dropout": 1.5}"#), "dropout");
         assert_eq!(field(r#"{"name": "x"}"#), "vocab_size");
+        assert_eq!(
+            field(r#"{"preset": "seed", "optimizer": {"lr": "fast"}}"#),
+            "optimizer.lr"
+        );
+        assert_eq!(field(r#"{"preset": "seed", "dropout": "0.1"}"#), "dropout");
         assert!(matches!(
             ModelSpec::from_json(r#"{"preset": "gpt-7b"}"#),
             Err(Error::UnknownName { .. })

@@ -89,7 +89,7 @@ fn unknown_and_invalid_fields_are_named() {
     value["predicted"]["peak_gpu"] = 1.into();
     assert_eq!(
         field_of(Plan::from_json(&value.to_string()).unwrap_err()),
-        "peak_gpu"
+        "predicted.peak_gpu"
     );
 
     let mut value = serde_json::to_value(&plan).unwrap();

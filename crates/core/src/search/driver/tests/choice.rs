@@ -134,27 +134,33 @@ fn no_feasible_setting_gets_a_hint() {
 }
 
 #[test]
-fn crashed_trials_are_infeasible_micro_batches() {
-    let b = budget(10 * GIB, 0.05);
-    let driver = SearchDriver::new(space(vec![bf16()], 1024), b).unwrap();
-    let sim = Simulator::with_budget(
-        &b,
-        1024,
-        vec![laws(bf16(), (1024.0, 37.0, 0.0), (0.01, 0.002))],
-    );
-    let mut probe = |r: &TrialRequest| {
-        let mut result = sim.answer(r);
-        if r.knobs.micro_batch == 64 {
-            result.outcome = Outcome::Crashed {
-                reason: "illegal address".into(),
-            };
-        }
-        Ok(result)
-    };
-    let outcome = run_search(&driver, &mut probe, &NoReporter).unwrap();
-    check_invariants(&driver, &outcome);
-    // Feasibility is taken as monotone: 64 crashed, so the boundary is 63.
-    assert_eq!(outcome.chosen().unwrap().micro_batch, 63);
+fn crashed_and_timed_out_trials_are_infeasible_micro_batches() {
+    let failures = [
+        Outcome::Crashed {
+            reason: "illegal address".into(),
+        },
+        Outcome::TimedOut { after_s: 120.0 },
+    ];
+    for failure in failures {
+        let b = budget(10 * GIB, 0.05);
+        let driver = SearchDriver::new(space(vec![bf16()], 1024), b).unwrap();
+        let sim = Simulator::with_budget(
+            &b,
+            1024,
+            vec![laws(bf16(), (1024.0, 37.0, 0.0), (0.01, 0.002))],
+        );
+        let mut probe = |r: &TrialRequest| {
+            let mut result = sim.answer(r);
+            if r.knobs.micro_batch == 64 {
+                result.outcome = failure.clone();
+            }
+            Ok(result)
+        };
+        let outcome = run_search(&driver, &mut probe, &NoReporter).unwrap();
+        check_invariants(&driver, &outcome);
+        // Feasibility is taken as monotone: 64 failed, so the boundary is 63.
+        assert_eq!(outcome.chosen().unwrap().micro_batch, 63, "{failure:?}");
+    }
 }
 
 #[test]

@@ -1,0 +1,573 @@
+//! Fuzzing every JSON reader (model spec, device spec, plan, recorded profile, checkpoint
+//! state) and the numeric command-line inputs: whatever the input, the answer is exit 0, 1 or
+//! 2 within the case's time limit, never a panic (101), an abort (134) or a hang.
+//!
+//! `every_reader_and_flag_ends_in_an_answer` is the bounded run of `cargo test`: the readers
+//! in this process (a panic fails the property) and a few cases through the binary. The long
+//! run is ignored by default:
+//!
+//! ```sh
+//! AUTOTUNE_FUZZ_CASES=10000 AUTOTUNE_FUZZ_SUMMARY=summary.json \
+//!     cargo test --locked --test it fuzz::long_run -- --ignored --nocapture
+//! ```
+//!
+//! It runs every case through the binary (built with the test profile, so arithmetic overflow
+//! panics instead of wrapping) and writes the case count and the outcomes per input kind to
+//! the summary; it fails if any case ended otherwise than in 0, 1 or 2 within its limit.
+
+mod mutate;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+use serde_json::Value;
+
+use mutate::{FlagKind, Mutation};
+
+use crate::util::{autotune_in, stderr};
+
+/// A model small enough that its trials and steps take milliseconds.
+const SMALL: &str = r#"{"name": "fuzz", "vocab_size": 32, "d_model": 16, "n_heads": 2, "n_layers": 1,
+  "d_ff": 32, "seq_len": 8, "causal": true, "norm": "pre", "activation": "gelu",
+  "positions": "learned", "dropout": 0.0, "norm_eps": 1e-5,
+  "optimizer": {"kind": "adamw", "lr": 0.003, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1}}"#;
+
+/// A CPU target with 4 GiB of host memory.
+const DEVICE: &str = r#"{"name": "fuzz-cpu", "kind": "cpu", "gpu_memory_bytes": null, "gpu_count": 1,
+  "host_memory_bytes": 4294967296, "host_to_device_gbps": null, "notes": "fuzz"}"#;
+
+/// How long one case may take before it counts as a hang.
+const CASE_LIMIT: Duration = Duration::from_secs(120);
+
+/// The tune flags that keep a live search to a few short trials, each stopped after 10 s.
+const SHORT_TUNE: [(&str, &str); 6] = [
+    ("--isolation", "child"),
+    ("--trial-timeout", "10"),
+    ("--max-trials", "2"),
+    ("--max-micro-batch", "2"),
+    ("--timed-steps", "1"),
+    ("--warmup-steps", "0"),
+];
+
+/// Valid documents of every kind, and a checkpoint to resume, made once.
+struct Fixtures {
+    dir: tempfile::TempDir,
+    plan: Value,
+    profile: Value,
+    state: Value,
+}
+
+impl Fixtures {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("small.json"), SMALL).unwrap();
+        std::fs::write(d.join("device.json"), DEVICE).unwrap();
+        let mut tune = vec!["tune", "--model", "small.json", "--device", "device.json"];
+        for (flag, value) in SHORT_TUNE {
+            tune.extend([flag, value]);
+        }
+        tune.extend(["--out", "plan.json", "--record", "profile.json"]);
+        let out = autotune_in(d, &tune);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let train = [
+            "train",
+            "--model",
+            "small.json",
+            "--micro-batch",
+            "2",
+            "--data",
+            "pattern",
+            "--steps",
+            "2",
+            "--checkpoint-dir",
+            "base-ck",
+        ];
+        let out = autotune_in(d, &train);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let read = |path: &str| -> Value {
+            serde_json::from_str(&std::fs::read_to_string(d.join(path)).unwrap()).unwrap()
+        };
+        Self {
+            plan: read("plan.json"),
+            profile: read("profile.json"),
+            state: read("base-ck/step-000002/state.json"),
+            dir,
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// What a case feeds autotune.
+#[derive(Debug, Clone)]
+enum Case {
+    /// A mutated document of one kind.
+    Document(Reader, Vec<Mutation>),
+    /// One numeric flag of one command set to a value.
+    Flag(usize, String),
+}
+
+/// The JSON readers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Reader {
+    ModelSpec,
+    DeviceSpec,
+    Plan,
+    Profile,
+    CheckpointState,
+}
+
+/// Every numeric flag: the command, the flag, how its valid values can run.
+const FLAGS: [(&str, &str, FlagKind); 25] = [
+    ("train", "--micro-batch", FlagKind::Batch),
+    ("train", "--grad-accum", FlagKind::Batch),
+    ("train", "--steps", FlagKind::Steps),
+    ("train", "--checkpoint-every", FlagKind::Any),
+    ("train", "--eval-every", FlagKind::Any),
+    ("train", "--seed", FlagKind::Any),
+    ("train", "--keep-last", FlagKind::Any),
+    ("train", "--data-parallel", FlagKind::Ranks),
+    ("tune", "--max-micro-batch", FlagKind::Any),
+    ("tune", "--global-batch", FlagKind::Any),
+    ("tune", "--max-trials", FlagKind::Any),
+    ("tune", "--warmup-steps", FlagKind::Any),
+    ("tune", "--timed-steps", FlagKind::Any),
+    ("tune", "--saturation-gain", FlagKind::Any),
+    ("tune", "--headroom", FlagKind::Any),
+    ("tune", "--data-parallel", FlagKind::Any),
+    ("tune", "--trial-timeout", FlagKind::Any),
+    ("probe", "--micro-batch", FlagKind::Batch),
+    ("probe", "--grad-accum", FlagKind::Batch),
+    ("probe", "--steps", FlagKind::Steps),
+    ("probe", "--host-budget", FlagKind::Any),
+    ("probe", "--gpu-capacity", FlagKind::Any),
+    ("export", "--world-size", FlagKind::Any),
+    ("check", "--time-tolerance", FlagKind::Any),
+    ("check", "--memory-tolerance", FlagKind::Any),
+];
+
+fn case() -> impl Strategy<Value = Case> {
+    let reader = prop::sample::select(vec![
+        Reader::ModelSpec,
+        Reader::DeviceSpec,
+        Reader::Plan,
+        Reader::Profile,
+        Reader::CheckpointState,
+    ]);
+    let flag = (0..FLAGS.len())
+        .prop_flat_map(|i| mutate::flag_value(FLAGS[i].2).prop_map(move |v| Case::Flag(i, v)));
+    prop_oneof![
+        5 => (reader, mutate::mutations()).prop_map(|(r, m)| Case::Document(r, m)),
+        2 => flag,
+    ]
+}
+
+impl Case {
+    /// The kind of input, for the summary.
+    fn kind(&self) -> String {
+        match self {
+            Case::Document(reader, _) => format!("{reader:?}"),
+            Case::Flag(i, _) => format!("{} {}", FLAGS[*i].0, FLAGS[*i].1),
+        }
+    }
+
+    /// Writes the case's files into `dir` and returns the arguments that feed them.
+    fn prepare(&self, fx: &Fixtures, dir: &Path) -> Vec<String> {
+        let base = fx.path().display().to_string();
+        let small = format!("{base}/small.json");
+        let device = format!("{base}/device.json");
+        let plan = format!("{base}/plan.json");
+        let profile = format!("{base}/profile.json");
+        let short_tune = || {
+            SHORT_TUNE
+                .iter()
+                .flat_map(|(f, v)| [f.to_string(), v.to_string()])
+                .collect::<Vec<_>>()
+        };
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<String>>();
+        match self {
+            Case::Document(reader, mutations) => {
+                let base_doc = match reader {
+                    Reader::ModelSpec => serde_json::from_str(SMALL).unwrap(),
+                    Reader::DeviceSpec => serde_json::from_str(DEVICE).unwrap(),
+                    Reader::Plan => fx.plan.clone(),
+                    Reader::Profile => fx.profile.clone(),
+                    Reader::CheckpointState => fx.state.clone(),
+                };
+                let text = mutate::apply(&base_doc, mutations);
+                match reader {
+                    Reader::ModelSpec => {
+                        std::fs::write(dir.join("doc.json"), text).unwrap();
+                        let mut a = args(&["tune", "--model", "doc.json", "--device", &device]);
+                        a.extend(short_tune());
+                        a
+                    }
+                    Reader::DeviceSpec => {
+                        std::fs::write(dir.join("doc.json"), text).unwrap();
+                        let mut a = args(&["tune", "--model", &small, "--device", "doc.json"]);
+                        a.extend(short_tune());
+                        a
+                    }
+                    Reader::Plan => {
+                        std::fs::write(dir.join("doc.json"), text).unwrap();
+                        args(&["export", "--plan", "doc.json", "--format", "deepspeed"])
+                    }
+                    Reader::Profile => {
+                        std::fs::write(dir.join("doc.json"), text).unwrap();
+                        // Half replay a search from it, half compare it with the good one.
+                        if mutations.len() % 2 == 0 {
+                            args(&["tune", "--backend", "replay:doc.json"])
+                        } else {
+                            args(&[
+                                "check",
+                                "--profile",
+                                "doc.json",
+                                "--backend",
+                                &format!("replay:{profile}"),
+                            ])
+                        }
+                    }
+                    Reader::CheckpointState => {
+                        let ck = dir.join("ck");
+                        copy_dir(&fx.path().join("base-ck"), &ck);
+                        let step = ck.join("step-000002");
+                        std::fs::write(step.join("state.json"), text).unwrap();
+                        // A well-sealed wrong state reaches the reader; a broken seal is
+                        // refused before it.
+                        if mutations.len() != 2 {
+                            let names =
+                                ["model.safetensors", "optimizer.safetensors", "state.json"];
+                            autotune::train::checkpoint::manifest::Manifest::of(&step, &names)
+                                .unwrap()
+                                .write(&step)
+                                .unwrap();
+                        }
+                        args(&[
+                            "train",
+                            "--model",
+                            &small,
+                            "--micro-batch",
+                            "2",
+                            "--data",
+                            "pattern",
+                            "--steps",
+                            "3",
+                            "--checkpoint-dir",
+                            "ck",
+                            "--resume",
+                        ])
+                    }
+                }
+            }
+            Case::Flag(i, value) => {
+                let (command, flag, _) = FLAGS[*i];
+                let setting = format!("{flag}={value}");
+                let mut a = match command {
+                    "train" => {
+                        let mut a = args(&[
+                            "train",
+                            "--model",
+                            &small,
+                            "--data",
+                            "pattern",
+                            "--checkpoint-dir",
+                            "ck",
+                            "--device",
+                            "cpu",
+                        ]);
+                        for (f, v) in [("--steps", "2"), ("--micro-batch", "2")] {
+                            if f != flag {
+                                a.extend(args(&[f, v]));
+                            }
+                        }
+                        a
+                    }
+                    "tune" => {
+                        let mut a = args(&["tune", "--model", &small, "--device", &device]);
+                        for (f, v) in SHORT_TUNE {
+                            if f != flag {
+                                a.extend(args(&[f, v]));
+                            }
+                        }
+                        a
+                    }
+                    "probe" => {
+                        let mut a = args(&[
+                            "probe", "--model", &small, "--device", "cpu", "--warmup", "0",
+                        ]);
+                        if flag != "--steps" {
+                            a.extend(args(&["--steps", "1"]));
+                        }
+                        a
+                    }
+                    "export" => args(&["export", "--plan", &plan, "--format", "deepspeed"]),
+                    _ => args(&[
+                        "check",
+                        "--profile",
+                        &profile,
+                        "--backend",
+                        &format!("replay:{profile}"),
+                    ]),
+                };
+                a.push(setting);
+                a
+            }
+        }
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.path().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// How a case ended.
+#[derive(Debug, Clone)]
+struct Ended {
+    /// The exit code, or `None` for a signal or a hang.
+    code: Option<i32>,
+    hung: bool,
+    seconds: f64,
+    /// The last lines of stderr, for the report of a bad ending.
+    last_words: String,
+}
+
+impl Ended {
+    fn is_an_answer(&self) -> bool {
+        !self.hung && matches!(self.code, Some(0..=2))
+    }
+
+    fn label(&self) -> String {
+        match (self.hung, self.code) {
+            (true, _) => "hang".into(),
+            (false, Some(code)) => format!("exit {code}"),
+            (false, None) => "signal".into(),
+        }
+    }
+}
+
+/// Runs the binary in `dir` with `args`, killed after `limit`.
+fn run(dir: &Path, args: &[String], limit: Duration) -> Ended {
+    let started = Instant::now();
+    let child = Command::new(env!("CARGO_BIN_EXE_autotune"))
+        .current_dir(dir)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary starts");
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let (output, hung) = match rx.recv_timeout(limit) {
+        Ok(output) => (output.ok(), false),
+        Err(_) => {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+            (rx.recv().ok().and_then(Result::ok), true)
+        }
+    };
+    let _ = waiter.join();
+    let last_words = output
+        .as_ref()
+        .map(|o| {
+            let text = String::from_utf8_lossy(&o.stderr);
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(4)..].join("\n")
+        })
+        .unwrap_or_default();
+    Ended {
+        code: output.and_then(|o| o.status.code()),
+        hung,
+        seconds: started.elapsed().as_secs_f64(),
+        last_words,
+    }
+}
+
+/// What a fuzz run found.
+struct Found {
+    /// Per input kind, how many cases ended how.
+    outcomes: BTreeMap<String, BTreeMap<String, usize>>,
+    /// Every case that did not end in an answer.
+    bad: Vec<String>,
+    slowest_s: f64,
+}
+
+/// Generates `cases` cases from a fixed seed and runs each through the binary, `parallel` at a
+/// time.
+fn fuzz_binary(cases: usize, seed: u8, parallel: usize) -> Found {
+    let fx = Fixtures::new();
+    let mut runner = TestRunner::new_with_rng(
+        Config::default(),
+        TestRng::from_seed(RngAlgorithm::ChaCha, &[seed; 32]),
+    );
+    let strategy = case();
+    let all: Vec<Case> = (0..cases)
+        .map(|_| strategy.new_tree(&mut runner).expect("a case").current())
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let found = std::sync::Mutex::new(Found {
+        outcomes: BTreeMap::new(),
+        bad: Vec::new(),
+        slowest_s: 0.0,
+    });
+    std::thread::scope(|scope| {
+        for _ in 0..parallel.max(1) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let Some(case) = all.get(i) else { break };
+                let dir = tempfile::tempdir().unwrap();
+                let args = case.prepare(&fx, dir.path());
+                let ended = run(dir.path(), &args, CASE_LIMIT);
+                let mut found = found.lock().unwrap();
+                found.slowest_s = found.slowest_s.max(ended.seconds);
+                *found
+                    .outcomes
+                    .entry(case.kind())
+                    .or_default()
+                    .entry(ended.label())
+                    .or_default() += 1;
+                if !ended.is_an_answer() {
+                    found.bad.push(format!(
+                        "case {i}: {case:?}\n  args {args:?}\n  {} after {:.1} s\n  {}",
+                        ended.label(),
+                        ended.seconds,
+                        ended.last_words
+                    ));
+                }
+            });
+        }
+    });
+    found.into_inner().unwrap()
+}
+
+/// The readers in this process: a panic anywhere fails the property.
+fn read_in_process(reader: Reader, text: &str) {
+    match reader {
+        Reader::ModelSpec => {
+            if let Ok(spec) = autotune::ModelSpec::from_json(text) {
+                let _ = autotune::spec::limits::state_bytes(&spec);
+                let _ = spec.parameter_count();
+            }
+        }
+        Reader::DeviceSpec => {
+            if let Ok(device) = autotune::spec::device::DeviceSpec::from_json(text) {
+                let _ = autotune::spec::budget::Budget::from_device(&device).usable_host_bytes();
+            }
+        }
+        Reader::Plan => {
+            if let Ok(plan) = autotune::plan::Plan::from_json(text) {
+                let _ = autotune::plan::exports::deepspeed_config(&plan.knobs, 1 << 20);
+                let _ = autotune::plan::exports::trainer_args(&plan.knobs);
+            }
+        }
+        Reader::Profile => {
+            if let Ok(profile) = autotune::profile::record::Profile::from_json(text) {
+                let report = autotune::profile::check::check(
+                    &profile,
+                    &profile.trials,
+                    autotune::profile::check::Tolerance::default(),
+                );
+                let _ = report.passed();
+            }
+        }
+        Reader::CheckpointState => {
+            let _ = autotune::train::checkpoint::RunState::from_json(text);
+        }
+    }
+}
+
+#[test]
+fn every_reader_and_flag_ends_in_an_answer() {
+    let fx = Fixtures::new();
+    let bases = [
+        (
+            Reader::ModelSpec,
+            serde_json::from_str::<Value>(SMALL).unwrap(),
+        ),
+        (Reader::DeviceSpec, serde_json::from_str(DEVICE).unwrap()),
+        (Reader::Plan, fx.plan.clone()),
+        (Reader::Profile, fx.profile.clone()),
+        (Reader::CheckpointState, fx.state.clone()),
+    ];
+    let mut runner = TestRunner::new(Config {
+        cases: 64,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    for (reader, base) in bases {
+        runner
+            .run(&mutate::mutations(), |m| {
+                let text = mutate::apply(&base, &m);
+                read_in_process(reader, &String::from_utf8_lossy(&text));
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("{reader:?}: {e}"));
+    }
+    drop(fx);
+    let found = fuzz_binary(100, 7, 1);
+    assert!(
+        found.bad.is_empty(),
+        "{:?}\n{}",
+        found.outcomes,
+        found.bad.join("\n")
+    );
+}
+
+#[test]
+#[ignore = "the long fuzz run: minutes; see the module docs for the command"]
+fn long_run() {
+    let cases: usize = std::env::var("AUTOTUNE_FUZZ_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(10_000);
+    let parallel: usize = std::env::var("AUTOTUNE_FUZZ_PARALLEL")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(2);
+    let started = Instant::now();
+    let found = fuzz_binary(cases, 42, parallel);
+    let bad = &found.bad;
+    let summary = serde_json::json!({
+        "cases": cases,
+        "seed": 42,
+        "parallel": parallel,
+        "case_limit_s": CASE_LIMIT.as_secs(),
+        "answers": cases - bad.len(),
+        "not_answers": bad.len(),
+        "slowest_case_s": found.slowest_s,
+        "wall_s": started.elapsed().as_secs_f64(),
+        "outcomes": found.outcomes,
+        "failures": bad,
+    });
+    let text = serde_json::to_string_pretty(&summary).unwrap();
+    if let Ok(path) = std::env::var("AUTOTUNE_FUZZ_SUMMARY") {
+        std::fs::write(PathBuf::from(path), format!("{text}\n")).unwrap();
+    }
+    eprintln!("{text}");
+    assert!(
+        bad.is_empty(),
+        "{} of {cases} cases did not end in an answer",
+        bad.len()
+    );
+}
