@@ -11,31 +11,12 @@ benches/results/headline.json (without the folder and commit, which the caller a
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
-GIB = 2**30
-
-
-def lines(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
-    return out
-
-
-def load(path: Path):
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results_io import GIB, lines, load  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
