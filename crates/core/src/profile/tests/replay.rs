@@ -7,6 +7,24 @@ use crate::plan::Plan;
 use crate::profile::replay::{Answer, ReplayProber};
 use crate::trial::{MemoryKind, Outcome, TrialRequest};
 
+/// Runs `driver`'s search with every trial answered by replaying `profile`: the outcome, and
+/// how each trial was answered.
+fn replay_search(driver: &SearchDriver, profile: Profile) -> (SearchOutcome, Vec<Answer>) {
+    let mut replay = ReplayProber::new(profile);
+    let mut answers = Vec::new();
+    let outcome = run_search(
+        driver,
+        &mut |r: &TrialRequest| {
+            let replayed = replay.replay(r);
+            answers.push(replayed.answer);
+            Ok(replayed.result)
+        },
+        &NoReporter,
+    )
+    .unwrap();
+    (outcome, answers)
+}
+
 #[test]
 fn replaying_a_recording_yields_the_recorded_plan() {
     for space in spaces() {
@@ -17,19 +35,7 @@ fn replaying_a_recording_yields_the_recorded_plan() {
         profile.save(&path).unwrap();
         let loaded = Profile::load(&path).unwrap();
         let fresh = loaded.driver().unwrap();
-        let mut replay = ReplayProber::new(loaded);
-
-        let mut answers = Vec::new();
-        let replayed = run_search(
-            &fresh,
-            &mut |r: &TrialRequest| {
-                let replayed = replay.replay(r);
-                answers.push(replayed.answer);
-                Ok(replayed.result)
-            },
-            &NoReporter,
-        )
-        .unwrap();
+        let (replayed, answers) = replay_search(&fresh, loaded);
         assert_eq!(replayed.decision, outcome.decision, "{space:?}");
         assert!(
             answers.iter().all(|a| *a == Answer::Recorded),
@@ -79,18 +85,7 @@ fn unrecorded_micro_batches_are_predicted_from_the_fits() {
         &NoReporter,
     )
     .unwrap();
-    let mut replay = ReplayProber::new(profile);
-    let mut answers = Vec::new();
-    let replayed = run_search(
-        &other,
-        &mut |r: &TrialRequest| {
-            let replayed = replay.replay(r);
-            answers.push(replayed.answer);
-            Ok(replayed.result)
-        },
-        &NoReporter,
-    )
-    .unwrap();
+    let (replayed, answers) = replay_search(&other, profile);
     assert!(answers.contains(&Answer::Predicted), "{answers:?}");
     assert_eq!(replayed.decision, direct.decision);
     for (r, d) in replayed.history.iter().zip(&direct.history) {
