@@ -1,7 +1,6 @@
 //! The host optimizer's Adam step (what an offloaded step spends its host time on): bytes per
-//! second over 16M parameters, on one thread and on every core. The loop is bound by memory
-//! bandwidth, not arithmetic: compiling it for AVX2 (tried through run-time dispatch) moved
-//! it by less than this box's noise, so it stays portable code.
+//! second over 16M parameters, on one thread and on every core, in the portable build's lanes
+//! and in the widest this CPU has (see `ops::host_optim::lanes`).
 //!
 //! `cargo bench --bench host_adam`. Each parameter moves 28 bytes: the gradient (2, bf16) and
 //! the master, first and second moments (4 each) read and written, and the bf16 working copy
@@ -12,7 +11,7 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
-use autotune::ops::host_optim::{adam_step, AdamConsts, HostState};
+use autotune::ops::host_optim::{adam_step_on, AdamConsts, HostState, Lanes};
 use autotune::parallel::default_threads;
 use autotune::spec::model::OptimizerSpec;
 
@@ -29,18 +28,21 @@ fn host_adam(c: &mut Criterion) {
     let mut group = c.benchmark_group("host_adam");
     group.sample_size(10);
     group.throughput(Throughput::Bytes(28 * n as u64));
-    for threads in [1, default_threads()] {
-        group.bench_function(BenchmarkId::new("threads", threads), |b| {
-            b.iter(|| {
-                let state = HostState {
-                    master: &mut master,
-                    first: &mut first,
-                    second: &mut second,
-                    grads: &grads,
-                };
-                adam_step(&consts, state, Some(&mut working), threads);
-            })
-        });
+    for lanes in [Lanes::Portable, Lanes::detect()] {
+        for threads in [1, default_threads()] {
+            let id = BenchmarkId::new(format!("{lanes:?}"), format!("{threads} threads"));
+            group.bench_function(id, |b| {
+                b.iter(|| {
+                    let state = HostState {
+                        master: &mut master,
+                        first: &mut first,
+                        second: &mut second,
+                        grads: &grads,
+                    };
+                    adam_step_on(lanes, &consts, state, Some(&mut working), threads);
+                })
+            });
+        }
     }
     group.finish();
 }

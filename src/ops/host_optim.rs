@@ -2,8 +2,12 @@
 //!
 //! Every pass is elementwise, so the buffers are cut into one chunk per core
 //! ([`crate::parallel`]) and each chunk runs on its own scoped thread; no buffer is allocated.
+//! The Adam pass, which an offloaded step spends its host time on, runs on the widest vector
+//! unit the CPU has ([`lanes`]).
 
-use candle_core::WithDType;
+mod lanes;
+
+pub use lanes::{HostFloat, Lanes};
 
 use crate::parallel::{chunk_len, run_parallel};
 use crate::spec::model::{OptimizerKind, OptimizerSpec};
@@ -12,19 +16,15 @@ use crate::spec::model::{OptimizerKind, OptimizerSpec};
 ///
 /// Assigning rather than adding to zero keeps the sum bit-identical to the on-device path,
 /// whose first gradient is taken as is.
-pub fn accumulate<T: WithDType>(dst: &mut [f32], src: &[T], assign: bool, threads: usize) {
+pub fn accumulate<T: HostFloat>(dst: &mut [f32], src: &[T], assign: bool, threads: usize) {
     assert_eq!(dst.len(), src.len(), "gradient length");
     let c = chunk_len(dst.len(), threads);
     run_parallel(dst.chunks_mut(c).zip(src.chunks(c)), |(d, s)| {
-        // bf16, f16 and f32 all convert to f64 and back to f32 exactly.
+        // bf16, f16 and f32 all widen to f32 exactly.
         if assign {
-            d.iter_mut()
-                .zip(s)
-                .for_each(|(d, s)| *d = s.to_f64() as f32);
+            d.iter_mut().zip(s).for_each(|(d, s)| *d = s.to_f32());
         } else {
-            d.iter_mut()
-                .zip(s)
-                .for_each(|(d, s)| *d += s.to_f64() as f32);
+            d.iter_mut().zip(s).for_each(|(d, s)| *d += s.to_f32());
         }
     });
 }
@@ -104,21 +104,6 @@ impl AdamConsts {
     }
 }
 
-/// One Adam step for one element.
-///
-/// Each line mirrors one tensor op of the on-device optimizer (`train::optim::Adam::step`,
-/// which runs above this layer): candle computes a
-/// tensor–scalar op as `x·mul + add` in f32 (so `x · s` is `x·s + 0`, which turns −0 into +0),
-/// and mirroring that keeps the two optimizers bit-identical on the CPU.
-#[inline(always)]
-fn adam_element(c: &AdamConsts, theta: &mut f32, m: &mut f32, v: &mut f32, g: f32) {
-    let m_next = c.first_moment(*theta, *m, g);
-    let v_next = c.second_moment(*theta, *v, g);
-    *theta = c.apply(*theta, m_next, v_next);
-    *m = m_next;
-    *v = v_next;
-}
-
 impl AdamConsts {
     /// The gradient Adam sees: with L2 decay (Adam) `g + wd·θ`.
     #[inline(always)]
@@ -187,13 +172,26 @@ pub struct HostState<'a, G = f32> {
 }
 
 /// Applies one fused Adam step to every element and, when `working` is given, writes the new
-/// weights' half-precision working copy in the same pass.
-pub fn adam_step<T: WithDType, G: WithDType>(
+/// weights' half-precision working copy in the same pass, on the widest lanes the CPU has.
+pub fn adam_step<T: HostFloat, G: HostFloat>(
     c: &AdamConsts,
     state: HostState<'_, G>,
     working: Option<&mut [T]>,
     threads: usize,
 ) {
+    adam_step_on(Lanes::detect(), c, state, working, threads)
+}
+
+/// [`adam_step`] on `lanes`, or on the portable loop where the CPU lacks them: for comparing
+/// the variants, which are bit-identical.
+pub fn adam_step_on<T: HostFloat, G: HostFloat>(
+    lanes: Lanes,
+    c: &AdamConsts,
+    state: HostState<'_, G>,
+    working: Option<&mut [T]>,
+    threads: usize,
+) {
+    let lanes = lanes.or_portable();
     let n = state.master.len();
     assert!(
         state.first.len() == n && state.second.len() == n && state.grads.len() == n,
@@ -201,7 +199,10 @@ pub fn adam_step<T: WithDType, G: WithDType>(
     );
     let len = chunk_len(n, threads);
     let working: Vec<Option<&mut [T]>> = match working {
-        Some(w) => w.chunks_mut(len).map(Some).collect(),
+        Some(w) => {
+            assert_eq!(w.len(), n, "working copies differ in length");
+            w.chunks_mut(len).map(Some).collect()
+        }
         None => (0..n.div_ceil(len)).map(|_| None).collect(),
     };
     let chunks = state
@@ -211,45 +212,18 @@ pub fn adam_step<T: WithDType, G: WithDType>(
         .zip(state.second.chunks_mut(len))
         .zip(state.grads.chunks(len))
         .zip(working);
-    run_parallel(chunks, |((((theta, m), v), g), w)| {
-        for j in 0..theta.len() {
-            adam_element(c, &mut theta[j], &mut m[j], &mut v[j], g[j].to_f64() as f32);
-        }
-        if let Some(w) = w {
-            w.iter_mut()
-                .zip(theta.iter())
-                .for_each(|(w, &x)| *w = to_half(x));
-        }
+    run_parallel(chunks, |((((theta, m), v), g), w)| match w {
+        Some(w) => lanes::adam_chunk::<G, T, _>(lanes, c, theta, m, v, g, w),
+        None => lanes::adam_chunk::<G, T, _>(lanes, c, theta, m, v, g, lanes::Nowhere),
     });
 }
 
 /// Writes the half-precision working copy of `master` into `working`.
-pub fn fill_working<T: WithDType>(master: &[f32], working: &mut [T], threads: usize) {
+pub fn fill_working<T: HostFloat>(master: &[f32], working: &mut [T], threads: usize) {
     let c = chunk_len(master.len(), threads);
     run_parallel(working.chunks_mut(c).zip(master.chunks(c)), |(w, m)| {
-        w.iter_mut().zip(m).for_each(|(w, &x)| *w = to_half(x));
+        w.iter_mut().zip(m).for_each(|(w, &x)| *w = T::from_f32(x));
     });
-}
-
-/// f32 → bf16 or f16, rounded to nearest-even exactly as candle's casts round.
-///
-/// `WithDType` only offers `from_f64`, and `half`'s f64 conversions read just the upper 32 bits
-/// of the f64, which drops an f32's three lowest mantissa bits from the tie-breaking (sticky)
-/// decision. Folding those bits into the lowest bit that is read keeps the decision, so the
-/// result equals the direct f32 conversion for every input, subnormals and overflow included.
-/// An f32 working copy is the master itself (f32 → f64 → f32 is exact).
-#[inline(always)]
-fn to_half<T: WithDType>(x: f32) -> T {
-    if T::DTYPE == candle_core::DType::F32 {
-        return T::from_f64(f64::from(x));
-    }
-    let bits = x.to_bits();
-    let folded = if bits & 0x7 != 0 {
-        (bits & !0x7) | 0x8
-    } else {
-        bits
-    };
-    T::from_f64(f32::from_bits(folded) as f64)
 }
 
 #[cfg(test)]
@@ -326,6 +300,97 @@ mod tests {
                 ours(&values, dtype) == candle_cast(&values, dtype),
                 "{dtype:?} differs"
             );
+        }
+    }
+
+    /// One Adam step for one element, the scalar reference the vectorised passes must equal.
+    ///
+    /// Each line mirrors one tensor op of the on-device optimizer (`train::optim::Adam::step`,
+    /// which runs above this layer): candle computes a
+    /// tensor–scalar op as `x·mul + add` in f32 (so `x · s` is `x·s + 0`, which turns −0 into +0),
+    /// and mirroring that keeps the two optimizers bit-identical on the CPU.
+    fn adam_element(c: &AdamConsts, theta: &mut f32, m: &mut f32, v: &mut f32, g: f32) {
+        let m_next = c.first_moment(*theta, *m, g);
+        let v_next = c.second_moment(*theta, *v, g);
+        *theta = c.apply(*theta, m_next, v_next);
+        *m = m_next;
+        *v = v_next;
+    }
+
+    /// Every vector width gives the scalar reference's bits, for every decay variant and
+    /// element type, on values that include zeros of both signs, subnormals and large ones.
+    #[test]
+    fn every_lane_width_equals_the_scalar_step() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+        let n = 300_001;
+        let mut special = vec![0.0f32, -0.0, 1e-40, -1e-40, 3e38, -1.0, 65504.0];
+        let pick = |rng: &mut rand_chacha::ChaCha8Rng, special: &mut Vec<f32>, scale: f32| {
+            if rng.random::<u8>() < 8 {
+                special[rng.random_range(0..special.len())]
+            } else {
+                (rng.random::<f32>() - 0.5) * scale
+            }
+        };
+        let theta0: Vec<f32> = (0..n).map(|_| pick(&mut rng, &mut special, 2.0)).collect();
+        let m0: Vec<f32> = (0..n).map(|_| pick(&mut rng, &mut special, 0.1)).collect();
+        let v0: Vec<f32> = (0..n)
+            .map(|_| pick(&mut rng, &mut special, 0.01).abs())
+            .collect();
+        let g32: Vec<f32> = (0..n).map(|_| pick(&mut rng, &mut special, 0.2)).collect();
+        let g16: Vec<half::bf16> = g32.iter().map(|&x| half::bf16::from_f32(x)).collect();
+        let mut specs = vec![OptimizerSpec::adamw(1e-3), OptimizerSpec::adamw(1e-3)];
+        specs[1].weight_decay = 0.0;
+        let mut adam = OptimizerSpec::adamw(1e-3);
+        adam.kind = OptimizerKind::Adam;
+        adam.weight_decay = 0.01;
+        specs.push(adam);
+        for spec in &specs {
+            let c = AdamConsts::new(spec, 7);
+            let reference = |grads: &dyn Fn(usize) -> f32| {
+                let (mut t, mut m, mut v) = (theta0.clone(), m0.clone(), v0.clone());
+                for j in 0..n {
+                    adam_element(&c, &mut t[j], &mut m[j], &mut v[j], grads(j));
+                }
+                (t, m, v)
+            };
+            let bits = |x: &[f32]| x.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let want_16 = reference(&|j| g16[j].to_f32());
+            let want_32 = reference(&|j| g32[j]);
+            for lanes in [Lanes::Portable, Lanes::Avx2, Lanes::Avx512] {
+                let (mut t, mut m, mut v) = (theta0.clone(), m0.clone(), v0.clone());
+                let mut w = vec![half::bf16::ZERO; n];
+                let state = HostState {
+                    master: &mut t,
+                    first: &mut m,
+                    second: &mut v,
+                    grads: &g16,
+                };
+                adam_step_on(lanes, &c, state, Some(&mut w), 3);
+                assert!(bits(&t) == bits(&want_16.0), "{lanes:?} {spec:?}: weights");
+                assert!(bits(&m) == bits(&want_16.1), "{lanes:?}: first moments");
+                assert!(bits(&v) == bits(&want_16.2), "{lanes:?}: second moments");
+                let cast: Vec<u16> = t
+                    .iter()
+                    .map(|&x| half::bf16::from_f32(x).to_bits())
+                    .collect();
+                assert!(cast == w.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+                let (mut t, mut m, mut v) = (theta0.clone(), m0.clone(), v0.clone());
+                let state = HostState {
+                    master: &mut t,
+                    first: &mut m,
+                    second: &mut v,
+                    grads: &g32,
+                };
+                adam_step_on::<f32, f32>(lanes, &c, state, None, 2);
+                assert!(
+                    bits(&t) == bits(&want_32.0),
+                    "{lanes:?} {spec:?}: f32 weights"
+                );
+                assert!(
+                    bits(&v) == bits(&want_32.2),
+                    "{lanes:?}: f32 second moments"
+                );
+            }
         }
     }
 
