@@ -6,8 +6,8 @@ use std::process::ExitCode;
 
 /// Counts heap bytes so that trials can measure and budget host memory.
 #[global_allocator]
-static ALLOCATOR: autotune::probe::host_memory::CountingAlloc =
-    autotune::probe::host_memory::CountingAlloc;
+static ALLOCATOR: autotune::backend::host_memory::CountingAlloc =
+    autotune::backend::host_memory::CountingAlloc;
 
 fn main() -> ExitCode {
     cli::main()

@@ -3,6 +3,7 @@
 //! detected of the machine ([`detect`]).
 
 pub mod detect;
+pub mod host_memory;
 pub mod memory;
 #[cfg(feature = "cuda")]
 pub mod pool;

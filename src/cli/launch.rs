@@ -3,10 +3,10 @@
 
 use std::ffi::OsString;
 
+use autotune::backend::host_memory;
 use autotune::collective::{Collective, RankEnv};
 use autotune::dist::launch::{self, Launch, LaunchEvent, RankExit, RankFailure, RankInput};
 use autotune::dist::protocol::RankMessage;
-use autotune::probe::host_memory;
 use autotune::train::run::{self, RunSummary, TrainEvent, TrainObserver};
 
 use super::printer::Printer;

@@ -13,9 +13,9 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 
 use autotune::backend as device;
+use autotune::backend::host_memory;
 use autotune::collective::{Collective, RankEnv};
 use autotune::plan::schema::Plan;
-use autotune::probe::host_memory;
 use autotune::spec::device::DeviceKind;
 use autotune::train::data::{Data, DataSpec};
 use autotune::train::run::{self, RunConfig, RunSummary, TrainEvent, TrainObserver};

@@ -185,6 +185,7 @@ fn merge(request: &TrialRequest, ranks: &[&Measurement]) -> Measurement {
         step_time_spread: ranks.iter().map(|m| m.step_time_spread).fold(0.0, f64::max),
         timed_steps: request.timed_steps.min(root.timed_steps),
         tokens_per_s: if slowest > 0.0 { tokens / slowest } else { 0.0 },
+        host_link: root.host_link,
     }
 }
 
@@ -242,6 +243,7 @@ mod tests {
                 step_time_spread: 0.1,
                 timed_steps: 3,
                 tokens_per_s,
+                host_link: None,
             }),
             wall_s: 1.0,
         })

@@ -25,6 +25,7 @@ pub mod host_optim;
 mod layer_norm;
 mod permute;
 mod softmax;
+pub mod transfer;
 
 pub use adam::{adam_update, adam_update_all};
 pub use attention::{

@@ -11,16 +11,18 @@ use std::time::Instant;
 
 use candle_core::Device;
 
+use crate::backend::host_memory;
 use crate::backend::memory::DeviceMemory;
 use crate::collective::Collective;
 use crate::knobs::Knobs;
 use crate::model::Engine;
-use crate::probe::host_memory;
 use crate::spec::model::ModelSpec;
 use crate::train::data::{Data, DataSpec};
 use crate::train::optim::Optimizer;
 use crate::train::step::Trainer;
-use crate::trial::{Measurement, MemoryKind, Outcome, Phase, Prober, TrialRequest, TrialResult};
+use crate::trial::{
+    HostLink, Measurement, MemoryKind, Outcome, Phase, Prober, TrialRequest, TrialResult,
+};
 use crate::{Error, Result};
 
 /// Runs trials in this process.
@@ -33,6 +35,8 @@ pub struct LiveProber {
     engine: Engine,
     /// This process's data-parallel group, for one trial of a data-parallel setting.
     group: Option<Collective>,
+    /// The host link's measured speed, once an offloaded trial has needed it.
+    link_gbps: Option<Option<f64>>,
 }
 
 impl LiveProber {
@@ -53,6 +57,7 @@ impl LiveProber {
             device_memory,
             engine: Engine::default(),
             group: None,
+            link_gbps: None,
         }
     }
 
@@ -120,6 +125,7 @@ impl LiveProber {
         let data = Data::open(&DataSpec::Random, &self.spec).map_err(Failure::Error)?;
         self.check_host(Phase::Setup)?;
         let setup_s = clock.lap();
+        tracing::debug!(setup_s, "trial set up");
         let mut times = Vec::with_capacity(request.timed_steps);
         for i in 0..request.warmup_steps + request.timed_steps {
             if super::timing::timing_done(&times, request.timed_steps) {
@@ -162,12 +168,31 @@ impl LiveProber {
             "trial phases"
         );
         let peak_gpu_bytes = self.device_memory.peak_bytes().map_err(Failure::Error)?;
-        Ok(Outcome::Fits(measurement(
-            &knobs,
-            self.spec.seq_len,
-            &times,
-            peak_gpu_bytes,
-        )))
+        let mut measured = measurement(&knobs, self.spec.seq_len, &times, peak_gpu_bytes);
+        if let Some(bytes_per_step) = trainer.host_link_bytes_per_step() {
+            drop(trainer);
+            measured.host_link = self
+                .link_gbps()
+                .map_err(Failure::Error)?
+                .map(|measured_gbps| HostLink {
+                    bytes_per_step,
+                    measured_gbps,
+                    added_s: 0.0,
+                });
+        }
+        Ok(Outcome::Fits(measured))
+    }
+
+    /// The host link's speed, measured by the first trial that asks (after its peaks are
+    /// read, so the measurement's buffers count in no trial).
+    fn link_gbps(&mut self) -> Result<Option<f64>> {
+        if let Some(known) = self.link_gbps {
+            return Ok(known);
+        }
+        let gbps = crate::ops::transfer::measure_gbps(&self.device)?;
+        tracing::debug!(?gbps, "host link measured");
+        self.link_gbps = Some(gbps);
+        Ok(gbps)
     }
 
     fn check_host(&self, phase: Phase) -> std::result::Result<(), Failure> {
@@ -229,8 +254,8 @@ impl PhaseClock {
 /// its extra host memory is one tensor's bytes. The peaks of a save are therefore those of
 /// copying its largest tensor alone, which is what this does: copying every tensor (12 bytes
 /// per parameter, 2 GB for gpt-124m) would reach the same peaks and only take longer.
-/// Offloaded masters and moments are streamed from host memory through the same small buffer
-/// the save uses.
+/// Offloaded masters and moments are streamed from host memory through one small buffer, so
+/// streaming the largest parameter's masters alone reaches the save's peak.
 fn checkpoint_dry_run(trainer: &Trainer) -> Result<()> {
     let params = trainer.model().params();
     match trainer.optimizer() {
@@ -249,8 +274,7 @@ fn checkpoint_dry_run(trainer: &Trainer) -> Result<()> {
         }
         Optimizer::Offloaded(offload) => {
             offload
-                .write_masters(std::io::sink(), params.names())
-                .and_then(|()| offload.write_moments(std::io::sink(), params.names()))
+                .write_largest_master(std::io::sink(), params.names())
                 .map_err(candle_core::Error::wrap)?;
         }
     }
@@ -281,5 +305,6 @@ fn measurement(knobs: &Knobs, seq_len: usize, times: &[f64], peak_gpu_bytes: u64
         },
         timed_steps: times.len(),
         tokens_per_s: if median > 0.0 { tokens / median } else { 0.0 },
+        host_link: None,
     }
 }

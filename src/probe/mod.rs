@@ -7,12 +7,11 @@
 //! protocol's two halves, the parent's prober and the child's server, sit in one file; both
 //! exchange a [`job::TrialJob`]. Data-parallel trials run as several ranks
 //! (`crate::dist::probe`), recorded ones are answered by the core's `ReplayProber`.
-//! [`host_memory`] counts the heap a trial takes, and [`host_work`] measures the host update
-//! that bounds offloaded regimes before their first trial.
+//! [`crate::backend::host_memory`] counts the host memory a trial takes, and [`host_work`]
+//! measures the host update that bounds offloaded regimes before their first trial.
 
 pub mod child;
 pub mod floor;
-pub mod host_memory;
 pub mod host_work;
 pub mod job;
 pub mod live;

@@ -116,6 +116,7 @@ mod tests {
                 step_time_spread: 0.0,
                 timed_steps: 3,
                 tokens_per_s: 1.0,
+                host_link: None,
             }),
             wall_s: 40.0,
         });

@@ -160,7 +160,9 @@ impl Trainer {
                 compute: crate::backend::compute_dtype(knobs.precision),
             },
         };
+        let started = std::time::Instant::now();
         let mut model = Transformer::build(spec, device, seed, masters, values)?;
+        let built_s = started.elapsed().as_secs_f64();
         let vars = model.params().vars();
         let share = if knobs.data_parallel.shard_optimizer {
             share_ranges(vars, group.world_size())[group.rank()].clone()
@@ -179,6 +181,11 @@ impl Trainer {
                 spec.optimizer,
             )?),
         };
+        tracing::debug!(
+            built_s,
+            optimizer_s = started.elapsed().as_secs_f64() - built_s,
+            "trainer set up"
+        );
         let scaler = if knobs.precision.needs_loss_scaling() {
             LossScaler::default()
         } else {
@@ -287,6 +294,24 @@ impl Trainer {
     /// Mutable access to the loss scaler, to restore it from a checkpoint or force a scale.
     pub fn scaler_mut(&mut self) -> &mut LossScaler {
         &mut self.scaler
+    }
+
+    /// Bytes an offloaded step copies over the host link, `None` without offload: each
+    /// micro-batch's gradients come down in their working dtype and the new working copies go
+    /// up once.
+    pub fn host_link_bytes_per_step(&self) -> Option<u64> {
+        let Optimizer::Offloaded(_) = &self.optimizer else {
+            return None;
+        };
+        let working: u64 = self
+            .passes
+            .model
+            .params()
+            .vars()
+            .iter()
+            .map(|v| (v.elem_count() * v.dtype().size_in_bytes()) as u64)
+            .sum();
+        Some(working * (self.passes.knobs.grad_accum as u64 + 1))
     }
 
     /// The optimizer.

@@ -126,6 +126,60 @@ pub struct Measurement {
     pub timed_steps: usize,
     /// Tokens processed per second at the median step time.
     pub tokens_per_s: f64,
+    /// What an offloaded trial moved over the host link; absent without offload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_link: Option<HostLink>,
+}
+
+/// The host-link traffic of an offloaded trial, so that its step time can be retimed for a
+/// target machine whose link is slower than the one the trial ran on (a 4090's PCIe 4 against
+/// a server's PCIe 5): an offload that pays off here may lose there.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostLink {
+    /// Bytes copied between host and device per optimizer step (both directions).
+    pub bytes_per_step: u64,
+    /// The link's measured speed where the trial ran, GB/s (10^9 bytes), both directions.
+    pub measured_gbps: f64,
+    /// Seconds added to the measured median step for the target's link (see
+    /// [`Measurement::retimed_for_link`]); 0 when the target is as fast or unknown.
+    #[serde(default)]
+    pub added_s: f64,
+}
+
+impl Measurement {
+    /// This measurement as it would be on a target whose link runs at `target_gbps`.
+    ///
+    /// Copies share the device's one stream with the kernels, so every byte's extra time at a
+    /// slower link lengthens the step: `bytes · (1/target − 1/measured)`. Where the host, not the
+    /// device, bounds the step the slower copies may hide behind it, so the retimed step errs
+    /// slow, which keeps a plan from relying on a link the target lacks. A faster target adds
+    /// nothing (the speed-up is not counted on). Idempotent: retiming starts from the measured
+    /// step, so a recorded, already retimed trial retimes to the same values.
+    pub fn retimed_for_link(&self, target_gbps: Option<f64>) -> Self {
+        let Some(link) = self.host_link else {
+            return *self;
+        };
+        let measured_s = self.step_time_median_s - link.added_s;
+        let added_s = match target_gbps {
+            Some(target) if target > 0.0 && target < link.measured_gbps => {
+                link.bytes_per_step as f64 * (1.0 / target - 1.0 / link.measured_gbps) / 1e9
+            }
+            _ => 0.0,
+        };
+        let step = measured_s + added_s;
+        let tokens_per_step = self.tokens_per_s * self.step_time_median_s;
+        Self {
+            step_time_median_s: step,
+            tokens_per_s: if step > 0.0 {
+                tokens_per_step / step
+            } else {
+                0.0
+            },
+            host_link: Some(HostLink { added_s, ..link }),
+            ..*self
+        }
+    }
 }
 
 /// How a trial ended: expected outcomes, never errors.
@@ -226,6 +280,52 @@ pub struct TrialResult {
 mod tests {
     use super::*;
     use crate::knobs::Precision;
+
+    /// Retiming for a slower link adds each byte's extra time and scales tokens/s to match;
+    /// a faster or unknown target, or a trial without offload, changes nothing; retiming twice
+    /// (a recorded trial replayed) gives the first result.
+    #[test]
+    fn a_slower_target_link_lengthens_an_offloaded_step_by_its_bytes() {
+        let measured = |link: Option<HostLink>| Measurement {
+            peak_gpu_bytes: 1,
+            peak_host_bytes: 2,
+            step_time_median_s: 1.0,
+            step_time_spread: 0.0,
+            timed_steps: 3,
+            tokens_per_s: 4096.0,
+            host_link: link,
+        };
+        let link = HostLink {
+            bytes_per_step: 10_000_000_000,
+            measured_gbps: 50.0,
+            added_s: 0.0,
+        };
+        // (target GB/s, expected step seconds)
+        let table = [
+            (Some(25.0), 1.0 + 10.0 * (1.0 / 25.0 - 1.0 / 50.0)),
+            (Some(50.0), 1.0),
+            (Some(100.0), 1.0),
+            (None, 1.0),
+        ];
+        for (target, want) in table {
+            let got = measured(Some(link)).retimed_for_link(target);
+            assert!(
+                (got.step_time_median_s - want).abs() < 1e-12,
+                "{target:?}: {got:?}"
+            );
+            assert!((got.tokens_per_s * got.step_time_median_s - 4096.0).abs() < 1e-6);
+            let again = got.retimed_for_link(target);
+            assert!(
+                (again.step_time_median_s - want).abs() < 1e-12,
+                "{target:?} twice"
+            );
+            let back = got.retimed_for_link(None);
+            assert!((back.step_time_median_s - 1.0).abs() < 1e-12, "undone");
+        }
+        assert_eq!(measured(None).retimed_for_link(Some(1.0)), measured(None));
+        let json = serde_json::to_string(&measured(None)).unwrap();
+        assert!(!json.contains("host_link"), "{json}");
+    }
 
     #[test]
     fn a_timed_out_trial_is_recorded_and_read_back_and_older_outcomes_still_read() {

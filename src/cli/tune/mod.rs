@@ -127,8 +127,10 @@ fn live(search_config: &LiveSearch, printer: &Printer) -> anyhow::Result<Tuned> 
         .any(|r| r.offload == Offload::Optimizer)
     {
         space.offload_host_floor_s = adam_update_floor_s(spec.parameter_count());
+        space.target_link_gbps = target.host_to_device_gbps;
         tracing::debug!(
             floor_s = space.offload_host_floor_s,
+            target_link_gbps = space.target_link_gbps,
             "host update floor for offloaded regimes"
         );
     }

@@ -266,6 +266,7 @@ impl ReplayProber {
             step_time_spread: 0.0,
             timed_steps: request.timed_steps,
             tokens_per_s: if step > 0.0 { tokens / step } else { 0.0 },
+            host_link: None,
         };
         (Outcome::Fits(measurement), Answer::Predicted)
     }

@@ -6,7 +6,7 @@ use super::decision::{Decision, Next, RegimeProgress};
 use super::driver::SearchDriver;
 use super::report::{Event, Purpose, Reporter};
 use crate::knobs::Knobs;
-use crate::trial::{Prober, TrialResult};
+use crate::trial::{Outcome, Prober, TrialResult};
 use crate::Result;
 
 /// What a search found.
@@ -73,7 +73,7 @@ pub fn resume_search(
             request,
             purpose,
         });
-        let result = prober.probe(&request)?;
+        let result = retimed(prober.probe(&request)?, driver.space().target_link_gbps);
         let feasible = driver.is_feasible(&result);
         reporter.report(&Event::TrialFinished {
             index,
@@ -104,6 +104,15 @@ pub fn resume_search(
             finished[i] = done;
         }
     }
+}
+
+/// `result` with an offloaded measurement retimed for the target's link, which the search and
+/// the recorded history then see.
+fn retimed(mut result: TrialResult, target_link_gbps: Option<f64>) -> TrialResult {
+    if let Outcome::Fits(m) = &mut result.outcome {
+        *m = m.retimed_for_link(target_link_gbps);
+    }
+    result
 }
 
 fn finished_regimes(driver: &SearchDriver, history: &[TrialResult]) -> Vec<bool> {

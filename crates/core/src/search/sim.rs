@@ -137,6 +137,7 @@ impl Simulator {
             step_time_spread: 0.0,
             timed_steps: request.timed_steps,
             tokens_per_s: (b * accum * self.tokens_per_sample) as f64 / step,
+            host_link: None,
         })
     }
 }

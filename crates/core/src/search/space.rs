@@ -108,6 +108,12 @@ pub struct SearchSpace {
     /// search replays with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offload_host_floor_s: Option<f64>,
+    /// The target machine's host-to-device link, GB/s, when it is slower than the one trials
+    /// run on: offloaded trials are retimed for it as they come in
+    /// ([`crate::trial::Measurement::retimed_for_link`]), so a plan for a PCIe 4 desktop is not
+    /// chosen on a PCIe 5 server's copy times. From the target's `host_to_device_gbps`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_link_gbps: Option<f64>,
     /// An analytic memory law per regime (same order), or none: a regime's first trial then
     /// goes to half its predicted boundary instead of the space's start (see
     /// [`SearchSpace::prior_start`]), saving the doublings up to it; trials decide the rest.
@@ -148,6 +154,7 @@ impl SearchSpace {
             max_trials: None,
             saturation_gain: Self::DEFAULT_SATURATION_GAIN,
             offload_host_floor_s: None,
+            target_link_gbps: None,
             memory_prior: Vec::new(),
         }
     }
@@ -550,6 +557,14 @@ impl SearchSpace {
                 &format!("memory_prior[{i}]"),
                 "needs finite bytes, at least 0 fixed and more than 0 per sequence".into(),
             );
+        }
+        if let Some(g) = self.target_link_gbps {
+            if !(g > 0.0 && g.is_finite()) {
+                return bad(
+                    "target_link_gbps",
+                    format!("({g}) must be a positive number of GB/s"),
+                );
+            }
         }
         if let Some(h) = self.offload_host_floor_s {
             if !(h.is_finite() && h >= 0.0) {

@@ -192,6 +192,7 @@ mod tests {
             step_time_spread: 0.0,
             timed_steps: 1,
             tokens_per_s: 1.0,
+            host_link: None,
         }
     }
 

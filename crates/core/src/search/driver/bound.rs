@@ -324,6 +324,7 @@ mod tests {
                     step_time_spread: 0.0,
                     timed_steps: 3,
                     tokens_per_s: 1024.0 * b as f64 / step_s,
+                    host_link: None,
                 }),
                 wall_s: 1.0,
             })

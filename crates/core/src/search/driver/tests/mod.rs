@@ -342,6 +342,7 @@ fn next_actions_from_hand_written_histories() {
             step_time_spread: 0.0,
             timed_steps: 5,
             tokens_per_s: gpu_mib as f64,
+            host_link: None,
         })
     };
     let oom = || Outcome::OutOfMemory {

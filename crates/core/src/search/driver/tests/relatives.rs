@@ -23,6 +23,7 @@ fn fitted(regime: Regime, micro_batch: usize, gpu_mib: f64, step_s: f64) -> Tria
             step_time_spread: 0.0,
             timed_steps: 5,
             tokens_per_s: 1024.0 * micro_batch as f64 / step_s,
+            host_link: None,
         }),
         wall_s: 1.0,
     }

@@ -1,4 +1,8 @@
-//! Host heap accounting: a counting global allocator with a resettable high-water mark.
+//! Host memory accounting: a counting global allocator with a resettable high-water mark.
+//!
+//! Memory the heap does not serve, the page-locked buffers CUDA copies through
+//! ([`crate::ops::transfer`]), is counted with it by [`external_grew`] and [`external_shrank`],
+//! so a trial's host peak is all the memory it pins or allocates.
 //!
 //! The binary installs [`CountingAlloc`] as its global allocator. Trials reset the peak before a
 //! trial and read it after, which measures the trial's real heap use (tensors on the CPU device,
@@ -61,8 +65,22 @@ unsafe impl GlobalAlloc for CountingAlloc {
     }
 }
 
+/// Counts `bytes` allocated outside the heap (page-locked memory) as live.
+pub fn external_grew(bytes: usize) {
+    count(bytes);
+}
+
+/// Counts `bytes` allocated outside the heap as freed.
+pub fn external_shrank(bytes: usize) {
+    CURRENT.fetch_sub(bytes, Ordering::Relaxed);
+}
+
 fn grew(bytes: usize) {
     ACTIVE.store(true, Ordering::Relaxed);
+    count(bytes);
+}
+
+fn count(bytes: usize) {
     let now = CURRENT.fetch_add(bytes, Ordering::Relaxed) + bytes;
     PEAK.fetch_max(now, Ordering::Relaxed);
     if now > LIMIT.load(Ordering::Relaxed) {
