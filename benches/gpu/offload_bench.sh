@@ -6,7 +6,9 @@
 #
 # Stages (default: all, in this order):
 #   ours       `autotune probe --offload optimizer` of gpt-1.3b at micro-batch 4 (no
-#              checkpointing, as DeepSpeed runs it) and 8 → OUTDIR/ours.jsonl, ours.log
+#              checkpointing, as DeepSpeed runs it) and 8 → OUTDIR/ours.jsonl, ours.log (run
+#              with RUST_LOG=autotune::offload=debug for the host update's times); the same
+#              micro-batches on the device alone, uncapped → OUTDIR/ours-device.jsonl
 #   deepspeed  DeepSpeed 0.19.8 (installed from the wheels in WHEELS, default .whl) on the same
 #              model and micro-batches → OUTDIR/deepspeed.jsonl, deepspeed.log
 #   big        `autotune tune --model gpt-2b --device rtx4090-32g` (wall clock timed) and 20
@@ -14,7 +16,8 @@
 #              train-2b.json
 # then OUTDIR/summary.md (offload_report.py).
 #
-# Needs the CUDA build in .gpu/. Environment: CAP_MIB (default 24564), WHEELS, PYTHON.
+# Needs the CUDA build in .gpu/. Environment: CAP_MIB (default 24564), MICRO_BATCHES (default
+# "4 8"), WHEELS, PYTHON.
 # The host link is the GPU machine's, not a 4090's PCIe 4 (about 25 GB/s): say which.
 set -uo pipefail
 export LC_NUMERIC=C
@@ -25,6 +28,7 @@ open_outdir "$1"
 shift
 STAGES="${*:-ours deepspeed big}"
 CAP_MIB="${CAP_MIB:-24564}"
+MICRO_BATCHES="${MICRO_BATCHES:-4 8}"
 WHEELS="${WHEELS:-.whl}"
 BIN="$GPU_DIR/autotune"
 START="$(date +%s)"
@@ -39,13 +43,23 @@ wants() { [[ " $STAGES " == *" $1 "* ]]; }
 if wants ours; then
   warm_up 120 "$OUTDIR/ours.log" cuda bf16
   : > "$OUTDIR/ours.jsonl"
-  for mb in 4 8; do
+  for mb in $MICRO_BATCHES; do
     say "ours: gpt-1.3b offload mb $mb"
     timeout --kill-after=10 240 "$BIN" probe \
       --model gpt-1.3b --precision bf16 --micro-batch "$mb" --offload optimizer \
       --warmup 2 --steps 4 --device cuda --gpu-capacity "${CAP_MIB}MiB" --host-budget 30GiB \
       --json 2>> "$OUTDIR/ours.log" | grep '^{' >> "$OUTDIR/ours.jsonl"
     say "  exit ${PIPESTATUS[0]}: $(tail -n 1 "$OUTDIR/ours.jsonl" | head -c 300)"
+  done
+  # The device's part of the floor: the same step without offload and without the cap (the
+  # state then fits the whole GPU), so its time is the passes' alone.
+  : > "$OUTDIR/ours-device.jsonl"
+  for mb in $MICRO_BATCHES; do
+    say "ours: gpt-1.3b on-device mb $mb, uncapped (the floor's device time)"
+    timeout --kill-after=10 240 "$BIN" probe \
+      --model gpt-1.3b --precision bf16 --micro-batch "$mb" \
+      --warmup 2 --steps 4 --device cuda --json 2>> "$OUTDIR/ours.log" \
+      | grep '^{' >> "$OUTDIR/ours-device.jsonl"
   done
 fi
 
@@ -59,7 +73,7 @@ if wants deepspeed; then
     >> "$OUTDIR/deepspeed-install.log" 2>&1
   say "  installed: exit $?"
   : > "$OUTDIR/deepspeed.jsonl"
-  for mb in 4 8; do
+  for mb in $MICRO_BATCHES; do
     say "deepspeed: gpt-1.3b mb $mb"
     PYTHONPATH="$site" timeout --kill-after=10 300 "${TORCH_ENV[@]}" "$PYTHON" \
       benches/gpu/deepspeed_ref.py --model gpt-1.3b --micro-batch "$mb" --warmup 2 --steps 4 \
