@@ -24,8 +24,9 @@ const FUSED_ENGINE_SEED: &str = "profiles/recorded/rtx4090-32g-on-h200/fused-eng
 /// Every committed recording: the fused engine's, the explicit engine's with materialised
 /// attention, flash attention's with trials in child processes, and the current ones (the
 /// padded vocabulary head, trials in a worker, offload pruned by the measured host floor, the
-/// memory pool reusing memory in stream order only).
-const RECORDINGS: [&str; 8] = [
+/// memory pool reusing memory in stream order only), and the big models' (gpt-1.3b without
+/// offload, gpt-2b with the streamed offload, its trials retimed for the target's link).
+const RECORDINGS: [&str; 10] = [
     FUSED_ENGINE_SEED,
     "profiles/recorded/rtx4090-32g-on-h200/fused-engine/gpt-124m.json",
     "profiles/recorded/rtx4090-32g-on-h200/explicit-materialized/seed.json",
@@ -34,6 +35,8 @@ const RECORDINGS: [&str; 8] = [
     "profiles/recorded/rtx4090-32g-on-h200/child-trials/gpt-124m.json",
     "profiles/recorded/rtx4090-32g-on-h200/seed.json",
     "profiles/recorded/rtx4090-32g-on-h200/gpt-124m.json",
+    "profiles/recorded/rtx4090-32g-on-h200/gpt-1.3b.json",
+    "profiles/recorded/rtx4090-32g-on-h200/gpt-2b.json",
 ];
 
 /// Replays a recording's search in this process: how each trial was answered, and the knobs
@@ -58,11 +61,13 @@ fn replay_answers(profile: &Profile) -> (Vec<Answer>, Option<autotune::Knobs>) {
 /// The recordings made by the search as it is now: replaying one asks exactly the trials the
 /// GPU ran, in the same order. The older ones were recorded by an earlier search, which asked
 /// other micro-batches, so a replay of them is answered partly from their fitted models.
-const CURRENT_SEARCH: [&str; 4] = [
+const CURRENT_SEARCH: [&str; 6] = [
     "profiles/recorded/rtx4090-32g-on-h200/child-trials/seed.json",
     "profiles/recorded/rtx4090-32g-on-h200/child-trials/gpt-124m.json",
     "profiles/recorded/rtx4090-32g-on-h200/seed.json",
     "profiles/recorded/rtx4090-32g-on-h200/gpt-124m.json",
+    "profiles/recorded/rtx4090-32g-on-h200/gpt-1.3b.json",
+    "profiles/recorded/rtx4090-32g-on-h200/gpt-2b.json",
 ];
 
 #[test]
