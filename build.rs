@@ -14,6 +14,7 @@ const KERNEL_DIR: &str = "src/ops/kernels";
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=NVCC");
+    git_revision();
     if env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }
@@ -63,4 +64,29 @@ fn compile(nvcc: &std::ffi::OsStr, src: &Path, out_dir: &Path) {
             )
         });
     assert!(status.success(), "nvcc failed on {}", src.display());
+}
+
+/// Sets `AUTOTUNE_GIT_REVISION` to the checkout's commit, for plans' provenance; leaves it unset
+/// outside a git checkout (a source tarball) or without git.
+fn git_revision() {
+    // HEAD, and the branch it names (which a commit moves); not the index, whose every
+    // change would rerun this script and its CUDA compilation.
+    let mut watched = vec![".git/HEAD".to_string()];
+    if let Ok(head) = std::fs::read_to_string(".git/HEAD") {
+        if let Some(branch) = head.trim().strip_prefix("ref: ") {
+            watched.push(format!(".git/{branch}"));
+        }
+    }
+    for path in watched.iter().filter(|p| Path::new(p).exists()) {
+        println!("cargo:rerun-if-changed={path}");
+    }
+    let out = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output();
+    if let Ok(out) = out {
+        let rev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        if out.status.success() && !rev.is_empty() {
+            println!("cargo:rustc-env=AUTOTUNE_GIT_REVISION={rev}");
+        }
+    }
 }

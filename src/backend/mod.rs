@@ -16,6 +16,21 @@ use crate::{Error, Result};
 pub use detect::{cuda_device_count, detect_gpu_profile, host_memory_bytes, recorded_device};
 pub use memory::memory_meter;
 
+/// The commit this binary was built from, when the build ran in a git checkout.
+pub const GIT_REVISION: Option<&str> = option_env!("AUTOTUNE_GIT_REVISION");
+
+/// The provenance of a plan measured by autotune's engine through `backend` (`"live"` or
+/// `"replay"`) on the device detected as `device`.
+pub fn provenance(backend: &str, device: &str) -> crate::plan::Provenance {
+    crate::plan::Provenance {
+        engine: crate::plan::Provenance::OWN_ENGINE.into(),
+        backend: backend.into(),
+        candle_version: Some(CANDLE_VERSION.into()),
+        git_revision: GIT_REVISION.map(str::to_string),
+        device: device.into(),
+    }
+}
+
 /// The candle release this build trains with, recorded in profiles so that a regression can be
 /// traced to a backend upgrade. Kept by hand in step with `Cargo.toml`: Cargo exposes no
 /// dependency versions at compile time, and a build script only for this would be out of

@@ -304,9 +304,15 @@ pub struct ExportArgs {
     /// The plan file.
     #[arg(long)]
     pub plan: PathBuf,
-    /// deepspeed (a ds_config.json) or trainer (Hugging Face Trainer / Accelerate arguments).
-    #[arg(long, value_parser = ["deepspeed", "trainer"])]
+    /// deepspeed (a ds_config.json), trainer (Hugging Face TrainingArguments as JSON),
+    /// accelerate (an Accelerate config YAML) or lightning (Trainer keyword arguments as JSON).
+    #[arg(long, value_parser = ["deepspeed", "trainer", "accelerate", "lightning"])]
     pub format: String,
+    /// Export a plan measured on another engine than the target tool's (every plan tuned on
+    /// autotune's own engine, for the PyTorch tools): its batch may then run out of memory
+    /// there.
+    #[arg(long)]
+    pub allow_engine_mismatch: bool,
     /// Data-parallel processes (DeepSpeed's train_batch_size = micro × accum × world size);
     /// default the plan's own data-parallel degree. More than that runs the plan's per-GPU
     /// setting on a larger cluster.

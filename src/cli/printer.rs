@@ -43,11 +43,22 @@ impl Printer {
         let _ = writeln!(std::io::stderr(), "warning: {}", message.as_ref());
     }
 
+    /// Something the user must still do or know about the output, on stderr.
+    pub fn note(&self, message: impl AsRef<str>) {
+        let _ = writeln!(std::io::stderr(), "note: {}", message.as_ref());
+    }
+
     /// Human-readable result text on stdout (not in JSON mode).
     pub fn data_text(&self, text: impl AsRef<str>) {
         if !self.json {
             let _ = writeln!(std::io::stdout(), "{}", text.as_ref());
         }
+    }
+
+    /// A document in another format than JSON (a YAML config) on stdout, in either mode: the
+    /// command's whole output.
+    pub fn document(&self, text: impl AsRef<str>) {
+        let _ = writeln!(std::io::stdout(), "{}", text.as_ref());
     }
 
     /// The JSON document on stdout (only in JSON mode).

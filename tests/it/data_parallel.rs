@@ -472,33 +472,25 @@ fn the_exports_carry_the_data_parallel_layout() {
     let dir = tempfile::tempdir().unwrap();
     let plan = data_parallel_plan(dir.path());
     let plan = plan.to_str().unwrap();
-    let ds = document_of(
-        dir.path(),
-        &["export", "--plan", plan, "--format", "deepspeed"],
-    );
+    let export = |format: &str, extra: &[&str]| {
+        let mut argv = vec!["export", "--plan", plan, "--format", format];
+        argv.extend_from_slice(extra);
+        argv.push("--allow-engine-mismatch");
+        document_of(dir.path(), &argv)
+    };
+    let ds = export("deepspeed", &[]);
     let per_gpu = ds["train_micro_batch_size_per_gpu"].as_u64().unwrap()
         * ds["gradient_accumulation_steps"].as_u64().unwrap();
     assert_eq!(ds["train_batch_size"].as_u64().unwrap(), 4 * per_gpu);
     assert_eq!(ds["zero_optimization"], serde_json::json!({"stage": 1}));
     // A cluster of four such hosts keeps the per-GPU setting.
-    let cluster = document_of(
-        dir.path(),
-        &[
-            "export",
-            "--plan",
-            plan,
-            "--format",
-            "deepspeed",
-            "--world-size",
-            "16",
-        ],
-    );
+    let cluster = export("deepspeed", &["--world-size", "16"]);
     assert_eq!(cluster["train_batch_size"].as_u64().unwrap(), 16 * per_gpu);
-    let trainer = document_of(
-        dir.path(),
-        &["export", "--plan", plan, "--format", "trainer"],
-    );
-    assert_eq!(trainer["num_processes"], 4);
+    // The Trainer shards through DeepSpeed's file; Lightning names the devices.
+    assert_eq!(export("trainer", &[])["deepspeed"], "ds_config.json");
+    let lightning = export("lightning", &[]);
+    assert_eq!(lightning["devices"], 4);
+    assert_eq!(lightning["strategy"], "deepspeed_stage_1");
     // Training it here needs four GPUs; the error names the plan field.
     let out = autotune_in(dir.path(), &["train", "--plan", plan, "--steps", "1"]);
     assert_eq!(out.status.code(), Some(2));

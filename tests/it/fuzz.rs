@@ -477,8 +477,11 @@ fn read_in_process(reader: Reader, text: &str) {
         }
         Reader::Plan => {
             if let Ok(plan) = autotune::plan::Plan::from_json(text) {
-                let _ = autotune::plan::exports::deepspeed_config(&plan.knobs, 1 << 20);
-                let _ = autotune::plan::exports::trainer_args(&plan.knobs);
+                let o = &plan.model.optimizer;
+                let _ = autotune::plan::exports::deepspeed_config(&plan.knobs, o, 1 << 20);
+                let _ = autotune::plan::exports::trainer_args(&plan.knobs, o);
+                let _ = autotune::plan::exports::accelerate_config(&plan.knobs);
+                let _ = autotune::plan::exports::lightning_args(&plan.knobs, o.grad_clip);
             }
         }
         Reader::Profile => {

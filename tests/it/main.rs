@@ -8,6 +8,8 @@ mod training;
 
 /// Data parallelism on CPU ranks: equal to one process, sharding, the launcher, exports.
 mod data_parallel;
+/// `export`: engine provenance, and documents their tools load, notes apart.
+mod exports;
 
 /// Checkpoints: preemption, one run per directory, verification, divergence, retention.
 mod checkpoints;

@@ -101,7 +101,10 @@ fn replay(path: &Path, profile: &Profile, printer: &Printer) -> anyhow::Result<T
     ));
     let mut prober = ReplayProber::new(profile.clone());
     let outcome = search(&driver, &mut prober, printer)?;
-    let plan = Plan::from_search(&driver, &outcome, &profile.model, &device.target, now());
+    let mut plan = Plan::from_search(&driver, &outcome, &profile.model, &device.target, now());
+    if let Some(plan) = plan.as_mut() {
+        plan.provenance = Some(backend::provenance("replay", &device.name));
+    }
     Ok(Tuned {
         spec: profile.model.clone(),
         target: device.target.clone(),
@@ -158,6 +161,7 @@ fn live(search_config: &LiveSearch, printer: &Printer) -> anyhow::Result<Tuned> 
     if let Some(plan) = plan.as_mut() {
         // Scaling efficiency is measured, never assumed: one GPU's trial if the search ran none.
         plan.measure_scaling(driver.space(), prober.as_mut())?;
+        plan.provenance = Some(backend::provenance("live", &recorded.name));
     }
     Ok(Tuned {
         spec: spec.clone(),

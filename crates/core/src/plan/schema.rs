@@ -26,6 +26,7 @@
 //! | `model_error` | object | Worst leave-one-out relative error of the chosen regime's fits: `memory_loo_rel_error`, `time_loo_rel_error` (`null` below three trials). |
 //! | `alternatives` | array | Up to five other feasible settings, best first: `{"knobs": …, "tokens_per_s": T, "peak_gpu_bytes": B, "peak_host_bytes": B}`, measured without accumulation. The best of each other regime is always included. |
 //! | `data_parallel` | object | Version 2 only: `degree`, `shard_optimizer` (as in `knobs`), `global_batch` (sequences per step over all GPUs), `single_gpu_tokens_per_s` (the trial of the same per-GPU setting on one GPU: the search's, or one run after the search when it ran none; `null` if that did not fit), `scaling_efficiency` (the chosen setting's search trial tokens/s ÷ (degree × `single_gpu_tokens_per_s`), `null` with it). Both throughputs are measured, never modelled. |
+//! | `provenance` | object | What measured the plan (absent in older plans, which autotune's engine measured): `engine` (`"autotune"`, or the framework of the trial runner), `backend` (`"live"` or `"replay"`), `candle_version`, `git_revision` (each absent when unknown), `device` (the device the trials ran on, as detected). `autotune export` refuses a plan whose engine is not the target tool's unless `--allow-engine-mismatch` is given. |
 
 use std::path::Path;
 
@@ -79,6 +80,49 @@ pub struct Plan {
     /// The data-parallel layout and its measured scaling (version 2 only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_parallel: Option<DataParallelReport>,
+    /// What measured the plan; absent in plans written before it was recorded (those were all
+    /// measured by autotune's own engine).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provenance: Option<Provenance>,
+}
+
+/// Who measured a plan: the engine whose training step its trials ran, how the trials were
+/// answered, and on what. Exports read the engine: a batch measured on one engine may run out
+/// of memory on another (see `plan::exports::engine_mismatch`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Provenance {
+    /// The engine the trials measured: [`Provenance::OWN_ENGINE`], or the framework a trial
+    /// runner used (`"pytorch"`).
+    pub engine: String,
+    /// `"live"` (trials ran on this machine) or `"replay"` (answered from a recorded profile).
+    pub backend: String,
+    /// candle's version, for autotune's engine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candle_version: Option<String>,
+    /// The source revision the binary was built from, when the build knew it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git_revision: Option<String>,
+    /// The device the trials ran on, as detected (`"NVIDIA H200"`, `"cpu"`): larger than the
+    /// target when the target was emulated.
+    pub device: String,
+}
+
+impl Provenance {
+    /// The name of autotune's own engine.
+    pub const OWN_ENGINE: &'static str = "autotune";
+
+    /// A provenance naming only `engine`, for tests.
+    #[cfg(test)]
+    pub(crate) fn for_test(engine: &str) -> Self {
+        Self {
+            engine: engine.into(),
+            backend: "live".into(),
+            candle_version: None,
+            git_revision: None,
+            device: "cpu".into(),
+        }
+    }
 }
 
 /// How a data-parallel plan spreads over GPUs, and what that was measured to gain.

@@ -87,6 +87,8 @@ impl Plan {
             model_error,
             alternatives: alternatives(&others, knobs.regime()),
             data_parallel,
+            // The caller knows how the trials ran.
+            provenance: None,
         })
     }
 }

@@ -1,0 +1,105 @@
+//! `autotune export` through the binary: a plan from autotune's engine is refused for a
+//! PyTorch tool unless the user accepts the mismatch; every document is what its tool loads,
+//! with the notes on stderr.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::util::{autotune_in, stderr, stdout};
+
+/// A plan replayed from the committed seed recording, with its provenance.
+fn replayed_plan(dir: &Path) -> PathBuf {
+    let recording = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("profiles/recorded/rtx4090-32g-on-h200/seed.json");
+    let path = dir.join("plan.json");
+    let backend = format!("replay:{}", recording.display());
+    let out = autotune_in(
+        dir,
+        &[
+            "tune",
+            "--backend",
+            &backend,
+            "--out",
+            path.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    path
+}
+
+#[test]
+fn a_plan_from_our_engine_is_refused_for_pytorch_tools_unless_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = replayed_plan(dir.path());
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    assert_eq!(doc["provenance"]["engine"], "autotune");
+    assert_eq!(doc["provenance"]["backend"], "replay");
+    assert_eq!(doc["provenance"]["device"], "NVIDIA H200");
+    let plan = plan.to_str().unwrap();
+    for format in ["deepspeed", "trainer", "accelerate", "lightning"] {
+        let out = autotune_in(dir.path(), &["export", "--plan", plan, "--format", format]);
+        assert_eq!(out.status.code(), Some(2), "{format}");
+        let err = stderr(&out);
+        assert!(
+            err.contains("provenance.engine") && err.contains("--allow-engine-mismatch"),
+            "{err}"
+        );
+        assert!(err.contains("plan.json"), "names the file: {err}");
+        assert!(
+            stdout(&out).is_empty(),
+            "nothing on stdout: {}",
+            stdout(&out)
+        );
+    }
+}
+
+#[test]
+fn allowed_exports_print_only_the_document_and_put_notes_on_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = replayed_plan(dir.path());
+    let plan = plan.to_str().unwrap();
+    let export = |format: &str| {
+        let out = autotune_in(
+            dir.path(),
+            &[
+                "export",
+                "--plan",
+                plan,
+                "--format",
+                format,
+                "--allow-engine-mismatch",
+            ],
+        );
+        assert_eq!(out.status.code(), Some(0), "{format}: {}", stderr(&out));
+        (stdout(&out), stderr(&out))
+    };
+    let (ds, err) = export("deepspeed");
+    let ds: Value = serde_json::from_str(&ds).expect("one JSON document");
+    assert_eq!(
+        ds["gradient_clipping"], 0.0,
+        "DeepSpeed's 1.0 default is overridden"
+    );
+    assert!(ds["optimizer"]["params"]["lr"].as_f64().unwrap() > 0.0);
+    assert!(
+        err.contains("--allow-engine-mismatch"),
+        "the mismatch is still said: {err}"
+    );
+    let (trainer, _) = export("trainer");
+    let trainer: Value = serde_json::from_str(&trainer).unwrap();
+    assert!(trainer.get("warnings").is_none() && trainer.get("mixed_precision").is_none());
+    assert!(trainer["per_device_train_batch_size"].as_u64().unwrap() >= 1);
+    let (yaml, _) = export("accelerate");
+    assert!(
+        yaml.starts_with("compute_environment: LOCAL_MACHINE\n"),
+        "{yaml}"
+    );
+    assert!(!yaml.contains("warning"), "{yaml}");
+    let (lightning, err) = export("lightning");
+    let lightning: Value = serde_json::from_str(&lightning).unwrap();
+    assert!(lightning["precision"].as_str().unwrap().ends_with("-mixed"));
+    assert!(
+        err.contains("note: set the DataLoader's batch_size"),
+        "{err}"
+    );
+}
