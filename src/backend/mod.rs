@@ -32,9 +32,9 @@ pub fn provenance(backend: &str, device: &str) -> crate::plan::Provenance {
 }
 
 /// The candle release this build trains with, recorded in profiles so that a regression can be
-/// traced to a backend upgrade. Kept by hand in step with `Cargo.toml`: Cargo exposes no
-/// dependency versions at compile time, and a build script only for this would be out of
-/// proportion.
+/// traced to a backend upgrade, in plans' provenance and in `--version`. Kept by hand in step
+/// with `Cargo.lock` (Cargo exposes no dependency versions at compile time); a test compares
+/// the two.
 pub const CANDLE_VERSION: &str = "0.11.1";
 
 /// The dtype activations and matrix products run in at `precision`.

@@ -7,9 +7,30 @@ use clap::{Args, Parser, Subcommand};
 
 use autotune::knobs::{Checkpointing, Offload, Precision, Update};
 
+/// `--version`: the release, what the build can run on, the candle it trains with and the
+/// commit it was built from, so that a report or a bug names the exact build.
+fn version_line() -> &'static str {
+    static LINE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        let build = if cfg!(feature = "nccl") {
+            "CUDA + NCCL build"
+        } else if cfg!(feature = "cuda") {
+            "CUDA build"
+        } else {
+            "CPU-only build"
+        };
+        let git = autotune::backend::GIT_REVISION.map_or(String::new(), |r| format!(", git {r}"));
+        format!(
+            "{} ({build}, candle {}{git})",
+            env!("CARGO_PKG_VERSION"),
+            autotune::backend::CANDLE_VERSION
+        )
+    });
+    &LINE
+}
+
 /// Find the fastest training plan that fits your GPU and host memory, and train with it.
 #[derive(Debug, Parser)]
-#[command(name = "autotune", version, about, propagate_version = true)]
+#[command(name = "autotune", version = version_line(), about, propagate_version = true)]
 pub struct Cli {
     #[command(flatten)]
     pub global: GlobalArgs,

@@ -112,3 +112,33 @@ fn bad_flag_values_exit_2() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("`--micro-batch`"), "{}", stderr(&out));
 }
+
+/// `--version` names the build's device support and the candle it trains with, and that
+/// candle is the one the lock file resolves (the constant is kept by hand).
+#[test]
+fn the_version_line_names_the_build_and_the_locked_candle() {
+    let out = autotune(&["--version"]);
+    assert_eq!(out.status.code(), Some(0));
+    let line = crate::util::stdout(&out);
+    let build = if cfg!(feature = "nccl") {
+        "CUDA + NCCL build"
+    } else if cfg!(feature = "cuda") {
+        "CUDA build"
+    } else {
+        "CPU-only build"
+    };
+    assert!(
+        line.starts_with(&format!("autotune {}", env!("CARGO_PKG_VERSION"))),
+        "{line}"
+    );
+    assert!(line.contains(build), "{line}");
+    let lock = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.lock")).unwrap();
+    let locked = lock
+        .split("[[package]]")
+        .find(|p| p.contains("name = \"candle-core\""))
+        .and_then(|p| p.lines().find_map(|l| l.strip_prefix("version = ")))
+        .map(|v| v.trim_matches('"').to_string())
+        .expect("candle-core in Cargo.lock");
+    assert_eq!(locked, autotune::backend::CANDLE_VERSION);
+    assert!(line.contains(&format!("candle {locked}")), "{line}");
+}
