@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use autotune::knobs::{Checkpointing, Offload, Precision, Update};
+use autotune::plan::exports::ExportFormat;
 
 /// `--version`: the release, what the build can run on, the candle it trains with and the
 /// commit it was built from, so that a report or a bug names the exact build.
@@ -327,7 +328,9 @@ pub struct ExportArgs {
     pub plan: PathBuf,
     /// deepspeed (a ds_config.json), trainer (Hugging Face TrainingArguments as JSON),
     /// accelerate (an Accelerate config YAML) or lightning (Trainer keyword arguments as JSON).
-    #[arg(long, value_parser = ["deepspeed", "trainer", "accelerate", "lightning"])]
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(
+        ExportFormat::ALL.iter().map(|(name, _)| *name)
+    ))]
     pub format: String,
     /// Export a plan measured on another engine than the target tool's (every plan tuned on
     /// autotune's own engine, for the PyTorch tools): its batch may then run out of memory

@@ -161,8 +161,9 @@ fn avx2<G: HostFloat, T, W: Working<T>>(
     any_decay::<G, T, W>(c, theta, m, v, g, w)
 }
 
-/// The widest vector unit this CPU has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The widest vector unit this CPU has; ordered narrowest first, and a CPU with one has
+/// every narrower one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Lanes {
     /// The build's baseline.
     Portable,
@@ -189,21 +190,10 @@ impl Lanes {
 
     /// `lanes`, or the portable loop where this CPU lacks them.
     pub fn or_portable(self) -> Self {
-        match self {
-            Self::Portable => self,
-            wanted => {
-                let have = Self::detect();
-                let rank = |l: Self| match l {
-                    Self::Portable => 0,
-                    Self::Avx2 => 1,
-                    Self::Avx512 => 2,
-                };
-                if rank(have) >= rank(wanted) {
-                    wanted
-                } else {
-                    Self::Portable
-                }
-            }
+        if self <= Self::detect() {
+            self
+        } else {
+            Self::Portable
         }
     }
 }

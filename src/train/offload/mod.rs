@@ -424,7 +424,7 @@ fn copy_into(
 ///   and the moments (4 + 4 B), 12 B per parameter, and the step's host buffers, kept from
 ///   step to step (page-locked on a GPU): `DOWNLOAD_BUFFERS + UPLOAD_BUFFERS` of at most G
 ///   elements (the largest part, see `ModelSpec::parameter_groups`) at b bytes. Total
-///   `12·P + (PARTS_IN_FLIGHT + 3)·G·b`.
+///   `12·P + (DOWNLOAD_BUFFERS + UPLOAD_BUFFERS)·G·b`.
 /// - **`Offload::Optimizer`, summed.** Allocated once: the f32 master (4 B), first and second
 ///   moments (4 + 4 B) and the f32 gradient sum (4 B), i.e. 16 B per parameter; at bf16/f16
 ///   also the working-copy staging buffer (2 B per parameter; fp32 uploads straight from the

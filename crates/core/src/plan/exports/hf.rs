@@ -54,8 +54,7 @@ pub fn trainer_args(knobs: &Knobs, optimizer: &OptimizerSpec) -> (TrainerArgs, N
                 .into(),
         );
     }
-    let needs_deepspeed =
-        knobs.offload == Offload::Optimizer || knobs.data_parallel.shard_optimizer;
+    let needs_deepspeed = needs_deepspeed(knobs);
     if needs_deepspeed {
         notes.push(format!(
             "write `autotune export --format deepspeed` to {DEEPSPEED_CONFIG_FILE}: `deepspeed` \
@@ -86,6 +85,12 @@ pub fn trainer_args(knobs: &Knobs, optimizer: &OptimizerSpec) -> (TrainerArgs, N
     (args, notes)
 }
 
+/// Whether the plan needs DeepSpeed under the Hugging Face tools: they offload or shard the
+/// optimizer only through it.
+fn needs_deepspeed(knobs: &Knobs) -> bool {
+    knobs.offload == Offload::Optimizer || knobs.data_parallel.shard_optimizer
+}
+
 /// What neither Hugging Face tool can say about a plan.
 fn shared_notes(knobs: &Knobs) -> Notes {
     let mut notes = Notes::new();
@@ -105,7 +110,7 @@ fn shared_notes(knobs: &Knobs) -> Notes {
 pub fn accelerate_config(knobs: &Knobs) -> (String, Notes) {
     let mut notes = shared_notes(knobs);
     let processes = knobs.data_parallel.degree.max(1);
-    let deepspeed = knobs.offload == Offload::Optimizer || knobs.data_parallel.shard_optimizer;
+    let deepspeed = needs_deepspeed(knobs);
     let distributed = match (deepspeed, processes > 1) {
         (true, _) => "DEEPSPEED",
         (false, true) => "MULTI_GPU",
