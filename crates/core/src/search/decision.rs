@@ -70,6 +70,17 @@ pub enum RegimeEnd {
         /// The dominating regime's index in the space's priority order.
         by: usize,
     },
+    /// Stopped before the boundary was found: an optimistic bound on the open micro-batches'
+    /// throughput is within [`RESOLUTION_GAIN`](super::driver::RESOLUTION_GAIN) of the regime's
+    /// own best, so a larger batch would buy at most timing noise.
+    Converged {
+        /// The largest feasible micro-batch.
+        largest: usize,
+        /// The optimistic bound on the open micro-batches, tokens/s.
+        upper_bound_tokens_per_s: f64,
+        /// The regime's best measured throughput, tokens/s.
+        best_tokens_per_s: f64,
+    },
     /// Stopped early: an optimistic bound on its throughput is below the best found earlier.
     Pruned {
         /// Largest feasible micro-batch when pruned (0 if none).

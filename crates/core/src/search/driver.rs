@@ -78,6 +78,17 @@
 //!
 //! Each bound's premises are stated where it is computed (`driver/bound.rs`).
 //!
+//! # Convergence
+//!
+//! The same bound ends a regime against its own best: when no open micro-batch up to the
+//! reach can raise the regime's best measured throughput by [`RESOLUTION_GAIN`], the regime
+//! has *converged* and its bracket (between a feasible and an infeasible micro-batch) is left
+//! open. Gains that small are inside a short trial's timing noise, so refining the boundary
+//! further would pick among equals at a trial each (gpt-1.3b: 3–4 s per trial near its
+//! boundary), and the smaller batch keeps more headroom.
+//! A space whose `saturation_gain` is 0 asks for each regime's exact memory boundary, and
+//! then no regime converges early either.
+//!
 //! # Choice and verification
 //!
 //! When every regime is finished, the feasible search trials are ranked by measured tokens/s
@@ -120,6 +131,13 @@ use crate::Result;
 /// Slack on the pruning bound: a regime is pruned only when its optimistic throughput, raised
 /// by this fraction to cover timing noise, is still below the best measured elsewhere.
 pub const PRUNE_SLACK: f64 = 0.05;
+
+/// The smallest throughput gain a regime's open micro-batches must be able to bring for the
+/// search to probe them (see the module docs, "Convergence"): below the timing resolution of a
+/// search trial. On the gpt-1.3b recording, micro-batches 32 to 38 with checkpointing measured
+/// 39.4k to 40.4k tokens/s in no monotone order, a spread of 2 % where the device's work per
+/// sequence is constant.
+pub const RESOLUTION_GAIN: f64 = 0.01;
 
 /// How far past the memory model's predicted boundary the pruning bound still looks (see
 /// the module docs, "Pruning").
@@ -168,6 +186,10 @@ struct RelativeTrials<'a, 'h> {
     offload_twin: Option<&'a Trials<'h>>,
     /// The search trials of the earlier regimes that are bases of the offload twin.
     twin_bases: Vec<&'a Trials<'h>>,
+    /// The search trials of the earlier regimes with the same activations per sequence (see
+    /// [`relatives::same_activations`]): their memory secants bound how fast this regime's
+    /// device memory grows with the batch.
+    activation_peers: Vec<&'a Trials<'h>>,
 }
 
 /// The history sorted into search trials per regime and verification results.
@@ -352,6 +374,10 @@ impl SearchDriver {
                 .collect(),
             None => Vec::new(),
         };
+        let activation_peers = earlier()
+            .filter(|(r, _)| relatives::same_activations(**r, regime))
+            .map(|(_, trials)| trials.as_slice())
+            .collect();
         // An offloaded regime with a twin first measures its host work where a step is
         // cheapest; every other regime starts where its bases stopped, or at half the
         // boundary its memory prior predicts, whichever is larger.
@@ -369,6 +395,7 @@ impl SearchDriver {
             bases_reach,
             offload_twin,
             twin_bases,
+            activation_peers,
         }
     }
 
@@ -456,6 +483,9 @@ impl SearchDriver {
         if let Some(pruned) = self.pruned(trials, related, &bracket, best_earlier) {
             return RegimeProgress::Finished(pruned);
         }
+        if let Some(converged) = self.converged(trials, failed, related, &bracket) {
+            return RegimeProgress::Finished(converged);
+        }
         match bracket.hi {
             None => self.grow(trials, related, &bracket),
             Some(hi) => self.refine(trials, bracket.lo, hi, &bracket.open),
@@ -531,6 +561,49 @@ impl SearchDriver {
             largest: lo,
             upper_bound_tokens_per_s: bound,
             best_tokens_per_s: best_earlier,
+        })
+    }
+
+    /// Whether even the optimistic bound on the open micro-batches cannot raise the regime's own
+    /// best by [`RESOLUTION_GAIN`] (see the module docs' Convergence).
+    fn converged(
+        &self,
+        trials: &Trials<'_>,
+        failed: &[usize],
+        related: &RelativeTrials<'_, '_>,
+        bracket: &Bracket,
+    ) -> Option<RegimeEnd> {
+        let lo = bracket.lo;
+        // A space without a saturation stop asks for every regime's exact memory boundary.
+        // While a regime still grows (no miss yet), saturation decides when growth stops:
+        // convergence only spares refining a bracket whose gains are noise.
+        if lo == 0 || bracket.hi.is_none() || self.space.saturation_gain <= 0.0 {
+            return None;
+        }
+        let tokens = |b: usize| {
+            trials
+                .iter()
+                .filter(|(_, r)| r.request.knobs.micro_batch == b)
+                .find_map(|(_, r)| r.outcome.measurement())
+                .map_or(0.0, |m| m.tokens_per_s)
+        };
+        let best = trials
+            .iter()
+            .map(|(_, r)| r.request.knobs.micro_batch)
+            .filter(|b| *b <= lo && !failed.contains(b))
+            .filter(|&b| {
+                trials
+                    .iter()
+                    .any(|(_, r)| r.request.knobs.micro_batch == b && self.is_feasible(r))
+            })
+            .map(tokens)
+            .fold(0.0, f64::max);
+        let top_open = *bracket.open.last().expect("open is not empty");
+        let bound = self.throughput_bound(trials, related, lo, tokens(lo), top_open);
+        (best > 0.0 && bound < best * (1.0 + RESOLUTION_GAIN)).then_some(RegimeEnd::Converged {
+            largest: lo,
+            upper_bound_tokens_per_s: bound,
+            best_tokens_per_s: best,
         })
     }
 

@@ -23,7 +23,7 @@
 //! let driver = SearchDriver::new(SearchSpace::new(vec![regime]), budget)?;
 //! let outcome = run_search(&driver, &mut device, &NoReporter)?;
 //! assert_eq!(outcome.decision, Decision::Chosen(Knobs::new(235, Precision::Bf16)));
-//! assert_eq!(outcome.history.len(), 12); // 11 search trials and the verification
+//! assert_eq!(outcome.history.len(), 11); // 10 search trials and the verification
 //! # Ok::<(), autotune_core::Error>(())
 //! ```
 

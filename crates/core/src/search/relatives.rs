@@ -32,6 +32,17 @@ pub(super) fn is_offload_twin(earlier: Regime, regime: Regime) -> bool {
             }
 }
 
+/// Whether `earlier` keeps the same activations per sequence as `regime`: the same precision,
+/// checkpointing and GPU count. Offload and the update's placement move optimizer state and
+/// gradients, which do not grow with the batch, so such regimes add the same device bytes per
+/// added sequence; they differ in which of their peaks (activations, or the optimizer's
+/// transients) is the highest at small batches.
+pub(super) fn same_activations(earlier: Regime, regime: Regime) -> bool {
+    earlier.precision == regime.precision
+        && earlier.checkpointing == regime.checkpointing
+        && earlier.data_parallel.degree == regime.data_parallel.degree
+}
+
 /// Whether `earlier` makes `regime` pointless: `earlier` saves no memory, is a base of
 /// `regime`, and stopped growing before its memory boundary.
 pub(super) fn dominates(earlier: &RegimeState, regime: Regime) -> bool {
@@ -87,6 +98,44 @@ mod tests {
         for (earlier, later, base, twin) in table {
             assert_eq!(is_base(earlier, later), base, "{earlier} → {later}");
             assert_eq!(is_offload_twin(earlier, later), twin, "{earlier} → {later}");
+        }
+    }
+
+    #[test]
+    fn activations_depend_on_precision_and_checkpointing_only() {
+        use crate::knobs::Update;
+        let (none, all) = (Checkpointing::None, Checkpointing::EveryKth(1));
+        let bf16 = |c, o| r(Precision::Bf16, c, o);
+        let fused = Regime {
+            update: Update::InBackward,
+            ..bf16(all, Offload::None)
+        };
+        // (earlier, later, same activations per sequence)
+        let table = [
+            (
+                bf16(all, Offload::None),
+                bf16(all, Offload::Optimizer),
+                true,
+            ),
+            (fused, bf16(all, Offload::Optimizer), true),
+            (
+                bf16(none, Offload::None),
+                bf16(all, Offload::Optimizer),
+                false,
+            ),
+            (r(Precision::Fp32, all, Offload::None), fused, false),
+            (
+                bf16(all, Offload::None),
+                bf16(Checkpointing::EveryKth(2), Offload::None),
+                false,
+            ),
+        ];
+        for (earlier, later, same) in table {
+            assert_eq!(
+                same_activations(earlier, later),
+                same,
+                "{earlier} → {later}"
+            );
         }
     }
 

@@ -57,14 +57,15 @@ impl SearchDriver {
     ) -> f64 {
         let offload_twin = related.offload_twin;
         let reach = self
-            .memory_reach(trials, offload_twin)
+            .memory_reach(trials, related)
             .map_or(top_open, |r| r.min(top_open));
         // Step time does not fall as the batch grows.
         let by_step_time = lo_tokens_per_s * reach as f64 / lo as f64;
         let by_secant = self.secant_bound(trials, reach);
         let floor = self.space.offload_host_floor_s.unwrap_or(0.0);
-        let by_host_time =
-            offload_twin.and_then(|twin| host_time_bound(trials, twin, floor, reach));
+        let by_host_time = offload_twin.and_then(|twin| {
+            host_time_bound(trials, &self.feasible_timed(twin), twin, floor, reach)
+        });
         [by_secant, by_host_time]
             .into_iter()
             .flatten()
@@ -76,8 +77,9 @@ impl SearchDriver {
     /// (crate::search::SearchSpace::offload_host_floor_s)): `tokens · b / (c·b + h)` as in
     /// [`host_time_bound`], with `h` the floor and `b` the most the regime could reach.
     ///
-    /// Reach: the twin's memory model (the secant through its two largest feasible trials) with
-    /// no fixed part at all, doubled as every reach is. Offload moves the optimizer's state off
+    /// Reach: the twin's memory model (the secant through its two largest feasible trials, with
+    /// the bytes per sequence of [`peers_per_sample`](Self::peers_per_sample)) with no fixed
+    /// part at all, doubled as every reach is. Offload moves the optimizer's state off
     /// the device and keeps the activation bytes per sequence (see [`borrowed_memory_model`]),
     /// so the regime's fixed part lies somewhere between the twin's and nothing.
     ///
@@ -95,7 +97,7 @@ impl SearchDriver {
         let host_s = self.space.offload_host_floor_s.filter(|h| *h > 0.0)?;
         let twin = related.offload_twin?;
         let model = secant_memory_model(self.feasible(twin).iter())?;
-        let per_sample = model.gpu.per_sample_bytes;
+        let per_sample = self.peers_per_sample(&related.activation_peers, &model);
         let usable = self.budget.usable_gpu_bytes()? as f64;
         if per_sample.is_nan() || per_sample <= 0.0 {
             return None;
@@ -157,14 +159,11 @@ impl SearchDriver {
     /// trial borrows the per-sequence bytes of its twin without offload instead (see
     /// [`borrowed_memory_model`]). The factor two keeps the bound optimistic when memory grows
     /// less than linearly; `None` when no model can be fitted or memory does not grow.
-    fn memory_reach(
-        &self,
-        trials: &Trials<'_>,
-        offload_twin: Option<&Trials<'_>>,
-    ) -> Option<usize> {
+    fn memory_reach(&self, trials: &Trials<'_>, related: &RelativeTrials<'_, '_>) -> Option<usize> {
         let own = self.feasible(trials);
         let model = secant_memory_model(own.iter()).or_else(|| {
-            let twin = secant_memory_model(self.feasible(offload_twin?).iter())?;
+            let mut twin = secant_memory_model(self.feasible(related.offload_twin?).iter())?;
+            twin.gpu.per_sample_bytes = self.peers_per_sample(&related.activation_peers, &twin);
             let (_, largest) = own
                 .iter()
                 .max_by_key(|(_, r)| r.request.knobs.micro_batch)?;
@@ -174,6 +173,28 @@ impl SearchDriver {
             Capacity::UpTo(b) => Some(b.saturating_mul(MEMORY_REACH_FACTOR)),
             Capacity::Unbounded => None,
         }
+    }
+}
+
+impl SearchDriver {
+    /// The device bytes per added sequence to borrow for an offloaded regime: the most that
+    /// `model` (its twin's) or the memory secant of any `peers` (regimes with the same
+    /// activations) shows.
+    ///
+    /// Why the most: a regime's peak is the larger of its activations' and its optimizer's
+    /// transients, and at small batches the second can dominate, so the peak hardly grows
+    /// there. On the gpt-1.3b recording checkpointing after backward grew by 22 MiB per
+    /// sequence between 6 and 12 sequences, under its update's peak; with the update in
+    /// backward the same activations grew by 190 MiB per sequence between 24 and 32, and
+    /// offloaded by 213 MiB between 48 and 96. A twin's flat secant would put the reach past
+    /// every candidate.
+    fn peers_per_sample(&self, peers: &[&Trials<'_>], model: &MemoryModel) -> f64 {
+        peers
+            .iter()
+            .filter_map(|peer| secant_memory_model(self.feasible(peer).iter()))
+            .map(|m| m.gpu.per_sample_bytes)
+            .filter(|b| b.is_finite())
+            .fold(model.gpu.per_sample_bytes, f64::max)
     }
 }
 
@@ -210,8 +231,10 @@ fn borrowed_memory_model(twin: &MemoryModel, trial: &TrialResult) -> Option<Memo
 /// for the host's sum (the runtime's `OffloadAdam::accumulate`), then
 /// the update runs on the host and the new weights are uploaded. That host work (less the
 /// twin's on-device update and weight casts) scales with the parameters, not the batch: a
-/// constant `h`. So `t_offload(b) ≥ t_twin(b) + h`, and `t_twin(b) ≥ c·b` with `c` from
-/// [`per_sequence_floor`].
+/// constant `h`. So `t_offload(b) ≥ t_twin(b) + h`, and `t_twin(b)` is at least both `c·b`
+/// with `c` from [`per_sequence_floor`] and the secant through the twin's two largest feasible
+/// trials (`twin_feasible`, as [`secant_step_s`] reads it: step time grows at least linearly
+/// once the device is busy).
 ///
 /// `h` is measured: each offloaded trial's step time minus the twin's at the smallest micro-batch
 /// at least as large. Step time does not fall as the batch grows, so each difference is at most
@@ -223,6 +246,7 @@ fn borrowed_memory_model(twin: &MemoryModel, trial: &TrialResult) -> Option<Memo
 /// reachable batch.
 fn host_time_bound(
     trials: &Trials<'_>,
+    twin_feasible: &[Timed],
     twin: &Trials<'_>,
     host_floor_s: f64,
     b: usize,
@@ -245,8 +269,9 @@ fn host_time_bound(
     // The floor measured before the search holds whatever the pairs show.
     let host_s = host_s.max(host_floor_s);
     let tokens = own.first()?.tokens_per_sequence();
-    let b = b as f64;
-    Some(tokens * b / (per_sequence_floor(&twin) * b + host_s))
+    let twin_s =
+        (per_sequence_floor(&twin) * b as f64).max(secant_step_s(twin_feasible, b).unwrap_or(0.0));
+    Some(tokens * b as f64 / (twin_s + host_s))
 }
 
 /// Step time at `b` on the secant through the two largest of `points` (sorted by micro-batch),
@@ -356,7 +381,7 @@ mod tests {
         ];
         for (i, (own, expected)) in table.into_iter().enumerate() {
             let own = results(own);
-            let got = host_time_bound(&trials(&own), &twin, 0.0, 100);
+            let got = host_time_bound(&trials(&own), &[], &twin, 0.0, 100);
             match (got, expected) {
                 (Some(g), Some(e)) => assert!((g - e).abs() < 1e-6 * e, "row {i}: {g} vs {e}"),
                 (None, None) => {}

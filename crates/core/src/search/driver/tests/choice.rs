@@ -297,6 +297,56 @@ fn stops_growing_once_throughput_saturates() {
 }
 
 #[test]
+fn a_bracket_whose_gains_are_noise_is_left_open() {
+    // Step time 0.5 ms + 2 ms per sequence: throughput b/(0.0005 + 0.002 b) gains 11 %, 6 %,
+    // 3.1 % and 1.5 % per doubling up to 16, then 32 runs out of memory (boundary 20). Nothing
+    // in 17..=20 can beat 16 by 1 %, so with a saturation stop the bracket stays open; without
+    // one the exact boundary is found.
+    let b = budget(2 * GIB, 0.0);
+    let sim = Simulator::with_budget(
+        &b,
+        1024,
+        vec![laws(bf16(), (1024.0, 51.0, 0.0), (0.0005, 0.002))],
+    );
+    let boundary = true_boundary(&sim, &b, bf16(), &space(vec![bf16()], 64).candidates());
+    assert_eq!(boundary, 20);
+    let run = |saturation_gain: f64| {
+        let s = SearchSpace {
+            saturation_gain,
+            ..space(vec![bf16()], 64)
+        };
+        let driver = SearchDriver::new(s, b).unwrap();
+        let outcome = search(&driver, &sim);
+        let state = driver.regime_states(&outcome.history)[0];
+        (state, outcome.chosen().unwrap().micro_batch)
+    };
+    let (converged, chosen) = run(SearchSpace::DEFAULT_SATURATION_GAIN);
+    let RegimeProgress::Finished(RegimeEnd::Converged {
+        largest,
+        upper_bound_tokens_per_s,
+        best_tokens_per_s,
+    }) = converged.progress
+    else {
+        panic!("expected convergence, got {converged:?}");
+    };
+    assert_eq!((largest, chosen), (16, 16));
+    assert!(upper_bound_tokens_per_s < best_tokens_per_s * (1.0 + RESOLUTION_GAIN));
+    // The bound is optimistic: the true best of the open batches is below it.
+    let rate = |b: f64| 1024.0 * b / (0.0005 + 0.002 * b);
+    assert!(rate(20.0) <= upper_bound_tokens_per_s);
+    let (exact, chosen) = run(0.0);
+    assert_eq!(
+        exact.progress,
+        RegimeProgress::Finished(RegimeEnd::Boundary { largest: 20 })
+    );
+    assert_eq!(chosen, 20);
+    assert!(
+        converged.trials < exact.trials,
+        "{converged:?} vs {exact:?}"
+    );
+}
+
+#[test]
 fn a_regime_whose_step_time_caps_its_throughput_is_pruned_before_its_boundary() {
     // The second regime fits far larger batches but its step time grows 4x faster per
     // sequence: its throughput can never reach the first regime's.
