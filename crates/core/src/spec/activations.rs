@@ -8,8 +8,9 @@
 //! block's backward pass reads:
 //!
 //! - with flash attention: the block input, the q/k/v product's input, the q/k/v product
-//!   (3d), the merged attention output, the residual sum, the feed-forward input, the
-//!   feed-forward hidden product (f), post-norm blocks one more row: `s·(8d + f)·e` bytes (9d
+//!   (`q = (H + 2·KV)·hd`, 3d without grouped key/value heads), the merged attention output,
+//!   the residual sum, the feed-forward input, the feed-forward hidden product (`f`, or `2f`
+//!   for SwiGLU's gate and up), post-norm blocks one more row: `s·(5d + q + f)·e` bytes (6d
 //!   post-norm), plus one f32 log-sum-exp per row and head, `4·s·H`;
 //! - with materialised attention, also the heads (3d) and the probabilities, `H·s²·e`;
 //! - with activation checkpointing, only the block input of recomputed blocks, `s·d·e`, and
@@ -63,19 +64,20 @@ pub fn device_memory(model: &ModelSpec, regime: Regime, on_gpu: bool, flash: boo
         Precision::Fp32 => 4.0,
         Precision::Bf16 | Precision::Fp16 => 2.0,
     };
-    let (s, d, f, h) = (
+    let (s, d, f, h, q) = (
         model.seq_len as f64,
         model.d_model as f64,
-        model.d_ff as f64,
+        model.ff_in_width() as f64,
         model.n_heads as f64,
+        model.qkv_width() as f64,
     );
     let rows = match model.norm {
-        NormPlacement::Pre => 8.0 * d + f,
-        NormPlacement::Post => 9.0 * d + f,
+        NormPlacement::Pre => 5.0 * d + q + f,
+        NormPlacement::Post => 6.0 * d + q + f,
     };
     let mut block = s * rows * e + 4.0 * s * h;
     if !flash {
-        block += 3.0 * s * d * e + h * s * s * e;
+        block += q * s * e + h * s * s * e;
     }
     let layers = model.n_layers as f64;
     let recomputed = (0..model.n_layers)

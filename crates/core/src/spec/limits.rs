@@ -15,7 +15,7 @@ pub use crate::trial::{MAX_STEP_TIME_S, MAX_TRIAL_STEPS};
 
 use crate::knobs::{Knobs, Precision};
 use crate::spec::budget::{format_bytes, Budget};
-use crate::spec::model::{ModelSpec, NormPlacement, Positions};
+use crate::spec::model::ModelSpec;
 use crate::{Error, Result};
 
 /// The largest vocabulary, width, feed-forward width or sequence length.
@@ -37,33 +37,7 @@ pub const STATE_BYTES_PER_PARAMETER: u64 = 16;
 
 /// The parameters `spec` builds, counted in 64 bits; `None` past [`u64::MAX`].
 pub fn parameter_count(spec: &ModelSpec) -> Option<u64> {
-    let n = |x: usize| x as u64;
-    let (d, ff, vocab) = (n(spec.d_model), n(spec.d_ff), n(spec.vocab_size));
-    let attention = d
-        .checked_mul(d)?
-        .checked_mul(4)?
-        .checked_add(d.checked_mul(4)?)?;
-    let feed_forward = d
-        .checked_mul(ff)?
-        .checked_mul(2)?
-        .checked_add(ff)?
-        .checked_add(d)?;
-    let norms = d.checked_mul(4)?;
-    let block = attention.checked_add(feed_forward)?.checked_add(norms)?;
-    let positions = match spec.positions {
-        Positions::None => 0,
-        Positions::Learned => n(spec.seq_len).checked_mul(d)?,
-    };
-    let final_norm = match spec.norm {
-        NormPlacement::Pre => d.checked_mul(2)?,
-        NormPlacement::Post => 0,
-    };
-    let embedding_and_head = vocab.checked_mul(d)?.checked_mul(2)?.checked_add(vocab)?;
-    n(spec.n_layers)
-        .checked_mul(block)?
-        .checked_add(positions)?
-        .checked_add(final_norm)?
-        .checked_add(embedding_and_head)
+    crate::spec::model::parameter_counts(spec)?.total(spec.n_layers)
 }
 
 /// The training state of `spec` (see [`STATE_BYTES_PER_PARAMETER`]); saturates at

@@ -22,6 +22,17 @@ pub enum NormPlacement {
     Pre,
 }
 
+/// Which normalisation the blocks (and the final norm of pre-norm models) apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NormKind {
+    /// `(x − mean) / √(var + eps) · γ + β`, as GPT-2 and PyTorch's encoder.
+    #[default]
+    Layer,
+    /// `x / √(mean(x²) + eps) · γ`, no shift, as Llama, Qwen and Mistral.
+    Rms,
+}
+
 /// Feed-forward activation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -30,16 +41,125 @@ pub enum Activation {
     Relu,
     /// GELU, tanh approximation.
     Gelu,
+    /// The gated SiLU of Llama, Qwen and Mistral: `down(silu(gate(x)) ⊙ up(x))`, where
+    /// `d_ff` is the width of each of `gate` and `up` (one product of width `2·d_ff`).
+    Swiglu,
 }
 
-/// Position information added to token embeddings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// Llama 3's rescaling of the rotary frequencies for long contexts (`rope_scaling` with
+/// `rope_type: "llama3"` in a Hugging Face config): wavelengths beyond
+/// `original_max_position_embeddings / low_freq_factor` are divided by `factor`, those below
+/// `original_max_position_embeddings / high_freq_factor` kept, and the band between blended.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RopeScaling {
+    /// How much longer the context is than the original.
+    pub factor: f64,
+    /// Below this multiple of the original context, wavelengths are scaled by `factor`.
+    pub low_freq_factor: f64,
+    /// Above this multiple, wavelengths are kept.
+    pub high_freq_factor: f64,
+    /// The context the frequencies were trained for.
+    pub original_max_position_embeddings: usize,
+}
+
+/// Rotary position embedding: pairs `(i, i + hd/2)` of each query and key head are rotated by
+/// `position · θ^(−2i/hd)` (the "rotate half" layout of Hugging Face's Llama).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rope {
+    /// The base θ of the frequencies (10 000 in Llama 2, 500 000 in Llama 3, 1 000 000 in Qwen 2).
+    pub theta: f64,
+    /// Llama 3 frequency scaling, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scaling: Option<RopeScaling>,
+}
+
+impl Rope {
+    /// The `hd/2` angular frequencies of heads of width `head_dim`, scaled as `scaling` says
+    /// (as `transformers`' `_compute_llama3_parameters`).
+    pub fn inverse_frequencies(&self, head_dim: usize) -> Vec<f64> {
+        let half = head_dim / 2;
+        (0..half)
+            .map(|i| {
+                let f = self.theta.powf(-((2 * i) as f64) / head_dim as f64);
+                match &self.scaling {
+                    None => f,
+                    Some(s) => llama3_scaled(f, s),
+                }
+            })
+            .collect()
+    }
+}
+
+fn llama3_scaled(freq: f64, s: &RopeScaling) -> f64 {
+    let original = s.original_max_position_embeddings as f64;
+    let low_wavelen = original / s.low_freq_factor;
+    let high_wavelen = original / s.high_freq_factor;
+    let wavelen = 2.0 * std::f64::consts::PI / freq;
+    if wavelen > low_wavelen {
+        freq / s.factor
+    } else if wavelen < high_wavelen {
+        freq
+    } else {
+        let smooth =
+            (original / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        (1.0 - smooth) * freq / s.factor + smooth * freq
+    }
+}
+
+/// Position information given to the attention.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Positions {
     /// None (the seed model, like its PyTorch original, has no positional encoding).
     None,
-    /// A learned table of `seq_len` vectors, as GPT-2.
+    /// A learned table of `seq_len` vectors added to the token embeddings, as GPT-2.
     Learned,
+    /// Rotary embeddings of queries and keys, as Llama: no parameters.
+    Rotary(Rope),
+}
+
+/// Which projections have a bias. GPT-2 and the seed have all of them; Llama and Mistral
+/// none; Qwen 2 only on q, k and v.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Biases {
+    /// The q/k/v projection.
+    pub qkv: bool,
+    /// The attention output projection.
+    pub out: bool,
+    /// Both feed-forward projections.
+    pub mlp: bool,
+    /// The vocabulary head.
+    pub head: bool,
+}
+
+impl Default for Biases {
+    fn default() -> Self {
+        Self::ALL
+    }
+}
+
+impl Biases {
+    /// Every projection has a bias (GPT-2, the seed).
+    pub const ALL: Self = Self {
+        qkv: true,
+        out: true,
+        mlp: true,
+        head: true,
+    };
+    /// No projection has one (Llama, Mistral).
+    pub const NONE: Self = Self {
+        qkv: false,
+        out: false,
+        mlp: false,
+        head: false,
+    };
+
+    fn is_all(&self) -> bool {
+        *self == Self::ALL
+    }
 }
 
 /// Which Adam variant the optimizer runs.
@@ -131,16 +251,76 @@ pub struct ModelSpec {
     pub positions: Positions,
     /// Dropout probability after attention, inside and after the feed-forward.
     pub dropout: f32,
-    /// Layer norm epsilon.
+    /// Norm epsilon.
     pub norm_eps: f64,
     /// Optimizer.
     pub optimizer: OptimizerSpec,
+    /// Layer norm (the default) or RMS norm.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub norm_kind: NormKind,
+    /// Key/value heads, each shared by `n_heads / n_kv_heads` query heads (grouped-query
+    /// attention; 1 is multi-query attention). Absent: as many as query heads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_kv_heads: Option<usize>,
+    /// Which projections have a bias (default: all).
+    #[serde(default, skip_serializing_if = "Biases::is_all")]
+    pub biases: Biases,
+    /// Whether the vocabulary head reuses the token embedding table (GPT-2, Llama 3.2,
+    /// Qwen 2.5 up to 3B) instead of a matrix of its own.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub tied_embeddings: bool,
+}
+
+/// A Hugging Face model's name: the last part of its `_name_or_path`, else the folder that
+/// holds its config, else `hf-model`.
+fn hf_model_name(config: &serde_json::Value, path: &Path) -> String {
+    let from_config = config
+        .get("_name_or_path")
+        .and_then(serde_json::Value::as_str)
+        .and_then(|n| n.rsplit('/').find(|part| !part.is_empty()));
+    let from_folder = path
+        .parent()
+        .and_then(Path::file_name)
+        .and_then(|n| n.to_str())
+        .filter(|n| !n.is_empty());
+    from_config
+        .or(from_folder)
+        .unwrap_or("hf-model")
+        .to_lowercase()
+}
+
+/// The parameter counts of `spec` by part (see [`ModelSpec::parameter_groups`]).
+pub(crate) fn parameter_counts(spec: &ModelSpec) -> Option<counts::Counts> {
+    counts::Counts::of(spec)
+}
+
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
 }
 
 const WHAT: &str = "model spec";
 
-/// The names accepted by [`ModelSpec::preset`].
-pub const PRESETS: [&str; 6] = ["tiny", "seed", "gpt-124m", "gpt-350m", "gpt-1.3b", "gpt-2b"];
+mod counts;
+pub mod hf;
+mod presets;
+
+/// The names accepted by [`ModelSpec::preset`]: the seed, GPT-2-style models, and decoders of
+/// the Llama, Qwen 2.5 and Mistral families with their published shapes.
+pub const PRESETS: [&str; 13] = [
+    "tiny",
+    "seed",
+    "gpt-124m",
+    "gpt-350m",
+    "gpt-1.3b",
+    "gpt-2b",
+    "smollm2-135m",
+    "qwen2.5-0.5b",
+    "llama-3.2-1b",
+    "qwen2.5-1.5b",
+    "llama-3.2-3b",
+    "mistral-7b",
+    "llama-3.1-8b",
+];
 
 impl ModelSpec {
     /// The model our users start from: `nn.Embedding(10000, 512)` → 6 × `nn.TransformerEncoderLayer(512, 8)`
@@ -161,6 +341,10 @@ impl ModelSpec {
             dropout: 0.1,
             norm_eps: 1e-5,
             optimizer: OptimizerSpec::adam(1e-3),
+            norm_kind: NormKind::Layer,
+            n_kv_heads: None,
+            biases: Biases::ALL,
+            tied_embeddings: false,
         }
     }
 
@@ -196,6 +380,10 @@ impl ModelSpec {
             dropout: 0.0,
             norm_eps: 1e-5,
             optimizer: OptimizerSpec::adamw(3e-4),
+            norm_kind: NormKind::Layer,
+            n_kv_heads: None,
+            biases: Biases::ALL,
+            tied_embeddings: false,
         }
     }
 
@@ -210,13 +398,16 @@ impl ModelSpec {
             // The largest GPT whose exact AdamW state (12 bytes per parameter, streamed
             // offload) fits the 32 GB host of the RTX 4090 box with room for the rest.
             "gpt-2b" => Self::gpt("gpt-2b", 2560, 20, 24),
-            _ => {
-                return Err(Error::UnknownName {
-                    what: "model preset",
-                    name: name.into(),
-                    known: PRESETS.join(", "),
-                })
-            }
+            other => match presets::decoder(other) {
+                Some(spec) => spec,
+                None => {
+                    return Err(Error::UnknownName {
+                        what: "model preset",
+                        name: name.into(),
+                        known: PRESETS.join(", "),
+                    })
+                }
+            },
         })
     }
 
@@ -229,11 +420,13 @@ impl ModelSpec {
         Self::from_file(path)
     }
 
-    /// Loads and validates a JSON spec file: a full spec, or `{"preset": NAME, ...overrides}`.
+    /// Loads and validates a JSON spec file: a full spec, `{"preset": NAME, ...overrides}`, a
+    /// Hugging Face `config.json` ([`hf`]), or `{"hf_config": PATH, ...overrides}` with `PATH`
+    /// relative to the spec file.
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::file("cannot read model spec", path, e))?;
-        Self::from_json(&text).map_err(|e| match e {
+        Self::from_json_at(&text, path).map_err(|e| match e {
             Error::InvalidSpec { .. } | Error::UnknownName { .. } => Error::file(
                 "invalid model spec",
                 path,
@@ -243,9 +436,42 @@ impl ModelSpec {
         })
     }
 
+    fn from_json_at(text: &str, path: &Path) -> Result<Self> {
+        let mut value = json::parse_value(WHAT, text)?;
+        if hf::is_hf_config(&value) {
+            return hf::from_hf_config(&value, &hf_model_name(&value, path));
+        }
+        let Some(hf_path) = value.as_object_mut().and_then(|o| o.remove("hf_config")) else {
+            return Self::from_json(text);
+        };
+        let relative = hf_path
+            .as_str()
+            .ok_or_else(|| Error::invalid(WHAT, "hf_config", "must be a path (a string)"))?;
+        let hf_file = path.parent().unwrap_or(Path::new(".")).join(relative);
+        let hf_text = std::fs::read_to_string(&hf_file)
+            .map_err(|e| Error::file("cannot read the Hugging Face config", &hf_file, e))?;
+        let hf_value = json::parse_value(hf::WHAT, &hf_text)?;
+        let base =
+            hf::from_hf_config(&hf_value, &hf_model_name(&hf_value, &hf_file)).map_err(|e| {
+                Error::file(
+                    "invalid Hugging Face config",
+                    &hf_file,
+                    Box::new(e) as Box<dyn std::error::Error + Send + Sync>,
+                )
+            })?;
+        let mut merged = serde_json::to_value(base).expect("a spec always serialises");
+        merge(&mut merged, value);
+        let spec: Self = json::from_value(WHAT, merged)?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
     /// Parses and validates a JSON spec (see [`ModelSpec::from_file`]).
     pub fn from_json(text: &str) -> Result<Self> {
         let mut value = json::parse_value(WHAT, text)?;
+        if hf::is_hf_config(&value) {
+            return hf::from_hf_config(&value, &hf_model_name(&value, Path::new("")));
+        }
         let object = value
             .as_object_mut()
             .ok_or_else(|| Error::invalid(WHAT, json::DOCUMENT, "must be a JSON object"))?;
@@ -296,6 +522,53 @@ impl ModelSpec {
                 ),
             );
         }
+        if let Some(kv) = self.n_kv_heads {
+            if kv == 0 || kv > MAX_DIMENSION || self.n_heads % kv != 0 {
+                return bad(
+                    "n_kv_heads",
+                    format!(
+                        "({kv}) must divide n_heads ({}): each key/value head serves a whole group \
+                         of query heads; try {}",
+                        self.n_heads,
+                        nearest_divisor(self.n_heads, kv.max(1))
+                    ),
+                );
+            }
+        }
+        if let Positions::Rotary(rope) = &self.positions {
+            if self.head_dim() % 2 != 0 {
+                return bad(
+                    "positions.rotary",
+                    format!(
+                        "needs an even head width; d_model / n_heads is {}",
+                        self.head_dim()
+                    ),
+                );
+            }
+            if !(rope.theta > 1.0 && rope.theta.is_finite()) {
+                return bad(
+                    "positions.rotary.theta",
+                    format!("({}) must be a finite number above 1", rope.theta),
+                );
+            }
+            if let Some(s) = &rope.scaling {
+                let ok = s.factor >= 1.0
+                    && s.factor.is_finite()
+                    && s.low_freq_factor > 0.0
+                    && s.high_freq_factor > s.low_freq_factor
+                    && s.high_freq_factor.is_finite()
+                    && s.original_max_position_embeddings > 0;
+                if !ok {
+                    return bad(
+                        "positions.rotary.scaling",
+                        format!(
+                            "({s:?}) needs factor ≥ 1, 0 < low_freq_factor < high_freq_factor and \
+                             original_max_position_embeddings ≥ 1"
+                        ),
+                    );
+                }
+            }
+        }
         if !(0.0..1.0).contains(&self.dropout) {
             return bad("dropout", format!("({}) must be in [0, 1)", self.dropout));
         }
@@ -339,7 +612,7 @@ impl ModelSpec {
     fn validate_sizes(&self) -> Result<()> {
         let n = |x: usize| x as u64;
         let activation_width = n(self.vocab_size)
-            .max(n(self.d_ff))
+            .max(2 * n(self.d_ff))
             .max(3 * n(self.d_model));
         // Every product has factors of at most 2^24, so none overflows.
         let tensors = [
@@ -350,7 +623,7 @@ impl ModelSpec {
             ),
             (
                 "d_ff",
-                n(self.d_ff) * n(self.d_model),
+                2 * n(self.d_ff) * n(self.d_model),
                 "a feed-forward weight",
             ),
             (
@@ -397,6 +670,24 @@ impl ModelSpec {
         self.d_model / self.n_heads
     }
 
+    /// Key/value heads: [`ModelSpec::n_kv_heads`], or one per query head.
+    pub fn kv_heads(&self) -> usize {
+        self.n_kv_heads.unwrap_or(self.n_heads)
+    }
+
+    /// Columns of the q/k/v product: the query heads', then the key and value heads'.
+    pub fn qkv_width(&self) -> usize {
+        (self.n_heads + 2 * self.kv_heads()) * self.head_dim()
+    }
+
+    /// Columns of the feed-forward input product (SwiGLU's gate and up side by side).
+    pub fn ff_in_width(&self) -> usize {
+        match self.activation {
+            Activation::Swiglu => 2 * self.d_ff,
+            Activation::Relu | Activation::Gelu => self.d_ff,
+        }
+    }
+
     /// Trainable parameters, counted from the shapes the model builds (saturating for a spec
     /// that [`ModelSpec::validate`] refuses).
     pub fn parameter_count(&self) -> usize {
@@ -406,38 +697,29 @@ impl ModelSpec {
     }
 
     /// The parameters by the parts of the model whose gradients a backward pass completes
-    /// together: the head (with the final norm), each block, the embeddings.
+    /// together: the head (with the final norm), each block, the embeddings. A tied head's
+    /// matrix is the embeddings': its gradient completes with theirs.
     pub fn parameter_groups(&self) -> ParameterGroups {
-        let d = self.d_model;
-        let block = 4 * d * d + 4 * d // attention projections and biases
-            + 2 * d * self.d_ff + self.d_ff + d // feed-forward
-            + 4 * d; // two layer norms
-        let positions = match self.positions {
-            Positions::None => 0,
-            Positions::Learned => self.seq_len * d,
-        };
-        let final_norm = match self.norm {
-            NormPlacement::Pre => 2 * d,
-            NormPlacement::Post => 0,
+        let counts = counts::Counts::of(self);
+        let get = |f: fn(&counts::Counts) -> u64| {
+            counts
+                .as_ref()
+                .map_or(usize::MAX, |c| usize::try_from(f(c)).unwrap_or(usize::MAX))
         };
         ParameterGroups {
-            embeddings: self.vocab_size * d + positions,
-            block,
-            head: final_norm + d * self.vocab_size + self.vocab_size,
+            embeddings: get(|c| c.embeddings),
+            block: get(|c| c.block),
+            head: get(|c| c.head),
         }
     }
 
     /// The parameters that are vectors (biases, norm scales and shifts) rather than matrices:
     /// they stay f32 where matrices run in half precision.
     pub fn vector_parameter_count(&self) -> usize {
-        let d = self.d_model;
-        // q/k/v and output biases, feed-forward biases, two norms.
-        let block = 4 * d + self.d_ff + d + 4 * d;
-        let final_norm = match self.norm {
-            NormPlacement::Pre => 2 * d,
-            NormPlacement::Post => 0,
-        };
-        self.n_layers * block + final_norm + self.vocab_size
+        counts::Counts::of(self)
+            .and_then(|c| c.vectors(self.n_layers))
+            .and_then(|v| usize::try_from(v).ok())
+            .unwrap_or(usize::MAX)
     }
 }
 

@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | weights | 4 (the f32 masters are the model) or, with offload, 2 (bf16/f16 working copies of the matrices; 4 in fp32 and for vectors) | with offload, 4 (f32 masters), and 2 more for the half-precision copies staged for upload |
 //! | Adam moments | 8, or none with offload | with offload, 8 |
-//! | gradients | 4 (f32, all of them until the update) or, updating in backward, 4 × the largest part's parameters | with offload, 4 (f32 sums) |
+//! | gradients | 4 (f32, all of them until the update) or, updating in backward, 4 × the largest part's parameters (and a tied head's weight, held until the embeddings' part is added) | with offload, 4 (f32 sums) |
 //!
 //! So the normal step holds 16 bytes per parameter on the device, the update in backward
 //! 12 plus one part's gradients, and offload in bf16 2 on the device and, on the host, 12 when
@@ -63,9 +63,16 @@ impl StateBytes {
     pub fn of(model: &ModelSpec, knobs: &Knobs) -> Self {
         let p = model.parameter_count() as u64;
         let vectors = model.vector_parameter_count() as u64;
+        // A tied head's weight gradient waits for the embeddings' part through the backward
+        // pass: with the update in backward it is held beside each part's.
+        let tied = if model.tied_embeddings {
+            4 * (model.vocab_size * model.d_model) as u64
+        } else {
+            0
+        };
         let gradients = match knobs.update {
             Update::AfterBackward => 4 * p,
-            Update::InBackward => 4 * model.parameter_groups().largest() as u64,
+            Update::InBackward => 4 * model.parameter_groups().largest() as u64 + tied,
         };
         match knobs.offload {
             Offload::None => Self {
