@@ -10,9 +10,12 @@
 //! recomputes the probabilities from q and k.
 //!
 //! Inputs and outputs stay in the token-major layout of the linear layers around attention:
-//! `qkv` is `(batch·seq, 3·d)` with columns `[q | k | v]` and head `h` in columns
-//! `h·hd .. (h+1)·hd` of each part; the output and its gradient are `(batch·seq, d)`; the gradient
-//! of `qkv` has `qkv`'s shape. Dropout masks use the element index of the probability tensor the
+//! `qkv` is `(batch·seq, (heads + 2·kv_heads)·hd)` with columns `[q | k | v]`, query head `h` in
+//! columns `h·hd .. (h+1)·hd` of q and key/value head `g` in the same place of k and v; the
+//! output and its gradient are `(batch·seq, d)`, `d = heads·hd`; the gradient of `qkv` has
+//! `qkv`'s shape. With grouped-query attention (`kv_heads < heads`) query head `h` reads
+//! key/value head `h / (heads / kv_heads)`: the shared heads are read in place, never repeated,
+//! and their gradients sum over the query heads of their group. Dropout masks use the element index of the probability tensor the
 //! materialised path would have, so both paths draw the same masks.
 //!
 //! Key padding ([`flash_attention_padded`]): per sequence, keys from a given length on are
@@ -44,26 +47,37 @@ pub struct AttentionShape {
     pub batch: usize,
     /// Tokens per sequence.
     pub seq: usize,
-    /// Attention heads.
+    /// Query heads.
     pub heads: usize,
+    /// Key/value heads: `heads`, or a divisor of it (grouped-query attention).
+    pub kv_heads: usize,
     /// Whether query `i` sees only keys `0..=i`.
     pub causal: bool,
 }
 
 impl AttentionShape {
-    /// The model width `d` of a `(batch·seq, 3·d)` q/k/v product, after checking its shape.
+    /// The output width `d = heads·hd` of a `(batch·seq, (heads + 2·kv_heads)·hd)` q/k/v
+    /// product, after checking its shape.
     fn width(&self, qkv: &Tensor) -> Result<usize> {
         let (rows, cols) = qkv.dims2()?;
-        if rows != self.batch * self.seq || cols % (3 * self.heads) != 0 || cols == 0 {
+        let parts = self.heads + 2 * self.kv_heads;
+        if rows != self.batch * self.seq
+            || self.kv_heads == 0
+            || self.heads % self.kv_heads != 0
+            || cols % parts != 0
+            || cols == 0
+        {
             bail!(
-                "{NAME}: q/k/v rows {:?} do not fit batch {} × seq {} with {} heads",
+                "{NAME}: q/k/v rows {:?} do not fit batch {} × seq {} with {} query and {} \
+                 key/value heads",
                 qkv.shape(),
                 self.batch,
                 self.seq,
-                self.heads
+                self.heads,
+                self.kv_heads
             );
         }
-        Ok(cols / 3)
+        Ok(cols / parts * self.heads)
     }
 
     fn head_dim(&self, d: usize) -> usize {
@@ -242,7 +256,7 @@ fn backward(
         }
         _ => bail!("{NAME}: all inputs must be on one device, the CPU or CUDA"),
     };
-    Ok(fresh(dqkv, (rows, 3 * d)))
+    Ok(fresh(dqkv, (rows, args.qkv_width())))
 }
 
 /// A key-padding mask's lengths, checked against the call's shape.
@@ -286,6 +300,7 @@ struct Args {
     batch: usize,
     seq: usize,
     heads: usize,
+    kv_heads: usize,
     head_dim: usize,
     causal: bool,
     scale: f32,
@@ -314,6 +329,7 @@ impl Args {
             batch: shape.batch,
             seq: shape.seq,
             heads: shape.heads,
+            kv_heads: shape.kv_heads,
             head_dim: shape.head_dim(d),
             causal: shape.causal,
             scale: shape.scale(d),
@@ -329,8 +345,19 @@ impl Args {
             .map_or(self.seq, |lens| lens[b] as usize)
     }
 
+    /// The output's width: the query heads'.
     fn width(&self) -> usize {
         self.heads * self.head_dim
+    }
+
+    /// The q/k/v product's width.
+    fn qkv_width(&self) -> usize {
+        (self.heads + 2 * self.kv_heads) * self.head_dim
+    }
+
+    /// The key/value head query head `h` reads.
+    fn kv_head(&self, h: usize) -> usize {
+        h / (self.heads / self.kv_heads)
     }
 
     /// The factor of element `(batch·heads index bh, query i, key j)` of the probabilities:

@@ -48,6 +48,11 @@ pub(crate) const PERMUTE: Module = Module {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/permute.ptx")),
 };
 
+pub(crate) const LLAMA: Module = Module {
+    name: "autotune_llama",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/llama.ptx")),
+};
+
 pub(crate) const LAYER_NORM: Module = Module {
     name: "autotune_layer_norm",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/layer_norm.ptx")),

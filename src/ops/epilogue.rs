@@ -46,6 +46,11 @@ impl DropoutMask {
     pub fn keeps(&self, i: u64) -> bool {
         keep(self.key, i, self.threshold())
     }
+
+    /// [`DropoutMask::keeps`] from a mask's key and threshold, as the kernels take them.
+    pub(crate) fn keeps_hashed(key: u64, i: u64, threshold: u32) -> bool {
+        keep(key, i, threshold)
+    }
 }
 
 fn keep(key: u64, i: u64, threshold: u32) -> bool {
@@ -53,12 +58,14 @@ fn keep(key: u64, i: u64, threshold: u32) -> bool {
     (z >> 32) as u32 >= threshold
 }
 
-/// The activation an epilogue applies (`None`: identity).
-fn act_code(act: Option<Activation>) -> i32 {
+/// The activation an epilogue applies (`None`: identity); SwiGLU, which halves the columns,
+/// is an op of its own ([`super::swiglu`]).
+fn act_code(act: Option<Activation>) -> Result<i32> {
     match act {
-        None => 0,
-        Some(Activation::Relu) => 1,
-        Some(Activation::Gelu) => 2,
+        None => Ok(0),
+        Some(Activation::Relu) => Ok(1),
+        Some(Activation::Gelu) => Ok(2),
+        Some(Activation::Swiglu) => bail!("{NAME}: SwiGLU runs as its own op, not in an epilogue"),
     }
 }
 
@@ -106,19 +113,19 @@ impl EpilogueOps {
         has_residual: bool,
         act: Option<Activation>,
         dropout: Option<DropoutMask>,
-    ) -> Self {
+    ) -> Result<Self> {
         let (threshold, scale, key) = match dropout {
             Some(m) if m.threshold() > 0 => (m.threshold(), m.scale(), m.key),
             _ => (0, 1.0, 0),
         };
-        Self {
+        Ok(Self {
             has_bias,
             has_residual,
-            act: act_code(act),
+            act: act_code(act)?,
             threshold,
             scale,
             key,
-        }
+        })
     }
 
     fn drop(&self, i: usize, v: f32) -> f32 {
@@ -143,7 +150,7 @@ pub fn epilogue(
     residual: Option<&Tensor>,
 ) -> Result<Tensor> {
     let y = y.contiguous()?;
-    let ops = EpilogueOps::new(bias.is_some(), residual.is_some(), act, dropout);
+    let ops = EpilogueOps::new(bias.is_some(), residual.is_some(), act, dropout)?;
     let bias = bias_or_dummy(&y, bias)?;
     let residual = match residual {
         Some(r) => {
@@ -177,7 +184,7 @@ pub fn epilogue_backward(
     dropout: Option<DropoutMask>,
 ) -> Result<Tensor> {
     let y = y.contiguous()?;
-    let ops = EpilogueOps::new(bias.is_some(), false, act, dropout);
+    let ops = EpilogueOps::new(bias.is_some(), false, act, dropout)?;
     let bias = bias_or_dummy(&y, bias)?;
     let dout = dout.to_dtype(y.dtype())?.contiguous()?;
     dout.apply_op3_no_bwd(&y, &bias, &EpilogueGrad { ops })
@@ -212,7 +219,7 @@ pub fn embed(
     }
     let (_, d) = table.dims2()?;
     let table = table.contiguous()?;
-    let ops = EpilogueOps::new(false, false, None, dropout);
+    let ops = EpilogueOps::new(false, false, None, dropout)?;
     let has_positions = positions.is_some();
     let positions = match positions {
         Some(p) => {

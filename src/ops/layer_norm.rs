@@ -10,6 +10,9 @@
 //! Backward runs two ops: one for `dx` (one block per row) and one for `dgamma`/`dbeta`, a
 //! deterministic two-pass column reduction (per-chunk partial sums, then a fixed-order sum over
 //! chunks; no float atomics), so gradients are bitwise reproducible.
+//!
+//! RMS norm ([`rms_norm`], Llama's) is the same op without the mean and the shift: the kernels
+//! take a flag, so both share their memory behaviour and their reductions.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
@@ -34,7 +37,26 @@ pub fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f64) -> Result
     }
     let gamma = gamma.to_dtype(DType::F32)?.contiguous()?;
     let beta = beta.to_dtype(DType::F32)?.contiguous()?;
-    x.contiguous()?.apply_op3(&gamma, &beta, LayerNorm { eps })
+    x.contiguous()?
+        .apply_op3(&gamma, &beta, LayerNorm { eps, rms: false })
+}
+
+/// `x / sqrt(mean(x²) + eps) · gamma` over the last dimension of `x` (f32, bf16 or f16),
+/// returned in `x`'s dtype, statistics in f32: Llama's RMS norm. Gradients flow to `x` and
+/// `gamma`, as for [`layer_norm`].
+pub fn rms_norm(x: &Tensor, gamma: &Tensor, eps: f64) -> Result<Tensor> {
+    check_input(x, NAME)?;
+    let d = x.dim(candle_core::D::Minus1)?;
+    if gamma.dims() != [d] {
+        bail!(
+            "{NAME}: gamma must have shape [{d}], got {:?}",
+            gamma.shape()
+        );
+    }
+    let gamma = gamma.to_dtype(DType::F32)?.contiguous()?;
+    // The third input stands in for the shift, which RMS norm does not read.
+    x.contiguous()?
+        .apply_op3(&gamma, &gamma.detach(), LayerNorm { eps, rms: true })
 }
 
 /// The gradients `(dx, dgamma, dbeta)` of [`layer_norm`] from its input `x`, scale `gamma`
@@ -45,27 +67,53 @@ pub fn layer_norm_backward(
     dy: &Tensor,
     eps: f64,
 ) -> Result<(Tensor, Tensor, Tensor)> {
+    let (dx, params) = norm_backward(x, gamma, dy, eps, false)?;
+    Ok((dx, params.get(0)?, params.get(1)?))
+}
+
+/// The gradients `(dx, dgamma)` of [`rms_norm`], outside any graph.
+pub fn rms_norm_backward(
+    x: &Tensor,
+    gamma: &Tensor,
+    dy: &Tensor,
+    eps: f64,
+) -> Result<(Tensor, Tensor)> {
+    let (dx, params) = norm_backward(x, gamma, dy, eps, true)?;
+    Ok((dx, params.get(0)?))
+}
+
+/// `dx` and the `2 × d` parameter gradients `[dgamma; dbeta]`.
+fn norm_backward(
+    x: &Tensor,
+    gamma: &Tensor,
+    dy: &Tensor,
+    eps: f64,
+    rms: bool,
+) -> Result<(Tensor, Tensor)> {
     let x = x.contiguous()?;
     let dy = dy.to_dtype(x.dtype())?.contiguous()?;
     let gamma = gamma.to_dtype(DType::F32)?.contiguous()?;
-    let dx = x.apply_op3_no_bwd(&dy, &gamma, &LayerNormGradInput { eps })?;
-    let params = x.apply_op2_no_bwd(&dy, &LayerNormGradParams { eps })?;
-    Ok((dx, params.get(0)?, params.get(1)?))
+    let dx = x.apply_op3_no_bwd(&dy, &gamma, &LayerNormGradInput { eps, rms })?;
+    let params = x.apply_op2_no_bwd(&dy, &LayerNormGradParams { eps, rms })?;
+    Ok((dx, params))
 }
 
 /// Forward: `(x, gamma, beta) → y`.
 struct LayerNorm {
     eps: f64,
+    rms: bool,
 }
 
 /// Backward for the input: `(x, dy, gamma) → dx`.
 struct LayerNormGradInput {
     eps: f64,
+    rms: bool,
 }
 
 /// Backward for the parameters: `(x, dy) → [dgamma; dbeta]` as a `2 × d` f32 tensor.
 struct LayerNormGradParams {
     eps: f64,
+    rms: bool,
 }
 
 impl CustomOp3 for LayerNorm {
@@ -84,7 +132,14 @@ impl CustomOp3 for LayerNorm {
     ) -> Result<(CpuStorage, Shape)> {
         let (_, cols) = rows_cols(l1);
         let (gamma, beta) = (input_f32(s2, l2, NAME)?, input_f32(s3, l3, NAME)?);
-        let y = fwd_cpu(&input_f32(s1, l1, NAME)?, &gamma, &beta, cols, self.eps);
+        let y = fwd_cpu(
+            &input_f32(s1, l1, NAME)?,
+            &gamma,
+            &beta,
+            cols,
+            self.eps,
+            self.rms,
+        );
         Ok((output(y, s1.dtype())?, l1.shape().clone()))
     }
 
@@ -99,7 +154,7 @@ impl CustomOp3 for LayerNorm {
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let out = super::cuda::float_slice!(NAME, s1, v => {
-            gpu::fwd(v, l1, (s2, l2), (s3, l3), self.eps, &s1.device)?
+            gpu::fwd(v, l1, (s2, l2), (s3, l3), self.eps, self.rms, &s1.device)?
         });
         Ok((out, l1.shape().clone()))
     }
@@ -113,10 +168,12 @@ impl CustomOp3 for LayerNorm {
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let dy = dy.to_dtype(y.dtype())?.contiguous()?;
-        let eps = self.eps;
-        let dx = x.apply_op3_no_bwd(&dy, gamma, &LayerNormGradInput { eps })?;
-        let params = x.apply_op2_no_bwd(&dy, &LayerNormGradParams { eps })?;
-        Ok((Some(dx), Some(params.get(0)?), Some(params.get(1)?)))
+        let (eps, rms) = (self.eps, self.rms);
+        let dx = x.apply_op3_no_bwd(&dy, gamma, &LayerNormGradInput { eps, rms })?;
+        let params = x.apply_op2_no_bwd(&dy, &LayerNormGradParams { eps, rms })?;
+        // RMS norm's third input is a placeholder with no gradient.
+        let dbeta = if rms { None } else { Some(params.get(1)?) };
+        Ok((Some(dx), Some(params.get(0)?), dbeta))
     }
 }
 
@@ -136,7 +193,7 @@ impl CustomOp3 for LayerNormGradInput {
     ) -> Result<(CpuStorage, Shape)> {
         let (_, cols) = rows_cols(l1);
         let (x, dy) = (input_f32(s1, l1, NAME)?, input_f32(s2, l2, NAME)?);
-        let dx = bwd_input_cpu(&x, &dy, &input_f32(s3, l3, NAME)?, cols, self.eps);
+        let dx = bwd_input_cpu(&x, &dy, &input_f32(s3, l3, NAME)?, cols, self.eps, self.rms);
         Ok((output(dx, s1.dtype())?, l1.shape().clone()))
     }
 
@@ -151,7 +208,7 @@ impl CustomOp3 for LayerNormGradInput {
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let out = super::cuda::float_slice!(NAME, s1, v => {
-            gpu::bwd_input(v, l1, (s2, l2), (s3, l3), self.eps, &s1.device)?
+            gpu::bwd_input(v, l1, (s2, l2), (s3, l3), self.eps, self.rms, &s1.device)?
         });
         Ok((out, l1.shape().clone()))
     }
@@ -171,7 +228,7 @@ impl CustomOp2 for LayerNormGradParams {
     ) -> Result<(CpuStorage, Shape)> {
         let (_, cols) = rows_cols(l1);
         let (x, dy) = (input_f32(s1, l1, NAME)?, input_f32(s2, l2, NAME)?);
-        let out = bwd_params_cpu(&x, &dy, cols, self.eps);
+        let out = bwd_params_cpu(&x, &dy, cols, self.eps, self.rms);
         Ok((CpuStorage::F32(out), Shape::from((2, cols))))
     }
 
@@ -185,35 +242,47 @@ impl CustomOp2 for LayerNormGradParams {
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let (_, cols) = rows_cols(l1);
         let out = super::cuda::float_slice!(NAME, s1, v => {
-            gpu::bwd_params(v, l1, (s2, l2), self.eps, &s1.device)?
+            gpu::bwd_params(v, l1, (s2, l2), self.eps, self.rms, &s1.device)?
         });
         Ok((out, Shape::from((2, cols))))
     }
 }
 
-fn fwd_cpu(x: &[f32], gamma: &[f32], beta: &[f32], cols: usize, eps: f64) -> Vec<f32> {
+fn fwd_cpu(x: &[f32], gamma: &[f32], beta: &[f32], cols: usize, eps: f64, rms: bool) -> Vec<f32> {
     let mut y = vec![0f32; x.len()];
     for (row, out) in x.chunks_exact(cols).zip(y.chunks_exact_mut(cols)) {
-        let (mean, rstd) = row_stats(row, eps);
+        let (mean, rstd) = row_stats(row, eps, rms);
         for j in 0..cols {
-            out[j] = (row[j] - mean) * rstd * gamma[j] + beta[j];
+            let shift = if rms { 0.0 } else { beta[j] };
+            out[j] = (row[j] - mean) * rstd * gamma[j] + shift;
         }
     }
     y
 }
 
-fn bwd_input_cpu(x: &[f32], dy: &[f32], gamma: &[f32], cols: usize, eps: f64) -> Vec<f32> {
+fn bwd_input_cpu(
+    x: &[f32],
+    dy: &[f32],
+    gamma: &[f32],
+    cols: usize,
+    eps: f64,
+    rms: bool,
+) -> Vec<f32> {
     let mut dx = vec![0f32; x.len()];
     for (r, out) in dx.chunks_exact_mut(cols).enumerate() {
         let (row, drow) = (&x[r * cols..(r + 1) * cols], &dy[r * cols..(r + 1) * cols]);
-        let (mean, rstd) = row_stats(row, eps);
+        let (mean, rstd) = row_stats(row, eps, rms);
         let (mut sum_g, mut sum_gx) = (0f64, 0f64);
         for j in 0..cols {
             let g = drow[j] * gamma[j];
             sum_g += f64::from(g);
             sum_gx += f64::from(g * (row[j] - mean) * rstd);
         }
-        let mean_g = (sum_g / cols as f64) as f32;
+        let mean_g = if rms {
+            0.0
+        } else {
+            (sum_g / cols as f64) as f32
+        };
         let mean_gx = (sum_gx / cols as f64) as f32;
         for j in 0..cols {
             let xhat = (row[j] - mean) * rstd;
@@ -224,11 +293,11 @@ fn bwd_input_cpu(x: &[f32], dy: &[f32], gamma: &[f32], cols: usize, eps: f64) ->
 }
 
 /// `[dgamma; dbeta]` (2·cols f32), summed over rows in f64.
-fn bwd_params_cpu(x: &[f32], dy: &[f32], cols: usize, eps: f64) -> Vec<f32> {
+fn bwd_params_cpu(x: &[f32], dy: &[f32], cols: usize, eps: f64, rms: bool) -> Vec<f32> {
     let mut dgamma = vec![0f64; cols];
     let mut dbeta = vec![0f64; cols];
     for (row, drow) in x.chunks_exact(cols).zip(dy.chunks_exact(cols)) {
-        let (mean, rstd) = row_stats(row, eps);
+        let (mean, rstd) = row_stats(row, eps, rms);
         for j in 0..cols {
             dgamma[j] += f64::from(drow[j] * (row[j] - mean) * rstd);
             dbeta[j] += f64::from(drow[j]);

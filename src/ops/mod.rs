@@ -24,7 +24,9 @@ mod epilogue;
 pub mod host_optim;
 mod layer_norm;
 mod permute;
+pub mod rotary;
 mod softmax;
+mod swiglu;
 pub mod transfer;
 
 pub use adam::{adam_update, adam_update_all};
@@ -36,9 +38,11 @@ pub use cross_entropy::{
     cross_entropy, cross_entropy_backward, cross_entropy_rows, cross_entropy_rows_padded,
 };
 pub use epilogue::{dropout, embed, embed_backward, epilogue, epilogue_backward, DropoutMask};
-pub use layer_norm::{layer_norm, layer_norm_backward};
+pub use layer_norm::{layer_norm, layer_norm_backward, rms_norm, rms_norm_backward};
 pub use permute::permute_contiguous;
+pub use rotary::{rotate_in_place, Rotation};
 pub use softmax::{attention_softmax, attention_softmax_backward, softmax_last_dim};
+pub use swiglu::{swiglu, swiglu_backward};
 
 use std::borrow::Cow;
 
@@ -108,14 +112,15 @@ fn check_input(x: &Tensor, op: &str) -> Result<()> {
 }
 
 /// Mean and 1/sqrt(var + eps) of a row: two passes (so a large mean does not cancel the
-/// variance), f64 accumulators, f32 results as the kernels produce.
-fn row_stats(row: &[f32], eps: f64) -> (f32, f32) {
+/// variance), f64 accumulators, f32 results as the kernels produce. With `rms` the mean is taken
+/// as 0 (RMS norm: 1/sqrt(mean(x²) + eps)).
+fn row_stats(row: &[f32], eps: f64, rms: bool) -> (f32, f32) {
     let n = row.len() as f64;
-    let mut sum = 0f64;
-    for &v in row {
-        sum += f64::from(v);
-    }
-    let mean = sum / n;
+    let mean = if rms {
+        0.0
+    } else {
+        row.iter().map(|&v| f64::from(v)).sum::<f64>() / n
+    };
     let mut sq = 0f64;
     for &v in row {
         let d = f64::from(v) - mean;

@@ -21,16 +21,30 @@ struct Reference {
     dqkv: Tensor,
 }
 
-/// `(rows, 3d)` → `(3, b, h, s, hd)` and back.
-fn split(qkv: &Tensor, shape: &AttentionShape) -> Tensor {
-    let d = qkv.dim(1).unwrap() / 3;
-    let hd = d / shape.heads;
-    qkv.reshape((shape.batch, shape.seq, 3, shape.heads, hd))
-        .unwrap()
-        .permute((2, 0, 3, 1, 4))
-        .unwrap()
-        .contiguous()
-        .unwrap()
+/// `(rows, (h + 2·kv)·hd)` → q, k and v as `(b, h, s, hd)` each, the key/value heads repeated
+/// for the query heads of their group (a differentiable copy: their gradients sum).
+fn split(qkv: &Tensor, shape: &AttentionShape) -> (Tensor, Tensor, Tensor) {
+    let (h, kv) = (shape.heads, shape.kv_heads);
+    let hd = qkv.dim(1).unwrap() / (h + 2 * kv);
+    let part = |start: usize, n: usize| {
+        qkv.narrow(1, start * hd, n * hd)
+            .unwrap()
+            .reshape((shape.batch, shape.seq, n, hd))
+            .unwrap()
+            .transpose(1, 2)
+            .unwrap()
+    };
+    let repeat = |t: Tensor| {
+        let heads: Vec<Tensor> = (0..h)
+            .map(|i| t.narrow(1, i / (h / kv), 1).unwrap())
+            .collect();
+        Tensor::cat(&heads, 1).unwrap().contiguous().unwrap()
+    };
+    (
+        part(0, h).contiguous().unwrap(),
+        repeat(part(h, kv)),
+        repeat(part(h + kv, kv)),
+    )
 }
 
 fn merge(heads: &Tensor, shape: &AttentionShape) -> Tensor {
@@ -85,12 +99,7 @@ fn reference(
     lens: Option<&[u32]>,
 ) -> Reference {
     let qkv = Var::from_tensor(&qkv.to_dtype(DType::F64).unwrap()).unwrap();
-    let heads = split(qkv.as_tensor(), shape);
-    let (q, k, v) = (
-        heads.get(0).unwrap(),
-        heads.get(1).unwrap(),
-        heads.get(2).unwrap(),
-    );
+    let (q, k, v) = split(qkv.as_tensor(), shape);
     let hd = q.dim(D::Minus1).unwrap();
     let s = shape.seq;
     let mut scores = (q.matmul(&k.t().unwrap()).unwrap() / (hd as f64).sqrt()).unwrap();
@@ -156,6 +165,7 @@ fn flash_attention_matches_an_f64_reference() {
                         batch,
                         seq,
                         heads,
+                        kv_heads: heads,
                         causal,
                     };
                     let d = heads * hd;
@@ -190,6 +200,56 @@ fn flash_attention_matches_an_f64_reference() {
 }
 
 #[test]
+fn grouped_query_attention_matches_an_f64_reference() {
+    // Query heads sharing key/value heads (Llama 3.2's 32 over 8, Qwen 2.5's 14 over 2, one
+    // shared head): the shared heads are read in place, and their gradients sum over the group.
+    let mask = DropoutMask { p: 0.2, key: 47 };
+    let mut seed = 500;
+    for (batch, seq, heads, kv_heads, hd) in [
+        (2, 37, 4, 2, 16),
+        (1, 45, 6, 1, 64),
+        (2, 33, 4, 2, 128),
+        (1, 70, 3, 1, 32),
+    ] {
+        for causal in [false, true] {
+            for dropout in [None, Some(mask)] {
+                for dtype in DTYPES {
+                    seed += 1;
+                    let shape = AttentionShape {
+                        batch,
+                        seq,
+                        heads,
+                        kv_heads,
+                        causal,
+                    };
+                    let width = (heads + 2 * kv_heads) * hd;
+                    let qkv = random(&[batch * seq, width], 1.0, 0.0, seed, dtype);
+                    let dout = random(&[batch * seq, heads * hd], 1.0, 0.0, seed + 1000, dtype);
+                    let want = reference(&qkv, &dout, &shape, dropout, None);
+                    let (out, lse) = ops::flash_attention(&qkv, &shape, dropout).unwrap();
+                    let dqkv =
+                        ops::flash_attention_backward(&qkv, &out, &lse, &dout, &shape, dropout)
+                            .unwrap();
+                    let what = format!(
+                        "b{batch} s{seq} h{heads}/{kv_heads} hd{hd} causal={causal} dropout={} {dtype:?}",
+                        dropout.is_some()
+                    );
+                    assert_eq!(dqkv.dims(), [batch * seq, width], "{what}");
+                    assert_close(&format!("{what} out"), &out, &want.out, tol(dtype));
+                    assert_close(&format!("{what} lse"), &lse, &want.lse, tol(DType::F32));
+                    let grad_tol = if dtype == DType::F32 {
+                        tol(dtype)
+                    } else {
+                        2.0 * tol(dtype)
+                    };
+                    assert_close(&format!("{what} dqkv"), &dqkv, &want.dqkv, grad_tol);
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn padded_flash_attention_matches_an_f64_reference() {
     let mask = DropoutMask { p: 0.2, key: 43 };
     let mut seed = 300;
@@ -210,6 +270,7 @@ fn padded_flash_attention_matches_an_f64_reference() {
                         batch,
                         seq,
                         heads,
+                        kv_heads: heads,
                         causal,
                     };
                     let d = heads * hd;
@@ -275,6 +336,7 @@ fn padded_flash_attention_rejects_bad_lengths() {
         batch: 2,
         seq: 5,
         heads: 2,
+        kv_heads: 2,
         causal: true,
     };
     let qkv = random(&[10, 24], 1.0, 0.0, 1, DType::F32);
@@ -295,6 +357,7 @@ fn flash_attention_rejects_mismatched_shapes() {
         batch: 2,
         seq: 5,
         heads: 2,
+        kv_heads: 2,
         causal: true,
     };
     let qkv = random(&[9, 24], 1.0, 0.0, 1, DType::F32);

@@ -131,9 +131,12 @@ fn where_off(got: &Tensor, want: &Tensor, limit: f64) -> String {
 /// Rows `(batch·seq, heads·hd)` as `(batch, seq, heads, hd)`, so that a miss names the sequence,
 /// token, head and column.
 fn by_head(t: &Tensor, shape: &AttentionShape) -> Tensor {
-    let hd = t.dim(1).unwrap() / shape.heads;
-    t.reshape((shape.batch, shape.seq, shape.heads, hd))
-        .unwrap()
+    by_heads(t, shape, shape.heads)
+}
+
+fn by_heads(t: &Tensor, shape: &AttentionShape, heads: usize) -> Tensor {
+    let hd = t.dim(1).unwrap() / heads;
+    t.reshape((shape.batch, shape.seq, heads, hd)).unwrap()
 }
 
 /// Checks the output, log-sum-exp and the three parts of the q/k/v gradient of a GPU run
@@ -154,9 +157,14 @@ fn check_run(
     );
     misses.check(&format!("{what} lse"), lse, lse_c, tol(DType::F32) * 10.0);
     let d = out.dim(1).unwrap();
+    let kvd = d / shape.heads * shape.kv_heads;
     let scale = max_abs(&values(dqkv_c));
-    for (part, name) in ["dq", "dk", "dv"].iter().enumerate() {
-        let cols = |t: &Tensor| by_head(&t.narrow(1, part * d, d).unwrap(), shape);
+    for (name, start, width, heads) in [
+        ("dq", 0, d, shape.heads),
+        ("dk", d, kvd, shape.kv_heads),
+        ("dv", d + kvd, kvd, shape.kv_heads),
+    ] {
+        let cols = |t: &Tensor| by_heads(&t.narrow(1, start, width).unwrap(), shape, heads);
         misses.check_part(
             &format!("{what} {name}"),
             &cols(dqkv),
@@ -205,6 +213,7 @@ fn cuda_flash_attention_matches_the_cpu() {
                         batch,
                         seq,
                         heads,
+                        kv_heads: heads,
                         causal,
                     };
                     let d = heads * hd;
@@ -243,6 +252,64 @@ fn cuda_flash_attention_matches_the_cpu() {
 }
 
 #[test]
+fn cuda_grouped_query_attention_matches_the_cpu() {
+    // Query heads sharing key/value heads at the decoders' widths: the dk/dv kernel runs one
+    // block per key/value head and sums its group in registers, deterministically.
+    let dev = gpu();
+    let mut misses = Misses::default();
+    let mask = DropoutMask { p: 0.1, key: 11 };
+    let mut seed = 900;
+    for (batch, seq, heads, kv_heads, hd) in [
+        (2, 200, 8, 2, 64),
+        (1, 129, 14, 2, 64),
+        (2, 100, 4, 1, 128),
+        (1, 300, 6, 3, 128),
+        (1, 33, 4, 2, 96),
+        (1, 1, 4, 2, 64),
+    ] {
+        for causal in [false, true] {
+            for dropout in [None, Some(mask)] {
+                for dtype in [DType::BF16, DType::F16] {
+                    seed += 2;
+                    let shape = AttentionShape {
+                        batch,
+                        seq,
+                        heads,
+                        kv_heads,
+                        causal,
+                    };
+                    let width = (heads + 2 * kv_heads) * hd;
+                    let qkv = random(&[batch * seq, width], 1.0, 0.0, seed, dtype);
+                    let dout = random(&[batch * seq, heads * hd], 1.0, 0.0, seed + 1, dtype);
+                    let run = |device: &Device| {
+                        let qkv = qkv.to_device(device).unwrap();
+                        let dout = dout.to_device(device).unwrap();
+                        let (out, lse) = ops::flash_attention(&qkv, &shape, dropout).unwrap();
+                        let dqkv =
+                            ops::flash_attention_backward(&qkv, &out, &lse, &dout, &shape, dropout)
+                                .unwrap();
+                        (out, lse, dqkv)
+                    };
+                    poison_pool(&dev);
+                    let gpu = run(&dev);
+                    let cpu = run(&Device::Cpu);
+                    let what = format!(
+                        "b{batch} s{seq} h{heads}/{kv_heads} hd{hd} causal={} drop={} {dtype:?}",
+                        u8::from(causal),
+                        u8::from(dropout.is_some())
+                    );
+                    check_run(&mut misses, &what, &shape, dtype, &gpu, &cpu);
+                    poison_pool(&dev);
+                    let (_, _, dqkv2) = run(&dev);
+                    misses.check(&format!("{what} dqkv rerun"), &dqkv2, &gpu.2, 0.0);
+                }
+            }
+        }
+    }
+    misses.finish();
+}
+
+#[test]
 fn cuda_padded_flash_attention_matches_the_cpu() {
     let dev = gpu();
     let mut misses = Misses::default();
@@ -267,6 +334,7 @@ fn cuda_padded_flash_attention_matches_the_cpu() {
                         batch,
                         seq,
                         heads,
+                        kv_heads: heads,
                         causal,
                     };
                     let d = heads * hd;

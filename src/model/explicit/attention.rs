@@ -48,14 +48,19 @@ pub(crate) enum Saved {
         lse: Tensor,
     },
     Materialized {
-        /// q, k, v as `(3, batch, heads, seq, head_dim)`.
-        heads: Tensor,
+        /// q `(batch, heads, seq, head_dim)`.
+        q: Tensor,
+        /// k and v `(batch, kv_heads, seq, head_dim)`: shared heads are repeated only while
+        /// a product needs them.
+        k: Tensor,
+        v: Tensor,
         /// Probabilities before dropout `(batch, heads, seq, seq)`.
         probs: Tensor,
     },
 }
 
-/// `(what backward reads, merged output rows (rows, d))` from the q/k/v product `(rows, 3d)`.
+/// `(what backward reads, merged output rows (rows, d))` from the q/k/v product
+/// `(rows, (heads + 2·kv_heads)·hd)`.
 pub(crate) fn forward(
     how: Attention,
     qkv: Tensor,
@@ -71,7 +76,7 @@ pub(crate) fn forward(
     }
 }
 
-/// The gradient of the q/k/v product `(rows, 3d)` from that of the merged output.
+/// The gradient of the q/k/v product from that of the merged output.
 pub(crate) fn backward(
     saved: Saved,
     merged: &Tensor,
@@ -83,8 +88,8 @@ pub(crate) fn backward(
         Saved::Flash { qkv, lse } => Ok(ops::flash_attention_backward(
             &qkv, merged, &lse, dmerged, shape, mask,
         )?),
-        Saved::Materialized { heads, probs } => {
-            materialized_backward(&heads, &probs, dmerged, shape, mask)
+        Saved::Materialized { q, k, v, probs } => {
+            materialized_backward(&q, &k, &v, &probs, dmerged, shape, mask)
         }
     }
 }
@@ -98,59 +103,104 @@ fn materialized_forward(
         batch: b,
         seq: s,
         heads: h,
+        kv_heads: kv,
         causal,
     } = shape;
-    let d = qkv.dim(1)? / 3;
-    let hd = d / h;
-    // (b, s, 3, h, hd) → (3, b, h, s, hd)
-    let heads = ops::permute_contiguous(&qkv.reshape((b, s, 3, h, hd))?, &[2, 0, 3, 1, 4])?;
+    let hd = qkv.dim(1)? / (h + 2 * kv);
+    let d = h * hd;
+    let (q, k, v) = split_heads(&qkv, shape, hd)?;
     drop(qkv);
-    let (q, k, v) = (heads.get(0)?, heads.get(1)?, heads.get(2)?);
-    let scores = q.matmul(&k.t()?)?;
+    let scores = q.matmul(&repeat_kv(&k, h)?.t()?)?;
     let probs = ops::attention_softmax(&scores, scale(hd), if causal { s } else { 0 })?;
     drop(scores);
     let dropped = match mask {
         Some(m) => ops::dropout(&probs, m)?,
         None => probs.clone(),
     };
-    let o = dropped.matmul(&v)?;
+    let o = dropped.matmul(&repeat_kv(&v, h)?)?;
     drop(dropped);
     let merged = ops::permute_contiguous(&o, &[0, 2, 1, 3])?.reshape((b * s, d))?;
-    Ok((Saved::Materialized { heads, probs }, merged))
+    Ok((Saved::Materialized { q, k, v, probs }, merged))
+}
+
+/// q `(b, heads, s, hd)`, k and v `(b, kv_heads, s, hd)` from the q/k/v product's columns.
+fn split_heads(
+    qkv: &Tensor,
+    shape: &AttentionShape,
+    hd: usize,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (b, s, h, kv) = (shape.batch, shape.seq, shape.heads, shape.kv_heads);
+    let part = |start: usize, n: usize| -> Result<Tensor> {
+        let cols = qkv.narrow(1, start * hd, n * hd)?.contiguous()?;
+        Ok(ops::permute_contiguous(
+            &cols.reshape((b, s, n, hd))?,
+            &[0, 2, 1, 3],
+        )?)
+    };
+    Ok((part(0, h)?, part(h, kv)?, part(h + kv, kv)?))
+}
+
+/// `(b, kv, s, hd)` key/value heads repeated for `heads` query heads (each shared by a group of
+/// `heads / kv` consecutive ones); the heads themselves when there is one per query head.
+fn repeat_kv(x: &Tensor, heads: usize) -> Result<Tensor> {
+    let (b, kv, s, hd) = x.dims4()?;
+    if kv == heads {
+        return Ok(x.clone());
+    }
+    Ok(x.unsqueeze(2)?
+        .broadcast_as((b, kv, heads / kv, s, hd))?
+        .contiguous()?
+        .reshape((b, heads, s, hd))?)
+}
+
+/// The sum over each group of `heads / kv` query heads of a `(b, heads, s, hd)` gradient: the
+/// gradient of the shared key/value heads.
+fn sum_groups(x: &Tensor, kv: usize) -> Result<Tensor> {
+    let (b, h, s, hd) = x.dims4()?;
+    if kv == h {
+        return Ok(x.clone());
+    }
+    Ok(x.reshape((b, kv, h / kv, s, hd))?.sum(2)?)
 }
 
 fn materialized_backward(
-    heads: &Tensor,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
     probs: &Tensor,
     dmerged: &Tensor,
     shape: &AttentionShape,
     mask: Option<DropoutMask>,
 ) -> Result<Tensor> {
-    let (b, s, h) = (shape.batch, shape.seq, shape.heads);
+    let (b, s, h, kv) = (shape.batch, shape.seq, shape.heads, shape.kv_heads);
     let d = dmerged.dim(1)?;
     let hd = d / h;
-    let (q, k, v) = (heads.get(0)?, heads.get(1)?, heads.get(2)?);
     // (rows, d) → (b, h, s, hd)
     let d_o = ops::permute_contiguous(&dmerged.reshape((b, s, h, hd))?, &[0, 2, 1, 3])?;
     let dropped = match mask {
         Some(m) => ops::dropout(probs, m)?,
         None => probs.clone(),
     };
-    let dv = dropped.t()?.matmul(&d_o)?;
+    let dv = sum_groups(&dropped.t()?.matmul(&d_o)?, kv)?;
     drop(dropped);
-    let d_dropped = d_o.matmul(&v.t()?)?;
+    let d_dropped = d_o.matmul(&repeat_kv(v, h)?.t()?)?;
     let dprobs = match mask {
         Some(m) => ops::dropout(&d_dropped, m)?,
         None => d_dropped,
     };
     let dscores = ops::attention_softmax_backward(probs, &dprobs, scale(hd))?;
     drop(dprobs);
-    let dq = dscores.matmul(&k)?;
-    let dk = dscores.t()?.matmul(&q)?;
+    let dq = dscores.matmul(&repeat_kv(k, h)?)?;
+    let dk = sum_groups(&dscores.t()?.matmul(q)?, kv)?;
     drop(dscores);
-    // (3, b, h, s, hd) → (b, s, 3, h, hd) → (rows, 3d)
-    let stacked = Tensor::stack(&[dq, dk, dv], 0)?;
-    Ok(ops::permute_contiguous(&stacked, &[1, 3, 0, 2, 4])?.reshape((b * s, 3 * d))?)
+    // Each part (b, n, s, hd) → (b, s, n·hd), side by side as the product's columns.
+    let rows = |t: &Tensor, n: usize| -> Result<Tensor> {
+        Ok(ops::permute_contiguous(t, &[0, 2, 1, 3])?.reshape((b * s, n * hd))?)
+    };
+    Ok(Tensor::cat(
+        &[&rows(&dq, h)?, &rows(&dk, kv)?, &rows(&dv, kv)?],
+        1,
+    )?)
 }
 
 /// Attention's score scale, 1/√head_dim.

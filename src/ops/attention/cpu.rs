@@ -16,8 +16,9 @@ struct Head<'a> {
 impl Head<'_> {
     /// Element `c` of token `i`'s q (`part` 0), k (1) or v (2).
     fn at(&self, part: usize, i: usize, c: usize) -> f32 {
-        let d = self.args.width();
-        self.qkv[(self.b * self.args.seq + i) * 3 * d + part * d + self.h * self.args.head_dim + c]
+        self.qkv[(self.b * self.args.seq + i) * self.args.qkv_width()
+            + column(self.args, part, self.h)
+            + c]
     }
 
     fn row(&self, part: usize, i: usize) -> Vec<f32> {
@@ -38,6 +39,17 @@ impl Head<'_> {
 
     fn bh(&self) -> usize {
         self.b * self.args.heads + self.h
+    }
+}
+
+/// The first column of query head `h`'s q (`part` 0), or of the k (1) or v (2) of the
+/// key/value head it reads.
+fn column(args: &Args, part: usize, h: usize) -> usize {
+    let hd = args.head_dim;
+    match part {
+        0 => h * hd,
+        1 => (args.heads + args.kv_head(h)) * hd,
+        _ => (args.heads + args.kv_heads + args.kv_head(h)) * hd,
     }
 }
 
@@ -122,7 +134,8 @@ fn forward_head(head: &Head, out: &mut [f32], lse: &mut [f32]) {
     }
 }
 
-/// The gradient of the q/k/v rows, `(batch·seq, 3·d)`.
+/// The gradient of the q/k/v rows, `(batch·seq, (heads + 2·kv_heads)·hd)`: a shared key/value
+/// head's gradient sums those of the query heads that read it.
 pub(super) fn backward(
     qkv: &[f32],
     out: &[f32],
@@ -154,14 +167,17 @@ pub(super) fn backward(
             );
         }
     });
-    let mut dqkv = vec![0f32; args.batch * s * 3 * d];
+    let width = args.qkv_width();
+    let mut dqkv = vec![0f32; args.batch * s * width];
     for (bh, pair) in scratch.chunks(per_pair).enumerate() {
         let (b, h) = (bh / args.heads, bh % args.heads);
         for part in 0..3 {
             for i in 0..s {
                 let src = (part * s + i) * hd;
-                let dst = (b * s + i) * 3 * d + part * d + h * hd;
-                dqkv[dst..dst + hd].copy_from_slice(&pair[src..src + hd]);
+                let dst = (b * s + i) * width + column(args, part, h);
+                for (out, g) in dqkv[dst..dst + hd].iter_mut().zip(&pair[src..src + hd]) {
+                    *out += g;
+                }
             }
         }
     }

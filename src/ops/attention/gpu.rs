@@ -1,7 +1,8 @@
 //! CUDA launches for flash attention (`kernels/attention.cu`).
 //!
 //! Every kernel runs 128 threads (four warps of 16 rows) per block on a
-//! `(batch·heads, ceil(seq / 64))` grid, for every head width (the kernels of wide heads stream
+//! `(batch·heads, ceil(seq / 64))` grid (the dk/dv kernel: `batch·kv_heads`, each block summing
+//! the query heads of its group), for every head width (the kernels of wide heads stream
 //! narrower tiles, but still take 64 rows per block), with static shared memory only. The
 //! backward pass launches the dq kernel first: it also writes `D = rowsum(dO ⊙ O)`, which the
 //! dk/dv kernel reads.
@@ -29,25 +30,26 @@ struct Dims {
     seq: i32,
     scale: f32,
     causal: i32,
+    kv_heads: i32,
     key: u64,
     threshold: u32,
     keep_scale: f32,
 }
 
-// Four bytes of padding before the 8-aligned `key`.
 const _: () = assert!(std::mem::size_of::<Dims>() == 40);
 const _: () = assert!(std::mem::offset_of!(Dims, batch) == 0);
 const _: () = assert!(std::mem::offset_of!(Dims, heads) == 4);
 const _: () = assert!(std::mem::offset_of!(Dims, seq) == 8);
 const _: () = assert!(std::mem::offset_of!(Dims, scale) == 12);
 const _: () = assert!(std::mem::offset_of!(Dims, causal) == 16);
+const _: () = assert!(std::mem::offset_of!(Dims, kv_heads) == 20);
 const _: () = assert!(std::mem::offset_of!(Dims, key) == 24);
 const _: () = assert!(std::mem::offset_of!(Dims, threshold) == 32);
 const _: () = assert!(std::mem::offset_of!(Dims, keep_scale) == 36);
 
 // SAFETY: a plain `repr(C)` struct with the field order, types and therefore padding of the
-// kernels' `struct Dims { int, int, int; float; int; uint64_t; uint32_t; float; }` (layout
-// asserted on both sides).
+// kernels' `struct Dims { int, int, int; float; int, int; uint64_t; uint32_t; float; }`
+// (layout asserted on both sides).
 unsafe impl DeviceRepr for Dims {}
 
 const THREADS: u32 = 128;
@@ -65,6 +67,7 @@ impl Dims {
             seq: cuda::dim(a.seq, "sequence length")?,
             scale: a.scale,
             causal: i32::from(a.causal),
+            kv_heads: cuda::dim(a.kv_heads, "key/value heads")?,
             key,
             threshold,
             keep_scale,
@@ -72,14 +75,15 @@ impl Dims {
     }
 }
 
-fn config(a: &Args) -> Result<LaunchConfig> {
+/// One block per 64 rows of each (sequence, head) of `heads` heads.
+fn config(a: &Args, heads: usize) -> Result<LaunchConfig> {
     let tiles = a.seq.div_ceil(TILE);
     if tiles > 65_535 {
         bail!("{NAME}: sequence length {} exceeds the grid", a.seq);
     }
     Ok(LaunchConfig {
         grid_dim: (
-            cuda::dim(a.batch * a.heads, "batch × heads")? as u32,
+            cuda::dim(a.batch * heads, "batch × heads")? as u32,
             tiles as u32,
             1,
         ),
@@ -166,9 +170,10 @@ fn forward_typed<T: Elem>(
     lens.push(&mut args);
     args.arg(&mut out).arg(&mut lse).arg(&dims);
     // SAFETY: the arguments match `flash_fwd_h<hd>_<T>(const T*, const uint32_t*, T*, float*,
-    // Dims)`; `qkv` holds rows·3d elements starting 16-byte aligned (`super::aligned`), the
-    // lengths (or null) batch u32, `out` rows·d and `lse` batch·heads·seq.
-    unsafe { args.launch(config(a)?) }.w()?;
+    // Dims)`; `qkv` holds rows·(heads + 2·kv_heads)·hd elements starting 16-byte aligned
+    // (`super::aligned`), the lengths (or null) batch u32, `out` rows·d and `lse`
+    // batch·heads·seq.
+    unsafe { args.launch(config(a, a.heads)?) }.w()?;
     Ok((
         CudaStorage::wrap_cuda_slice(out, dev.clone()),
         CudaStorage::wrap_cuda_slice(lse, dev.clone()),
@@ -208,11 +213,10 @@ fn backward_typed<T: Elem>(
     let rows = a.batch * a.seq;
     // SAFETY: the dq kernel writes every row's q columns and every D, the dk/dv kernel every
     // row's k and v columns.
-    let mut dqkv = unsafe { cuda::output::<T>(dev, rows * 3 * a.width()) }?;
+    let mut dqkv = unsafe { cuda::output::<T>(dev, rows * a.qkv_width()) }?;
     // SAFETY: as above.
     let mut dsum = unsafe { cuda::output::<f32>(dev, a.batch * a.heads * a.seq) }?;
     let dims = Dims::new(a)?;
-    let cfg = config(a)?;
     let stream = dev.cuda_stream();
 
     let dq = cuda::kernel(
@@ -233,7 +237,7 @@ fn backward_typed<T: Elem>(
     // SAFETY: the arguments match `flash_bwd_dq_h<hd>_<T>(const T* qkv, const uint32_t* lens,
     // const T* out, const T* dout, const float* lse, float* dsum, T* dqkv, Dims)` with the
     // sizes above.
-    unsafe { args.launch(cfg) }.w()?;
+    unsafe { args.launch(config(a, a.heads)?) }.w()?;
 
     let dkdv = cuda::kernel(
         dev,
@@ -251,7 +255,8 @@ fn backward_typed<T: Elem>(
         .arg(&dims);
     // SAFETY: the arguments match `flash_bwd_dkdv_h<hd>_<T>(const T* qkv, const uint32_t* lens,
     // const T* dout, const float* lse, const float* dsum, T* dqkv, Dims)`; it runs after the
-    // dq kernel on the same stream, so `dsum` is complete.
-    unsafe { args.launch(cfg) }.w()?;
+    // dq kernel on the same stream, so `dsum` is complete; one block per 64 keys of each
+    // key/value head, which sums its group's query heads.
+    unsafe { args.launch(config(a, a.kv_heads)?) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(dqkv, dev.clone()))
 }

@@ -1,10 +1,14 @@
 // Flash attention: softmax(scale · q kᵀ) v per head, forward and backward, without ever
 // writing the (seq × seq) score or probability matrices to memory.
 //
-// Layout: q, k and v are read straight from the q/k/v product, rows of `3·d` values per token
-// (`[q | k | v]`, head h in columns h·hd .. (h+1)·hd of each part), so no head split/merge copy
-// runs; the output rows (width d) and the gradient rows of the q/k/v product (width 3·d) are
-// written in the same token-major layout.
+// Layout: q, k and v are read straight from the q/k/v product, rows of `d + 2·kvd` values per
+// token (`[q | k | v]`, d = heads·hd, kvd = kv_heads·hd; query head h in columns h·hd ..
+// (h+1)·hd of q, key/value head g likewise in k and v), so no head split/merge copy runs; the
+// output rows (width d) and the gradient rows of the q/k/v product are written in the same
+// token-major layout. Grouped-query attention: query head h reads key/value head
+// h / (heads / kv_heads), in place; the dk/dv kernel runs one block per key/value head and sums
+// the gradients of its group's query heads in registers, so shared heads are never repeated in
+// memory and their gradients need no atomics.
 //
 // Grids are (batch·heads, tiles of 64 rows): the long dimension in x, which has no 65535 limit.
 // Forward (one block per 64 query rows of one (batch, head), four warps of 16 rows): stream
@@ -231,7 +235,8 @@ struct Dims {
     int batch, heads, seq;
     float scale;         // 1/√hd
     int causal;          // query i sees keys 0..=i
-    uint64_t key;        // dropout mask key (after 4 bytes of padding)
+    int kv_heads;        // key/value heads; divides heads
+    uint64_t key;        // dropout mask key
     uint32_t threshold;  // 0: no dropout
     float keep_scale;    // 1/(1-p)
 };
@@ -242,6 +247,8 @@ static_assert(offsetof(Dims, heads) == 4, "Dims::heads must match the Rust Dims:
 static_assert(offsetof(Dims, seq) == 8, "Dims::seq must match the Rust Dims::seq");
 static_assert(offsetof(Dims, scale) == 12, "Dims::scale must match the Rust Dims::scale");
 static_assert(offsetof(Dims, causal) == 16, "Dims::causal must match the Rust Dims::causal");
+static_assert(offsetof(Dims, kv_heads) == 20,
+              "Dims::kv_heads must match the Rust Dims::kv_heads");
 static_assert(offsetof(Dims, key) == 24, "Dims::key must match the Rust Dims::key");
 static_assert(offsetof(Dims, threshold) == 32,
               "Dims::threshold must match the Rust Dims::threshold");
@@ -258,6 +265,19 @@ __device__ __forceinline__ bool kept(const Dims &p, int bh, int i, int j) {
     const uint64_t idx = ((uint64_t)bh * p.seq + i) * p.seq + j;
     return dropout_keep(p.key, idx, p.threshold);
 }
+
+// Where one sequence's query head h and the key/value head it reads start in the q/k/v rows.
+struct HeadCols {
+    long long stride;  // width of a q/k/v row: d + 2·kvd
+    int d, kvd;
+    __device__ HeadCols(const Dims &p, int hd) : d(p.heads * hd), kvd(p.kv_heads * hd) {
+        stride = (long long)d + 2LL * kvd;
+    }
+    __device__ int group(const Dims &p) const { return p.heads / p.kv_heads; }
+    // Columns of k and v of key/value head g.
+    __device__ int k_col(int g, int hd) const { return d + g * hd; }
+    __device__ int v_col(int g, int hd) const { return d + kvd + g * hd; }
+};
 
 // How each head width tiles its work (see the header comment): `STREAM` rows per streamed tile
 // (keys and values in the forward and dq kernels, queries and output gradients in dk/dv), and
@@ -278,13 +298,15 @@ __device__ void forward(const T *qkv, const uint32_t *lens, T *out, float *lse, 
     constexpr int KT = Tiles<HD>::STREAM;
     __shared__ __align__(16) T kbuf[2][KT * PITCH];
     __shared__ __align__(16) T vbuf[2][KT * PITCH];
-    const int d = p.heads * HD, S = p.seq;
-    const long long stride = 3LL * d;
-    const int bh = blockIdx.x, b = bh / p.heads, h = bh % p.heads;
+    const HeadCols cols(p, HD);
+    const int d = cols.d, S = p.seq;
+    const long long stride = cols.stride;
+    const int bh = blockIdx.x, b = bh / p.heads, h = bh % p.heads, g = h / cols.group(p);
     const int warp = threadIdx.x >> 5;
-    const T *q = qkv + (long long)b * S * stride + h * HD;
-    const T *k = q + d;
-    const T *v = q + 2 * d;
+    const T *base = qkv + (long long)b * S * stride;
+    const T *q = base + h * HD;
+    const T *k = base + cols.k_col(g, HD);
+    const T *v = base + cols.v_col(g, HD);
     // Causal blocks of late rows do the most work: they go first, not into the last wave.
     const int tile = gridDim.y - 1 - blockIdx.y;
     const int row0 = tile * TILE + warp * 16;
@@ -394,13 +416,15 @@ __device__ void backward_dq(const T *qkv, const uint32_t *lens, const T *out, co
     constexpr int KT = Tiles<HD>::STREAM;
     __shared__ __align__(16) T kbuf[2][KT * PITCH];
     __shared__ __align__(16) T vbuf[2][KT * PITCH];
-    const int d = p.heads * HD, S = p.seq;
-    const long long stride = 3LL * d;
-    const int bh = blockIdx.x, b = bh / p.heads, h = bh % p.heads;
+    const HeadCols cols(p, HD);
+    const int d = cols.d, S = p.seq;
+    const long long stride = cols.stride;
+    const int bh = blockIdx.x, b = bh / p.heads, h = bh % p.heads, g = h / cols.group(p);
     const int warp = threadIdx.x >> 5, t = threadIdx.x & 3;
-    const T *q = qkv + (long long)b * S * stride + h * HD;
-    const T *k = q + d;
-    const T *v = q + 2 * d;
+    const T *base = qkv + (long long)b * S * stride;
+    const T *q = base + h * HD;
+    const T *k = base + cols.k_col(g, HD);
+    const T *v = base + cols.v_col(g, HD);
     const T *o = out + (long long)b * S * d + h * HD;
     const T *dog = dout + (long long)b * S * d + h * HD;
     // Causal blocks of late rows do the most work: they go first, not into the last wave.
@@ -591,17 +615,17 @@ __device__ __forceinline__ void dkdv_sweep(float (&dk)[HD / 8][4], float (&dv)[H
 }
 
 // Rows key0 + (0, 8) of this thread's accumulator, times `scale`, into columns `col0` ..
-// `col0 + HD` of the keys' gradient rows (col0: d for dk, 2·d for dv).
+// `col0 + HD` of the keys' gradient rows (the head's k or v columns).
 template <typename T, int HD>
 __device__ __forceinline__ void store_key_rows(T *dqkv, const float (&acc)[HD / 8][4],
                                                float scale, int b, int S, int key0, int col0,
-                                               long long stride, int h) {
+                                               long long stride) {
     const int t = threadIdx.x & 3;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int key = key0 + acc_row(2 * r);
         if (key >= S) continue;
-        T *dst = dqkv + ((long long)b * S + key) * stride + col0 + h * HD;
+        T *dst = dqkv + ((long long)b * S + key) * stride + col0;
 #pragma unroll
         for (int dt = 0; dt < HD / 8; ++dt) {
             *reinterpret_cast<uint32_t *>(dst + dt * 8 + 2 * t) =
@@ -610,8 +634,9 @@ __device__ __forceinline__ void store_key_rows(T *dqkv, const float (&acc)[HD / 
     }
 }
 
-// dv = Σ_i dropout(P)_ij dO_i and dk = scale · Σ_i dS_ij q_i for this block's 64 keys; the
-// products run transposed (keys as rows), so P and dS come out as Pᵀ and dSᵀ fragments.
+// dv = Σ_i dropout(P)_ij dO_i and dk = scale · Σ_i dS_ij q_i for this block's 64 keys of one
+// key/value head, summed over the query heads of its group; the products run transposed (keys
+// as rows), so P and dS come out as Pᵀ and dSᵀ fragments.
 template <typename T, int HD>
 __device__ void backward_dkdv(const T *qkv, const uint32_t *lens, const T *dout,
                               const float *lse, const float *dsum, T *dqkv, Dims p) {
@@ -621,39 +646,40 @@ __device__ void backward_dkdv(const T *qkv, const uint32_t *lens, const T *dout,
     __shared__ __align__(16) T dobuf[2][QT * PITCH];
     __shared__ float l2s[QT];
     __shared__ float ds[QT];
-    const int d = p.heads * HD, S = p.seq;
-    const long long stride = 3LL * d;
-    const int bh = blockIdx.x, b = bh / p.heads, h = bh % p.heads;
+    const HeadCols cols(p, HD);
+    const int d = cols.d, S = p.seq;
+    const long long stride = cols.stride;
+    const int group = cols.group(p);
+    const int bg = blockIdx.x, b = bg / p.kv_heads, g = bg % p.kv_heads;
     const int warp = threadIdx.x >> 5;
-    const T *q = qkv + (long long)b * S * stride + h * HD;
-    const T *k = q + d;
-    const T *v = q + 2 * d;
-    const T *dog = dout + (long long)b * S * d + h * HD;
+    const T *base = qkv + (long long)b * S * stride;
+    const T *k = base + cols.k_col(g, HD);
+    const T *v = base + cols.v_col(g, HD);
     const int key0 = blockIdx.y * TILE + warp * 16;
-    // The sweep's arguments, gathered after the k and v fragments are loaded.
-    const auto sweep = [&]() {
-        DkdvSweep<T, HD> w;
-        w.sl2 = p.scale * LOG2E;
-        w.keys = key_count(lens, b, S);
-        // A block of padding keys only writes their zero gradients. Causal: queries before
-        // the block's first key see none of its keys.
-        w.tiles = blockIdx.y * TILE < w.keys ? (S + QT - 1) / QT : 0;
-        w.first = p.causal ? (int)blockIdx.y * (TILE / QT) : 0;
-        w.qbuf = qbuf;
-        w.dobuf = dobuf;
-        w.l2s = l2s;
-        w.ds = ds;
-        w.q = q;
-        w.dog = dog;
-        w.lse = lse;
-        w.dsum = dsum;
-        w.stride = stride;
-        w.d = d;
-        w.S = S;
-        w.bh = bh;
-        w.key0 = key0;
-        return w;
+    // The sweep's arguments; `for_head` points them at one query head of the group.
+    DkdvSweep<T, HD> w;
+    w.sl2 = p.scale * LOG2E;
+    w.keys = key_count(lens, b, S);
+    // A block of padding keys only writes their zero gradients. Causal: queries before the
+    // block's first key see none of its keys.
+    w.tiles = blockIdx.y * TILE < w.keys ? (S + QT - 1) / QT : 0;
+    w.first = p.causal ? (int)blockIdx.y * (TILE / QT) : 0;
+    w.qbuf = qbuf;
+    w.dobuf = dobuf;
+    w.l2s = l2s;
+    w.ds = ds;
+    w.lse = lse;
+    w.dsum = dsum;
+    w.stride = stride;
+    w.d = d;
+    w.S = S;
+    w.key0 = key0;
+    const auto for_head = [&](int h) {
+        w.q = base + h * HD;
+        w.dog = dout + (long long)b * S * d + h * HD;
+        w.bh = b * p.heads + h;
     };
+    const int h0 = g * group;
 
     uint32_t kf[HD / 16][4], vf[HD / 16][4];
     if constexpr (!Tiles<HD>::TWO_SWEEPS) {
@@ -663,37 +689,36 @@ __device__ void backward_dkdv(const T *qkv, const uint32_t *lens, const T *dout,
             frag_a_global(vf[kk], v, stride, key0, kk * 16, S);
         }
         float dk[HD / 8][4] = {}, dv[HD / 8][4] = {};
-        dkdv_sweep<T, HD, DK_AND_DV>(dk, dv, kf, vf, sweep(), p);
-        const int t = threadIdx.x & 3;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const int key = key0 + acc_row(2 * r);
-            if (key >= S) continue;
-            T *dst = dqkv + ((long long)b * S + key) * stride + h * HD;
-#pragma unroll
-            for (int dt = 0; dt < HD / 8; ++dt) {
-                *reinterpret_cast<uint32_t *>(dst + d + dt * 8 + 2 * t) =
-                    Mma<T>::pack(dk[dt][2 * r] * p.scale, dk[dt][2 * r + 1] * p.scale);
-                *reinterpret_cast<uint32_t *>(dst + 2 * d + dt * 8 + 2 * t) = Mma<T>::pack(
-                    dv[dt][2 * r] * p.keep_scale, dv[dt][2 * r + 1] * p.keep_scale);
-            }
+#pragma unroll 1
+        for (int h = h0; h < h0 + group; ++h) {
+            for_head(h);
+            dkdv_sweep<T, HD, DK_AND_DV>(dk, dv, kf, vf, w, p);
         }
+        store_key_rows<T, HD>(dqkv, dk, p.scale, b, S, key0, cols.k_col(g, HD), stride);
+        store_key_rows<T, HD>(dqkv, dv, p.keep_scale, b, S, key0, cols.v_col(g, HD), stride);
     } else {
         // Wide heads: dk and dv accumulators together with k, v and the score tiles would
         // not fit in registers, so dv is swept first and written, then dk.
 #pragma unroll
         for (int kk = 0; kk < HD / 16; ++kk) frag_a_global(kf[kk], k, stride, key0, kk * 16, S);
-        const DkdvSweep<T, HD> w = sweep();
         {
             float dv[HD / 8][4] = {};
-            dkdv_sweep<T, HD, DV_ONLY>(dv, dv, kf, kf, w, p);
-            store_key_rows<T, HD>(dqkv, dv, p.keep_scale, b, S, key0, 2 * d, stride, h);
+#pragma unroll 1
+            for (int h = h0; h < h0 + group; ++h) {
+                for_head(h);
+                dkdv_sweep<T, HD, DV_ONLY>(dv, dv, kf, kf, w, p);
+            }
+            store_key_rows<T, HD>(dqkv, dv, p.keep_scale, b, S, key0, cols.v_col(g, HD), stride);
         }
 #pragma unroll
         for (int kk = 0; kk < HD / 16; ++kk) frag_a_global(vf[kk], v, stride, key0, kk * 16, S);
         float dk[HD / 8][4] = {};
-        dkdv_sweep<T, HD, DK_ONLY>(dk, dk, kf, vf, w, p);
-        store_key_rows<T, HD>(dqkv, dk, p.scale, b, S, key0, d, stride, h);
+#pragma unroll 1
+        for (int h = h0; h < h0 + group; ++h) {
+            for_head(h);
+            dkdv_sweep<T, HD, DK_ONLY>(dk, dk, kf, vf, w, p);
+        }
+        store_key_rows<T, HD>(dqkv, dk, p.scale, b, S, key0, cols.k_col(g, HD), stride);
     }
 }
 

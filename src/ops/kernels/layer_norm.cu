@@ -1,15 +1,21 @@
 // Layer norm over the last dimension with f32 gamma/beta; T is the activation dtype, statistics
 // and arithmetic in f32. Row kernels run one block per row; the parameter-gradient reduction
 // runs over column tiles (see ln_params_partial).
+//
+// `rms` (the same for every thread of a launch) turns each kernel into RMS norm's: the mean is
+// taken as 0, beta is not read, and its gradient (still written by the reduction) is unused.
 #include "common.cuh"
 
 // Mean and 1/sqrt(var + eps) of one row, two-pass (mean first, then squared deviations) so a
 // large mean does not cancel the variance.
 template <typename T>
-__device__ void row_stats(const T *x, int cols, float eps, float &mean, float &rstd) {
-    float s = 0.f;
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) s += to_f32(x[j]);
-    mean = block_sum(s) / (float)cols;
+__device__ void row_stats(const T *x, int cols, float eps, int rms, float &mean, float &rstd) {
+    mean = 0.f;
+    if (!rms) {
+        float s = 0.f;
+        for (int j = threadIdx.x; j < cols; j += blockDim.x) s += to_f32(x[j]);
+        mean = block_sum(s) / (float)cols;
+    }
     float v = 0.f;
     for (int j = threadIdx.x; j < cols; j += blockDim.x) {
         const float d = to_f32(x[j]) - mean;
@@ -21,28 +27,30 @@ __device__ void row_stats(const T *x, int cols, float eps, float &mean, float &r
 
 template <typename T>
 __device__ void ln_fwd(const T *xs, const float *gamma, const float *beta, T *ys, int cols,
-                       float eps) {
+                       float eps, int rms) {
     const size_t row = blockIdx.x;
     const T *x = xs + row * cols;
     T *y = ys + row * cols;
     float mean, rstd;
-    row_stats(x, cols, eps, mean, rstd);
+    row_stats(x, cols, eps, rms, mean, rstd);
     for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-        y[j] = from_f32<T>((to_f32(x[j]) - mean) * rstd * gamma[j] + beta[j]);
+        const float shift = rms ? 0.f : beta[j];
+        y[j] = from_f32<T>((to_f32(x[j]) - mean) * rstd * gamma[j] + shift);
     }
 }
 
-// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma. Statistics are recomputed
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma (RMS norm: without the
+// mean(g) term, as its output does not subtract the mean). Statistics are recomputed
 // from x (the row is read from L1/L2 again) instead of being saved by the forward pass.
 template <typename T>
 __device__ void ln_bwd_input(const T *xs, const T *dys, const float *gamma, T *dxs, int cols,
-                             float eps) {
+                             float eps, int rms) {
     const size_t row = blockIdx.x;
     const T *x = xs + row * cols;
     const T *dy = dys + row * cols;
     T *dx = dxs + row * cols;
     float mean, rstd;
-    row_stats(x, cols, eps, mean, rstd);
+    row_stats(x, cols, eps, rms, mean, rstd);
     float sum_g = 0.f, sum_gx = 0.f;
     for (int j = threadIdx.x; j < cols; j += blockDim.x) {
         const float g = to_f32(dy[j]) * gamma[j];
@@ -50,7 +58,7 @@ __device__ void ln_bwd_input(const T *xs, const T *dys, const float *gamma, T *d
         sum_gx += g * (to_f32(x[j]) - mean) * rstd;
     }
     block_sum2(sum_g, sum_gx);
-    const float mean_g = sum_g / (float)cols;
+    const float mean_g = rms ? 0.f : sum_g / (float)cols;
     const float mean_gx = sum_gx / (float)cols;
     for (int j = threadIdx.x; j < cols; j += blockDim.x) {
         const float g = to_f32(dy[j]) * gamma[j];
@@ -61,10 +69,10 @@ __device__ void ln_bwd_input(const T *xs, const T *dys, const float *gamma, T *d
 
 // stats[2 * row] = mean, stats[2 * row + 1] = rstd.
 template <typename T>
-__device__ void ln_stats(const T *xs, float *stats, int cols, float eps) {
+__device__ void ln_stats(const T *xs, float *stats, int cols, float eps, int rms) {
     const size_t row = blockIdx.x;
     float mean, rstd;
-    row_stats(xs + row * cols, cols, eps, mean, rstd);
+    row_stats(xs + row * cols, cols, eps, rms, mean, rstd);
     if (threadIdx.x == 0) {
         stats[2 * row] = mean;
         stats[2 * row + 1] = rstd;
@@ -128,17 +136,17 @@ extern "C" __global__ void ln_params_final(const float *partial, float *out, int
 #define LN_KERNELS(T, NAME)                                                                    \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                  \
         ln_fwd_##NAME(const T *x, const float *gamma, const float *beta, T *y, int cols,       \
-                      float eps) {                                                             \
-        ln_fwd<T>(x, gamma, beta, y, cols, eps);                                               \
+                      float eps, int rms) {                                                    \
+        ln_fwd<T>(x, gamma, beta, y, cols, eps, rms);                                          \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                  \
         ln_bwd_input_##NAME(const T *x, const T *dy, const float *gamma, T *dx, int cols,      \
-                            float eps) {                                                       \
-        ln_bwd_input<T>(x, dy, gamma, dx, cols, eps);                                          \
+                            float eps, int rms) {                                              \
+        ln_bwd_input<T>(x, dy, gamma, dx, cols, eps, rms);                                     \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                  \
-        ln_stats_##NAME(const T *x, float *stats, int cols, float eps) {                       \
-        ln_stats<T>(x, stats, cols, eps);                                                      \
+        ln_stats_##NAME(const T *x, float *stats, int cols, float eps, int rms) {              \
+        ln_stats<T>(x, stats, cols, eps, rms);                                                 \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(TILE_COLS * TILE_ROWS)                        \
         ln_params_partial_##NAME(const T *x, const T *dy, const float *stats, float *partial,  \

@@ -1,4 +1,4 @@
-//! CUDA launches for the layer-norm ops.
+//! CUDA launches for the layer-norm and RMS-norm ops (`rms` selects the latter).
 //!
 //! Launch configs: forward, `dx` and the statistics kernel run one block per row with
 //! `row_config` threads (64..=1024, ~4 columns each). The parameter gradients use 32 × 8 thread
@@ -28,6 +28,7 @@ pub(super) fn fwd<T: Elem>(
     (gamma, lg): (&CudaStorage, &Layout),
     (beta, lb): (&CudaStorage, &Layout),
     eps: f64,
+    rms: bool,
     dev: &CudaDevice,
 ) -> Result<CudaStorage> {
     let (rows, cols) = rows_cols(l);
@@ -37,7 +38,7 @@ pub(super) fn fwd<T: Elem>(
     let func = cuda::kernel(dev, &cuda::LAYER_NORM, "ln_fwd", T::DTYPE)?;
     // SAFETY: the kernel launched below writes every element.
     let mut y = unsafe { cuda::output::<T>(dev, rows * cols) }?;
-    let (n_cols, eps) = (cuda::dim(cols, "columns")?, eps as f32);
+    let (n_cols, eps, rms) = (cuda::dim(cols, "columns")?, eps as f32, i32::from(rms));
     let stream = dev.cuda_stream();
     let mut args = stream.launch_builder(&func);
     args.arg(&x)
@@ -45,9 +46,10 @@ pub(super) fn fwd<T: Elem>(
         .arg(&beta)
         .arg(&mut y)
         .arg(&n_cols)
-        .arg(&eps);
+        .arg(&eps)
+        .arg(&rms);
     // SAFETY: the arguments match `ln_fwd_<T>(const T*, const float*, const float*, T*, int,
-    // float)`; `x`/`y` hold rows·cols elements, `gamma`/`beta` cols; one block per row.
+    // float, int)`; `x`/`y` hold rows·cols elements, `gamma`/`beta` cols; one block per row.
     unsafe { args.launch(cuda::row_config(rows, cols)?) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
 }
@@ -58,6 +60,7 @@ pub(super) fn bwd_input<T: Elem>(
     (dy, ldy): (&CudaStorage, &Layout),
     (gamma, lg): (&CudaStorage, &Layout),
     eps: f64,
+    rms: bool,
     dev: &CudaDevice,
 ) -> Result<CudaStorage> {
     let (rows, cols) = rows_cols(l);
@@ -67,7 +70,7 @@ pub(super) fn bwd_input<T: Elem>(
     let func = cuda::kernel(dev, &cuda::LAYER_NORM, "ln_bwd_input", T::DTYPE)?;
     // SAFETY: the kernel launched below writes every element.
     let mut dx = unsafe { cuda::output::<T>(dev, rows * cols) }?;
-    let (n_cols, eps) = (cuda::dim(cols, "columns")?, eps as f32);
+    let (n_cols, eps, rms) = (cuda::dim(cols, "columns")?, eps as f32, i32::from(rms));
     let stream = dev.cuda_stream();
     let mut args = stream.launch_builder(&func);
     args.arg(&x)
@@ -75,9 +78,10 @@ pub(super) fn bwd_input<T: Elem>(
         .arg(&gamma)
         .arg(&mut dx)
         .arg(&n_cols)
-        .arg(&eps);
+        .arg(&eps)
+        .arg(&rms);
     // SAFETY: the arguments match `ln_bwd_input_<T>(const T*, const T*, const float*, T*, int,
-    // float)`; `x`/`dy`/`dx` hold rows·cols elements, `gamma` cols; one block per row.
+    // float, int)`; `x`/`dy`/`dx` hold rows·cols elements, `gamma` cols; one block per row.
     unsafe { args.launch(cuda::row_config(rows, cols)?) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(dx, dev.clone()))
 }
@@ -90,15 +94,17 @@ pub(super) fn bwd_params<T: Elem>(
     l: &Layout,
     (dy, ldy): (&CudaStorage, &Layout),
     eps: f64,
+    rms: bool,
     dev: &CudaDevice,
 ) -> Result<CudaStorage> {
     let (rows, cols) = rows_cols(l);
     let x = cuda::slice_view(x, l, NAME)?;
     let dy = cuda::view::<T>(dy, ldy, NAME)?;
-    let (n_rows, n_cols, eps) = (
+    let (n_rows, n_cols, eps, rms) = (
         cuda::dim(rows, "rows")?,
         cuda::dim(cols, "columns")?,
         eps as f32,
+        i32::from(rms),
     );
     let stream = dev.cuda_stream();
 
@@ -106,8 +112,12 @@ pub(super) fn bwd_params<T: Elem>(
     let mut stats = unsafe { cuda::output::<f32>(dev, 2 * rows) }?;
     let func = cuda::kernel(dev, &cuda::LAYER_NORM, "ln_stats", T::DTYPE)?;
     let mut args = stream.launch_builder(&func);
-    args.arg(&x).arg(&mut stats).arg(&n_cols).arg(&eps);
-    // SAFETY: the arguments match `ln_stats_<T>(const T*, float*, int, float)`; `x` holds
+    args.arg(&x)
+        .arg(&mut stats)
+        .arg(&n_cols)
+        .arg(&eps)
+        .arg(&rms);
+    // SAFETY: the arguments match `ln_stats_<T>(const T*, float*, int, float, int)`; `x` holds
     // rows·cols elements, `stats` 2·rows; one block per row writes its two entries.
     unsafe { args.launch(cuda::row_config(rows, cols)?) }.w()?;
 

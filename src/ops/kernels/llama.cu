@@ -1,0 +1,101 @@
+// The elementwise parts of Llama-style blocks: SwiGLU between the gate/up product and the down
+// projection, and rotary position embedding applied in place of the q/k columns of the q/k/v
+// product. Grid-stride launches of 256 threads (`cuda::elementwise_config`), f32 arithmetic.
+//
+//   swiglu:      out[r, j] = dropout(silu(g + bg) · (u + bu)),  [g | u] = h[r, 0..2f]
+//   swiglu_bwd:  dh[r, j]     = dropout(dout) · (u + bu) · silu'(g + bg)
+//                dh[r, f + j] = dropout(dout) · silu(g + bg)
+//   rotary:      for each q and k head, pairs (i, i + hd/2) rotated by ±pos·inv_freq[i],
+//                pos = r % seq (the sign is −1 for the backward pass: the rotation's transpose)
+//
+// Dropout uses the element index of `out` and the SplitMix64 hash of every other site.
+#include "common.cuh"
+
+__device__ __forceinline__ float sigmoid(float z) { return 1.f / (1.f + expf(-z)); }
+
+template <typename T>
+__device__ void swiglu_fwd(const T *h, const float *bias, T *out, size_t n, int f, int has_bias,
+                           uint32_t threshold, float scale, uint64_t key) {
+    const size_t step = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += step) {
+        const size_t r = i / f;
+        const int j = (int)(i % f);
+        float g = to_f32(h[r * 2 * f + j]);
+        float u = to_f32(h[r * 2 * f + f + j]);
+        if (has_bias) {
+            g += bias[j];
+            u += bias[f + j];
+        }
+        float v = g * sigmoid(g) * u;
+        if (threshold) v = dropout_keep(key, i, threshold) ? v * scale : 0.f;
+        out[i] = from_f32<T>(v);
+    }
+}
+
+template <typename T>
+__device__ void swiglu_bwd(const T *dout, const T *h, const float *bias, T *dh, size_t n, int f,
+                           int has_bias, uint32_t threshold, float scale, uint64_t key) {
+    const size_t step = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += step) {
+        const size_t r = i / f;
+        const int j = (int)(i % f);
+        float d = to_f32(dout[i]);
+        if (threshold) d = dropout_keep(key, i, threshold) ? d * scale : 0.f;
+        float g = to_f32(h[r * 2 * f + j]);
+        float u = to_f32(h[r * 2 * f + f + j]);
+        if (has_bias) {
+            g += bias[j];
+            u += bias[f + j];
+        }
+        const float s = sigmoid(g);
+        dh[r * 2 * f + j] = from_f32<T>(d * u * s * (1.f + g * (1.f - s)));
+        dh[r * 2 * f + f + j] = from_f32<T>(d * g * s);
+    }
+}
+
+// One thread per (row, rotated head, pair): `heads` query and key heads from column 0 of each
+// row of `width` columns (the values after them are not touched). In place.
+template <typename T>
+__device__ void rotary(T *x, const float *inv_freq, size_t rows, int width, int heads, int hd,
+                       int seq, float sign) {
+    const int half = hd / 2;
+    const size_t n = rows * (size_t)heads * half;
+    const size_t step = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += step) {
+        const int p = (int)(i % half);
+        const size_t rh = i / half;
+        const int head = (int)(rh % heads);
+        const size_t r = rh / heads;
+        const float angle = (float)(r % seq) * inv_freq[p];
+        float sn, cs;
+        sincosf(angle, &sn, &cs);
+        sn *= sign;
+        T *row = x + r * width + head * hd;
+        const float a = to_f32(row[p]), b = to_f32(row[p + half]);
+        row[p] = from_f32<T>(a * cs - b * sn);
+        row[p + half] = from_f32<T>(b * cs + a * sn);
+    }
+}
+
+#define LLAMA_KERNELS(T, NAME)                                                                 \
+    extern "C" __global__ void swiglu_fwd_##NAME(const T *h, const float *bias, T *out,        \
+                                                 size_t n, int f, int has_bias,                \
+                                                 uint32_t threshold, float scale,              \
+                                                 uint64_t key) {                               \
+        swiglu_fwd<T>(h, bias, out, n, f, has_bias, threshold, scale, key);                    \
+    }                                                                                          \
+    extern "C" __global__ void swiglu_bwd_##NAME(const T *dout, const T *h, const float *bias, \
+                                                 T *dh, size_t n, int f, int has_bias,         \
+                                                 uint32_t threshold, float scale,              \
+                                                 uint64_t key) {                               \
+        swiglu_bwd<T>(dout, h, bias, dh, n, f, has_bias, threshold, scale, key);               \
+    }                                                                                          \
+    extern "C" __global__ void rotary_##NAME(T *x, const float *inv_freq, size_t rows,         \
+                                             int width, int heads, int hd, int seq,            \
+                                             float sign) {                                     \
+        rotary<T>(x, inv_freq, rows, width, heads, hd, seq, sign);                             \
+    }
+
+LLAMA_KERNELS(float, f32)
+LLAMA_KERNELS(__nv_bfloat16, bf16)
+LLAMA_KERNELS(__half, f16)
