@@ -14,10 +14,11 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor, Var};
 
-use autotune::model::layers::{self, LayerNorm};
+use autotune::model::layers::{self, Norm};
 use autotune::model::params::ParamStore;
 use autotune::model::Engine;
 use autotune::ops::{self, AttentionShape, DropoutMask};
+use autotune::spec::model::NormKind;
 
 fn main() {
     let dev = Device::new_cuda(0).expect("this bench needs a CUDA device");
@@ -77,6 +78,7 @@ fn flash_attention(dev: &Device) {
             batch,
             seq,
             heads,
+            kv_heads: heads,
             causal,
         };
         let d = heads * hd;
@@ -142,7 +144,7 @@ fn fused_ops(dev: &Device) {
         }
         let x = random(&[64, 128, 512], dtype, dev);
         let mut store = ParamStore::new(dev, 0);
-        let norm = LayerNorm::new(&mut store, "norm", 512, 1e-5).expect("layer norm");
+        let norm = Norm::new(&mut store, "norm", 512, 1e-5, NormKind::Layer).expect("layer norm");
         for engine in [Engine::Fused, Engine::Composite] {
             time(&format!("layer-norm 64x128x512 {name} {engine:?}"), &|| {
                 let v = Var::from_tensor(&x).expect("var");

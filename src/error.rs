@@ -70,6 +70,16 @@ pub enum Error {
         problem: String,
     },
 
+    /// Hugging Face weights that do not fit the model: a missing or extra tensor, a shape, a
+    /// config that describes another model.
+    #[error("Hugging Face weights `{path}`: {problem}")]
+    Weights {
+        /// The checkpoint folder or file.
+        path: PathBuf,
+        /// What does not fit, naming the tensor or config field.
+        problem: String,
+    },
+
     /// An error from the tensor backend that is not an expected outcome such as out-of-memory.
     #[error(transparent)]
     Backend(#[from] candle_core::Error),

@@ -21,6 +21,7 @@ pub mod collective;
 pub mod dist;
 pub mod error;
 pub mod hash;
+pub mod hf;
 pub mod model;
 pub mod ops;
 pub mod parallel;

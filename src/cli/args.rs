@@ -58,6 +58,9 @@ pub enum Command {
     Tune(TuneArgs),
     /// Print a plan's setting as a DeepSpeed config or as Trainer/Accelerate arguments.
     Export(ExportArgs),
+    /// Write a checkpoint's weights as a Hugging Face model folder (config.json and
+    /// model.safetensors) that `transformers` loads.
+    ExportWeights(ExportWeightsArgs),
     /// Re-measure a recorded profile's settings and report regressions (exit 1 on any).
     Check(super::check::CheckArgs),
     /// Train a model with explicit knobs, with progress, checkpoints and resume.
@@ -83,6 +86,7 @@ impl Command {
             Command::Tune(a) => a.json,
             Command::Run(a) => a.tune.json,
             Command::Export(_) => true,
+            Command::ExportWeights(a) => a.json,
             Command::Check(a) => a.json,
         }
     }
@@ -319,6 +323,34 @@ pub struct RunTrainArgs {
     /// Keep only the newest N checkpoints (default: keep every one).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub keep_last: Option<u64>,
+    /// Start from the weights of a Hugging Face checkpoint folder (see `train --init-from`).
+    #[arg(long, value_name = "DIR", conflicts_with = "resume")]
+    pub init_from: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ExportWeightsArgs {
+    /// A checkpoint (`DIR/step-000100`), or a checkpoint directory (its `latest` is exported).
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// The folder to write `config.json` and `model.safetensors` into.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// The weights' dtype in the file: f32 (the masters as they are) or bf16.
+    #[arg(long, value_enum, default_value = "f32")]
+    pub dtype: WeightsDtype,
+    /// Print what was written as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The dtype of exported weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WeightsDtype {
+    /// f32, exactly the master weights.
+    F32,
+    /// bf16, rounded to nearest even (half the size).
+    Bf16,
 }
 
 #[derive(Debug, Args)]
@@ -380,6 +412,11 @@ pub struct TrainArgs {
     /// Keep only the newest N checkpoints (default: keep every one).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub keep_last: Option<u64>,
+    /// Start from the weights of a Hugging Face checkpoint folder: `model.safetensors` or the
+    /// shards of `model.safetensors.index.json`, in bf16, f16 or f32. Its `config.json`, if any,
+    /// must describe the model trained.
+    #[arg(long, value_name = "DIR", conflicts_with = "resume")]
+    pub init_from: Option<PathBuf>,
     /// Print a JSON summary on stdout.
     #[arg(long)]
     pub json: bool,

@@ -6,6 +6,7 @@
 mod args;
 mod check;
 mod export;
+mod export_weights;
 mod flags;
 mod launch;
 mod printer;
@@ -71,6 +72,7 @@ fn run(command: Command, printer: &Printer) -> anyhow::Result<Status> {
         Command::Tune(args) => tune::run(args, printer),
         Command::Run(args) => run::run(args, printer),
         Command::Export(args) => export::run(args, printer),
+        Command::ExportWeights(args) => export_weights::run(args, printer),
         Command::Check(args) => check::run(args, printer),
     }
 }

@@ -95,6 +95,7 @@ pub fn run(args: RunArgs, printer: &Printer) -> anyhow::Result<Status> {
         resume: resume && checkpoint_dir::holds_checkpoints(&checkpoints)?,
         overwrite: args.train.overwrite,
         keep_last: args.train.keep_last.map(|n| n as usize),
+        init_from: args.train.init_from.clone(),
     };
     let (summary, status): (RunSummary, Status) = train_with_plan(&training, printer)?;
     printer.data_json(&RunReport {

@@ -47,6 +47,7 @@ pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
             resume: args.resume,
             overwrite: args.overwrite,
             keep_last: args.keep_last.map(|n| n as usize),
+            init_from: args.init_from.clone(),
         };
         if let Some(rank) = rank {
             return super::launch::run_rank(plan_job(&training, Some(&rank))?, rank);
@@ -109,6 +110,7 @@ pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
         },
         seed: args.model.seed,
         resume: args.resume,
+        init_from: args.init_from.clone(),
         engine: args.model.engine,
         host_limit: None,
         _card: None,
@@ -177,6 +179,8 @@ pub struct PlanTraining<'a> {
     /// Start over in a checkpoint directory that holds checkpoints, removing them.
     pub overwrite: bool,
     pub keep_last: Option<usize>,
+    /// A Hugging Face checkpoint to start from.
+    pub init_from: Option<PathBuf>,
 }
 
 pub fn train_with_plan(
@@ -243,6 +247,10 @@ impl PlanTraining<'_> {
         if self.resume {
             args.push("--resume".into());
         }
+        if let Some(dir) = &self.init_from {
+            args.push("--init-from".into());
+            args.push(dir.as_os_str().to_owned());
+        }
         args
     }
 }
@@ -277,6 +285,7 @@ fn plan_job<'a>(t: &'a PlanTraining, rank: Option<&RankEnv>) -> anyhow::Result<J
         },
         seed: t.seed,
         resume: t.resume,
+        init_from: t.init_from.clone(),
         // Plans are tuned with the default engine.
         engine: autotune::model::Engine::default(),
         host_limit: Some(host_limit),
@@ -343,6 +352,8 @@ pub struct Job<'a> {
     pub config: RunConfig,
     pub seed: u64,
     pub resume: bool,
+    /// A Hugging Face checkpoint whose weights a fresh run starts from.
+    pub init_from: Option<PathBuf>,
     pub engine: autotune::model::Engine,
     /// The host heap limit in force (a plan's budget, or a rank's share of it).
     pub host_limit: Option<u64>,
@@ -365,6 +376,8 @@ impl Job<'_> {
                 .as_deref()
                 .ok_or_else(|| anyhow::anyhow!("`--resume` needs `--checkpoint-dir`"))?;
             resume(dir, &mut trainer, &data_spec, self.knobs)?;
+        } else if let Some(dir) = &self.init_from {
+            autotune::hf::import_weights(dir, &mut trainer)?;
         }
         Ok((data_spec, data, trainer))
     }

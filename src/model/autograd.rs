@@ -56,6 +56,16 @@ pub fn forward_backward(
     let vars = model.params().vars();
     let mut received = vec![false; vars.len()];
     let mask = model.attention_mask(batch.inputs.dim(1)?, dtype, batch.inputs.device())?;
+    let rope = model.rope_tables(batch.inputs.dim(1)?, dtype, batch.inputs.device())?;
+    // A tied head's weight is the embedding table: its gradient has a part from each end of
+    // the model, summed before the sink hears of it.
+    let mut tied = model.is_tied().then(|| TiedGradient {
+        index: vars
+            .iter()
+            .position(|v| v.as_tensor().id() == model.token_embedding().as_tensor().id())
+            .unwrap_or(usize::MAX),
+        sum: None,
+    });
     let mut boundaries = Vec::with_capacity(plan.count());
     // The scope ends the last segment's graph (logits and all) as soon as its backward is done.
     let (loss, mut grads) = {
@@ -65,8 +75,12 @@ pub fn forward_backward(
             if plan.recomputes(i) {
                 // `y` and the block's whole graph die at the end of this statement; only the
                 // copy in `output` remains.
-                let output =
-                    Var::from_tensor(&block.forward(&x.detach(), mask.as_ref(), &block_ctx)?)?;
+                let output = Var::from_tensor(&block.forward(
+                    &x.detach(),
+                    mask.as_ref(),
+                    rope.as_ref(),
+                    &block_ctx,
+                )?)?;
                 let next = output.as_tensor().clone();
                 boundaries.push(Boundary {
                     block: i,
@@ -75,7 +89,7 @@ pub fn forward_backward(
                 });
                 x = next;
             } else {
-                x = block.forward(&x, mask.as_ref(), &block_ctx)?;
+                x = block.forward(&x, mask.as_ref(), rope.as_ref(), &block_ctx)?;
             }
         }
         let logits = model.head(&x, ctx)?;
@@ -83,7 +97,7 @@ pub fn forward_backward(
         let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         (value, (loss * loss_factor)?.backward()?)
     };
-    harvest(&mut grads, vars, &mut received, sink)?;
+    harvest(&mut grads, vars, &mut received, tied.as_mut(), sink)?;
     while let Some(boundary) = boundaries.pop() {
         let dy = grads.remove(boundary.output.as_tensor()).ok_or_else(|| {
             Error::internal(format!(
@@ -94,10 +108,21 @@ pub fn forward_backward(
         // Free the previous segment's gradients before the recomputation allocates.
         drop(grads);
         let block_ctx = ctx.block(boundary.block)?;
-        let y =
-            model.blocks()[boundary.block].forward(&boundary.input, mask.as_ref(), &block_ctx)?;
+        let y = model.blocks()[boundary.block].forward(
+            &boundary.input,
+            mask.as_ref(),
+            rope.as_ref(),
+            &block_ctx,
+        )?;
         grads = y.apply_op1(SeedGradient { dy })?.backward()?;
-        harvest(&mut grads, vars, &mut received, sink)?;
+        harvest(&mut grads, vars, &mut received, tied.as_mut(), sink)?;
+    }
+    if let Some(TiedGradient {
+        index,
+        sum: Some(sum),
+    }) = tied
+    {
+        sink.gradient(index, sum)?;
     }
     if let Some(i) = received.iter().position(|&r| !r) {
         return Err(Error::MissingGradient {
@@ -111,17 +136,33 @@ pub fn forward_backward(
     Ok(loss)
 }
 
-/// Moves the parameter gradients out of `grads` into `sink`.
+/// The gradient of a tied embedding table, summed over the segments that read it.
+struct TiedGradient {
+    index: usize,
+    sum: Option<Tensor>,
+}
+
+/// Moves the parameter gradients out of `grads` into `sink` (a tied table's into its sum).
 fn harvest(
     grads: &mut GradStore,
     vars: &[Var],
     received: &mut [bool],
+    tied: Option<&mut TiedGradient>,
     sink: &mut dyn GradientSink,
 ) -> Result<()> {
+    let mut tied = tied;
     for (i, var) in vars.iter().enumerate() {
         if let Some(g) = grads.remove(var) {
             received[i] = true;
-            sink.gradient(i, g)?;
+            match tied.as_deref_mut() {
+                Some(t) if t.index == i => {
+                    t.sum = Some(match t.sum.take() {
+                        Some(s) => (s + g)?,
+                        None => g,
+                    });
+                }
+                _ => sink.gradient(i, g)?,
+            }
         }
     }
     Ok(())

@@ -11,6 +11,7 @@ use candle_core::{DType, Tensor, D};
 
 use crate::model::params::{Init, ParamStore};
 use crate::model::Engine;
+use crate::spec::model::NormKind;
 use crate::Result;
 
 /// `y = x·Wᵀ + b` over the last dimension.
@@ -34,6 +35,12 @@ impl Linear {
             None => None,
         };
         Ok(Self { weight, bias })
+    }
+
+    /// A layer over existing parameters: the vocabulary head that reuses the token embedding
+    /// table (`vocab × d`) as its weight.
+    pub fn tied(weight: candle_core::Var, bias: Option<candle_core::Var>) -> Self {
+        Self { weight, bias }
     }
 
     /// The weight (`out × in`).
@@ -66,47 +73,70 @@ impl Linear {
     }
 }
 
-/// Layer normalisation over the last dimension, computed in f32 whatever the input dtype.
-pub struct LayerNorm {
+/// Layer or RMS normalisation over the last dimension, computed in f32 whatever the input
+/// dtype.
+pub struct Norm {
     gamma: candle_core::Var,
-    beta: candle_core::Var,
+    /// The shift; RMS norm has none.
+    beta: Option<candle_core::Var>,
     eps: f64,
+    kind: NormKind,
 }
 
-impl LayerNorm {
-    /// Creates `name.weight` (ones) and `name.bias` (zeros) of width `d`.
-    pub fn new(store: &mut ParamStore, name: &str, d: usize, eps: f64) -> Result<Self> {
+impl Norm {
+    /// Creates `name.weight` (ones) and, for layer norm, `name.bias` (zeros) of width `d`.
+    pub fn new(
+        store: &mut ParamStore,
+        name: &str,
+        d: usize,
+        eps: f64,
+        kind: NormKind,
+    ) -> Result<Self> {
+        let gamma = store.param(&format!("{name}.weight"), &[d], Init::Ones)?;
+        let beta = match kind {
+            NormKind::Layer => Some(store.param(&format!("{name}.bias"), &[d], Init::Zeros)?),
+            NormKind::Rms => None,
+        };
         Ok(Self {
-            gamma: store.param(&format!("{name}.weight"), &[d], Init::Ones)?,
-            beta: store.param(&format!("{name}.bias"), &[d], Init::Zeros)?,
+            gamma,
+            beta,
             eps,
+            kind,
         })
     }
 
-    /// The scale (`gamma`), shift (`beta`) and epsilon.
-    pub fn params(&self) -> (&candle_core::Var, &candle_core::Var, f64) {
-        (&self.gamma, &self.beta, self.eps)
+    /// The scale (`gamma`), the shift (`beta`, layer norm only) and epsilon.
+    pub fn params(&self) -> (&candle_core::Var, Option<&candle_core::Var>, f64) {
+        (&self.gamma, self.beta.as_ref(), self.eps)
+    }
+
+    /// Layer or RMS norm.
+    pub fn kind(&self) -> NormKind {
+        self.kind
     }
 
     /// Normalises `x` and returns it in `x`'s dtype.
     pub fn forward(&self, x: &Tensor, engine: Engine) -> Result<Tensor> {
+        let gamma = self.gamma.as_tensor();
         if engine != Engine::Composite {
-            return Ok(crate::ops::layer_norm(
-                x,
-                self.gamma.as_tensor(),
-                self.beta.as_tensor(),
-                self.eps,
-            )?);
+            return Ok(match &self.beta {
+                Some(beta) => crate::ops::layer_norm(x, gamma, beta.as_tensor(), self.eps)?,
+                None => crate::ops::rms_norm(x, gamma, self.eps)?,
+            });
         }
         let dtype = x.dtype();
         let x = cast(x, DType::F32)?;
-        let mean = x.mean_keepdim(D::Minus1)?;
-        let centred = x.broadcast_sub(&mean)?;
+        let centred = match self.kind {
+            NormKind::Layer => x.broadcast_sub(&x.mean_keepdim(D::Minus1)?)?,
+            NormKind::Rms => x,
+        };
         let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
         let normed = centred.broadcast_div(&(var + self.eps)?.sqrt()?)?;
-        let y = normed
-            .broadcast_mul(self.gamma.as_tensor())?
-            .broadcast_add(self.beta.as_tensor())?;
+        let y = normed.broadcast_mul(gamma)?;
+        let y = match &self.beta {
+            Some(beta) => y.broadcast_add(beta.as_tensor())?,
+            None => y,
+        };
         cast(&y, dtype)
     }
 }

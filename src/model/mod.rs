@@ -12,9 +12,9 @@ pub mod recompute;
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::model::block::{Block, InitScheme};
+use crate::model::block::{Block, InitScheme, RopeTables};
 use crate::model::dropout::Dropout;
-use crate::model::layers::{cast, LayerNorm, Linear};
+use crate::model::layers::{cast, Linear, Norm};
 use crate::model::params::{Init, InitValues, ParamStore};
 use crate::spec::model::{ModelSpec, NormPlacement, Positions};
 use crate::Result;
@@ -105,7 +105,7 @@ pub struct Transformer {
     embed: candle_core::Var,
     positions: Option<candle_core::Var>,
     blocks: Vec<Block>,
-    final_norm: Option<LayerNorm>,
+    final_norm: Option<Norm>,
     head: Linear,
     params: ParamStore,
 }
@@ -145,13 +145,13 @@ impl Transformer {
         let init = InitScheme::for_spec(spec);
         let d = spec.d_model;
         let embed_init = match spec.positions {
-            // nn.Embedding's default N(0, 1); GPT-2 uses N(0, 0.02).
+            // nn.Embedding's default N(0, 1); GPT-2 and Llama use N(0, 0.02).
             Positions::None => Init::Normal(1.0),
-            Positions::Learned => Init::Normal(0.02),
+            Positions::Learned | Positions::Rotary(_) => Init::Normal(0.02),
         };
         let embed = store.param("embed.weight", &[spec.vocab_size, d], embed_init)?;
         let positions = match spec.positions {
-            Positions::None => None,
+            Positions::None | Positions::Rotary(_) => None,
             Positions::Learned => {
                 Some(store.param("positions.weight", &[spec.seq_len, d], Init::Normal(0.01))?)
             }
@@ -160,17 +160,31 @@ impl Transformer {
             .map(|i| Block::new(&mut store, &format!("blocks.{i}"), spec, &init))
             .collect::<Result<Vec<_>>>()?;
         let final_norm = match spec.norm {
-            NormPlacement::Pre => Some(LayerNorm::new(&mut store, "final_norm", d, spec.norm_eps)?),
+            NormPlacement::Pre => Some(Norm::new(
+                &mut store,
+                "final_norm",
+                d,
+                spec.norm_eps,
+                spec.norm_kind,
+            )?),
             NormPlacement::Post => None,
         };
         let (head_w, head_b) = init.linear(d);
-        let head = Linear::new(
-            &mut store,
-            "head",
-            (d, spec.vocab_size),
-            head_w,
-            Some(head_b),
-        )?;
+        let head = if spec.tied_embeddings {
+            let bias = match spec.biases.head {
+                true => Some(store.param("head.bias", &[spec.vocab_size], head_b)?),
+                false => None,
+            };
+            Linear::tied(embed.clone(), bias)
+        } else {
+            Linear::new(
+                &mut store,
+                "head",
+                (d, spec.vocab_size),
+                head_w,
+                spec.biases.head.then_some(head_b),
+            )?
+        };
         Ok(Self {
             spec: spec.clone(),
             embed,
@@ -208,7 +222,7 @@ impl Transformer {
     }
 
     /// The final norm of pre-norm models.
-    pub fn final_norm(&self) -> Option<&LayerNorm> {
+    pub fn final_norm(&self) -> Option<&Norm> {
         self.final_norm.as_ref()
     }
 
@@ -222,14 +236,39 @@ impl Transformer {
         &self.blocks
     }
 
+    /// Whether the vocabulary head reuses the token embedding table.
+    pub fn is_tied(&self) -> bool {
+        self.spec.tied_embeddings
+    }
+
     /// Logits `(batch·seq, vocab)` in `dtype` for `tokens` `(batch, seq)` (u32).
     pub fn forward(&self, tokens: &Tensor, dtype: DType, ctx: &Ctx) -> Result<Tensor> {
         let mask = self.attention_mask(tokens.dim(1)?, dtype, tokens.device())?;
+        let rope = self.rope_tables(tokens.dim(1)?, dtype, tokens.device())?;
         let mut x = self.embed(tokens, dtype, ctx)?;
         for (i, block) in self.blocks.iter().enumerate() {
-            x = block.forward(&x, mask.as_ref(), &ctx.block(i)?)?;
+            x = block.forward(&x, mask.as_ref(), rope.as_ref(), &ctx.block(i)?)?;
         }
         self.head(&x, ctx)
+    }
+
+    /// The rotary tables for sequences of `seq` tokens, for models with rotary positions.
+    pub(crate) fn rope_tables(
+        &self,
+        seq: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Option<RopeTables>> {
+        match self.spec.positions {
+            Positions::Rotary(rope) => Ok(Some(RopeTables::new(
+                &rope,
+                self.spec.head_dim(),
+                seq,
+                dtype,
+                device,
+            )?)),
+            Positions::None | Positions::Learned => Ok(None),
+        }
     }
 
     /// The same logits as [`Transformer::forward`] without keeping the graph beyond one block:
@@ -237,9 +276,12 @@ impl Transformer {
     /// (evaluation, where no gradient is wanted).
     pub fn forward_detached(&self, tokens: &Tensor, dtype: DType, ctx: &Ctx) -> Result<Tensor> {
         let mask = self.attention_mask(tokens.dim(1)?, dtype, tokens.device())?;
+        let rope = self.rope_tables(tokens.dim(1)?, dtype, tokens.device())?;
         let mut x = self.embed(tokens, dtype, ctx)?.detach();
         for (i, block) in self.blocks.iter().enumerate() {
-            x = block.forward(&x, mask.as_ref(), &ctx.block(i)?)?.detach();
+            x = block
+                .forward(&x, mask.as_ref(), rope.as_ref(), &ctx.block(i)?)?
+                .detach();
         }
         Ok(self.head(&x, ctx)?.detach())
     }

@@ -234,10 +234,23 @@ impl ParamStore {
     /// Overwrites every parameter from `tensors`; each must be present with the same shape. Values
     /// are cast to each parameter's dtype.
     pub fn load_from(&self, tensors: &HashMap<String, Tensor>) -> std::result::Result<(), String> {
-        for (name, var) in self.names.iter().zip(&self.vars) {
-            let t = tensors
+        self.load_with(&mut |name| {
+            tensors
                 .get(name)
-                .ok_or_else(|| format!("parameter `{name}` is missing"))?;
+                .cloned()
+                .ok_or_else(|| format!("parameter `{name}` is missing"))
+        })
+    }
+
+    /// Overwrites every parameter, in order, with what `get` returns for its name (one tensor
+    /// at a time: a source that reads from files never holds a second model). Each must have
+    /// the parameter's shape; values are cast to its dtype and moved to its device.
+    pub fn load_with(
+        &self,
+        get: &mut dyn FnMut(&str) -> std::result::Result<Tensor, String>,
+    ) -> std::result::Result<(), String> {
+        for (name, var) in self.names.iter().zip(&self.vars) {
+            let t = get(name)?;
             if t.dims() != var.dims() {
                 return Err(format!(
                     "parameter `{name}` has shape {:?}, the model wants {:?}",

@@ -393,6 +393,18 @@ impl Trainer {
         }
     }
 
+    /// [`Trainer::load_master_weights`] one parameter at a time, from what `get` returns for
+    /// each name (in parameter order).
+    pub fn load_master_weights_with(
+        &mut self,
+        get: &mut dyn FnMut(&str) -> std::result::Result<Tensor, String>,
+    ) -> std::result::Result<(), String> {
+        match &mut self.optimizer {
+            Optimizer::OnDevice(_) => self.passes.model.params().load_with(get),
+            Optimizer::Offloaded(o) => o.load_masters_with(self.passes.model.params().names(), get),
+        }
+    }
+
     /// Runs one optimizer step on the next `grad_accum` micro-batches of `data`.
     pub fn step(&mut self, data: &Data) -> Result<StepReport> {
         let started = std::time::Instant::now();

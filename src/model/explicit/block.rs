@@ -1,7 +1,10 @@
 //! One Transformer block, forward and backward, pre- or post-norm.
 //!
 //! Rows are `batch·seq` tokens of width `d`; attention between the q/k/v product and the output
-//! projection is [`super::attention`]'s.
+//! projection is [`super::attention`]'s. With rotary positions the q and k heads of the q/k/v
+//! product are rotated in place right after the product (and its gradient rotated back before
+//! the product's backward pass), so attention and what it saves see rotated heads; SwiGLU runs
+//! as its own op between the gate/up product and the down projection.
 
 use candle_core::{DType, Tensor};
 
@@ -10,7 +13,7 @@ use super::linear::{Lin, Norm};
 use super::Grads;
 use crate::model::block::BlockLayers;
 use crate::model::dropout::Dropout;
-use crate::ops::AttentionShape;
+use crate::ops::{self, AttentionShape, DropoutMask, Rotation};
 use crate::spec::model::{Activation, NormPlacement};
 use crate::Result;
 
@@ -29,6 +32,9 @@ pub(crate) struct BlockWeights<'a> {
     norm1: Norm<'a>,
     norm2: Norm<'a>,
     heads: usize,
+    kv_heads: usize,
+    /// The rotary frequencies on the device, for models with rotary positions.
+    rope: Option<Tensor>,
     causal: bool,
     attention: Attention,
     placement: NormPlacement,
@@ -59,12 +65,14 @@ pub(crate) struct Saved {
 
 impl<'a> BlockWeights<'a> {
     /// `attention` is the implementation that runs (already resolved for the device); `causal`
-    /// whether token `i` attends to tokens `0..=i` only.
+    /// whether token `i` attends to tokens `0..=i` only; `rope` the rotary frequencies
+    /// ([`ops::rotary::frequencies`]) when the model has rotary positions.
     pub(crate) fn new(
         layers: &BlockLayers<'a>,
         dtype: DType,
         attention: Attention,
         causal: bool,
+        rope: Option<Tensor>,
     ) -> Result<Self> {
         Ok(Self {
             qkv: Lin::new(layers.qkv, dtype)?,
@@ -74,6 +82,8 @@ impl<'a> BlockWeights<'a> {
             norm1: Norm::new(layers.norm1),
             norm2: Norm::new(layers.norm2),
             heads: layers.n_heads,
+            kv_heads: layers.kv_heads,
+            rope,
             causal,
             attention,
             placement: layers.placement,
@@ -97,6 +107,7 @@ impl<'a> BlockWeights<'a> {
             NormPlacement::Post => x.clone(),
         };
         let qkv = self.qkv.forward(&attn_in, None, None, None)?;
+        self.rotate(&qkv, s, Rotation::Forward)?;
         let shape = self.shape(b, s);
         let (attn, merged) = attention::forward(self.attention, qkv, &shape, m(ATTN_PROBS))?;
         // x + dropout(merged · Woutᵀ + b)
@@ -106,9 +117,7 @@ impl<'a> BlockWeights<'a> {
             NormPlacement::Post => self.norm1.forward(&mid)?,
         };
         let hidden = self.ff_in.product(&ff_x)?;
-        let act = self
-            .ff_in
-            .epilogue(&hidden, Some(self.activation), m(FF_HIDDEN))?;
+        let act = self.activate(&hidden, m(FF_HIDDEN))?;
         let residual = match self.placement {
             NormPlacement::Pre => &mid,
             NormPlacement::Post => &ff_x,
@@ -137,7 +146,26 @@ impl<'a> BlockWeights<'a> {
             batch,
             seq,
             heads: self.heads,
+            kv_heads: self.kv_heads,
             causal: self.causal,
+        }
+    }
+
+    /// Rotates the q and k heads of the fresh q/k/v product (or its gradient) `qkv` in place;
+    /// nothing without rotary positions.
+    fn rotate(&self, qkv: &Tensor, seq: usize, rotation: Rotation) -> Result<()> {
+        if let Some(freqs) = &self.rope {
+            let hd = qkv.dim(1)? / (self.heads + 2 * self.kv_heads);
+            ops::rotate_in_place(qkv, freqs, self.heads + self.kv_heads, hd, seq, rotation)?;
+        }
+        Ok(())
+    }
+
+    /// The feed-forward's activation of the saved product `hidden` (its bias included).
+    fn activate(&self, hidden: &Tensor, mask: Option<DropoutMask>) -> Result<Tensor> {
+        match self.activation {
+            Activation::Swiglu => Ok(ops::swiglu(hidden, self.ff_in.bias(), mask)?),
+            act => self.ff_in.epilogue(hidden, Some(act), mask),
         }
     }
 
@@ -172,21 +200,26 @@ impl<'a> BlockWeights<'a> {
         };
         drop(last);
         // Feed-forward: recompute its dropped activation (cheaper than keeping it).
-        let act = self
-            .ff_in
-            .epilogue(&hidden, Some(self.activation), m(FF_HIDDEN))?;
+        let act = self.activate(&hidden, m(FF_HIDDEN))?;
         let dact = self
             .ff_out
             .backward_through(&dsum, &dsum, &act, None, m(FF_OUT), grads)?;
         drop(act);
-        let dff_x = self.ff_in.backward_through(
-            &dact,
-            &hidden,
-            &ff_x,
-            Some(self.activation),
-            m(FF_HIDDEN),
-            grads,
-        )?;
+        let dff_x = match self.activation {
+            Activation::Swiglu => {
+                let dhidden =
+                    ops::swiglu_backward(&dact, &hidden, self.ff_in.bias(), m(FF_HIDDEN))?;
+                self.ff_in.backward(&dhidden, &ff_x, grads)?
+            }
+            act => self.ff_in.backward_through(
+                &dact,
+                &hidden,
+                &ff_x,
+                Some(act),
+                m(FF_HIDDEN),
+                grads,
+            )?,
+        };
         drop((dact, hidden));
         // Gradient of `mid` (the attention residual sum).
         let dmid = match self.placement {
@@ -204,6 +237,7 @@ impl<'a> BlockWeights<'a> {
         let shape = self.shape(b, s);
         let dqkv = attention::backward(attn, &merged, &dmerged, &shape, m(ATTN_PROBS))?;
         drop((dmerged, merged));
+        self.rotate(&dqkv, s, Rotation::Backward)?;
         let dattn_in = self.qkv.backward(&dqkv, &attn_in, grads)?;
         drop(dqkv);
         let dx = match self.placement {

@@ -44,6 +44,9 @@ pub(crate) fn head_row_multiple(device: &candle_core::Device) -> usize {
 pub(crate) struct Head<'a> {
     norm: Option<Norm<'a>>,
     lin: Lin<'a>,
+    /// Whether the weight is the token embedding table's, whose gradient is only complete once
+    /// the embeddings' part is added.
+    tied: bool,
 }
 
 impl<'a> Head<'a> {
@@ -51,6 +54,7 @@ impl<'a> Head<'a> {
         Ok(Self {
             norm: model.final_norm().map(Norm::new),
             lin: Lin::new(model.head_layer(), dtype)?.pad_outputs(row_multiple)?,
+            tied: model.is_tied(),
         })
     }
 
@@ -100,7 +104,8 @@ impl<'a> Head<'a> {
 
     /// The mean loss (a scalar f64 tensor, not read: reading it would stall the device until
     /// the forward pass is done) and the gradient of `x` of `loss_factor × loss`; hands over
-    /// the head's and the final norm's parameter gradients. Runs `chunk` rows at a time.
+    /// the head's and the final norm's parameter gradients, except a tied weight's, which is
+    /// returned (f32) for the embeddings to add their part to. Runs `chunk` rows at a time.
     pub(crate) fn loss_and_backward(
         &self,
         x: &Tensor,
@@ -108,7 +113,7 @@ impl<'a> Head<'a> {
         loss_factor: f64,
         chunk: usize,
         grads: &mut Grads,
-    ) -> Result<(Tensor, Tensor)> {
+    ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
         let hidden = self.hidden(x)?;
         let rows = hidden.dim(0)?;
         let row_grad = (loss_factor / rows as f64) as f32;
@@ -142,7 +147,13 @@ impl<'a> Head<'a> {
             }
         }
         let dw = dw.ok_or_else(|| crate::Error::internal("a batch without rows"))?;
-        self.lin.put_grads(dw, db, grads)?;
+        let tied_grad = if self.tied {
+            self.lin.put_bias_grad(db, grads)?;
+            Some(dw.narrow(0, 0, self.classes())?)
+        } else {
+            self.lin.put_grads(dw, db, grads)?;
+            None
+        };
         let dhidden = match dhidden.len() {
             1 => dhidden.remove(0),
             _ => Tensor::cat(&dhidden, 0)?,
@@ -152,7 +163,7 @@ impl<'a> Head<'a> {
             None => dhidden,
         };
         let total = total.ok_or_else(|| crate::Error::internal("a batch without rows"))?;
-        Ok(((total / rows as f64)?, dx))
+        Ok(((total / rows as f64)?, dx, tied_grad))
     }
 }
 
@@ -192,7 +203,7 @@ mod tests {
         let mut grads = Grads::new(model, sink);
         let head = Head::new(model, DType::F32, row_multiple).unwrap();
         let columns = head.lin.padded_outputs().unwrap();
-        let (loss, dx) = head
+        let (loss, dx, _) = head
             .loss_and_backward(x, targets, 1.0, chunk, &mut grads)
             .unwrap();
         drop(grads);

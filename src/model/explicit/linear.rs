@@ -3,7 +3,7 @@
 use candle_core::{DType, Tensor, Var};
 
 use super::Grads;
-use crate::model::layers::{LayerNorm, Linear};
+use crate::model::layers::{Linear, Norm as NormLayer};
 use crate::ops::{self, DropoutMask};
 use crate::spec::model::Activation;
 use crate::Result;
@@ -74,7 +74,13 @@ impl<'a> Lin<'a> {
         Ok(x.matmul(&self.weight.t()?)?)
     }
 
-    /// `residual + dropout(act(x · Wᵀ + b))`.
+    /// The f32 bias, if the layer has one.
+    pub(crate) fn bias(&self) -> Option<&Tensor> {
+        self.bias.as_ref()
+    }
+
+    /// `residual + dropout(act(x · Wᵀ + b))`; the product alone when there is nothing to add
+    /// (no pass that would only copy it).
     pub(crate) fn forward(
         &self,
         x: &Tensor,
@@ -83,6 +89,13 @@ impl<'a> Lin<'a> {
         residual: Option<&Tensor>,
     ) -> Result<Tensor> {
         let y = self.product(x)?;
+        let nothing_to_add = self.bias.is_none()
+            && act.is_none()
+            && dropout.is_none_or(|m| m.threshold() == 0)
+            && residual.is_none();
+        if nothing_to_add {
+            return Ok(y);
+        }
         Ok(ops::epilogue(
             &y,
             self.bias.as_ref(),
@@ -140,6 +153,14 @@ impl<'a> Lin<'a> {
         Ok(())
     }
 
+    /// Hands over the bias's gradient alone (a tied weight's gradient goes elsewhere).
+    pub(crate) fn put_bias_grad(&self, db: Option<Tensor>, grads: &mut Grads) -> Result<()> {
+        if let (Some(b), Some(db)) = (self.bias_var, db) {
+            grads.put(b, db.narrow(0, 0, self.outputs)?)?;
+        }
+        Ok(())
+    }
+
     /// Gradient of the product's input: `dy · W`.
     pub(crate) fn input_grad(&self, dy: &Tensor) -> Result<Tensor> {
         Ok(dy.matmul(&self.weight)?)
@@ -173,34 +194,44 @@ pub(crate) fn column_sum(m: &Tensor) -> Result<Tensor> {
     Ok(ones.matmul(m)?.squeeze(0)?.to_dtype(DType::F32)?)
 }
 
-/// A layer norm's f32 parameters and their `Var`s.
+/// A layer or RMS norm's f32 parameters and their `Var`s.
 pub(crate) struct Norm<'a> {
     gamma: &'a Var,
-    beta: &'a Var,
+    /// Layer norm's shift; RMS norm has none.
+    beta: Option<&'a Var>,
     eps: f64,
 }
 
 impl<'a> Norm<'a> {
-    pub(crate) fn new(layer: &'a LayerNorm) -> Self {
+    pub(crate) fn new(layer: &'a NormLayer) -> Self {
         let (gamma, beta, eps) = layer.params();
         Self { gamma, beta, eps }
     }
 
     pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(ops::layer_norm(
-            x,
-            &self.gamma.as_tensor().detach(),
-            &self.beta.as_tensor().detach(),
-            self.eps,
-        )?)
+        let gamma = self.gamma.as_tensor().detach();
+        Ok(match self.beta {
+            Some(beta) => ops::layer_norm(x, &gamma, &beta.as_tensor().detach(), self.eps)?,
+            None => ops::rms_norm(x, &gamma, self.eps)?,
+        })
     }
 
-    /// Gradient of the norm's input `x` from its output gradient; hands over gamma's and beta's.
+    /// Gradient of the norm's input `x` from its output gradient; hands over gamma's (and
+    /// beta's).
     pub(crate) fn backward(&self, x: &Tensor, dy: &Tensor, grads: &mut Grads) -> Result<Tensor> {
-        let (dx, dgamma, dbeta) =
-            ops::layer_norm_backward(x, &self.gamma.as_tensor().detach(), dy, self.eps)?;
-        grads.put(self.gamma, dgamma)?;
-        grads.put(self.beta, dbeta)?;
-        Ok(dx)
+        let gamma = self.gamma.as_tensor().detach();
+        match self.beta {
+            Some(beta) => {
+                let (dx, dgamma, dbeta) = ops::layer_norm_backward(x, &gamma, dy, self.eps)?;
+                grads.put(self.gamma, dgamma)?;
+                grads.put(beta, dbeta)?;
+                Ok(dx)
+            }
+            None => {
+                let (dx, dgamma) = ops::rms_norm_backward(x, &gamma, dy, self.eps)?;
+                grads.put(self.gamma, dgamma)?;
+                Ok(dx)
+            }
+        }
     }
 }

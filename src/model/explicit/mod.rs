@@ -34,7 +34,7 @@ use crate::model::gradients::GradientSink;
 use crate::model::recompute::RecomputedBlocks;
 use crate::model::Transformer;
 use crate::ops::{self, DropoutMask};
-use crate::spec::model::NormPlacement;
+use crate::spec::model::{NormPlacement, Positions};
 use crate::{Error, Result};
 
 pub use self::attention::Attention;
@@ -67,7 +67,7 @@ pub fn forward_backward(
     let started = std::time::Instant::now();
     let mut grads = Grads::new(model, sink);
     let (b, s) = batch.inputs.dims2()?;
-    let weights = BlockCaster::new(model, dtype, attention, batch.inputs.device());
+    let weights = BlockCaster::new(model, dtype, attention, batch.inputs.device())?;
 
     // Forward: keep each block's saved activations, or only its input where it is recomputed.
     let embed_mask = embed_mask(model, dropout);
@@ -87,8 +87,8 @@ pub fn forward_backward(
 
     // Head and loss, in chunks of rows; the loss is read at the very end: a read now would
     // stall the device until the forward pass is done, leaving it idle while the backward pass
-    // is being queued.
-    let (loss, mut dx) = {
+    // is being queued. A tied head's weight gradient waits for the embeddings' part.
+    let (loss, mut dx, tied_grad) = {
         let head = Head::new(model, dtype, head_row_multiple(x.device()))?;
         let chunk = head.chunk_rows(&x)?;
         head.loss_and_backward(&x, &batch.targets, loss_factor, chunk, &mut grads)?
@@ -112,7 +112,7 @@ pub fn forward_backward(
         drop(w);
         grads.settled()?;
     }
-    embed_backward(model, &batch.inputs, &dx, embed_mask, &mut grads)?;
+    embed_backward(model, &batch.inputs, &dx, embed_mask, tied_grad, &mut grads)?;
     grads.finish(model)?;
     grads.settled()?;
     // The first read of the step: it waits for the device. A long enqueue and a short wait
@@ -139,7 +139,7 @@ pub fn eval_loss(
     let off = Dropout::disabled();
     let mut x = embed(model, &batch.inputs, dtype, None)?;
     // One block's weights at a time: evaluation never holds more than a training step.
-    let weights = BlockCaster::new(model, dtype, attention, batch.inputs.device());
+    let weights = BlockCaster::new(model, dtype, attention, batch.inputs.device())?;
     for i in 0..model.blocks().len() {
         x = weights
             .block(i)?
@@ -151,11 +151,13 @@ pub fn eval_loss(
     Ok(head.loss(&x, &batch.targets, chunk)?.to_scalar::<f64>()?)
 }
 
-/// Casts one block's weights for the pass at a time, with attention resolved for the device.
+/// Casts one block's weights for the pass at a time, with attention resolved for the device
+/// and the rotary frequencies (if any) on it.
 struct BlockCaster<'a> {
     model: &'a Transformer,
     dtype: DType,
     attention: Attention,
+    rope: Option<Tensor>,
 }
 
 impl<'a> BlockCaster<'a> {
@@ -164,13 +166,22 @@ impl<'a> BlockCaster<'a> {
         dtype: DType,
         attention: Attention,
         device: &candle_core::Device,
-    ) -> Self {
-        let attention = attention.resolve(device, dtype, model.spec().head_dim());
-        Self {
+    ) -> Result<Self> {
+        let spec = model.spec();
+        let attention = attention.resolve(device, dtype, spec.head_dim());
+        let rope = match spec.positions {
+            Positions::Rotary(rope) => Some(ops::rotary::frequencies(
+                &rope.inverse_frequencies(spec.head_dim()),
+                device,
+            )?),
+            Positions::None | Positions::Learned => None,
+        };
+        Ok(Self {
             model,
             dtype,
             attention,
-        }
+            rope,
+        })
     }
 
     /// Block `i`'s weights in the compute dtype.
@@ -181,6 +192,7 @@ impl<'a> BlockCaster<'a> {
             self.dtype,
             self.attention,
             self.model.spec().causal,
+            self.rope.clone(),
         )
     }
 }
@@ -219,11 +231,14 @@ fn embed(
     Ok(ops::embed(tokens, &table, positions.as_ref(), s, mask)?)
 }
 
+/// Hands over the embedding table's gradient (with a tied head's part, `tied_grad`, added) and
+/// the position table's.
 fn embed_backward(
     model: &Transformer,
     tokens: &Tensor,
     dx: &Tensor,
     mask: Option<DropoutMask>,
+    tied_grad: Option<Tensor>,
     grads: &mut Grads,
 ) -> Result<()> {
     let (b, s) = tokens.dims2()?;
@@ -233,7 +248,12 @@ fn embed_backward(
     };
     let table = model.token_embedding();
     let vocab = table.dim(0)?;
-    grads.put(table, ops::embed_backward(tokens, &dx, vocab)?)?;
+    let lookup = ops::embed_backward(tokens, &dx, vocab)?;
+    let grad = match tied_grad {
+        Some(head) => (lookup + head)?,
+        None => lookup,
+    };
+    grads.put(table, grad)?;
     if let Some(positions) = model.position_embedding() {
         let d = dx.dim(1)?;
         // Σ over the batch of each position's gradient, as one product with a ones row.

@@ -345,12 +345,27 @@ impl OffloadAdam {
         names: &[String],
         tensors: &HashMap<String, Tensor>,
     ) -> std::result::Result<(), String> {
+        self.load_masters_with(names, &mut |name| {
+            tensors
+                .get(name)
+                .cloned()
+                .ok_or_else(|| format!("parameter `{name}` is missing"))
+        })
+    }
+
+    /// [`OffloadAdam::load_masters`] one parameter at a time from `get`.
+    pub fn load_masters_with(
+        &mut self,
+        names: &[String],
+        get: &mut dyn FnMut(&str) -> std::result::Result<Tensor, String>,
+    ) -> std::result::Result<(), String> {
         for (i, name) in names.iter().enumerate() {
             let r = self.ranges[i].clone();
-            copy_into(
+            let t = get(name)?;
+            copy_tensor_into(
                 &mut self.master[r],
                 self.vars[i].dims(),
-                tensors,
+                &t,
                 name,
                 "parameter",
             )?;
@@ -399,6 +414,16 @@ fn copy_into(
     let t = tensors
         .get(key)
         .ok_or_else(|| format!("{what} `{key}` is missing"))?;
+    copy_tensor_into(dst, dims, t, key, what)
+}
+
+fn copy_tensor_into(
+    dst: &mut [f32],
+    dims: &[usize],
+    t: &Tensor,
+    key: &str,
+    what: &str,
+) -> std::result::Result<(), String> {
     if t.dims() != dims {
         return Err(format!(
             "{what} `{key}` has shape {:?}, expected {dims:?}",
@@ -444,8 +469,8 @@ pub fn host_bytes_estimate(spec: &ModelSpec, knobs: &Knobs) -> u64 {
     let d = spec.d_model;
     let largest = [
         spec.vocab_size * d,
-        3 * d * d,
-        d * spec.d_ff,
+        spec.qkv_width() * d,
+        d * spec.ff_in_width(),
         spec.seq_len * d,
     ]
     .into_iter()

@@ -1,0 +1,14 @@
+//! Hugging Face checkpoints: a model's weights in the tensor names and layout `transformers`
+//! uses for its family, read from single or sharded safetensors files (`train --init-from`) and
+//! written as a folder `transformers` loads (`export-weights`).
+//!
+//! [`layout`] says which of `transformers`' tensors make up each parameter of ours (our q/k/v
+//! and gate/up projections are one product each, theirs separate; GPT-2 stores its projections
+//! transposed); [`safetensors`] reads one tensor at a time from the files and writes them
+//! streaming, so neither direction holds a second copy of the model.
+
+pub mod layout;
+pub mod safetensors;
+mod transfer;
+
+pub use transfer::{export_weights, import_weights, ExportDtype};
