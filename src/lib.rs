@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! autotune-core (no tensors): knobs ─▶ trial ─▶ spec ─▶ fit ─▶ search ─▶ plan ─▶ profile
-//! runtime (this crate):       backend ─▶ ops ─▶ model ─▶ collective ─▶ train ─▶ probe ─▶ dist
+//! runtime (this crate):       backend ─▶ ops ─▶ model ─▶ collective ─▶ train ─▶ hf ─▶ probe ─▶ dist
 //! binary (src/cli):           argv ─▶ validated config ─▶ search driver + prober ─▶ plan ─▶ train
 //! ```
 //!

@@ -16,7 +16,7 @@ use autotune::train::data::{Data, DataSpec};
 use autotune::train::step::Trainer;
 
 use crate::ops::{causal_mask, ce_grad_tol, errors, random, targets, tol, DTYPES};
-use crate::util::{small_gpt, small_seed};
+use crate::util::{small_gpt, small_llama, small_seed};
 
 fn gpu() -> Device {
     Device::new_cuda(0).expect("these tests need a CUDA device")
@@ -349,7 +349,12 @@ fn cuda_fused_and_composite_models_agree() {
 #[test]
 fn cuda_explicit_engine_matches_the_cpu() {
     let dev = gpu();
-    for spec in [small_seed(0.1), small_gpt()] {
+    for spec in [
+        small_seed(0.1),
+        small_gpt(),
+        small_llama(false),
+        small_llama(true),
+    ] {
         let data = Data::open(&DataSpec::Random, &spec).unwrap();
         let run = |device: &Device| {
             let batch = data.batch(3, 0, 0, 4, device).unwrap();
@@ -374,6 +379,102 @@ fn cuda_explicit_engine_matches_the_cpu() {
             "loss {l_gpu} vs {l_cpu}"
         );
         assert!(worst <= 1e-4, "{}: {worst:e}", spec.name);
+    }
+}
+
+/// The decoder ops (RMS norm forward and backward, SwiGLU with bias and dropout, the rotary
+/// embedding both ways) on the GPU against their CPU implementations.
+#[test]
+fn cuda_decoder_ops_match_the_cpu() {
+    let dev = gpu();
+    let mask = ops::DropoutMask { p: 0.2, key: 3 };
+    for dtype in DTYPES {
+        // RMS norm at Llama 3.2 1B's width and an odd one.
+        for (rows, d) in [(300, 2048), (37, 896)] {
+            let x = random(&[rows, d], 2.0, 0.3, 1, dtype);
+            let gamma = random(&[d], 0.5, 1.0, 2, DType::F32);
+            let dy = random(&[rows, d], 1.0, 0.0, 3, dtype);
+            let run = |dev: &Device| {
+                let (x, g, dy) = (
+                    x.to_device(dev).unwrap(),
+                    gamma.to_device(dev).unwrap(),
+                    dy.to_device(dev).unwrap(),
+                );
+                let y = ops::rms_norm(&x, &g, 1e-5).unwrap();
+                let (dx, dg) = ops::rms_norm_backward(&x, &g, &dy, 1e-5).unwrap();
+                (y, dx, dg)
+            };
+            let (g, c) = (run(&dev), run(&Device::Cpu));
+            let shape = format!("{rows}x{d}");
+            check("rms_norm", dtype, &shape, "y", &g.0, &c.0, tol(dtype));
+            check(
+                "rms_norm",
+                dtype,
+                &shape,
+                "dx",
+                &g.1,
+                &c.1,
+                2.0 * tol(dtype),
+            );
+            check(
+                "rms_norm",
+                dtype,
+                &shape,
+                "dgamma",
+                &g.2,
+                &c.2,
+                2.0 * tol(dtype),
+            );
+        }
+        // SwiGLU at Qwen 2.5's 4864 and an odd width, with and without bias and dropout.
+        for (rows, f) in [(64, 4864), (33, 97)] {
+            for (bias, drop) in [(false, None), (true, Some(mask))] {
+                let h = random(&[rows, 2 * f], 2.0, 0.0, 4, dtype);
+                let b = bias.then(|| random(&[2 * f], 0.5, 0.0, 5, DType::F32));
+                let dout = random(&[rows, f], 1.0, 0.0, 6, dtype);
+                let run = |dev: &Device| {
+                    let h = h.to_device(dev).unwrap();
+                    let b = b.as_ref().map(|b| b.to_device(dev).unwrap());
+                    let dout = dout.to_device(dev).unwrap();
+                    let y = ops::swiglu(&h, b.as_ref(), drop).unwrap();
+                    let dh = ops::swiglu_backward(&dout, &h, b.as_ref(), drop).unwrap();
+                    (y, dh)
+                };
+                let (g, c) = (run(&dev), run(&Device::Cpu));
+                let shape = format!(
+                    "{rows}x{f} b{} d{}",
+                    u8::from(bias),
+                    u8::from(drop.is_some())
+                );
+                check("swiglu", dtype, &shape, "y", &g.0, &c.0, tol(dtype));
+                check("swiglu", dtype, &shape, "dh", &g.1, &c.1, 2.0 * tol(dtype));
+            }
+        }
+        // The rotary embedding over q and k of a q/k/v product, in place, both ways.
+        let rope = autotune::spec::model::Rope {
+            theta: 500_000.0,
+            scaling: None,
+        };
+        let (b, s, heads, kv, hd) = (2, 300, 8, 2, 64);
+        let freqs = rope.inverse_frequencies(hd);
+        let x = random(&[b * s, (heads + 2 * kv) * hd], 1.0, 0.0, 7, dtype);
+        for rotation in [ops::Rotation::Forward, ops::Rotation::Backward] {
+            let run = |dev: &Device| {
+                let t = x.to_device(dev).unwrap().copy().unwrap();
+                let f = ops::rotary::frequencies(&freqs, dev).unwrap();
+                ops::rotate_in_place(&t, &f, heads + kv, hd, s, rotation).unwrap();
+                t
+            };
+            check(
+                "rotary",
+                dtype,
+                &format!("{rotation:?}"),
+                "x",
+                &run(&dev),
+                &run(&Device::Cpu),
+                tol(dtype),
+            );
+        }
     }
 }
 

@@ -17,7 +17,7 @@ use autotune::train::data::{Data, DataSpec};
 use autotune::train::step::Trainer;
 
 use crate::ops::{assert_close, assert_nonzero_finite, random, tol, DTYPES};
-use crate::util::{small_gpt, small_seed};
+use crate::util::{small_gpt, small_llama, small_seed};
 
 fn gradients(spec: &ModelSpec, knobs: Knobs, engine: Engine, batch: &Batch) -> (Vec<Tensor>, f64) {
     let mut trainer = Trainer::new(spec, knobs, &Device::Cpu, 3).unwrap();
@@ -41,13 +41,16 @@ fn names(spec: &ModelSpec) -> Vec<String> {
 
 #[test]
 fn explicit_and_composite_models_give_the_same_loss_and_gradients() {
-    // Without dropout: the engines draw different masks (hashed vs generator streams).
+    // Without dropout: the engines draw different masks (hashed vs generator streams). The
+    // decoders add RMS norm, SwiGLU, rotary positions, grouped key/value heads and a tied head.
     for spec in [
         small_seed(0.0),
         ModelSpec {
             dropout: 0.0,
             ..small_gpt()
         },
+        small_llama(false),
+        small_llama(true),
     ] {
         let batch = batch(&spec);
         let names = names(&spec);
@@ -91,6 +94,10 @@ fn explicit_checkpointing_reproduces_the_plain_step_with_dropout() {
             dropout: 0.1,
             ..small_gpt()
         },
+        ModelSpec {
+            dropout: 0.1,
+            ..small_llama(true)
+        },
     ] {
         let batch = batch(&spec);
         let plain = Knobs::new(4, Precision::Fp32);
@@ -128,6 +135,10 @@ fn flash_and_materialized_attention_train_the_same_model() {
         ModelSpec {
             dropout: 0.1,
             ..small_gpt()
+        },
+        ModelSpec {
+            dropout: 0.1,
+            ..small_llama(false)
         },
     ] {
         let batch = batch(&spec);
@@ -173,6 +184,7 @@ fn epilogue_reference(
     let a = match act {
         Activation::Relu => z.relu().unwrap(),
         Activation::Gelu => z.gelu().unwrap(),
+        Activation::Swiglu => unreachable!("SwiGLU is an op of its own, not an epilogue"),
     };
     (a.mul(mask).unwrap() + residual).unwrap()
 }

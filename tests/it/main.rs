@@ -38,6 +38,12 @@ mod explicit;
 /// Flash attention against an f64 autograd reference.
 mod attention;
 
+/// RMS norm, SwiGLU and the rotary embedding against f64 references.
+mod decoder_ops;
+
+/// Hugging Face decoders: configs, weights in and out, the engines against `transformers`.
+mod decoders;
+
 /// Fused operations on the GPU against their CPU implementations (needs a CUDA device).
 #[cfg(feature = "cuda")]
 mod cuda_ops;

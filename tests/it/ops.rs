@@ -14,10 +14,11 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use autotune::knobs::{Knobs, Precision};
-use autotune::model::layers::{self, LayerNorm};
+use autotune::model::layers::{self, Norm};
 use autotune::model::params::ParamStore;
 use autotune::model::Engine;
 use autotune::ops;
+use autotune::spec::model::NormKind;
 use autotune::train::data::{Data, DataSpec};
 use autotune::train::step::Trainer;
 
@@ -420,7 +421,7 @@ fn layer_norm_matches_composite() {
 fn layer_norm_and_grads(x: &Tensor, w: &Tensor, seed: u64, engine: Engine) -> Vec<Tensor> {
     let d = x.dim(D::Minus1).unwrap();
     let mut store = ParamStore::new(&Device::Cpu, seed);
-    let norm = LayerNorm::new(&mut store, "norm", d, 1e-5).unwrap();
+    let norm = Norm::new(&mut store, "norm", d, 1e-5, NormKind::Layer).unwrap();
     let (gamma, beta) = (&store.vars()[0], &store.vars()[1]);
     gamma
         .set(&random(&[d], 0.5, 1.0, seed + 1, DType::F32))

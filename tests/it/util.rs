@@ -55,6 +55,23 @@ pub fn small_gpt() -> ModelSpec {
     }
 }
 
+/// A Llama-shaped model (RMS norm, SwiGLU, rotary positions with Llama 3 scaling, 4 query heads
+/// over 2 key/value heads, no biases, a tied head) for CPU tests; `qkv_bias` makes it Qwen 2's
+/// shape.
+pub fn small_llama(qkv_bias: bool) -> ModelSpec {
+    let mut spec = ModelSpec::preset("llama-3.2-1b").unwrap();
+    spec.name = "small-llama".into();
+    spec.vocab_size = 97;
+    spec.d_model = 64;
+    spec.n_heads = 4;
+    spec.n_kv_heads = Some(2);
+    spec.n_layers = 2;
+    spec.d_ff = 96;
+    spec.seq_len = 16;
+    spec.biases.qkv = qkv_bias;
+    spec
+}
+
 /// Starts the binary in `dir`; its stderr lines arrive on the receiver as they are written.
 pub fn spawn_in(
     dir: &Path,
