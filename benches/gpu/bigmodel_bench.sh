@@ -7,7 +7,8 @@
 # Stages (default: all, in this order):
 #   state    `autotune probe` of gpt-1.3b at micro-batches 1 and 2, after backward and in
 #            backward: peak − activations per parameter (the law's fixed part, 2·peak(1) −
-#            peak(2)) → OUTDIR/state.jsonl
+#            peak(2)), from the reported peak and from the pool's allocated high-water mark
+#            (what PyTorch's max_memory_allocated counts) → OUTDIR/state.jsonl, state-*.log
 #   tune     `autotune tune --model gpt-1.3b --device rtx4090-32g` (wall clock timed, -v, with
 #            the recording) → OUTDIR/gpt-1.3b.{plan,profile}.json, tune.log, tune.time
 #   train    20 steps with that plan (`autotune train --plan`) → OUTDIR/train.json
@@ -43,10 +44,13 @@ if wants state; then
   : > "$OUTDIR/state.jsonl"
   for update in after-backward in-backward; do
     for mb in 1 2; do
-      timeout --kill-after=10 240 "$BIN" probe --model "$MODEL" --precision bf16 \
+      # The pool's high-water marks (allocated and reserved) and the bytes outside it go to
+      # the log, one line per trial: the report reads the allocated mark from it.
+      RUST_LOG=autotune::backend::pool=debug timeout --kill-after=10 240 "$BIN" probe \
+        --model "$MODEL" --precision bf16 \
         --micro-batch "$mb" --update "$update" --warmup 1 --steps 3 --device cuda \
         --gpu-capacity "${CAP_MIB}MiB" --host-budget 32GiB --json \
-        2>> "$OUTDIR/state.log" | grep '^{' | sed "s/^{/{\"update\": \"$update\", /" \
+        2> "$OUTDIR/state-$update-$mb.log" | grep '^{' | sed "s/^{/{\"update\": \"$update\", /" \
         >> "$OUTDIR/state.jsonl"
       say "  $update mb $mb: exit ${PIPESTATUS[0]}"
     done

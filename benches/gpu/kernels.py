@@ -20,6 +20,7 @@ def kind(name):
     if any(k in n for k in ("reduce", "fast_sum", "fast_max", "fast_min", "sum_", "argmax")):
         return "reduction"
     if any(k in n for k in ("ce_fwd", "ce_bwd", "ln_", "softmax_fwd", "softmax_bwd", "epilogue_",
+                            "flash_", "swiglu_", "rotary_",
                             "embed_fwd", "embed_grad", "permute_b", "adam_")):
         return "ours (src/ops/kernels)"
     if any(k in n for k in ("curand", "generate", "uniform", "rand")):

@@ -5,7 +5,8 @@
 #
 #   benches/gpu/kernels.sh OUTDIR MODEL PRECISION MICRO_BATCH [STEPS [torch]]
 #
-# With `torch` last, the PyTorch eager reference (torch_ref.py) runs instead, for comparison.
+# With `torch` last, the PyTorch eager reference runs instead, for comparison: torch_ref.py, or
+# for the decoder presets (llama-*, qwen*, smollm2-*) transformers' own model (llama_ref.py).
 # Writes OUTDIR/kernels-MODEL-PRECISION-bMICRO.csv (ncu's raw rows) and .md (the summary,
 # per optimizer step: the total divided by STEPS, default 2).
 # Environment: GPU_DIR (default .gpu), NCU (default: ncu on PATH, else Nsight Compute's folder).
@@ -19,7 +20,12 @@ NCU="${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null 
 [[ -x "$NCU" ]] || { echo "kernels.sh: ncu not found" >&2; exit 2; }
 if [[ "${6:-}" == torch ]]; then
   NAME="kernels-torch-$MODEL-$PRECISION-b$MB"
-  CMD=(python3 benches/gpu/torch_ref.py --model "$MODEL" --precision "$PRECISION" --micro-batch "$MB" --warmup 0 --steps "$STEPS")
+  case "$MODEL" in
+    llama-*|qwen*|smollm2-*)
+      CMD=(python3 benches/gpu/llama_ref.py --model "$MODEL" --micro-batch "$MB" --warmup 0 --steps "$STEPS") ;;
+    *)
+      CMD=(python3 benches/gpu/torch_ref.py --model "$MODEL" --precision "$PRECISION" --micro-batch "$MB" --warmup 0 --steps "$STEPS") ;;
+  esac
 else
   NAME="kernels-$MODEL-$PRECISION-b$MB"
   CMD=("$GPU_DIR/autotune" train --model "$MODEL" --precision "$PRECISION" --micro-batch "$MB" --steps "$STEPS" --device cuda --data random -q)

@@ -53,6 +53,11 @@ pub(crate) const LLAMA: Module = Module {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/llama.ptx")),
 };
 
+pub(crate) const WIDEN: Module = Module {
+    name: "autotune_widen",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/widen.ptx")),
+};
+
 pub(crate) const LAYER_NORM: Module = Module {
     name: "autotune_layer_norm",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/layer_norm.ptx")),

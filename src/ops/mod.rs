@@ -28,6 +28,7 @@ pub mod rotary;
 mod softmax;
 mod swiglu;
 pub mod transfer;
+mod widen;
 
 pub use adam::{adam_update, adam_update_all};
 pub use attention::{
@@ -43,6 +44,7 @@ pub use permute::permute_contiguous;
 pub use rotary::{rotate_in_place, Rotation};
 pub use softmax::{attention_softmax, attention_softmax_backward, softmax_last_dim};
 pub use swiglu::{swiglu, swiglu_backward};
+pub use widen::{accumulate_into, to_f32};
 
 use std::borrow::Cow;
 

@@ -450,6 +450,20 @@ fn cuda_decoder_ops_match_the_cpu() {
                 check("swiglu", dtype, &shape, "dh", &g.1, &c.1, 2.0 * tol(dtype));
             }
         }
+        // Widening and in-place sums, aligned (eight at a time) and not (an odd count).
+        for n in [1 << 20, 1001] {
+            let part = random(&[n], 1.0, 0.0, 8, dtype);
+            let acc = random(&[n], 1.0, 0.0, 9, DType::F32);
+            let run = |dev: &Device| {
+                let wide = ops::to_f32(&part.to_device(dev).unwrap()).unwrap();
+                let sum = acc.to_device(dev).unwrap().copy().unwrap();
+                ops::accumulate_into(&sum, &part.to_device(dev).unwrap()).unwrap();
+                (wide, sum)
+            };
+            let (g, c) = (run(&dev), run(&Device::Cpu));
+            check("widen", dtype, &n.to_string(), "x", &g.0, &c.0, 0.0);
+            check("accumulate", dtype, &n.to_string(), "sum", &g.1, &c.1, 0.0);
+        }
         // The rotary embedding over q and k of a q/k/v product, in place, both ways.
         let rope = autotune::spec::model::Rope {
             theta: 500_000.0,

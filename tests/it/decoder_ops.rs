@@ -195,3 +195,28 @@ fn rotary_embedding_matches_an_f64_reference_and_its_backward_undoes_it() {
         }
     }
 }
+
+#[test]
+fn gradients_widen_exactly_and_sum_in_place() {
+    for dtype in DTYPES {
+        let part = random(&[37, 24], 1.0, 0.0, 41, dtype);
+        let wide = ops::to_f32(&part).unwrap();
+        assert_eq!(wide.dtype(), DType::F32);
+        assert_close("widened", &wide, &part.to_dtype(DType::F32).unwrap(), 0.0);
+        let acc = random(&[37, 24], 1.0, 0.0, 42, DType::F32).copy().unwrap();
+        let want = (&acc + part.to_dtype(DType::F32).unwrap()).unwrap();
+        ops::accumulate_into(&acc, &part).unwrap();
+        assert_close(&format!("accumulated {dtype:?}"), &acc, &want, 0.0);
+    }
+    let acc = Tensor::zeros((2, 3), DType::F32, &Device::Cpu).unwrap();
+    let wrong = Tensor::zeros((3, 2), DType::F32, &Device::Cpu).unwrap();
+    assert!(
+        ops::accumulate_into(&acc, &wrong).is_err(),
+        "shapes must match"
+    );
+    let half = Tensor::zeros((2, 3), DType::BF16, &Device::Cpu).unwrap();
+    assert!(
+        ops::accumulate_into(&half, &acc).is_err(),
+        "the sum must be f32"
+    );
+}

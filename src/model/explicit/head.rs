@@ -141,7 +141,12 @@ impl<'a> Head<'a> {
             // The logits' gradient is the largest tensor of the step: gone before the next.
             drop(dlogits);
             total = Some(add(total, sum)?);
-            dw = Some(add(dw, dw_part.to_dtype(DType::F32)?)?);
+            // The first chunk's gradient widened (in f32, the product itself: it is fresh and
+            // nothing else holds it), the others summed into it in place.
+            match &dw {
+                None => dw = Some(ops::to_f32(&dw_part)?),
+                Some(acc) => ops::accumulate_into(acc, &dw_part)?,
+            }
             if let Some(part) = db_part {
                 db = Some(add(db, part)?);
             }

@@ -249,11 +249,10 @@ fn embed_backward(
     let table = model.token_embedding();
     let vocab = table.dim(0)?;
     let lookup = ops::embed_backward(tokens, &dx, vocab)?;
-    let grad = match tied_grad {
-        Some(head) => (lookup + head)?,
-        None => lookup,
-    };
-    grads.put(table, grad)?;
+    if let Some(head) = tied_grad {
+        ops::accumulate_into(&lookup, &head)?;
+    }
+    grads.put(table, lookup)?;
     if let Some(positions) = model.position_embedding() {
         let d = dx.dim(1)?;
         // Σ over the batch of each position's gradient, as one product with a ones row.
@@ -310,7 +309,11 @@ impl<'a> Grads<'a> {
             )));
         }
         self.received[i] = true;
-        self.sink.gradient(i, grad.to_dtype(var.dtype())?)
+        let grad = match var.dtype() {
+            DType::F32 => ops::to_f32(&grad)?,
+            dtype => grad.to_dtype(dtype)?,
+        };
+        self.sink.gradient(i, grad)
     }
 
     /// Tells the sink that the gradients handed over so far are complete.

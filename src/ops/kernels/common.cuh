@@ -153,3 +153,10 @@ __device__ __forceinline__ bool dropout_keep(uint64_t key, uint64_t i, uint32_t 
     z ^= z >> 31;
     return (uint32_t)(z >> 32) >= threshold;
 }
+
+// Eight elements moved as one 16-byte (bf16/f16) or two 16-byte (f32) accesses: the vectorised
+// path of the elementwise kernels, taken when every pointer is 16-byte aligned and the element
+// count (and a row width, where one matters) is a multiple of 8.
+template <typename T> struct alignas(16) Pack8 {
+    T v[8];
+};

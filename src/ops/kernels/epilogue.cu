@@ -42,11 +42,8 @@ __device__ __forceinline__ float activate_grad(float z, int act) {
     return 1.f;
 }
 
-// Eight elements per step with 16-byte (bf16/f16) or 2×16-byte (f32) accesses when `vec` is
-// set (n and cols multiples of 8, every pointer 16-byte aligned), else one element at a time.
-template <typename T> struct alignas(16) Pack8 {
-    T v[8];
-};
+// Eight elements per step (`Pack8`, common.cuh) when `vec` is set (n and cols multiples of 8,
+// every pointer 16-byte aligned), else one element at a time.
 
 template <typename T>
 __device__ __forceinline__ float epilogue_one(float v, const float *bias, size_t i, int c,

@@ -14,42 +14,106 @@
 __device__ __forceinline__ float sigmoid(float z) { return 1.f / (1.f + expf(-z)); }
 
 template <typename T>
+__device__ __forceinline__ float swiglu_one(float g, float u, const float *bias, int j, int f,
+                                           int has_bias) {
+    if (has_bias) {
+        g += bias[j];
+        u += bias[f + j];
+    }
+    return g * sigmoid(g) * u;
+}
+
+// `vec`: eight outputs per step (f a multiple of 8, every pointer 16-byte aligned).
+template <typename T>
 __device__ void swiglu_fwd(const T *h, const float *bias, T *out, size_t n, int f, int has_bias,
-                           uint32_t threshold, float scale, uint64_t key) {
+                           uint32_t threshold, float scale, uint64_t key, int vec) {
+    const size_t start = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     const size_t step = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += step) {
+    if (vec) {
+        const int f8 = f / 8;
+        const Pack8<T> *h8 = reinterpret_cast<const Pack8<T> *>(h);
+        Pack8<T> *o8 = reinterpret_cast<Pack8<T> *>(out);
+        for (size_t q = start; q < n / 8; q += step) {
+            const size_t r = q / f8;
+            const int j0 = (int)(q % f8) * 8;
+            const Pack8<T> gv = h8[r * 2 * f8 + j0 / 8], uv = h8[r * 2 * f8 + f8 + j0 / 8];
+            Pack8<T> ov;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                float v = swiglu_one<T>(to_f32(gv.v[k]), to_f32(uv.v[k]), bias, j0 + k, f,
+                                        has_bias);
+                if (threshold) v = dropout_keep(key, q * 8 + k, threshold) ? v * scale : 0.f;
+                ov.v[k] = from_f32<T>(v);
+            }
+            o8[q] = ov;
+        }
+        return;
+    }
+    for (size_t i = start; i < n; i += step) {
         const size_t r = i / f;
         const int j = (int)(i % f);
-        float g = to_f32(h[r * 2 * f + j]);
-        float u = to_f32(h[r * 2 * f + f + j]);
-        if (has_bias) {
-            g += bias[j];
-            u += bias[f + j];
-        }
-        float v = g * sigmoid(g) * u;
+        float v = swiglu_one<T>(to_f32(h[r * 2 * f + j]), to_f32(h[r * 2 * f + f + j]), bias, j,
+                                f, has_bias);
         if (threshold) v = dropout_keep(key, i, threshold) ? v * scale : 0.f;
         out[i] = from_f32<T>(v);
     }
 }
 
+// The gate's and up's gradients of one output element with gradient d (after dropout).
+__device__ __forceinline__ void swiglu_grad_one(float d, float g, float u, const float *bias,
+                                                int j, int f, int has_bias, float &dg,
+                                                float &du) {
+    if (has_bias) {
+        g += bias[j];
+        u += bias[f + j];
+    }
+    const float s = sigmoid(g);
+    dg = d * u * s * (1.f + g * (1.f - s));
+    du = d * g * s;
+}
+
 template <typename T>
 __device__ void swiglu_bwd(const T *dout, const T *h, const float *bias, T *dh, size_t n, int f,
-                           int has_bias, uint32_t threshold, float scale, uint64_t key) {
+                           int has_bias, uint32_t threshold, float scale, uint64_t key,
+                           int vec) {
+    const size_t start = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     const size_t step = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += step) {
+    if (vec) {
+        const int f8 = f / 8;
+        const Pack8<T> *d8 = reinterpret_cast<const Pack8<T> *>(dout);
+        const Pack8<T> *h8 = reinterpret_cast<const Pack8<T> *>(h);
+        Pack8<T> *o8 = reinterpret_cast<Pack8<T> *>(dh);
+        for (size_t q = start; q < n / 8; q += step) {
+            const size_t r = q / f8;
+            const int j0 = (int)(q % f8) * 8;
+            const size_t gi = r * 2 * f8 + j0 / 8, ui = gi + f8;
+            const Pack8<T> dv = d8[q], gv = h8[gi], uv = h8[ui];
+            Pack8<T> dg8, du8;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                float d = to_f32(dv.v[k]);
+                if (threshold) d = dropout_keep(key, q * 8 + k, threshold) ? d * scale : 0.f;
+                float dg, du;
+                swiglu_grad_one(d, to_f32(gv.v[k]), to_f32(uv.v[k]), bias, j0 + k, f, has_bias,
+                                dg, du);
+                dg8.v[k] = from_f32<T>(dg);
+                du8.v[k] = from_f32<T>(du);
+            }
+            o8[gi] = dg8;
+            o8[ui] = du8;
+        }
+        return;
+    }
+    for (size_t i = start; i < n; i += step) {
         const size_t r = i / f;
         const int j = (int)(i % f);
         float d = to_f32(dout[i]);
         if (threshold) d = dropout_keep(key, i, threshold) ? d * scale : 0.f;
-        float g = to_f32(h[r * 2 * f + j]);
-        float u = to_f32(h[r * 2 * f + f + j]);
-        if (has_bias) {
-            g += bias[j];
-            u += bias[f + j];
-        }
-        const float s = sigmoid(g);
-        dh[r * 2 * f + j] = from_f32<T>(d * u * s * (1.f + g * (1.f - s)));
-        dh[r * 2 * f + f + j] = from_f32<T>(d * g * s);
+        float dg, du;
+        swiglu_grad_one(d, to_f32(h[r * 2 * f + j]), to_f32(h[r * 2 * f + f + j]), bias, j, f,
+                        has_bias, dg, du);
+        dh[r * 2 * f + j] = from_f32<T>(dg);
+        dh[r * 2 * f + f + j] = from_f32<T>(du);
     }
 }
 
@@ -81,14 +145,14 @@ __device__ void rotary(T *x, const float *inv_freq, size_t rows, int width, int 
     extern "C" __global__ void swiglu_fwd_##NAME(const T *h, const float *bias, T *out,        \
                                                  size_t n, int f, int has_bias,                \
                                                  uint32_t threshold, float scale,              \
-                                                 uint64_t key) {                               \
-        swiglu_fwd<T>(h, bias, out, n, f, has_bias, threshold, scale, key);                    \
+                                                 uint64_t key, int vec) {                      \
+        swiglu_fwd<T>(h, bias, out, n, f, has_bias, threshold, scale, key, vec);               \
     }                                                                                          \
     extern "C" __global__ void swiglu_bwd_##NAME(const T *dout, const T *h, const float *bias, \
                                                  T *dh, size_t n, int f, int has_bias,         \
                                                  uint32_t threshold, float scale,              \
-                                                 uint64_t key) {                               \
-        swiglu_bwd<T>(dout, h, bias, dh, n, f, has_bias, threshold, scale, key);               \
+                                                 uint64_t key, int vec) {                      \
+        swiglu_bwd<T>(dout, h, bias, dh, n, f, has_bias, threshold, scale, key, vec);          \
     }                                                                                          \
     extern "C" __global__ void rotary_##NAME(T *x, const float *inv_freq, size_t rows,         \
                                              int width, int heads, int hd, int seq,            \

@@ -10,6 +10,14 @@ use super::{SwigluOps, NAME};
 use crate::ops::cuda::{self, Elem};
 use crate::ops::rows_cols;
 
+/// Whether the kernels may take eight outputs at a time: the width a multiple of 8 and every
+/// buffer starting on a 16-byte boundary (fresh allocations are 256-byte aligned).
+fn vectorizable<T>(f: usize, layouts: &[&Layout]) -> i32 {
+    let size = std::mem::size_of::<T>();
+    let aligned = layouts.iter().all(|l| (l.start_offset() * size) % 16 == 0);
+    i32::from(f % 8 == 0 && aligned)
+}
+
 pub(super) fn forward<T: Elem>(
     h: &CudaSlice<T>,
     l1: &Layout,
@@ -27,6 +35,8 @@ pub(super) fn forward<T: Elem>(
     let mut out = unsafe { cuda::output::<T>(dev, n) }?;
     let width = cuda::dim(f, "feed-forward width")?;
     let has_bias = i32::from(p.has_bias);
+    let vec = vectorizable::<T>(f, &[l1]);
+    let threads = if vec == 1 { n / 8 } else { n };
     let stream = dev.cuda_stream();
     let mut args = stream.launch_builder(&func);
     args.arg(&h)
@@ -37,11 +47,12 @@ pub(super) fn forward<T: Elem>(
         .arg(&has_bias)
         .arg(&p.threshold)
         .arg(&p.scale)
-        .arg(&p.key);
+        .arg(&p.key)
+        .arg(&vec);
     // SAFETY: the arguments match `swiglu_fwd_<T>(const T*, const float*, T*, size_t, int, int,
-    // uint32_t, float, uint64_t)`; `h` holds rows·2f elements, `out` rows·f, `bias` (when read)
-    // 2f floats.
-    unsafe { args.launch(cuda::elementwise_config(n)) }.w()?;
+    // uint32_t, float, uint64_t, int)`; `h` holds rows·2f elements, `out` rows·f, `bias` (when
+    // read) 2f floats.
+    unsafe { args.launch(cuda::elementwise_config(threads)) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
 }
 
@@ -64,6 +75,8 @@ pub(super) fn backward<T: Elem>(
     let mut dh = unsafe { cuda::output::<T>(dev, rows * cols) }?;
     let width = cuda::dim(f, "feed-forward width")?;
     let has_bias = i32::from(p.has_bias);
+    let vec = vectorizable::<T>(f, &[l1, l2]);
+    let threads = if vec == 1 { n / 8 } else { n };
     let stream = dev.cuda_stream();
     let mut args = stream.launch_builder(&func);
     args.arg(&dout)
@@ -75,9 +88,11 @@ pub(super) fn backward<T: Elem>(
         .arg(&has_bias)
         .arg(&p.threshold)
         .arg(&p.scale)
-        .arg(&p.key);
+        .arg(&p.key)
+        .arg(&vec);
     // SAFETY: the arguments match `swiglu_bwd_<T>(const T*, const T*, const float*, T*, size_t,
-    // int, int, uint32_t, float, uint64_t)`; `dout` holds rows·f elements, `h` and `dh` rows·2f.
-    unsafe { args.launch(cuda::elementwise_config(n)) }.w()?;
+    // int, int, uint32_t, float, uint64_t, int)`; `dout` holds rows·f elements, `h` and `dh`
+    // rows·2f.
+    unsafe { args.launch(cuda::elementwise_config(threads)) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(dh, dev.clone()))
 }
