@@ -14,7 +14,9 @@
 //! runs trials ([`probe::Prober`]), and `dist` spreads training and trials over several GPUs
 //! of one host (data parallelism, one process per GPU) on top of `collective`'s process groups.
 
-pub use autotune_core::{atomic_file, fit, knobs, plan, profile, search, spec, trial};
+pub use autotune_core::{
+    atomic_file, fit, knobs, plan, profile, search, spec, trial, trial_protocol,
+};
 
 pub mod backend;
 pub mod collective;

@@ -29,6 +29,9 @@ mod tune;
 /// Trials in child processes and in a worker process.
 mod isolation;
 
+/// The exec backend through a fake trial runner: failures as outcomes, the boundary, engines.
+mod exec;
+
 /// Fused operations against their composite references.
 mod ops;
 
