@@ -52,7 +52,7 @@ def deepspeed_config(request: Request) -> dict:
     return config
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -69,7 +69,7 @@ def _deepspeed():
                                     "install deepspeed to search it") from None
     if not _initialized:
         for var, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
-                           ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(_free_port()))):
+                           ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port()))):
             os.environ.setdefault(var, value)
         deepspeed.init_distributed()
         _initialized = True

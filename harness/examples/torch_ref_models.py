@@ -5,16 +5,29 @@ from the model spec a trial request carries, and random-token batches as that re
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, ".."))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "benches", "gpu"))
+sys.path.append(os.path.join(HERE, ".."))
 sys.dont_write_bytecode = True  # importing must not leave __pycache__ in the checkout
 
 import torch  # noqa: E402
-import torch_ref  # noqa: E402
+
+
+def _load_torch_ref():
+    """benches/gpu/torch_ref.py, loaded by its path: putting benches/gpu on the import path
+    would let its scripts shadow installed packages (its kernels.py, Hugging Face's kernels)."""
+    path = os.path.join(HERE, "..", "..", "benches", "gpu", "torch_ref.py")
+    spec = importlib.util.spec_from_file_location("torch_ref", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["torch_ref"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+torch_ref = _load_torch_ref()
 
 from autotune_harness import Unsupported  # noqa: E402
 
