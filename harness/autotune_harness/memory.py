@@ -3,7 +3,10 @@
 A smaller card is emulated on a larger one with ``torch.cuda.set_per_process_memory_fraction``:
 PyTorch's caching allocator then fails at the target's capacity less what lives outside the
 allocator (the CUDA context, library handles), which is measured once, in this process, after
-the first cuBLAS call. The GPU peak a trial reports is what counts against the card: the
+the first cuBLAS calls: the device's used memory less what the allocator holds. On a GPU that
+other processes use too, their memory counts as well (the emulation errs small);
+``AUTOTUNE_HARNESS_CONTEXT_BYTES`` sets the outside part instead (benchmarks set it to match a
+reference's fixed cap). The GPU peak a trial reports is what counts against the card: the
 allocator's reserved high-water mark (``torch.cuda.max_memory_reserved``, not the smaller
 allocated one: reserved memory is what the card must hold) plus that outside part. The host
 peak is the process's resident high-water mark (``VmHWM``), reset before each trial where Linux
