@@ -3,7 +3,7 @@
 //! The pipeline, one layer per stage, each pointing only down:
 //!
 //! ```text
-//! autotune-core (no tensors): knobs ─▶ trial ─▶ spec ─▶ fit ─▶ search ─▶ plan ─▶ profile
+//! autotune-core (no tensors): knobs ─▶ trial ─▶ spec ─▶ trial_protocol ─▶ fit ─▶ search ─▶ plan ─▶ profile
 //! runtime (this crate):       backend ─▶ ops ─▶ model ─▶ collective ─▶ train ─▶ probe ─▶ dist
 //! binary (src/cli):           argv ─▶ validated config ─▶ search driver + prober ─▶ plan ─▶ train
 //! ```

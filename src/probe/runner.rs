@@ -330,7 +330,12 @@ fn keep_last(sink: &Mutex<String>, text: &str) {
         return;
     }
     if let Ok(mut last) = sink.lock() {
-        *last = text.chars().take(LAST_WORDS_CHARS).collect();
+        // A reason is shown to people and written into plans: no control characters.
+        *last = text
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .take(LAST_WORDS_CHARS)
+            .collect();
     }
 }
 
