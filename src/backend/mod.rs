@@ -24,6 +24,7 @@ pub const GIT_REVISION: Option<&str> = option_env!("AUTOTUNE_GIT_REVISION");
 pub fn provenance(backend: &str, device: &str) -> crate::plan::Provenance {
     crate::plan::Provenance {
         engine: crate::plan::Provenance::OWN_ENGINE.into(),
+        engine_version: None,
         backend: backend.into(),
         candle_version: Some(CANDLE_VERSION.into()),
         git_revision: GIT_REVISION.map(str::to_string),

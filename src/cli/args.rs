@@ -176,11 +176,14 @@ impl ProbeIsolation {
     }
 }
 
-/// Where trials are answered: `live` or `replay:PATH`.
+/// Where trials are answered: `live`, `exec` or `replay:PATH`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Backend {
-    /// Real trials on this machine.
+    /// Real trials on this machine, on autotune's engine.
     Live,
+    /// Real trials on this machine, each asked of the trial runner given after `--` (any
+    /// program that speaks the trial protocol, docs/trial-protocol.md).
+    Exec,
     /// Answers from a recorded profile.
     Replay(PathBuf),
 }
@@ -190,9 +193,11 @@ impl std::str::FromStr for Backend {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.split_once(':') {
             None if s == "live" => Ok(Self::Live),
+            None if s == "exec" => Ok(Self::Exec),
             Some(("replay", path)) if !path.is_empty() => Ok(Self::Replay(path.into())),
             _ => Err(format!(
-                "unknown backend `{s}`; expected live or replay:PATH (a recorded profile)"
+                "unknown backend `{s}`; expected live, exec (then `-- RUNNER ARGS...`) or \
+                 replay:PATH (a recorded profile)"
             )),
         }
     }
@@ -202,6 +207,7 @@ impl std::fmt::Display for Backend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Live => f.write_str("live"),
+            Self::Exec => f.write_str("exec"),
             Self::Replay(path) => write!(f, "replay:{}", path.display()),
         }
     }
@@ -260,6 +266,8 @@ pub struct TuneArgs {
     #[arg(long)]
     pub timed_steps: Option<usize>,
     /// How trials are isolated (default: a worker process on a GPU, in-process on the CPU).
+    /// With `--backend exec`: `worker` (the default) lets a runner that says it can serve
+    /// again run the next trial too, `child` starts a new runner for every trial.
     #[arg(long, value_enum)]
     pub isolation: Option<ProbeIsolation>,
     /// Seconds a child, worker or data-parallel trial may run before it is stopped as timed
@@ -268,10 +276,16 @@ pub struct TuneArgs {
     /// trials cannot be stopped.
     #[arg(long, value_name = "SECONDS")]
     pub trial_timeout: Option<f64>,
-    /// Where trials run: `live` (this machine) or `replay:PROFILE` (answered from a recorded
-    /// profile, offline and deterministic; the profile's model, device and space are used).
+    /// Where trials run: `live` (this machine, autotune's engine), `exec` (this machine, each
+    /// trial asked of the trial runner given after `--`, e.g. a PyTorch script built on
+    /// harness/autotune_harness; see docs/trial-protocol.md) or `replay:PROFILE` (answered from
+    /// a recorded profile, offline and deterministic; the profile's model, device and space
+    /// are used).
     #[arg(long, default_value = "live")]
     pub backend: Backend,
+    /// The trial runner of `--backend exec` and its arguments, after `--`.
+    #[arg(last = true, value_name = "RUNNER")]
+    pub runner: Vec<String>,
     /// Record every trial into a profile file (for `autotune check` and replays).
     #[arg(long)]
     pub record: Option<PathBuf>,
@@ -476,6 +490,8 @@ mod tests {
     #[test]
     fn backends_parse() {
         assert_eq!("live".parse::<Backend>(), Ok(Backend::Live));
+        assert_eq!("exec".parse::<Backend>(), Ok(Backend::Exec));
+        assert!("exec:python3".parse::<Backend>().is_err());
         assert_eq!(
             "replay:p/x.json".parse::<Backend>(),
             Ok(Backend::Replay("p/x.json".into()))

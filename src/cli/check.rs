@@ -20,9 +20,13 @@ use autotune::profile::record::Profile;
 use autotune::spec::device::DeviceKind;
 use autotune::trial::Phase;
 
+use autotune::probe::exec::ExecProber;
+
 use super::args::Backend;
 use super::printer::Printer;
 use super::reporters::{check_outcome, memory_name, CheckProgress};
+use super::tune::config::runner_command;
+use super::tune::prober::Trials;
 use super::Status;
 
 /// Arguments of `autotune check`.
@@ -32,10 +36,14 @@ pub struct CheckArgs {
     #[arg(long)]
     pub profile: PathBuf,
     /// Where fresh trials come from: `live` runs them on this machine, emulating the profile's
-    /// device (its GPU capacity and host budget); `replay:PATH` answers them from another
+    /// device (its GPU capacity and host budget); `exec` asks them of the trial runner given
+    /// after `--` (for a profile recorded through one); `replay:PATH` answers them from another
     /// recorded profile, to compare two recordings.
     #[arg(long, default_value = "live")]
     pub backend: Backend,
+    /// The trial runner of `--backend exec` and its arguments, after `--`.
+    #[arg(last = true, value_name = "RUNNER")]
+    pub runner: Vec<String>,
     /// Device for live trials: auto (the kind the profile was recorded on), cpu, cuda, cuda:N.
     #[arg(long, default_value = "auto")]
     pub device: String,
@@ -98,6 +106,8 @@ impl CheckConfig {
 /// Runs `autotune check`.
 pub fn run(args: CheckArgs, printer: &Printer) -> anyhow::Result<Status> {
     let CheckConfig { profile, tolerance } = CheckConfig::from_args(&args)?;
+    // A runner given to another backend is refused before any trial.
+    runner_command(&args.backend, &args.runner)?;
     announce(&profile, printer);
     let gpu = profile.budget.gpu_bytes.is_some();
     let (fresh, backend_name) = match &args.backend {
@@ -113,9 +123,36 @@ pub fn run(args: CheckArgs, printer: &Printer) -> anyhow::Result<Status> {
             (recorded_answers(&profile, &other), args.backend.to_string())
         }
         Backend::Live => {
+            if let Some(engine) = &profile.engine {
+                anyhow::bail!(
+                    "`{}` was recorded through a trial runner on the {engine} engine, which \
+                     autotune's engine does not measure; re-measure it with the same runner: \
+                     `autotune check --profile {} --backend exec -- RUNNER ARGS...`",
+                    args.profile.display(),
+                    args.profile.display()
+                );
+            }
             let reporter = CheckProgress::new(printer, profile.trials.len(), gpu);
             let (mut prober, name) = live_trials(&args, &profile, printer)?;
             (recheck(&profile, prober.as_mut(), &reporter)?, name)
+        }
+        Backend::Exec => {
+            let Some(runner) = runner_command(&args.backend, &args.runner)? else {
+                anyhow::bail!("--backend exec needs the trial runner after `--`");
+            };
+            let name = format!("exec:{}", runner.display());
+            let exec = ExecProber::new(
+                runner,
+                &profile.model,
+                profile.device.target.kind,
+                profile.budget.gpu_bytes,
+                Some(profile.budget.host_bytes),
+            )
+            .expecting_engine(profile.engine_name());
+            let mut trials = Trials::Runner(Box::new(exec));
+            trials.stop_runner_on_interrupt(printer);
+            let reporter = CheckProgress::new(printer, profile.trials.len(), gpu);
+            (recheck(&profile, trials.prober(), &reporter)?, name)
         }
     };
     let report = check(&profile, &fresh, tolerance);
@@ -157,7 +194,15 @@ fn announce(profile: &Profile, printer: &Printer) {
         profile.tool.version,
         profile.candle_version,
     ));
-    if profile.candle_version != CANDLE_VERSION {
+    if let Some(engine) = &profile.engine {
+        printer.status(format!(
+            "its trials were measured on the {engine} engine{} through a trial runner",
+            profile
+                .engine_version
+                .as_deref()
+                .map_or(String::new(), |v| format!(" {v}"))
+        ));
+    } else if profile.candle_version != CANDLE_VERSION {
         printer.status(format!(
             "note: this build uses candle {CANDLE_VERSION}; differences may come from the upgrade"
         ));

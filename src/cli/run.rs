@@ -12,7 +12,7 @@ use autotune::plan::schema::Plan;
 use autotune::train::checkpoint_dir;
 use autotune::train::run::RunSummary;
 
-use super::args::RunArgs;
+use super::args::{Backend, RunArgs};
 use super::printer::Printer;
 use super::train::{train_with_plan, PlanTraining};
 use super::tune::config::TuneConfig;
@@ -26,6 +26,18 @@ struct RunReport<'a> {
 }
 
 pub fn run(args: RunArgs, printer: &Printer) -> anyhow::Result<Status> {
+    if args.tune.backend == Backend::Exec {
+        // A runner's plan is measured in its framework; `run` trains on autotune's engine.
+        return Err(autotune_core::Error::InvalidFlag {
+            flag: "--backend exec".into(),
+            problem: "`run` trains on autotune's own engine, where a trial runner's plan was not \
+                      measured; tune with `autotune tune --backend exec --out plan.json -- \
+                      RUNNER` and train in the runner's framework (`autotune export --plan \
+                      plan.json --format deepspeed|trainer|accelerate|lightning`)"
+                .into(),
+        }
+        .into());
+    }
     let run_dir = &args.train.run_dir;
     // The directory is created and locked before tuning: a location that cannot be written
     // fails now, not after the search.

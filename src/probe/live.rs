@@ -282,29 +282,6 @@ fn checkpoint_dry_run(trainer: &Trainer) -> Result<()> {
 }
 
 fn measurement(knobs: &Knobs, seq_len: usize, times: &[f64], peak_gpu_bytes: u64) -> Measurement {
-    let mut sorted = times.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let quantile = |q: f64| {
-        if sorted.is_empty() {
-            return 0.0;
-        }
-        let pos = q * (sorted.len() - 1) as f64;
-        let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-        sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
-    };
-    let median = quantile(0.5);
     let tokens = (knobs.global_batch() * seq_len) as f64;
-    Measurement {
-        peak_gpu_bytes,
-        peak_host_bytes: host_memory::peak_bytes(),
-        step_time_median_s: median,
-        step_time_spread: if median > 0.0 {
-            (quantile(0.9) - quantile(0.1)) / median
-        } else {
-            0.0
-        },
-        timed_steps: times.len(),
-        tokens_per_s: if median > 0.0 { tokens / median } else { 0.0 },
-        host_link: None,
-    }
+    Measurement::from_step_times(times, tokens, peak_gpu_bytes, host_memory::peak_bytes())
 }

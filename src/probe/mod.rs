@@ -6,16 +6,20 @@
 //! a long-lived child that serves trial after trial while it stays clean ([`worker`]). Each
 //! protocol's two halves, the parent's prober and the child's server, sit in one file; both
 //! exchange a [`job::TrialJob`]. Data-parallel trials run as several ranks
-//! (`crate::dist::probe`), recorded ones are answered by the core's `ReplayProber`.
+//! (`crate::dist::probe`), recorded ones are answered by the core's `ReplayProber`. Trials of
+//! another framework are asked of a trial runner, any program that speaks the trial protocol
+//! ([`exec`], through the runner processes of [`runner`]).
 //! [`crate::backend::host_memory`] counts the host memory a trial takes, and [`host_work`]
 //! measures the host update that bounds offloaded regimes before their first trial.
 
 pub mod child;
+pub mod exec;
 pub mod floor;
 pub mod host_work;
 pub mod job;
 pub mod live;
 pub mod oom;
+pub mod runner;
 pub mod timeout;
 pub mod timing;
 pub mod worker;

@@ -29,6 +29,12 @@ mod tune;
 /// Trials in child processes and in a worker process.
 mod isolation;
 
+/// The exec backend through a fake trial runner: failures as outcomes, the boundary, engines.
+mod exec;
+
+/// The PyTorch harness as a trial runner on the CPU (skipped without torch).
+mod harness;
+
 /// Fused operations against their composite references.
 mod ops;
 

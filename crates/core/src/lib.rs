@@ -7,7 +7,8 @@
 //!
 //! ```text
 //! knobs (one setting) ─▶ trial (what a trial asks and finds) ─▶ spec (model, device, budget)
-//!   ─▶ fit (memory and step-time models) ─▶ search (pure driver and its one loop)
+//!   ─▶ trial_protocol (trials asked of other programs) ─▶ fit (memory and step-time models)
+//!   ─▶ search (pure driver and its one loop)
 //!   ─▶ plan (the versioned plan and its exports) ─▶ profile (recorded trials, replay, check)
 //! ```
 
@@ -21,6 +22,7 @@ pub mod profile;
 pub mod search;
 pub mod spec;
 pub mod trial;
+pub mod trial_protocol;
 
 pub use error::{Error, Result};
 pub use knobs::{Checkpointing, Knobs, Offload, Precision, Regime};

@@ -148,6 +148,45 @@ pub struct HostLink {
 }
 
 impl Measurement {
+    /// The measurement of a trial whose timed steps took `times` seconds each: their median,
+    /// their spread ((p90 − p10) / median, linearly interpolated quantiles), and tokens/s at
+    /// the median for `tokens_per_step` tokens a step (0 without timed steps).
+    pub fn from_step_times(
+        times: &[f64],
+        tokens_per_step: f64,
+        peak_gpu_bytes: u64,
+        peak_host_bytes: u64,
+    ) -> Self {
+        let mut sorted = times.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let quantile = |q: f64| {
+            if sorted.is_empty() {
+                return 0.0;
+            }
+            let pos = q * (sorted.len() - 1) as f64;
+            let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+            sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
+        };
+        let median = quantile(0.5);
+        Self {
+            peak_gpu_bytes,
+            peak_host_bytes,
+            step_time_median_s: median,
+            step_time_spread: if median > 0.0 {
+                (quantile(0.9) - quantile(0.1)) / median
+            } else {
+                0.0
+            },
+            timed_steps: times.len(),
+            tokens_per_s: if median > 0.0 {
+                tokens_per_step / median
+            } else {
+                0.0
+            },
+            host_link: None,
+        }
+    }
+
     /// This measurement as it would be on a target whose link runs at `target_gbps`.
     ///
     /// Copies share the device's one stream with the kernels, so every byte's extra time at a

@@ -10,6 +10,8 @@ use autotune::spec::budget::Budget;
 use autotune::spec::device::{DeviceKind, DeviceSpec};
 use autotune::ModelSpec;
 
+use autotune::knobs::Update;
+use autotune::probe::runner::RunnerCommand;
 use autotune::probe::timeout::TrialTimeout;
 use autotune::spec::limits;
 
@@ -39,7 +41,7 @@ pub enum Source {
     },
 }
 
-/// A search run on this machine.
+/// A search run on this machine, on autotune's engine or through a trial runner.
 pub struct LiveSearch {
     /// The model.
     pub spec: ModelSpec,
@@ -53,6 +55,9 @@ pub struct LiveSearch {
     pub isolation: ProbeIsolation,
     /// How long a trial in another process may run.
     pub trial_timeout: TrialTimeout,
+    /// The trial runner that measures every trial (`--backend exec -- RUNNER`); `None` for
+    /// autotune's own engine.
+    pub runner: Option<RunnerCommand>,
 }
 
 impl TuneConfig {
@@ -67,12 +72,15 @@ impl TuneConfig {
                 })?;
             }
         }
+        let runner = runner_command(&args.backend, &args.runner)?;
         let source = match &args.backend {
             Backend::Replay(path) => Source::Replay {
                 path: path.clone(),
                 profile: Box::new(Profile::load(path)?),
             },
-            Backend::Live => Source::Live(Box::new(LiveSearch::from_args(args)?)),
+            Backend::Live | Backend::Exec => {
+                Source::Live(Box::new(LiveSearch::from_args(args, runner)?))
+            }
         };
         Ok(Self {
             source,
@@ -82,8 +90,32 @@ impl TuneConfig {
     }
 }
 
+/// The trial runner `--backend exec` runs (the words after `--`), checked against the
+/// backend: exec needs one, the others take none.
+pub fn runner_command(backend: &Backend, argv: &[String]) -> anyhow::Result<Option<RunnerCommand>> {
+    match (backend, RunnerCommand::new(argv)) {
+        (Backend::Exec, Some(runner)) => Ok(Some(runner)),
+        (Backend::Exec, None) => Err(autotune_core::Error::InvalidFlag {
+            flag: "--backend exec".into(),
+            problem: "needs the trial runner after `--`, e.g. `--backend exec -- python3 \
+                      harness/examples/gpt_runner.py` (docs/trial-protocol.md)"
+                .into(),
+        }
+        .into()),
+        (_, None) => Ok(None),
+        (other, Some(runner)) => Err(autotune_core::Error::InvalidFlag {
+            flag: format!("-- {}", runner.display()),
+            problem: format!(
+                "a trial runner is only run by `--backend exec`, not by `--backend {other}`; \
+                 add --backend exec, or drop what follows `--`"
+            ),
+        }
+        .into()),
+    }
+}
+
 impl LiveSearch {
-    fn from_args(args: &TuneArgs) -> anyhow::Result<Self> {
+    fn from_args(args: &TuneArgs, runner: Option<RunnerCommand>) -> anyhow::Result<Self> {
         let spec = ModelSpec::resolve(&args.model)?;
         let target = target_profile(&args.device)?;
         let mut budget = Budget::from_device(&target);
@@ -100,7 +132,11 @@ impl LiveSearch {
                 || (precision != autotune::Precision::Fp32
                     && autotune::ops::FLASH_HEAD_DIMS.contains(&head_dim))
         };
-        let mut space = SearchSpace::for_target(&target, &spec, &space_request(args))
+        let mut request = space_request(args);
+        if runner.is_some() {
+            exec_space(&mut request)?;
+        }
+        let mut space = SearchSpace::for_target(&target, &spec, &request)
             .map_err(|e| as_flag(e, flags::TUNE))?;
         cap_micro_batch(&mut space, &spec, &budget);
         // A GPU trial of a large model costs seconds: its first one goes near the predicted
@@ -111,7 +147,20 @@ impl LiveSearch {
         } else {
             space
         };
-        let isolation = isolation(args.isolation, &target, &space);
+        let isolation = match (&runner, args.isolation) {
+            (Some(_), Some(ProbeIsolation::InProcess)) => {
+                return Err(autotune_core::Error::InvalidFlag {
+                    flag: "--isolation in-process".into(),
+                    problem: "a trial runner always runs in its own process; use worker (a \
+                              runner that says it can serve again runs the next trial too) or \
+                              child (a new runner for every trial)"
+                        .into(),
+                }
+                .into())
+            }
+            (Some(_), asked) => asked.unwrap_or(ProbeIsolation::Worker),
+            (None, asked) => isolation(asked, &target, &space),
+        };
         let trial_timeout = match args.trial_timeout {
             None => TrialTimeout::scaled(),
             Some(s) if s.is_finite() && s > 0.0 && s <= autotune::trial::MAX_STEP_TIME_S => {
@@ -135,8 +184,29 @@ impl LiveSearch {
             space,
             isolation,
             trial_timeout,
+            runner,
         })
     }
+}
+
+/// The space a trial runner searches: one GPU (a runner trains in one process), and the
+/// optimizer step after backward unless `--update` asks for more (the tools a runner's plan
+/// is exported to have no update in backward).
+fn exec_space(request: &mut SpaceRequest) -> anyhow::Result<()> {
+    if let Some(&degree) = request.data_parallel.iter().find(|&&d| d > 1) {
+        return Err(autotune_core::Error::InvalidFlag {
+            flag: format!("--data-parallel {degree}"),
+            problem: "a trial runner trains in one process on one GPU; data-parallel trials \
+                      run on autotune's own engine (--backend live)"
+                .into(),
+        }
+        .into());
+    }
+    request.data_parallel = vec![1];
+    if request.updates.is_empty() {
+        request.updates = vec![Update::AfterBackward];
+    }
+    Ok(())
 }
 
 /// Lowers the space's largest micro-batch to the largest whose logits alone fit in the memory

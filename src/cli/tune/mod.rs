@@ -6,7 +6,7 @@
 //! search for people.
 
 pub mod config;
-mod prober;
+pub mod prober;
 
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -25,6 +25,7 @@ use autotune::search::run::{run_search, SearchOutcome};
 use autotune::spec::device::{DeviceKind, DeviceSpec};
 use autotune::spec::limits;
 use autotune::trial::TrialResult;
+use autotune::trial_protocol::RunnerIdentity;
 use autotune::{ModelSpec, Offload};
 
 use self::config::{device_name, LiveSearch, Source, TuneConfig};
@@ -41,19 +42,25 @@ pub struct Tuned {
     pub driver: SearchDriver,
     pub plan: Option<Plan>,
     pub outcome: SearchOutcome,
+    /// The trial runner's engine, when one measured the trials (or measured the recording).
+    pub measured_by: Option<RunnerIdentity>,
 }
 
 impl Tuned {
     /// The search as a recorded profile.
     fn record(&self) -> Profile {
-        Profile::from_search(
+        let profile = Profile::from_search(
             &self.driver,
             &self.outcome,
             &self.spec,
             self.recorded.clone(),
             backend::CANDLE_VERSION,
             now(),
-        )
+        );
+        match &self.measured_by {
+            Some(runner) => profile.measured_by(&runner.engine, runner.engine_version.as_deref()),
+            None => profile,
+        }
     }
 }
 
@@ -102,8 +109,20 @@ fn replay(path: &Path, profile: &Profile, printer: &Printer) -> anyhow::Result<T
     let mut prober = ReplayProber::new(profile.clone());
     let outcome = search(&driver, &mut prober, printer)?;
     let mut plan = Plan::from_search(&driver, &outcome, &profile.model, &device.target, now());
+    let measured_by = profile.engine.as_ref().map(|engine| RunnerIdentity {
+        engine: engine.clone(),
+        engine_version: profile.engine_version.clone(),
+        device: Some(device.name.clone()),
+    });
     if let Some(plan) = plan.as_mut() {
-        plan.provenance = Some(backend::provenance("replay", &device.name));
+        let mut provenance = backend::provenance("replay", &device.name);
+        if let Some(runner) = &measured_by {
+            // The recording's engine measured it; candle did not.
+            provenance.engine = runner.engine.clone();
+            provenance.engine_version = runner.engine_version.clone();
+            provenance.candle_version = None;
+        }
+        plan.provenance = Some(provenance);
     }
     Ok(Tuned {
         spec: profile.model.clone(),
@@ -112,6 +131,7 @@ fn replay(path: &Path, profile: &Profile, printer: &Printer) -> anyhow::Result<T
         driver,
         plan,
         outcome,
+        measured_by,
     })
 }
 
@@ -139,7 +159,7 @@ fn live(search_config: &LiveSearch, printer: &Printer) -> anyhow::Result<Tuned> 
     }
     let driver = SearchDriver::new(space, *budget)?;
     announce(search_config, printer);
-    let recorded = backend::recorded_device(target.kind == DeviceKind::Cuda, target);
+    let mut recorded = backend::recorded_device(target.kind == DeviceKind::Cuda, target);
     // A model whose state alone exceeds the budget is answered before any trial: building it
     // to find out would take more memory than the machine has.
     if let Some(hint) = limits::state_exceeds_budget(spec, budget) {
@@ -153,15 +173,25 @@ fn live(search_config: &LiveSearch, printer: &Printer) -> anyhow::Result<Tuned> 
                 history: Vec::new(),
                 decision: Decision::NoFeasible { hint },
             },
+            measured_by: None,
         });
     }
-    let mut prober = prober::live_prober(search_config)?;
-    let outcome = search(&driver, prober.as_mut(), printer)?;
+    let mut trials = prober::live_prober(search_config)?;
+    trials.stop_runner_on_interrupt(printer);
+    let outcome = search(&driver, trials.prober(), printer)?;
     let mut plan = Plan::from_search(&driver, &outcome, spec, target, now());
     if let Some(plan) = plan.as_mut() {
         // Scaling efficiency is measured, never assumed: one GPU's trial if the search ran none.
-        plan.measure_scaling(driver.space(), prober.as_mut())?;
-        plan.provenance = Some(backend::provenance("live", &recorded.name));
+        plan.measure_scaling(driver.space(), trials.prober())?;
+        plan.provenance = Some(trials.provenance(&recorded.name));
+    }
+    let measured_by = match &trials {
+        prober::Trials::Runner(exec) => exec.identity().cloned(),
+        prober::Trials::Engine(_) => None,
+    };
+    if let Some(seen) = measured_by.as_ref().and_then(|m| m.device.as_ref()) {
+        // The runner saw the device; this process, which opened none, may only know its kind.
+        recorded.name = seen.clone();
     }
     Ok(Tuned {
         spec: spec.clone(),
@@ -170,6 +200,7 @@ fn live(search_config: &LiveSearch, printer: &Printer) -> anyhow::Result<Tuned> 
         driver,
         plan,
         outcome,
+        measured_by,
     })
 }
 
@@ -188,19 +219,26 @@ fn search(
 /// The line that says what is tuned for what, and where trials run.
 fn announce(search: &LiveSearch, printer: &Printer) {
     let spec = &search.spec;
+    let isolation = match (&search.runner, search.isolation) {
+        (Some(runner), ProbeIsolation::Child) => {
+            format!(
+                " through the trial runner `{}`, a new one per trial",
+                runner.display()
+            )
+        }
+        (Some(runner), _) => format!(" through the trial runner `{}`", runner.display()),
+        (None, ProbeIsolation::InProcess) => String::new(),
+        (None, ProbeIsolation::Child) => " in child processes".into(),
+        (None, ProbeIsolation::Worker) => " in a worker process".into(),
+    };
     printer.status(format!(
-        "tuning {} ({:.1}M parameters, seq {}) for {} ({}), probing on {}{}",
+        "tuning {} ({:.1}M parameters, seq {}) for {} ({}), probing on {}{isolation}",
         spec.name,
         spec.parameter_count() as f64 / 1e6,
         spec.seq_len,
         search.target.name,
         reporters::budget(&search.budget),
         device_name(search.target.kind),
-        match search.isolation {
-            ProbeIsolation::InProcess => "",
-            ProbeIsolation::Child => " in child processes",
-            ProbeIsolation::Worker => " in a worker process",
-        },
     ));
 }
 

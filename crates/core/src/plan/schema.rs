@@ -26,7 +26,7 @@
 //! | `model_error` | object | Worst leave-one-out relative error of the chosen regime's fits: `memory_loo_rel_error`, `time_loo_rel_error` (`null` below three trials). |
 //! | `alternatives` | array | Up to five other feasible settings, best first: `{"knobs": …, "tokens_per_s": T, "peak_gpu_bytes": B, "peak_host_bytes": B}`, measured without accumulation. The best of each other regime is always included. |
 //! | `data_parallel` | object | Version 2 only: `degree`, `shard_optimizer` (as in `knobs`), `global_batch` (sequences per step over all GPUs), `single_gpu_tokens_per_s` (the trial of the same per-GPU setting on one GPU: the search's, or one run after the search when it ran none; `null` if that did not fit), `scaling_efficiency` (the chosen setting's search trial tokens/s ÷ (degree × `single_gpu_tokens_per_s`), `null` with it). Both throughputs are measured, never modelled. |
-//! | `provenance` | object | What measured the plan (absent in older plans, which autotune's engine measured): `engine` (`"autotune"`, or the framework of the trial runner), `backend` (`"live"` or `"replay"`), `candle_version`, `git_revision` (each absent when unknown), `device` (the device the trials ran on, as detected). `autotune export` refuses a plan whose engine is not the target tool's unless `--allow-engine-mismatch` is given. |
+//! | `provenance` | object | What measured the plan (absent in older plans, which autotune's engine measured): `engine` (`"autotune"`, or the framework a trial runner reported, e.g. `"pytorch"`), `engine_version` (a trial runner's, when it reported one), `backend` (`"live"`: autotune's engine on this machine; `"exec"`: a trial runner, `tune --backend exec`; `"replay"`: a recorded profile), `candle_version` (autotune's engine only), `git_revision` (each absent when unknown), `device` (the device the trials ran on, as detected). `autotune export` refuses a plan whose engine is not the target tool's unless `--allow-engine-mismatch` is given. |
 
 use std::path::Path;
 
@@ -95,7 +95,12 @@ pub struct Provenance {
     /// The engine the trials measured: [`Provenance::OWN_ENGINE`], or the framework a trial
     /// runner used (`"pytorch"`).
     pub engine: String,
-    /// `"live"` (trials ran on this machine) or `"replay"` (answered from a recorded profile).
+    /// The engine's version, where a trial runner reported it (autotune's own engine is
+    /// `candle_version`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_version: Option<String>,
+    /// `"live"` (autotune's engine on this machine), `"exec"` (a trial runner on this machine)
+    /// or `"replay"` (answered from a recorded profile).
     pub backend: String,
     /// candle's version, for autotune's engine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -117,6 +122,7 @@ impl Provenance {
     pub(crate) fn for_test(engine: &str) -> Self {
         Self {
             engine: engine.into(),
+            engine_version: None,
             backend: "live".into(),
             candle_version: None,
             git_revision: None,

@@ -20,6 +20,8 @@
 //! | `created_unix_s` | integer | When the profile was recorded, seconds since the Unix epoch. |
 //! | `probes` | array | Every trial in the order it ran, as in a plan's `evidence`: the request's knobs and trial lengths, the outcome (`fits` with `peak_gpu_bytes`, `peak_host_bytes`, `step_time_median_s`, `step_time_spread`, `timed_steps`, `tokens_per_s`; `out_of_memory` with `memory` and `phase`; or `crashed` with `reason`), and `wall_s`. |
 //! | `chosen` | object or null | The knobs the search chose, or `null` when nothing was feasible. |
+//! | `engine` | string | The framework a trial runner trained with (`"pytorch"`), for a profile recorded through one (`tune --backend exec`); absent for autotune's own engine. Replays of it make plans of that engine. `candle_version` is then the recording autotune's, not what the trials ran on. |
+//! | `engine_version` | string | That framework's version, when the runner reported it; absent otherwise. |
 //! | `spec_hash` | string | SHA-256 of the model spec and the target device spec as recorded (see [`spec_hash`]); a reader recomputes it and refuses a profile whose model or device was edited after recording. Profiles recorded before it have none, and are read unchecked. |
 
 use std::path::{Path, PathBuf};
@@ -76,6 +78,12 @@ pub struct Profile {
     /// [`spec_hash`] of `model` and `device.target` when recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec_hash: Option<String>,
+    /// The framework a trial runner measured with; `None` for autotune's own engine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
+    /// That framework's version, if the runner reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_version: Option<String>,
 }
 
 /// What identifies the setup a profile's trials measured: the SHA-256, lowercase hex, of the
@@ -148,7 +156,24 @@ impl Profile {
             trials: outcome.history.clone(),
             chosen: outcome.chosen(),
             spec_hash: Some(hash),
+            engine: None,
+            engine_version: None,
         }
+    }
+
+    /// The profile of trials a trial runner measured with `engine` (its `version`, if known).
+    pub fn measured_by(mut self, engine: &str, version: Option<&str>) -> Self {
+        self.engine = Some(engine.to_string());
+        self.engine_version = version.map(str::to_string);
+        self
+    }
+
+    /// The engine the trials measured: the trial runner's, or autotune's own
+    /// ([`crate::plan::Provenance::OWN_ENGINE`]).
+    pub fn engine_name(&self) -> &str {
+        self.engine
+            .as_deref()
+            .unwrap_or(crate::plan::Provenance::OWN_ENGINE)
     }
 
     /// A search driver over the recorded space and budget: the driver a replay needs to ask
@@ -256,6 +281,16 @@ impl Profile {
         if let Some(chosen) = &self.chosen {
             chosen.validate(WHAT, "chosen.")?;
         }
+        if let Some(engine) = &self.engine {
+            let max = crate::trial_protocol::MAX_ENGINE_NAME_CHARS;
+            if engine.trim().is_empty() || engine.chars().count() > max {
+                return Err(Error::invalid(
+                    WHAT,
+                    "engine",
+                    format!("({engine:?}) must name a framework in 1 to {max} characters, or be absent for autotune's own engine"),
+                ));
+            }
+        }
         if let Some(recorded) = &self.spec_hash {
             let now = spec_hash(&self.model, &self.device.target);
             if *recorded != now {
@@ -280,8 +315,15 @@ impl Profile {
     }
 
     /// Why `other`'s trials do not measure what this profile's do, if they do not: another
-    /// model spec (the fields that differ are named) or another target device.
+    /// engine, another model spec (the fields that differ are named) or another target device.
     pub fn setup_differs(&self, other: &Profile) -> Option<String> {
+        if self.engine_name() != other.engine_name() {
+            return Some(format!(
+                "it was measured on the {} engine, this one on the {} engine",
+                other.engine_name(),
+                self.engine_name()
+            ));
+        }
         if spec_hash(&self.model, &self.device.target)
             == spec_hash(&other.model, &other.device.target)
         {

@@ -164,3 +164,28 @@ fn a_missing_file_is_named() {
     assert!(matches!(&err, Error::File { path: p, .. } if p == &path));
     assert!(chain(&err).contains("cannot read profile"));
 }
+
+#[test]
+fn a_runners_engine_is_recorded_read_back_and_kept_apart_from_ours() {
+    let (_, _, _, ours) = recorded(spaces().remove(0));
+    assert_eq!(ours.engine_name(), "autotune");
+    assert!(
+        !ours.to_json().contains("\"engine\""),
+        "absent for our engine"
+    );
+    let theirs = ours.clone().measured_by("pytorch", Some("2.11.0"));
+    assert_eq!(theirs.engine_name(), "pytorch");
+    let back = Profile::from_json(&theirs.to_json()).unwrap();
+    assert_eq!(back, theirs);
+    assert_eq!(back.engine_version.as_deref(), Some("2.11.0"));
+    let why = ours
+        .setup_differs(&theirs)
+        .expect("two engines do not compare");
+    assert!(why.contains("pytorch") && why.contains("autotune"), "{why}");
+    assert_eq!(theirs.setup_differs(&back), None);
+
+    let dir = tempfile::tempdir().unwrap();
+    let unnamed = ours.measured_by(" ", None).to_json();
+    let message = load_error(dir.path(), "unnamed.json", &unnamed);
+    assert!(message.contains("`engine`"), "{message}");
+}

@@ -1,0 +1,275 @@
+//! Trials run by any program that speaks the trial protocol (`tune --backend exec -- CMD`):
+//! the prober that asks a trial runner, and reads whatever it does as an outcome.
+//!
+//! Each trial is one [`RunnerRequest`] line to a runner process ([`super::runner`]) and one
+//! reply. A runner that says it can serve again (`"reusable": true`) gets the next trial in
+//! the same process, unless every trial is to start a fresh one; otherwise, and after any trial
+//! that crashed, timed out or answered nonsense, the next trial starts a new runner. What a
+//! runner does besides replying is an outcome, so the search goes on:
+//!
+//! | the runner | the outcome |
+//! |---|---|
+//! | replies `fits`, `out_of_memory` | that |
+//! | replies `error` | crashed (infeasible) with its reason |
+//! | replies `unsupported` | crashed, and so is every later trial of that regime, without a run |
+//! | replies with fields that are wrong | crashed, naming the field |
+//! | exits without a reply, killed by SIGKILL (the kernel's out-of-memory killer) | out of host memory |
+//! | exits without a reply, its last words naming a CUDA out-of-memory status | out of GPU memory |
+//! | exits without a reply otherwise (crash, garbage on stdout) | crashed, with its last words |
+//! | replies nothing within the trial's time limit ([`TrialTimeout`]) | timed out; it is killed |
+//!
+//! Two things are errors that end the search, because every trial would fail alike: a runner
+//! that cannot be started at all, and one that speaks another protocol version. So is a runner
+//! whose engine changes between trials (a plan would mix two frameworks' measurements), or is
+//! not the one expected ([`ExecProber::expecting_engine`], to re-measure a recording).
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use super::runner::{Ended, RunnerCommand, RunnerProcess, RunningGroup, Waited};
+use super::timeout::TrialTimeout;
+use crate::knobs::Regime;
+use crate::spec::device::DeviceKind;
+use crate::spec::model::ModelSpec;
+use crate::trial::{MemoryKind, Outcome, Phase, Prober, TrialRequest, TrialResult};
+use crate::trial_protocol::{
+    unsupported_reason, BadReply, RunnerAnswer, RunnerIdentity, RunnerRequest, PROTOCOL_VERSION,
+};
+use crate::Error;
+
+/// Runs each trial through a trial runner.
+pub struct ExecProber {
+    command: RunnerCommand,
+    model: ModelSpec,
+    device: DeviceKind,
+    gpu_capacity: Option<u64>,
+    host_budget: Option<u64>,
+    timeout: TrialTimeout,
+    /// Start a new runner for every trial, whatever the runner says.
+    fresh_per_trial: bool,
+    /// The runner kept for the next trial.
+    runner: Option<RunnerProcess>,
+    running: RunningGroup,
+    /// Who answered the first reply; every later one must be the same engine.
+    identity: Option<RunnerIdentity>,
+    /// The engine the replies must name, if one is expected.
+    expected_engine: Option<String>,
+    /// Regimes the runner cannot run, with its reason.
+    unsupported: HashMap<Regime, String>,
+    started: usize,
+}
+
+impl ExecProber {
+    /// A prober of trials of `model` on a `device` target with those limits, each asked of
+    /// `command`.
+    pub fn new(
+        command: RunnerCommand,
+        model: &ModelSpec,
+        device: DeviceKind,
+        gpu_capacity: Option<u64>,
+        host_budget: Option<u64>,
+    ) -> Self {
+        Self {
+            command,
+            model: model.clone(),
+            device,
+            gpu_capacity,
+            host_budget,
+            timeout: TrialTimeout::scaled(),
+            fresh_per_trial: false,
+            runner: None,
+            running: RunningGroup::default(),
+            identity: None,
+            expected_engine: None,
+            unsupported: HashMap::new(),
+            started: 0,
+        }
+    }
+
+    /// Trials limited by `timeout` instead of the scaled default.
+    pub fn with_timeout(mut self, timeout: TrialTimeout) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Whether every trial starts a new runner even when the runner could serve again.
+    pub fn fresh_per_trial(mut self, fresh: bool) -> Self {
+        self.fresh_per_trial = fresh;
+        self
+    }
+
+    /// Replies must name `engine` (a recording of it is re-measured); another is an error.
+    pub fn expecting_engine(mut self, engine: &str) -> Self {
+        self.expected_engine = Some(engine.to_string());
+        self
+    }
+
+    /// The process group of the runner running now, for an interrupt handler.
+    pub fn running_group(&self) -> RunningGroup {
+        self.running.clone()
+    }
+
+    /// Who answered, once a runner has replied.
+    pub fn identity(&self) -> Option<&RunnerIdentity> {
+        self.identity.as_ref()
+    }
+
+    /// The command trials run, for messages.
+    pub fn command(&self) -> &RunnerCommand {
+        &self.command
+    }
+
+    /// Runner processes started so far.
+    pub fn runners_started(&self) -> usize {
+        self.started
+    }
+
+    /// Checks that a reply's engine is the one every trial must have.
+    fn same_engine(&mut self, identity: &RunnerIdentity) -> crate::Result<()> {
+        let expected = self
+            .identity
+            .as_ref()
+            .map(|i| i.engine.clone())
+            .or_else(|| self.expected_engine.clone());
+        match expected {
+            Some(engine) if engine != identity.engine => Err(Error::invalid(
+                "trial runner reply",
+                "engine",
+                format!(
+                    "is \"{}\", but {} named \"{engine}\"; one search measures one framework \
+                     (runner `{}`)",
+                    identity.engine,
+                    if self.identity.is_some() {
+                        "an earlier reply"
+                    } else {
+                        "the recording"
+                    },
+                    self.command.display()
+                ),
+            )),
+            _ => {
+                if self.identity.is_none() {
+                    self.identity = Some(identity.clone());
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn run(&mut self, request: &TrialRequest) -> crate::Result<TrialResult> {
+        let started = Instant::now();
+        let regime = request.knobs.regime();
+        if let Some(reason) = self.unsupported.get(&regime) {
+            return Ok(TrialResult {
+                request: *request,
+                outcome: Outcome::Crashed {
+                    reason: unsupported_reason(&request.knobs, reason),
+                },
+                wall_s: 0.0,
+            });
+        }
+        let line = RunnerRequest::new(
+            &self.model,
+            request,
+            self.device,
+            self.gpu_capacity,
+            self.host_budget,
+        )
+        .to_line();
+        let mut runner = match self.runner.take() {
+            Some(kept) if kept.alive() => kept,
+            // A kept runner that has exited since is reaped as it drops.
+            _ => {
+                self.started += 1;
+                RunnerProcess::start(&self.command, &self.running)?
+            }
+        };
+        // A runner that is gone already shows it in the wait: its end is the outcome.
+        runner.send(&line, self.fresh_per_trial);
+        let limit = self.timeout.limit(request);
+        let outcome = match runner.wait_reply(limit) {
+            Waited::Reply(Ok(reply)) => {
+                self.same_engine(&reply.identity)?;
+                if let RunnerAnswer::Unsupported { reason } = &reply.answer {
+                    self.unsupported.insert(regime, reason.clone());
+                }
+                let serves_again = reply.reusable
+                    && !self.fresh_per_trial
+                    && !matches!(reply.answer, RunnerAnswer::Error { .. });
+                if serves_again {
+                    self.runner = Some(runner);
+                } else {
+                    runner.finish();
+                }
+                reply.outcome(&request.knobs, self.model.seq_len)
+            }
+            Waited::Reply(Err(BadReply::Version(found))) => {
+                runner.kill();
+                return Err(Error::invalid(
+                    "trial runner reply",
+                    "protocol",
+                    format!(
+                        "is {found}, but this autotune speaks trial protocol {PROTOCOL_VERSION} \
+                         (docs/trial-protocol.md); runner `{}`",
+                        self.command.display()
+                    ),
+                ));
+            }
+            Waited::Reply(Err(BadReply::Invalid(e))) => {
+                runner.kill();
+                Outcome::Crashed {
+                    reason: format!("the trial runner's reply is not valid: {e}"),
+                }
+            }
+            Waited::Ended(ended) => ended_outcome(&ended),
+            Waited::TimedOut => Outcome::TimedOut {
+                after_s: limit.as_secs_f64(),
+            },
+        };
+        let result = TrialResult {
+            request: *request,
+            outcome,
+            wall_s: started.elapsed().as_secs_f64(),
+        };
+        self.timeout.observe(&result);
+        Ok(result)
+    }
+}
+
+impl Prober for ExecProber {
+    /// Runs one trial through the runner; whatever the runner does is an outcome, except the
+    /// errors in the module docs.
+    fn probe(&mut self, request: &TrialRequest) -> autotune_core::Result<TrialResult> {
+        Ok(self.run(request)?)
+    }
+}
+
+/// The outcome of a runner that ended without a reply (see the module docs).
+fn ended_outcome(ended: &Ended) -> Outcome {
+    use std::os::unix::process::ExitStatusExt;
+    if ended.status.and_then(|s| s.signal()) == Some(9) {
+        return Outcome::OutOfMemory {
+            memory: MemoryKind::Host,
+            phase: Phase::ForwardBackward,
+        };
+    }
+    if super::oom::names_out_of_memory_status(&ended.last_stderr) {
+        return Outcome::OutOfMemory {
+            memory: MemoryKind::Gpu,
+            phase: Phase::ForwardBackward,
+        };
+    }
+    let status = ended
+        .status
+        .map_or("with an unknown status".to_string(), |s| format!("({s})"));
+    let mut reason = format!("the trial runner ended {status} without a reply");
+    for (stream, words) in [
+        ("stderr", &ended.last_stderr),
+        ("stdout", &ended.last_stdout),
+    ] {
+        if !words.is_empty() {
+            reason.push_str(&format!("; last on {stream}: {words}"));
+        }
+    }
+    Outcome::Crashed { reason }
+}

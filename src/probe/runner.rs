@@ -1,0 +1,408 @@
+//! A trial runner's process (`tune --backend exec -- CMD`): started in a process group of its
+//! own, fed request lines on stdin, its stdout scanned for reply lines and its stderr kept for
+//! its last words; stopped together with every process it started.
+//!
+//! A process group, because a runner is any program: a Python script that starts data-loader
+//! workers, a shell script that starts Python. Killing only the runner would leave them holding
+//! the GPU's memory (which the next trial would then lack) and the pipes open. After every
+//! trial the group is killed once the runner is done with it, so nothing of a trial outlives
+//! it. What a runner prints is read through bounded lines ([`MAX_LINE_BYTES`]), so a runner
+//! that prints without end costs autotune no memory.
+
+use std::io::{Read, Write};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::trial_protocol::{parse_reply_line, BadReply, RunnerReply, PROTOCOL_VERSION};
+use crate::{Error, Result};
+
+/// The longest line kept from a runner's output; the rest of a longer line is dropped.
+pub const MAX_LINE_BYTES: usize = 1 << 20;
+
+/// The most characters of a runner's last words kept for a crash's reason.
+const LAST_WORDS_CHARS: usize = 300;
+
+/// How often a wait for a reply looks whether the runner has exited.
+const POLL: Duration = Duration::from_millis(50);
+
+/// How long after its exit a runner's last output may take to arrive through the pipe.
+const DRAIN: Duration = Duration::from_millis(500);
+
+/// How long a runner that has answered may take to exit on its own before it is killed.
+const EXIT_GRACE: Duration = Duration::from_secs(10);
+
+/// The program a trial runner is and its arguments, as given after `--`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunnerCommand {
+    program: String,
+    args: Vec<String>,
+}
+
+impl RunnerCommand {
+    /// The command `argv` (program first); `None` when it is empty.
+    pub fn new(argv: &[String]) -> Option<Self> {
+        let (program, args) = argv.split_first()?;
+        Some(Self {
+            program: program.clone(),
+            args: args.to_vec(),
+        })
+    }
+
+    /// The command as a person would type it, for messages.
+    pub fn display(&self) -> String {
+        std::iter::once(&self.program)
+            .chain(&self.args)
+            .map(|a| {
+                if a.is_empty() || a.contains(|c: char| c.is_whitespace() || c == '\'') {
+                    format!("'{}'", a.replace('\'', r"'\''"))
+                } else {
+                    a.clone()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+/// The process group of the runner that is running now, if any, for an interrupt handler:
+/// [`RunningGroup::stop`] kills the runner and everything it started. (The runner's group is
+/// not the terminal's, so Ctrl-C reaches only autotune.)
+#[derive(Debug, Clone, Default)]
+pub struct RunningGroup(Arc<AtomicI32>);
+
+impl RunningGroup {
+    /// Kills the running runner's process group, if a runner is running.
+    pub fn stop(&self) {
+        kill_group(self.0.load(Ordering::SeqCst));
+    }
+}
+
+/// What a wait for a reply ended with.
+pub(super) enum Waited {
+    /// A reply line, read (or why it cannot be used).
+    Reply(std::result::Result<RunnerReply, BadReply>),
+    /// The runner ended without a reply.
+    Ended(Ended),
+    /// No reply within the limit: the runner and its group were killed.
+    TimedOut,
+}
+
+/// How a runner that did not reply ended.
+pub(super) struct Ended {
+    /// Its exit status (`None` if it could not be read).
+    pub status: Option<ExitStatus>,
+    /// Its last non-empty line on stderr.
+    pub last_stderr: String,
+    /// Its last non-empty line on stdout that was not a reply.
+    pub last_stdout: String,
+}
+
+/// What a runner's stdout reader passes on.
+enum Stdout {
+    /// A line that may be a reply (an object naming `protocol`).
+    Candidate(String),
+    /// End of the output: the runner exited or closed its stdout.
+    Closed,
+}
+
+/// A running trial runner.
+pub(super) struct RunnerProcess {
+    child: Child,
+    pid: i32,
+    stdin: Option<ChildStdin>,
+    stdout: Receiver<Stdout>,
+    last_stdout: Arc<Mutex<String>>,
+    last_stderr: Arc<Mutex<String>>,
+    running: RunningGroup,
+    /// Whether the process has been reaped.
+    reaped: bool,
+}
+
+impl RunnerProcess {
+    /// Starts `command` in a process group of its own, with `AUTOTUNE_PROTOCOL` set to the
+    /// protocol version; `running` holds its group while it runs.
+    pub fn start(command: &RunnerCommand, running: &RunningGroup) -> Result<Self> {
+        use std::os::unix::process::CommandExt;
+        let mut child = Command::new(&command.program)
+            .args(&command.args)
+            .env("AUTOTUNE_PROTOCOL", PROTOCOL_VERSION.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .map_err(|e| Error::file("cannot start the trial runner", &command.program, e))?;
+        let pid = i32::try_from(child.id())
+            .map_err(|_| Error::internal("the trial runner's pid is out of range"))?;
+        running.0.store(pid, Ordering::SeqCst);
+        let (Some(stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            kill_group(pid);
+            let _ = child.wait();
+            return Err(Error::internal(
+                "the trial runner started without its pipes",
+            ));
+        };
+        let (tx, rx) = mpsc::channel();
+        let last_stdout = Arc::new(Mutex::new(String::new()));
+        let sink = Arc::clone(&last_stdout);
+        std::thread::spawn(move || {
+            for_each_line(stdout, |line| {
+                let text = String::from_utf8_lossy(line);
+                let text = text.trim();
+                if text.starts_with('{') && text.contains("\"protocol\"") {
+                    // The reader ends with the process; a closed receiver is not an error.
+                    let _ = tx.send(Stdout::Candidate(text.to_string()));
+                } else {
+                    keep_last(&sink, text);
+                }
+            });
+            let _ = tx.send(Stdout::Closed);
+        });
+        let last_stderr = Arc::new(Mutex::new(String::new()));
+        let sink = Arc::clone(&last_stderr);
+        std::thread::spawn(move || {
+            for_each_line(stderr, |line| {
+                let text = String::from_utf8_lossy(line);
+                tracing::debug!("runner: {}", text.trim_end());
+                keep_last(&sink, text.trim());
+            });
+        });
+        Ok(Self {
+            child,
+            pid,
+            stdin: Some(stdin),
+            stdout: rx,
+            last_stdout,
+            last_stderr,
+            running: running.clone(),
+            reaped: false,
+        })
+    }
+
+    /// Writes one request line; with `last`, closes stdin after it (the runner then sees the
+    /// end of its input). `false` when the runner no longer reads (it has exited).
+    pub fn send(&mut self, line: &str, last: bool) -> bool {
+        let sent = match self.stdin.as_mut() {
+            Some(stdin) => stdin
+                .write_all(line.as_bytes())
+                .and_then(|()| stdin.write_all(b"\n"))
+                .and_then(|()| stdin.flush())
+                .is_ok(),
+            None => false,
+        };
+        if last {
+            drop(self.stdin.take());
+        }
+        sent
+    }
+
+    /// Whether the runner is still running (it may serve the next trial).
+    pub fn alive(&self) -> bool {
+        !self.reaped && !self.exited()
+    }
+
+    /// Waits up to `limit` for the reply to the request just sent; lines of the runner's own
+    /// output (anything that is not a reply) are skipped.
+    pub fn wait_reply(&mut self, limit: Duration) -> Waited {
+        let deadline = Instant::now() + limit;
+        let mut exited_at: Option<Instant> = None;
+        let mut closed = false;
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                self.kill();
+                return Waited::TimedOut;
+            }
+            if closed {
+                // Nothing more can arrive: wait for the exit itself.
+                if self.exited() {
+                    return Waited::Ended(self.ended());
+                }
+                std::thread::sleep(POLL.min(deadline - now));
+                continue;
+            }
+            match self.stdout.recv_timeout(POLL.min(deadline - now)) {
+                Ok(Stdout::Candidate(line)) => {
+                    if let Some(reply) = parse_reply_line(&line) {
+                        return Waited::Reply(reply);
+                    }
+                }
+                Ok(Stdout::Closed) | Err(RecvTimeoutError::Disconnected) => closed = true,
+                Err(RecvTimeoutError::Timeout) => {
+                    // A runner that exited may have left a process holding its stdout open:
+                    // what it wrote arrives within the drain time, or not at all.
+                    if self.exited() {
+                        match exited_at {
+                            None => exited_at = Some(now),
+                            Some(at) if now - at > DRAIN => return Waited::Ended(self.ended()),
+                            Some(_) => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ends a runner that has answered and will not serve again: closes its input, gives it
+    /// [`EXIT_GRACE`] to exit, then kills whatever of its group is left.
+    pub fn finish(mut self) {
+        drop(self.stdin.take());
+        let deadline = Instant::now() + EXIT_GRACE;
+        while !self.exited() && Instant::now() < deadline {
+            std::thread::sleep(POLL);
+        }
+        self.kill();
+    }
+
+    /// Kills the runner's group and reaps the runner.
+    pub fn kill(&mut self) {
+        if self.reaped {
+            return;
+        }
+        drop(self.stdin.take());
+        kill_group(self.pid);
+        // The runner may have left its group; it goes too.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.reaped = true;
+        self.release_slot();
+    }
+
+    /// Whether the runner has exited; it stays unreaped, so that its process group id cannot
+    /// be taken by another process before the group is killed.
+    fn exited(&self) -> bool {
+        let Some(pid) = rustix::process::Pid::from_raw(self.pid) else {
+            return true;
+        };
+        let options = rustix::process::WaitIdOptions::EXITED
+            | rustix::process::WaitIdOptions::NOWAIT
+            | rustix::process::WaitIdOptions::NOHANG;
+        // An error means there is no such child to wait for: it is gone.
+        rustix::process::waitid(rustix::process::WaitId::Pid(pid), options)
+            .map_or(true, |status| status.is_some())
+    }
+
+    /// How a runner that exited without a reply ended (its group is killed and it is reaped).
+    fn ended(&mut self) -> Ended {
+        drop(self.stdin.take());
+        kill_group(self.pid);
+        let status = self.child.wait();
+        self.reaped = true;
+        self.release_slot();
+        let last = |words: &Arc<Mutex<String>>| words.lock().map(|s| s.clone()).unwrap_or_default();
+        Ended {
+            status: status.ok(),
+            last_stderr: last(&self.last_stderr),
+            last_stdout: last(&self.last_stdout),
+        }
+    }
+
+    fn release_slot(&self) {
+        let _ = self
+            .running
+            .0
+            .compare_exchange(self.pid, 0, Ordering::SeqCst, Ordering::SeqCst);
+    }
+}
+
+impl Drop for RunnerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Kills process group `pgid` (0: none).
+fn kill_group(pgid: i32) {
+    if let Some(pid) = rustix::process::Pid::from_raw(pgid) {
+        // Gone already is fine: the group ended on its own.
+        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+    }
+}
+
+/// `text`, if not empty, as the last words in `sink`, cut to [`LAST_WORDS_CHARS`].
+fn keep_last(sink: &Mutex<String>, text: &str) {
+    if text.is_empty() {
+        return;
+    }
+    if let Ok(mut last) = sink.lock() {
+        // A reason is shown to people and written into plans: no control characters.
+        *last = text
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .take(LAST_WORDS_CHARS)
+            .collect();
+    }
+}
+
+/// Calls `f` with each line `reader` yields (without its newline), up to [`MAX_LINE_BYTES`]
+/// of each; stops at the end of the input or at an error reading it.
+fn for_each_line(mut reader: impl Read, mut f: impl FnMut(&[u8])) {
+    let mut line = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match reader.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        let mut rest = &buf[..n];
+        while let Some(end) = rest.iter().position(|&b| b == b'\n') {
+            take_within(&mut line, &rest[..end]);
+            f(&line);
+            line.clear();
+            rest = &rest[end + 1..];
+        }
+        take_within(&mut line, rest);
+    }
+    if !line.is_empty() {
+        f(&line);
+    }
+}
+
+/// Appends what of `bytes` fits within [`MAX_LINE_BYTES`] to `line`.
+fn take_within(line: &mut Vec<u8>, bytes: &[u8]) {
+    let room = MAX_LINE_BYTES.saturating_sub(line.len());
+    line.extend_from_slice(&bytes[..bytes.len().min(room)]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_are_split_and_cut_at_the_bound() {
+        let long = vec![b'x'; MAX_LINE_BYTES + 10];
+        let mut input = b"one\n\ntwo".to_vec();
+        input.push(b'\n');
+        input.extend_from_slice(&long);
+        input.extend_from_slice(b"\nlast");
+        let mut lines = Vec::new();
+        for_each_line(&input[..], |l| lines.push(l.to_vec()));
+        assert_eq!(lines.len(), 5);
+        assert_eq!(lines[0], b"one");
+        assert_eq!(lines[1], b"");
+        assert_eq!(lines[2], b"two");
+        assert_eq!(lines[3].len(), MAX_LINE_BYTES);
+        assert_eq!(lines[4], b"last");
+    }
+
+    #[test]
+    fn a_command_is_shown_as_typed() {
+        let argv: Vec<String> = ["python3", "run.py", "--name", "a b", "it's", ""]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let command = RunnerCommand::new(&argv).unwrap();
+        assert_eq!(
+            command.display(),
+            r#"python3 run.py --name 'a b' 'it'\''s' ''"#
+        );
+        assert!(RunnerCommand::new(&[]).is_none());
+    }
+}
