@@ -102,6 +102,12 @@ if compgen -G "$WHEELS/deepspeed-*.tar.gz" > /dev/null; then
   export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
   ds_version="$("${TORCH_ENV[@]}" "$PYTHON" -c 'import deepspeed; print(deepspeed.__version__)' 2>> "$OUTDIR/deepspeed-install.log")"
   say "  deepspeed ${ds_version:-did not install (see deepspeed-install.log)}"
+  # DeepSpeed's op builder reads TORCH_CUDA_ARCH_LIST and fails on an arch with a letter
+  # (9.0a): name this GPU's plain compute capability.
+  if [[ "$DEVICE" != cpu ]]; then
+    TORCH_CUDA_ARCH_LIST="$("${TORCH_ENV[@]}" "$PYTHON" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())' 2>/dev/null)"
+    export TORCH_CUDA_ARCH_LIST
+  fi
 else
   say "deepspeed: no $WHEELS/deepspeed-*.tar.gz; its stage is skipped, offloaded regimes are unsupported"
 fi
@@ -126,6 +132,15 @@ ds_prebuild() {
     > "$OUTDIR/deepspeed-fused-adam.log" 2>&1 &
   ds_prebuild_pid=$!
 }
+
+# DeepSpeed's CPU Adam (what an offloaded trial runs) is built once before anything is timed,
+# as an installation that has run DeepSpeed before has it: a tune must not pay for its compile.
+if [[ -n "$ds_version" ]]; then
+  say "deepspeed: building CPUAdam"
+  "${TORCH_ENV[@]}" "$PYTHON" -c 'from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()' \
+    > "$OUTDIR/deepspeed-cpu-adam.log" 2>&1
+  say "  exit $?"
+fi
 
 # ---- one model ---------------------------------------------------------------------------
 runner_of() { if [[ "$1" == seed ]]; then echo harness/examples/seed_runner.py; else echo harness/examples/gpt_runner.py; fi; }

@@ -57,6 +57,7 @@ class Card:
             F.linear(x, x, x[0]).sum().item()
             del x
         torch.cuda.synchronize(self.device)
+        _clear_cublas_workspaces(torch)
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(self.device)
         override = os.environ.get("AUTOTUNE_HARNESS_CONTEXT_BYTES")
@@ -90,11 +91,21 @@ class Card:
     def leftover(self) -> int:
         """Bytes a finished trial left allocated (0 when the next trial starts clean)."""
         self.torch.cuda.synchronize(self.device)
+        _clear_cublas_workspaces(self.torch)
         self.torch.cuda.empty_cache()
         return max(0, self.torch.cuda.memory_allocated(self.device) - self.baseline_allocated)
 
     def synchronize(self) -> None:
         self.torch.cuda.synchronize(self.device)
+
+
+def _clear_cublas_workspaces(torch) -> None:
+    """Frees cuBLAS's workspaces, which PyTorch allocates from its caching allocator once per
+    handle (32 MiB each by default) and keeps: the backward pass's thread has a handle of its
+    own, so without this every trial would look as if it left 32 MiB behind."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
 
 
 def reset_host_peak() -> bool:

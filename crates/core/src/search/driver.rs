@@ -93,7 +93,9 @@
 //!
 //! When every regime is finished, the feasible search trials are ranked by measured tokens/s
 //! (throughput with accumulation equals throughput of one micro-batch, since a step of `a`
-//! micro-batches is predicted to take `a` times as long). The best is returned as
+//! micro-batches is predicted to take `a` times as long), except that the largest micro-batch
+//! of the best's regime within [`RESOLUTION_GAIN`] of it comes first: the trials cannot tell
+//! them apart, and throughput does not fall as the batch grows. The best is returned as
 //! [`Decision::Verify`]: the caller runs [`SearchDriver::verify_request`] once, with the real
 //! accumulation and longer timing, and adds the result to the history. Only a verified setting
 //! becomes [`Decision::Chosen`]; a failed verification excludes that setting and the search
@@ -734,6 +736,22 @@ impl SearchDriver {
                 .then(ra.cmp(rb))
                 .then(a.knobs.micro_batch.cmp(&b.knobs.micro_batch))
         });
+        // Within the timing resolution of the best, a larger micro-batch of the same regime is
+        // as fast as far as the trials can tell, and throughput does not fall as the batch
+        // grows: the largest such comes first.
+        if let Some(&(best_regime, ref best)) = ranked.first() {
+            let floor = best.measurement.tokens_per_s * (1.0 - RESOLUTION_GAIN);
+            let tied = ranked
+                .iter()
+                .enumerate()
+                .filter(|(_, (r, c))| *r == best_regime && c.measurement.tokens_per_s >= floor)
+                .max_by_key(|(_, (_, c))| c.knobs.micro_batch)
+                .map(|(i, _)| i);
+            if let Some(i) = tied.filter(|&i| i > 0) {
+                let largest = ranked.remove(i);
+                ranked.insert(0, largest);
+            }
+        }
         ranked.into_iter().map(|(_, c)| c).collect()
     }
 }

@@ -124,7 +124,11 @@ fn check_invariants(driver: &SearchDriver, outcome: &SearchOutcome) {
         let top = top
             .map(|r| r.outcome.measurement().unwrap().tokens_per_s)
             .fold(0.0, f64::max);
-        assert!(best.measurement.tokens_per_s >= top || verifications.len() > 1);
+        // The best measured, or a larger batch of its regime within the timing resolution.
+        assert!(
+            best.measurement.tokens_per_s >= top * (1.0 - RESOLUTION_GAIN)
+                || verifications.len() > 1
+        );
     }
 }
 
