@@ -31,10 +31,12 @@ TOLERANCE = 0.02
 
 
 class Runner:
-    """A trial runner process, restarted when it cannot serve the next trial."""
+    """A trial runner process, restarted when it cannot serve the next trial, or for every
+    trial with ``fresh`` (the reference's default: a process that already ran a trial can peak
+    lower at the same micro-batch than a fresh one, and a training run starts fresh)."""
 
-    def __init__(self, argv, log):
-        self.argv, self.log = argv, log
+    def __init__(self, argv, log, fresh=True):
+        self.argv, self.log, self.fresh = argv, log, fresh
         self.proc = None
         self.lines: queue.Queue = queue.Queue()
         self.started = 0
@@ -92,7 +94,7 @@ class Runner:
                 reply = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if not reply.get("reusable"):
+            if self.fresh or not reply.get("reusable"):
                 self.stop()
             return reply
 
@@ -108,6 +110,9 @@ def main() -> int:
     ap.add_argument("--trial-timeout", type=float, default=300)
     ap.add_argument("--total-timeout", type=float, default=0, help="seconds for all trials (0: none)")
     ap.add_argument("--log", default=None, help="the runner's stderr (default: ours)")
+    ap.add_argument("--reuse-runner", action="store_true",
+                    help="let one runner serve the trials it can (default: a fresh process each, "
+                         "as a training run starts)")
     ap.add_argument("runner", nargs=argparse.REMAINDER)
     args = ap.parse_args()
     argv = args.runner[1:] if args.runner[:1] == ["--"] else args.runner
@@ -133,7 +138,7 @@ def main() -> int:
                 "host_budget_bytes": device["host_memory_bytes"]}
 
     log = open(args.log, "a") if args.log else sys.stderr
-    runner = Runner(argv, log)
+    runner = Runner(argv, log, fresh=not args.reuse_runner)
     trials: dict[int, dict] = {}
     started = time.monotonic()
     out_of_time = False

@@ -25,8 +25,9 @@ const FUSED_ENGINE_SEED: &str = "profiles/recorded/rtx4090-32g-on-h200/fused-eng
 /// attention, flash attention's with trials in child processes, and the current ones (the
 /// padded vocabulary head, trials in a worker, offload pruned by the measured host floor, the
 /// memory pool reusing memory in stream order only), and the big models' (gpt-1.3b without
-/// offload, gpt-2b with the streamed offload, its trials retimed for the target's link).
-const RECORDINGS: [&str; 10] = [
+/// offload and its brackets left open once converged, gpt-2b with the streamed offload, its
+/// trials retimed for the target's link, llama-3.2-1b).
+const RECORDINGS: [&str; 11] = [
     FUSED_ENGINE_SEED,
     "profiles/recorded/rtx4090-32g-on-h200/fused-engine/gpt-124m.json",
     "profiles/recorded/rtx4090-32g-on-h200/explicit-materialized/seed.json",
@@ -37,6 +38,7 @@ const RECORDINGS: [&str; 10] = [
     "profiles/recorded/rtx4090-32g-on-h200/gpt-124m.json",
     "profiles/recorded/rtx4090-32g-on-h200/gpt-1.3b.json",
     "profiles/recorded/rtx4090-32g-on-h200/gpt-2b.json",
+    "profiles/recorded/rtx4090-32g-on-h200/llama-3.2-1b.json",
 ];
 
 /// Replays a recording's search in this process: how each trial was answered, and the knobs
@@ -60,21 +62,21 @@ fn replay_answers(profile: &Profile) -> (Vec<Answer>, Option<autotune::Knobs>) {
 
 /// The recordings made by a search that asked the same trials as the search asks now: a replay
 /// of one asks exactly the trials the GPU ran, in the same order.
-const CURRENT_SEARCH: [&str; 4] = [
+const CURRENT_SEARCH: [&str; 6] = [
     "profiles/recorded/rtx4090-32g-on-h200/child-trials/seed.json",
     "profiles/recorded/rtx4090-32g-on-h200/seed.json",
     "profiles/recorded/rtx4090-32g-on-h200/gpt-124m.json",
+    "profiles/recorded/rtx4090-32g-on-h200/gpt-1.3b.json",
     "profiles/recorded/rtx4090-32g-on-h200/gpt-2b.json",
+    "profiles/recorded/rtx4090-32g-on-h200/llama-3.2-1b.json",
 ];
 
 /// Recordings of a search that refined brackets the search now leaves open once they have
 /// converged (see the driver's "Convergence"): a replay asks only trials the GPU ran, fewer of
 /// them, and chooses the same plan. The older ones were recorded by an earlier search, which
 /// asked other micro-batches, so a replay of them is answered partly from their fitted models.
-const CONVERGED_EARLIER: [&str; 2] = [
-    "profiles/recorded/rtx4090-32g-on-h200/child-trials/gpt-124m.json",
-    "profiles/recorded/rtx4090-32g-on-h200/gpt-1.3b.json",
-];
+const CONVERGED_EARLIER: [&str; 1] =
+    ["profiles/recorded/rtx4090-32g-on-h200/child-trials/gpt-124m.json"];
 
 #[test]
 fn a_replay_asks_only_the_trials_the_gpu_ran() {
