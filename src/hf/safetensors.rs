@@ -268,6 +268,17 @@ pub struct Writer {
     dtype: DType,
     shapes: Vec<(String, Vec<usize>)>,
     next: usize,
+    /// Renamed into place: nothing to clean up.
+    finished: bool,
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        // A writer abandoned part-way (an error while filling it) leaves no partial file.
+        if !self.finished {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
 }
 
 impl Writer {
@@ -320,6 +331,7 @@ impl Writer {
             dtype,
             shapes,
             next: 0,
+            finished: false,
         })
     }
 
@@ -365,7 +377,6 @@ impl Writer {
     /// Checks every tensor was written, syncs the file and renames it into place.
     pub fn finish(mut self) -> Result<()> {
         if self.next != self.shapes.len() {
-            let _ = std::fs::remove_file(&self.tmp);
             return Err(Error::internal(format!(
                 "safetensors writer: {} of {} tensors written",
                 self.next,
@@ -376,6 +387,8 @@ impl Writer {
         self.out.flush().map_err(io)?;
         self.out.get_ref().sync_all().map_err(io)?;
         std::fs::rename(&self.tmp, &self.path)
-            .map_err(|e| Error::file("cannot move into place", &self.path, e))
+            .map_err(|e| Error::file("cannot move into place", &self.path, e))?;
+        self.finished = true;
+        Ok(())
     }
 }
