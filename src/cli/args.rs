@@ -60,6 +60,9 @@ pub enum Command {
     Export(ExportArgs),
     /// Re-measure a recorded profile's settings and report regressions (exit 1 on any).
     Check(super::check::CheckArgs),
+    /// Estimate a setting's peak GPU and host memory without running anything (exit 1 when
+    /// it does not fit the target).
+    Estimate(super::estimate::EstimateArgs),
     /// Train a model with explicit knobs, with progress, checkpoints and resume.
     Train(TrainArgs),
     /// Measure one setting with real training steps: step time, tokens/s, peak memory.
@@ -84,6 +87,7 @@ impl Command {
             Command::Run(a) => a.tune.json,
             Command::Export(_) => true,
             Command::Check(a) => a.json,
+            Command::Estimate(a) => a.json,
         }
     }
 }

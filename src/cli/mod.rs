@@ -5,6 +5,7 @@
 
 mod args;
 mod check;
+mod estimate;
 mod export;
 mod flags;
 mod launch;
@@ -72,6 +73,7 @@ fn run(command: Command, printer: &Printer) -> anyhow::Result<Status> {
         Command::Run(args) => run::run(args, printer),
         Command::Export(args) => export::run(args, printer),
         Command::Check(args) => check::run(args, printer),
+        Command::Estimate(args) => estimate::run(args, printer),
     }
 }
 

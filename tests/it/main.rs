@@ -57,3 +57,6 @@ mod recorded;
 
 /// The file tree's layering: no import cycle between top-level modules.
 mod layers;
+
+/// The analytic memory estimate against the GPU recordings and CPU probes.
+mod estimate;

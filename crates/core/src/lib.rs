@@ -7,12 +7,14 @@
 //!
 //! ```text
 //! knobs (one setting) ─▶ trial (what a trial asks and finds) ─▶ spec (model, device, budget)
-//!   ─▶ fit (memory and step-time models) ─▶ search (pure driver and its one loop)
-//!   ─▶ plan (the versioned plan and its exports) ─▶ profile (recorded trials, replay, check)
+//!   ─▶ estimate (analytic peak memory) ─▶ fit (memory and step-time models)
+//!   ─▶ search (pure driver and its one loop) ─▶ plan (the versioned plan and its exports)
+//!   ─▶ profile (recorded trials, replay, check)
 //! ```
 
 pub mod atomic_file;
 pub mod error;
+pub mod estimate;
 pub mod fit;
 pub mod json;
 pub mod knobs;
