@@ -361,9 +361,10 @@ pub struct TrainArgs {
     /// Optimizer steps to train (in total, counting resumed steps).
     #[arg(long, default_value_t = 100)]
     pub steps: u64,
-    /// Training data: `random` (the seed's random tokens), `pattern` (learnable synthetic
-    /// sequences), a text file (bytes), or a token file (`.bin`/`.u16`: u16, `.u32`: u32).
-    #[arg(long, default_value = "random")]
+    /// Training data: `pattern` (learnable synthetic sequences), `random` (the seed's random
+    /// tokens: nothing to learn, for benchmarks), a text file (bytes), or a token file
+    /// (`.bin`/`.u16`: u16, `.u32`: u32; memory-mapped).
+    #[arg(long, default_value = "pattern")]
     pub data: String,
     /// Directory for checkpoints (written atomically; `latest` points at the newest).
     #[arg(long)]

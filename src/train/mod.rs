@@ -10,3 +10,4 @@ pub mod run;
 pub mod scaler;
 pub mod step;
 pub mod tensor_file;
+pub mod token_file;

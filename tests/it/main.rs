@@ -60,3 +60,8 @@ mod layers;
 
 /// The analytic memory estimate against the GPU recordings and CPU probes.
 mod estimate;
+
+/// Token files: memory-mapped, so a large corpus costs only the pages batches touch (reads
+/// the peak resident memory from /proc).
+#[cfg(target_os = "linux")]
+mod token_files;
