@@ -144,6 +144,73 @@ pub struct KnobArgs {
     pub shard_optimizer: bool,
 }
 
+/// The learning rate over a training run (`train`).
+#[derive(Debug, Clone, Args)]
+pub struct ScheduleArgs {
+    /// Warm the learning rate up linearly over the first N steps (from lr / N to lr).
+    #[arg(
+        long,
+        visible_alias = "lr-warmup-steps",
+        value_name = "N",
+        default_value_t = 0
+    )]
+    pub warmup_steps: u64,
+    /// After the warm-up: constant, or cosine (half a cosine down to --min-lr at the run's
+    /// last step, --steps).
+    #[arg(long, default_value = "constant")]
+    pub lr_schedule: autotune::train::schedule::LrDecay,
+    /// The cosine's floor (default: a tenth of the model's learning rate).
+    #[arg(long, value_name = "LR")]
+    pub min_lr: Option<f64>,
+}
+
+/// The learning rate over `run`'s training (its `--warmup-steps` are the trials').
+#[derive(Debug, Args)]
+pub struct RunScheduleArgs {
+    /// Warm the learning rate up linearly over the first N steps (train's --warmup-steps).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub lr_warmup_steps: u64,
+    /// After the warm-up: constant, or cosine (down to --min-lr at the last step).
+    #[arg(long, default_value = "constant")]
+    pub lr_schedule: autotune::train::schedule::LrDecay,
+    /// The cosine's floor (default: a tenth of the model's learning rate).
+    #[arg(long, value_name = "LR")]
+    pub min_lr: Option<f64>,
+}
+
+impl From<&RunScheduleArgs> for ScheduleArgs {
+    fn from(run: &RunScheduleArgs) -> Self {
+        Self {
+            warmup_steps: run.lr_warmup_steps,
+            lr_schedule: run.lr_schedule,
+            min_lr: run.min_lr,
+        }
+    }
+}
+
+impl ScheduleArgs {
+    /// The schedule over a run of `total_steps` for a model whose rate is `base_lr`.
+    pub fn schedule(
+        &self,
+        base_lr: f64,
+        total_steps: u64,
+    ) -> anyhow::Result<autotune::train::schedule::LrSchedule> {
+        let min_lr = self.min_lr.unwrap_or(base_lr / 10.0);
+        if !(min_lr.is_finite() && min_lr >= 0.0 && min_lr <= base_lr) {
+            anyhow::bail!(
+                "`--min-lr {min_lr}`: the cosine's floor must be a rate from 0 to the model's learning rate {base_lr}"
+            );
+        }
+        Ok(autotune::train::schedule::LrSchedule {
+            decay: self.lr_schedule,
+            warmup_steps: self.warmup_steps,
+            min_lr,
+            decay_steps: total_steps,
+        }
+        .canonical())
+    }
+}
+
 /// How search trials are isolated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ProbeIsolation {
@@ -323,6 +390,11 @@ pub struct RunTrainArgs {
     /// Keep only the newest N checkpoints (default: keep every one).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub keep_last: Option<u64>,
+    #[command(flatten)]
+    pub schedule: RunScheduleArgs,
+    /// Write one JSON line per step to FILE (see `train --metrics`).
+    #[arg(long, value_name = "FILE")]
+    pub metrics: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -385,6 +457,12 @@ pub struct TrainArgs {
     /// Keep only the newest N checkpoints (default: keep every one).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub keep_last: Option<u64>,
+    #[command(flatten)]
+    pub schedule: ScheduleArgs,
+    /// Write one JSON line per step to FILE: step, loss, tokens/s, learning rate, loss scale,
+    /// skipped, GPU and host memory (docs/metrics.schema.json). A resumed run continues it.
+    #[arg(long, value_name = "FILE")]
+    pub metrics: Option<PathBuf>,
     /// Print a JSON summary on stdout.
     #[arg(long)]
     pub json: bool,

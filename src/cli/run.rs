@@ -95,6 +95,8 @@ pub fn run(args: RunArgs, printer: &Printer) -> anyhow::Result<Status> {
         resume: resume && checkpoint_dir::holds_checkpoints(&checkpoints)?,
         overwrite: args.train.overwrite,
         keep_last: args.train.keep_last.map(|n| n as usize),
+        schedule: (&args.train.schedule).into(),
+        metrics: args.train.metrics.clone(),
     };
     let (summary, status): (RunSummary, Status) = train_with_plan(&training, printer)?;
     printer.data_json(&RunReport {

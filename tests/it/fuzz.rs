@@ -126,7 +126,7 @@ enum Reader {
 }
 
 /// Every numeric flag: the command, the flag, how its valid values can run.
-const FLAGS: [(&str, &str, FlagKind); 25] = [
+const FLAGS: [(&str, &str, FlagKind); 30] = [
     ("train", "--micro-batch", FlagKind::Batch),
     ("train", "--grad-accum", FlagKind::Batch),
     ("train", "--steps", FlagKind::Steps),
@@ -135,6 +135,8 @@ const FLAGS: [(&str, &str, FlagKind); 25] = [
     ("train", "--seed", FlagKind::Any),
     ("train", "--keep-last", FlagKind::Any),
     ("train", "--data-parallel", FlagKind::Ranks),
+    ("train", "--warmup-steps", FlagKind::Any),
+    ("train", "--min-lr", FlagKind::Any),
     ("tune", "--max-micro-batch", FlagKind::Any),
     ("tune", "--global-batch", FlagKind::Any),
     ("tune", "--max-trials", FlagKind::Any),
@@ -152,6 +154,9 @@ const FLAGS: [(&str, &str, FlagKind); 25] = [
     ("export", "--world-size", FlagKind::Any),
     ("check", "--time-tolerance", FlagKind::Any),
     ("check", "--memory-tolerance", FlagKind::Any),
+    ("estimate", "--micro-batch", FlagKind::Any),
+    ("estimate", "--grad-accum", FlagKind::Any),
+    ("estimate", "--headroom", FlagKind::Any),
 ];
 
 fn case() -> impl Strategy<Value = Case> {
@@ -309,6 +314,7 @@ impl Case {
                         a
                     }
                     "export" => args(&["export", "--plan", &plan, "--format", "deepspeed"]),
+                    "estimate" => args(&["estimate", "--model", &small, "--device", &device]),
                     _ => args(&[
                         "check",
                         "--profile",

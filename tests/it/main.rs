@@ -65,3 +65,6 @@ mod estimate;
 /// the peak resident memory from /proc).
 #[cfg(target_os = "linux")]
 mod token_files;
+
+/// `train --metrics` and the learning-rate schedule, across a resume.
+mod metrics;
