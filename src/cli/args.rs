@@ -63,6 +63,10 @@ pub enum Command {
     /// Estimate a setting's peak GPU and host memory without running anything (exit 1 when
     /// it does not fit the target).
     Estimate(super::estimate::EstimateArgs),
+    /// Show this machine's GPUs (memory, driver, CUDA, PCIe link), host memory and build.
+    Device(super::device::DeviceArgs),
+    /// Print a completion script for a shell (bash, zsh, fish, powershell, elvish).
+    Completions(super::completions::CompletionsArgs),
     /// Train a model with explicit knobs, with progress, checkpoints and resume.
     Train(TrainArgs),
     /// Measure one setting with real training steps: step time, tokens/s, peak memory.
@@ -88,6 +92,8 @@ impl Command {
             Command::Export(_) => true,
             Command::Check(a) => a.json,
             Command::Estimate(a) => a.json,
+            Command::Device(a) => a.json,
+            Command::Completions(_) => true,
         }
     }
 }

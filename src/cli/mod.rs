@@ -5,6 +5,8 @@
 
 mod args;
 mod check;
+mod completions;
+mod device;
 mod estimate;
 mod export;
 mod flags;
@@ -74,6 +76,8 @@ fn run(command: Command, printer: &Printer) -> anyhow::Result<Status> {
         Command::Export(args) => export::run(args, printer),
         Command::Check(args) => check::run(args, printer),
         Command::Estimate(args) => estimate::run(args, printer),
+        Command::Device(args) => device::run(args, printer),
+        Command::Completions(args) => completions::run(args, printer),
     }
 }
 
