@@ -68,3 +68,6 @@ mod token_files;
 
 /// `train --metrics` and the learning-rate schedule, across a resume.
 mod metrics;
+
+/// The published plan schema against every kind of plan autotune writes.
+mod schemas;
