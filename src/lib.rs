@@ -3,7 +3,8 @@
 //! The pipeline, one layer per stage, each pointing only down:
 //!
 //! ```text
-//! autotune-core (no tensors): knobs ─▶ trial ─▶ spec ─▶ estimate ─▶ fit ─▶ search ─▶ plan ─▶ profile
+//! autotune-core (no tensors): knobs ─▶ trial ─▶ spec ─▶ estimate ─▶ fit ─▶ search ─▶ plan
+//!                             ─▶ profile ─▶ report
 //! runtime (this crate):       backend ─▶ ops ─▶ model ─▶ collective ─▶ train ─▶ probe ─▶ dist
 //! binary (src/cli):           argv ─▶ validated config ─▶ search driver + prober ─▶ plan ─▶ train
 //! ```
@@ -14,7 +15,9 @@
 //! runs trials ([`probe::Prober`]), and `dist` spreads training and trials over several GPUs
 //! of one host (data parallelism, one process per GPU) on top of `collective`'s process groups.
 
-pub use autotune_core::{atomic_file, estimate, fit, knobs, plan, profile, search, spec, trial};
+pub use autotune_core::{
+    atomic_file, estimate, fit, knobs, plan, profile, report, search, spec, trial,
+};
 
 pub mod backend;
 pub mod collective;

@@ -65,6 +65,9 @@ pub enum Command {
     Estimate(super::estimate::EstimateArgs),
     /// Show this machine's GPUs (memory, driver, CUDA, PCIe link), host memory and build.
     Device(super::device::DeviceArgs),
+    /// Write a plan or a recorded profile as an HTML report: memory and throughput against
+    /// micro-batch per regime, the budget, the fits, the chosen setting.
+    Report(super::report::ReportArgs),
     /// Print a completion script for a shell (bash, zsh, fish, powershell, elvish).
     Completions(super::completions::CompletionsArgs),
     /// Train a model with explicit knobs, with progress, checkpoints and resume.
@@ -94,6 +97,7 @@ impl Command {
             Command::Estimate(a) => a.json,
             Command::Device(a) => a.json,
             Command::Completions(_) => true,
+            Command::Report(_) => false,
         }
     }
 }
@@ -351,6 +355,9 @@ pub struct TuneArgs {
     /// Write the plan here (atomically).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Write an HTML report of the search here (see `autotune report`).
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
     /// Print the plan as one JSON document on stdout.
     #[arg(long)]
     pub json: bool,

@@ -13,6 +13,7 @@ mod flags;
 mod launch;
 mod printer;
 mod probe;
+mod report;
 mod reporters;
 mod run;
 mod train;
@@ -78,6 +79,7 @@ fn run(command: Command, printer: &Printer) -> anyhow::Result<Status> {
         Command::Estimate(args) => estimate::run(args, printer),
         Command::Device(args) => device::run(args, printer),
         Command::Completions(args) => completions::run(args, printer),
+        Command::Report(args) => report::run(args, printer),
     }
 }
 

@@ -71,3 +71,6 @@ mod metrics;
 
 /// The published plan schema against every kind of plan autotune writes.
 mod schemas;
+
+/// `report` and `tune --report`: the HTML page, rendered in a headless Chromium.
+mod report;

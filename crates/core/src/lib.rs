@@ -9,7 +9,7 @@
 //! knobs (one setting) ─▶ trial (what a trial asks and finds) ─▶ spec (model, device, budget)
 //!   ─▶ estimate (analytic peak memory) ─▶ fit (memory and step-time models)
 //!   ─▶ search (pure driver and its one loop) ─▶ plan (the versioned plan and its exports)
-//!   ─▶ profile (recorded trials, replay, check)
+//!   ─▶ profile (recorded trials, replay, check) ─▶ report (a search as an HTML page)
 //! ```
 
 pub mod atomic_file;
@@ -20,6 +20,7 @@ pub mod json;
 pub mod knobs;
 pub mod plan;
 pub mod profile;
+pub mod report;
 pub mod search;
 pub mod spec;
 pub mod trial;
