@@ -202,7 +202,7 @@ mod tests {
         assert!(rates.windows(2).all(|w| w[1] <= w[0]));
         assert_eq!(rates[0], 1.0);
         assert!(rates.iter().all(|&r| r >= 0.1 - 1e-12));
-        let warm: Vec<f64> = (0..8).map(|t| s.lr(1.0, t)).collect();
+        let warm: Vec<f64> = (0..7).map(|t| s.lr(1.0, t)).collect();
         assert!(warm.windows(2).all(|w| w[1] > w[0]));
     }
 
