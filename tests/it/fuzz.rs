@@ -223,21 +223,26 @@ impl Case {
                     }
                     Reader::Plan => {
                         std::fs::write(dir.join("doc.json"), text).unwrap();
-                        args(&["export", "--plan", "doc.json", "--format", "deepspeed"])
+                        // Half export it, half draw its report.
+                        if mutations.len() % 2 == 0 {
+                            args(&["export", "--plan", "doc.json", "--format", "deepspeed"])
+                        } else {
+                            args(&["report", "doc.json", "--out", "report.html"])
+                        }
                     }
                     Reader::Profile => {
                         std::fs::write(dir.join("doc.json"), text).unwrap();
-                        // Half replay a search from it, half compare it with the good one.
-                        if mutations.len() % 2 == 0 {
-                            args(&["tune", "--backend", "replay:doc.json"])
-                        } else {
-                            args(&[
+                        // Replay a search from it, compare it with the good one, or draw it.
+                        match mutations.len() % 3 {
+                            0 => args(&["tune", "--backend", "replay:doc.json"]),
+                            1 => args(&[
                                 "check",
                                 "--profile",
                                 "doc.json",
                                 "--backend",
                                 &format!("replay:{profile}"),
-                            ])
+                            ]),
+                            _ => args(&["report", "doc.json", "--out", "report.html"]),
                         }
                     }
                     Reader::CheckpointState => {
