@@ -66,6 +66,7 @@ pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
         .and_then(|()| limits::check_knobs(&spec, &knobs, "knobs", ""))
         .map_err(|e| as_flag(e, flags::TRAIN))?;
     let degree = knobs.data_parallel.degree;
+    let schedule = args.schedule.schedule(spec.optimizer.lr, args.steps)?;
     if let Some(why) = beyond_this_host(&spec, knobs, &args.model.device) {
         printer.data_text(format!("does not fit: {why}"));
         return Ok(Status::Negative);
@@ -100,7 +101,6 @@ pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
     // smaller card is emulated.
     let device = device::open(&device_name)?;
     let meter = device::memory_meter(&device, None)?;
-    let schedule = args.schedule.schedule(spec.optimizer.lr, args.steps)?;
     let job = Job {
         spec: &spec,
         knobs,
@@ -199,6 +199,8 @@ pub fn train_with_plan(
     let _lock = claim_checkpoint_dir(t.checkpoint_dir.as_deref(), t.resume, t.overwrite, printer)?;
     let degree = plan.knobs.data_parallel.degree;
     if degree > 1 {
+        // The ranks build the schedule too; a bad flag is refused here, before they start.
+        t.schedule.schedule(plan.model.optimizer.lr, t.steps)?;
         let device = match plan.device.kind {
             DeviceKind::Cpu => "cpu",
             DeviceKind::Cuda => "cuda",
