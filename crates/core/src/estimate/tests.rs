@@ -12,7 +12,7 @@ fn gpu(model: &ModelSpec, knobs: &Knobs) -> Breakdown {
 }
 
 #[test]
-fn the_cpu_state_is_sixteen_bytes_a_parameter_and_the_activations_follow_the_formula() {
+fn on_the_cpu_the_state_and_the_activations_follow_the_formula() {
     // fp32 on the CPU: no padding, no casts, no pool; the state is exact. A small vocabulary
     // keeps the head's logits below a block's backward pass.
     let model = ModelSpec {
