@@ -13,7 +13,7 @@ use crate::spec::device::DeviceKind;
 use crate::trial::{MemoryKind, Outcome, TrialResult};
 
 const STYLE: &str = "
-body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1240px; color: #1d2430; background: #fff; }
+body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1290px; color: #1d2430; background: #fff; }
 h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 18px; margin: 28px 0 8px; border-bottom: 1px solid #d9dee7; }
 h3 { font-size: 15px; margin: 16px 0 6px; }
 .summary, .fit, .note { color: #4a5568; margin: 4px 0; }

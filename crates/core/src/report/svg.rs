@@ -189,9 +189,9 @@ pub struct Chart {
 }
 
 /// Plot size and margins, in SVG user units.
-const WIDTH: f64 = 400.0;
+const WIDTH: f64 = 410.0;
 const HEIGHT: f64 = 280.0;
-const LEFT: f64 = 62.0;
+const LEFT: f64 = 74.0;
 const RIGHT: f64 = 96.0;
 const TOP: f64 = 30.0;
 const BOTTOM: f64 = 45.0;
@@ -449,15 +449,15 @@ mod tests {
         assert!(svg.ends_with("</svg>"));
         assert!(svg.contains("GPU &lt;peak&gt;"), "titles are escaped");
         assert!(svg.contains("<title>mb=4 &amp; more</title>"));
-        // The plot spans x 62..304 and y 30..235: micro-batch 4 is half way along a log axis
+        // The plot spans x 74..314 and y 30..235: micro-batch 4 is half way along a log axis
         // from 1 to 16, and 50 half way up.
         assert!(
-            svg.contains(r#"<circle class="measured" cx="183.0" cy="132.5" r="4">"#),
+            svg.contains(r#"<circle class="measured" cx="194.0" cy="132.5" r="4">"#),
             "{svg}"
         );
-        assert!(svg.contains(r#"<polyline class="fit" points="62.0,235.0 304.0,30.0"/>"#));
-        assert!(svg.contains(r#"<line class="budget" x1="62" y1="30.0" x2="304" y2="30.0"/>"#));
-        assert!(svg.contains(r#"<text class="line-label budget" x="308" y="27.0">budget</text>"#));
-        assert!(svg.contains(r#"<path class="oom" d="M299.0,25.0 l10,10"#));
+        assert!(svg.contains(r#"<polyline class="fit" points="74.0,235.0 314.0,30.0"/>"#));
+        assert!(svg.contains(r#"<line class="budget" x1="74" y1="30.0" x2="314" y2="30.0"/>"#));
+        assert!(svg.contains(r#"<text class="line-label budget" x="318" y="27.0">budget</text>"#));
+        assert!(svg.contains(r#"<path class="oom" d="M309.0,25.0 l10,10"#));
     }
 }
