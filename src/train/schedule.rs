@@ -80,7 +80,8 @@ impl LrSchedule {
     /// The rate of the step with 0-based index `step` for base rate `base`.
     pub fn lr(&self, base: f64, step: u64) -> f64 {
         if step < self.warmup_steps {
-            return base * (step + 1) as f64 / self.warmup_steps as f64;
+            // The fraction first, so that the last warm-up step runs at exactly the base rate.
+            return base * ((step + 1) as f64 / self.warmup_steps as f64);
         }
         match self.decay {
             LrDecay::Constant => base,
