@@ -3,7 +3,8 @@
 //! The pipeline, one layer per stage, each pointing only down:
 //!
 //! ```text
-//! autotune-core (no tensors): knobs ─▶ trial ─▶ spec ─▶ trial_protocol ─▶ fit ─▶ search ─▶ plan ─▶ profile
+//! autotune-core (no tensors): knobs ─▶ trial ─▶ spec ─▶ trial_protocol ─▶ estimate ─▶ fit ─▶ search
+//!                             ─▶ plan ─▶ profile ─▶ report
 //! runtime (this crate):       backend ─▶ ops ─▶ model ─▶ collective ─▶ train ─▶ hf ─▶ probe ─▶ dist
 //! binary (src/cli):           argv ─▶ validated config ─▶ search driver + prober ─▶ plan ─▶ train
 //! ```
@@ -15,7 +16,7 @@
 //! of one host (data parallelism, one process per GPU) on top of `collective`'s process groups.
 
 pub use autotune_core::{
-    atomic_file, fit, knobs, plan, profile, search, spec, trial, trial_protocol,
+    atomic_file, estimate, fit, knobs, plan, profile, report, search, spec, trial, trial_protocol,
 };
 
 pub mod backend;

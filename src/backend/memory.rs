@@ -14,6 +14,11 @@ pub trait DeviceMemory {
     /// Device bytes still held once everything unused is released: 0 when the next trial
     /// starts as it would in a fresh process.
     fn leftover_bytes(&mut self) -> Result<u64>;
+    /// Device bytes in use now (what [`DeviceMemory::peak_bytes`] counts); `None` where there
+    /// is no device memory.
+    fn current_bytes(&mut self) -> Result<Option<u64>> {
+        Ok(None)
+    }
     /// Logs the high-water marks so far at trace level, labelled with the trial's phase, to
     /// see which phase of a trial sets its peak.
     fn trace_marks(&mut self, _phase: &dyn std::fmt::Display) {}

@@ -4,6 +4,7 @@
 
 pub mod detect;
 pub mod host_memory;
+pub mod machine;
 pub mod memory;
 #[cfg(feature = "cuda")]
 pub mod pool;

@@ -177,6 +177,12 @@ impl DeviceMemory for PoolMemory {
         Ok(reserved.max(used))
     }
 
+    fn current_bytes(&mut self) -> Result<Option<u64>> {
+        let reserved =
+            self.attribute(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?;
+        Ok(Some(reserved + self.outside_pool_bytes()?))
+    }
+
     fn trace_marks(&mut self, phase: &dyn std::fmt::Display) {
         if !tracing::enabled!(tracing::Level::TRACE) {
             return;

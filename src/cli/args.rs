@@ -63,6 +63,16 @@ pub enum Command {
     ExportWeights(ExportWeightsArgs),
     /// Re-measure a recorded profile's settings and report regressions (exit 1 on any).
     Check(super::check::CheckArgs),
+    /// Estimate a setting's peak GPU and host memory without running anything (exit 1 when
+    /// it does not fit the target).
+    Estimate(super::estimate::EstimateArgs),
+    /// Show this machine's GPUs (memory, driver, CUDA, PCIe link), host memory and build.
+    Device(super::device::DeviceArgs),
+    /// Write a plan or a recorded profile as an HTML report: memory and throughput against
+    /// micro-batch per regime, the budget, the fits, the chosen setting.
+    Report(super::report::ReportArgs),
+    /// Print a completion script for a shell (bash, zsh, fish, powershell, elvish).
+    Completions(super::completions::CompletionsArgs),
     /// Train a model with explicit knobs, with progress, checkpoints and resume.
     Train(TrainArgs),
     /// Measure one setting with real training steps: step time, tokens/s, peak memory.
@@ -88,6 +98,10 @@ impl Command {
             Command::Export(_) => true,
             Command::ExportWeights(a) => a.json,
             Command::Check(a) => a.json,
+            Command::Estimate(a) => a.json,
+            Command::Device(a) => a.json,
+            Command::Completions(_) => true,
+            Command::Report(_) => false,
         }
     }
 }
@@ -142,6 +156,73 @@ pub struct KnobArgs {
     /// With `--data-parallel`: shard the Adam moments over the GPUs (ZeRO stage 1).
     #[arg(long)]
     pub shard_optimizer: bool,
+}
+
+/// The learning rate over a training run (`train`).
+#[derive(Debug, Clone, Args)]
+pub struct ScheduleArgs {
+    /// Warm the learning rate up linearly over the first N steps (from lr / N to lr).
+    #[arg(
+        long,
+        visible_alias = "lr-warmup-steps",
+        value_name = "N",
+        default_value_t = 0
+    )]
+    pub warmup_steps: u64,
+    /// After the warm-up: constant, or cosine (half a cosine down to --min-lr at the run's
+    /// last step, --steps).
+    #[arg(long, default_value = "constant")]
+    pub lr_schedule: autotune::train::schedule::LrDecay,
+    /// The cosine's floor (default: a tenth of the model's learning rate).
+    #[arg(long, value_name = "LR")]
+    pub min_lr: Option<f64>,
+}
+
+/// The learning rate over `run`'s training (its `--warmup-steps` are the trials').
+#[derive(Debug, Args)]
+pub struct RunScheduleArgs {
+    /// Warm the learning rate up linearly over the first N steps (train's --warmup-steps).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub lr_warmup_steps: u64,
+    /// After the warm-up: constant, or cosine (down to --min-lr at the last step).
+    #[arg(long, default_value = "constant")]
+    pub lr_schedule: autotune::train::schedule::LrDecay,
+    /// The cosine's floor (default: a tenth of the model's learning rate).
+    #[arg(long, value_name = "LR")]
+    pub min_lr: Option<f64>,
+}
+
+impl From<&RunScheduleArgs> for ScheduleArgs {
+    fn from(run: &RunScheduleArgs) -> Self {
+        Self {
+            warmup_steps: run.lr_warmup_steps,
+            lr_schedule: run.lr_schedule,
+            min_lr: run.min_lr,
+        }
+    }
+}
+
+impl ScheduleArgs {
+    /// The schedule over a run of `total_steps` for a model whose rate is `base_lr`.
+    pub fn schedule(
+        &self,
+        base_lr: f64,
+        total_steps: u64,
+    ) -> anyhow::Result<autotune::train::schedule::LrSchedule> {
+        let min_lr = self.min_lr.unwrap_or(base_lr / 10.0);
+        if !(min_lr.is_finite() && min_lr >= 0.0 && min_lr <= base_lr) {
+            anyhow::bail!(
+                "`--min-lr {min_lr}`: the cosine's floor must be a rate from 0 to the model's learning rate {base_lr}"
+            );
+        }
+        Ok(autotune::train::schedule::LrSchedule {
+            decay: self.lr_schedule,
+            warmup_steps: self.warmup_steps,
+            min_lr,
+            decay_steps: total_steps,
+        }
+        .canonical())
+    }
 }
 
 /// How search trials are isolated.
@@ -292,6 +373,9 @@ pub struct TuneArgs {
     /// Write the plan here (atomically).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Write an HTML report of the search here (see `autotune report`).
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
     /// Print the plan as one JSON document on stdout.
     #[arg(long)]
     pub json: bool,
@@ -340,6 +424,11 @@ pub struct RunTrainArgs {
     /// Start from the weights of a Hugging Face checkpoint folder (see `train --init-from`).
     #[arg(long, value_name = "DIR", conflicts_with = "resume")]
     pub init_from: Option<PathBuf>,
+    #[command(flatten)]
+    pub schedule: RunScheduleArgs,
+    /// Write one JSON line per step to FILE (see `train --metrics`).
+    #[arg(long, value_name = "FILE")]
+    pub metrics: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -403,9 +492,10 @@ pub struct TrainArgs {
     /// Optimizer steps to train (in total, counting resumed steps).
     #[arg(long, default_value_t = 100)]
     pub steps: u64,
-    /// Training data: `random` (the seed's random tokens), `pattern` (learnable synthetic
-    /// sequences), a text file (bytes), or a token file (`.bin`/`.u16`: u16, `.u32`: u32).
-    #[arg(long, default_value = "random")]
+    /// Training data: `pattern` (learnable synthetic sequences), `random` (the seed's random
+    /// tokens: nothing to learn, for benchmarks), a text file (bytes), or a token file
+    /// (`.bin`/`.u16`: u16, `.u32`: u32; memory-mapped).
+    #[arg(long, default_value = "pattern")]
     pub data: String,
     /// Directory for checkpoints (written atomically; `latest` points at the newest).
     #[arg(long)]
@@ -431,6 +521,12 @@ pub struct TrainArgs {
     /// must describe the model trained.
     #[arg(long, value_name = "DIR", conflicts_with = "resume")]
     pub init_from: Option<PathBuf>,
+    #[command(flatten)]
+    pub schedule: ScheduleArgs,
+    /// Write one JSON line per step to FILE: step, loss, tokens/s, learning rate, loss scale,
+    /// skipped, GPU and host memory (docs/metrics.schema.json). A resumed run continues it.
+    #[arg(long, value_name = "FILE")]
+    pub metrics: Option<PathBuf>,
     /// Print a JSON summary on stdout.
     #[arg(long)]
     pub json: bool,

@@ -7,6 +7,7 @@ use autotune::backend::host_memory;
 use autotune::collective::{Collective, RankEnv};
 use autotune::dist::launch::{self, Launch, LaunchEvent, RankExit, RankFailure, RankInput};
 use autotune::dist::protocol::RankMessage;
+use autotune::train::metrics::MetricsLog;
 use autotune::train::run::{self, RunSummary, TrainEvent, TrainObserver};
 
 use super::printer::Printer;
@@ -21,6 +22,8 @@ pub struct Launched<'a> {
     /// `cpu`, `cuda` or `auto`, as the ranks get it.
     pub device: &'a str,
     pub total_steps: u64,
+    /// Where rank 0's per-step metrics go, if anywhere.
+    pub metrics: Option<&'a std::path::Path>,
 }
 
 impl Launched<'_> {
@@ -53,7 +56,8 @@ impl Launched<'_> {
             deadline: None,
         };
         let interrupt = interrupt_flag(printer);
-        let progress = Progress::new(printer, self.total_steps);
+        let metrics = self.metrics.map(MetricsLog::new).transpose()?;
+        let progress = Progress::new(printer, self.total_steps, metrics);
         let mut summaries: Vec<Option<RunSummary>> = vec![None; self.degree];
         let outcome = launch::run(&spec, &interrupt, &mut |event| {
             relay(event, &progress, printer, &mut summaries)
@@ -142,7 +146,7 @@ fn hint(exit: RankExit) -> &'static str {
 
 /// Trains as one rank of a launched group: progress (rank 0) and the summary (every rank) go to
 /// the launcher as JSON lines on stdout; nothing else is printed there.
-pub fn run_rank(job: Job, env: RankEnv) -> anyhow::Result<Status> {
+pub fn run_rank(mut job: Job, env: RankEnv) -> anyhow::Result<Status> {
     if job.knobs.data_parallel.degree != env.world_size {
         anyhow::bail!(
             "this process is rank {} of {}, but its knobs ask for --data-parallel {}",
@@ -166,6 +170,7 @@ pub fn run_rank(job: Job, env: RankEnv) -> anyhow::Result<Status> {
         &data_spec,
         &job.config,
         &interrupt,
+        &mut *job.meter,
         &observer,
     )?;
     if let Some(limit) = job.host_limit {

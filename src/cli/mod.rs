@@ -5,12 +5,16 @@
 
 mod args;
 mod check;
+mod completions;
+mod device;
+mod estimate;
 mod export;
 mod export_weights;
 mod flags;
 mod launch;
 mod printer;
 mod probe;
+mod report;
 mod reporters;
 mod run;
 mod train;
@@ -74,6 +78,10 @@ fn run(command: Command, printer: &Printer) -> anyhow::Result<Status> {
         Command::Export(args) => export::run(args, printer),
         Command::ExportWeights(args) => export_weights::run(args, printer),
         Command::Check(args) => check::run(args, printer),
+        Command::Estimate(args) => estimate::run(args, printer),
+        Command::Device(args) => device::run(args, printer),
+        Command::Completions(args) => completions::run(args, printer),
+        Command::Report(args) => report::run(args, printer),
     }
 }
 

@@ -16,7 +16,7 @@ use super::args::{Backend, RunArgs};
 use super::printer::Printer;
 use super::train::{train_with_plan, PlanTraining};
 use super::tune::config::TuneConfig;
-use super::tune::{emit, record, search_only};
+use super::tune::{emit, record, report, search_only};
 use super::Status;
 
 #[derive(Serialize)]
@@ -81,11 +81,13 @@ pub fn run(args: RunArgs, printer: &Printer) -> anyhow::Result<Status> {
                 },
             );
             record(&tuned, &config, printer)?;
+            report(&tuned, &config, printer)?;
             return status;
         };
         // The plan first: a recording that cannot be written must not cost the plan.
         plan.save(&plan_path)?;
         record(&tuned, &config, printer)?;
+        report(&tuned, &config, printer)?;
         printer.status(format!(
             "plan: {} ({:.0} tokens/s measured), written to {}",
             plan.knobs,
@@ -108,6 +110,8 @@ pub fn run(args: RunArgs, printer: &Printer) -> anyhow::Result<Status> {
         overwrite: args.train.overwrite,
         keep_last: args.train.keep_last.map(|n| n as usize),
         init_from: args.train.init_from.clone(),
+        schedule: (&args.train.schedule).into(),
+        metrics: args.train.metrics.clone(),
     };
     let (summary, status): (RunSummary, Status) = train_with_plan(&training, printer)?;
     printer.data_json(&RunReport {

@@ -18,14 +18,15 @@ use autotune::collective::{Collective, RankEnv};
 use autotune::plan::schema::Plan;
 use autotune::spec::device::DeviceKind;
 use autotune::train::data::{Data, DataSpec};
-use autotune::train::run::{self, RunConfig, RunSummary, TrainEvent, TrainObserver};
+use autotune::train::metrics::{MetricsLog, StepLine};
+use autotune::train::run::{self, MemorySample, RunConfig, RunSummary, TrainEvent, TrainObserver};
 use autotune::train::step::Trainer;
 use autotune::train::{checkpoint, checkpoint_dir};
 use autotune::{Knobs, ModelSpec};
 
 use autotune::spec::limits;
 
-use super::args::TrainArgs;
+use super::args::{ScheduleArgs, TrainArgs};
 use super::flags::{self, as_flag};
 use super::printer::Printer;
 use super::reporters::bytes;
@@ -48,6 +49,8 @@ pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
             overwrite: args.overwrite,
             keep_last: args.keep_last.map(|n| n as usize),
             init_from: args.init_from.clone(),
+            schedule: args.schedule.clone(),
+            metrics: args.metrics.clone(),
         };
         if let Some(rank) = rank {
             return super::launch::run_rank(plan_job(&training, Some(&rank))?, rank);
@@ -64,6 +67,7 @@ pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
         .and_then(|()| limits::check_knobs(&spec, &knobs, "knobs", ""))
         .map_err(|e| as_flag(e, flags::TRAIN))?;
     let degree = knobs.data_parallel.degree;
+    let schedule = args.schedule.schedule(spec.optimizer.lr, args.steps)?;
     if let Some(why) = beyond_this_host(&spec, knobs, &args.model.device) {
         printer.data_text(format!("does not fit: {why}"));
         return Ok(Status::Negative);
@@ -84,6 +88,7 @@ pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
             degree,
             device: &args.model.device,
             total_steps: args.steps,
+            metrics: args.metrics.as_deref(),
         };
         let summary = launched.run(printer)?;
         printer.data_json(&TrainReport::new(&spec, knobs, &summary));
@@ -96,6 +101,7 @@ pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
     // Opening the device configures its memory pool (`backend::open`); with explicit knobs no
     // smaller card is emulated.
     let device = device::open(&device_name)?;
+    let meter = device::memory_meter(&device, None)?;
     let job = Job {
         spec: &spec,
         knobs,
@@ -107,13 +113,15 @@ pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
             checkpoint_every: args.checkpoint_every,
             eval_every: args.eval_every,
             keep_last: args.keep_last.map(|n| n as usize),
+            schedule,
         },
         seed: args.model.seed,
         resume: args.resume,
         init_from: args.init_from.clone(),
         engine: args.model.engine,
         host_limit: None,
-        _card: None,
+        meter,
+        metrics: args.metrics.clone(),
     };
     if let Some(rank) = rank {
         return super::launch::run_rank(job, rank);
@@ -181,6 +189,10 @@ pub struct PlanTraining<'a> {
     pub keep_last: Option<usize>,
     /// A Hugging Face checkpoint to start from.
     pub init_from: Option<PathBuf>,
+    /// The learning rate over the run.
+    pub schedule: ScheduleArgs,
+    /// Where the per-step metrics go, if anywhere.
+    pub metrics: Option<PathBuf>,
 }
 
 pub fn train_with_plan(
@@ -191,6 +203,8 @@ pub fn train_with_plan(
     let _lock = claim_checkpoint_dir(t.checkpoint_dir.as_deref(), t.resume, t.overwrite, printer)?;
     let degree = plan.knobs.data_parallel.degree;
     if degree > 1 {
+        // The ranks build the schedule too; a bad flag is refused here, before they start.
+        t.schedule.schedule(plan.model.optimizer.lr, t.steps)?;
         let device = match plan.device.kind {
             DeviceKind::Cpu => "cpu",
             DeviceKind::Cuda => "cuda",
@@ -202,6 +216,7 @@ pub fn train_with_plan(
             degree,
             device,
             total_steps: t.steps,
+            metrics: t.metrics.as_deref(),
         };
         let summary = launched.run(printer)?;
         let status = status_of(&summary);
@@ -232,6 +247,11 @@ impl PlanTraining<'_> {
             ("--checkpoint-every", self.checkpoint_every.to_string()),
             ("--eval-every", self.eval_every.to_string()),
             ("--seed", self.seed.to_string()),
+            ("--warmup-steps", self.schedule.warmup_steps.to_string()),
+            (
+                "--lr-schedule",
+                self.schedule.lr_schedule.as_str().to_string(),
+            ),
         ] {
             args.push(flag.into());
             args.push(value.into());
@@ -243,6 +263,10 @@ impl PlanTraining<'_> {
         if let Some(keep_last) = self.keep_last {
             args.push("--keep-last".into());
             args.push(keep_last.to_string().into());
+        }
+        if let Some(min_lr) = self.schedule.min_lr {
+            args.push("--min-lr".into());
+            args.push(min_lr.to_string().into());
         }
         if self.resume {
             args.push("--resume".into());
@@ -267,7 +291,8 @@ fn plan_job<'a>(t: &'a PlanTraining, rank: Option<&RankEnv>) -> anyhow::Result<J
     };
     // Holding back memory makes the run see the plan's card, so "fits in the plan" means
     // "fits on that card"; the meter must live as long as training does.
-    let pool = device::memory_meter(&device, plan.device.gpu_memory_bytes)?;
+    let meter = device::memory_meter(&device, plan.device.gpu_memory_bytes)?;
+    let schedule = t.schedule.schedule(plan.model.optimizer.lr, t.steps)?;
     let ranks = rank.map_or(1, |r| r.world_size) as u64;
     let host_limit = plan.budget.host_bytes / ranks;
     host_memory::set_soft_limit(Some(host_limit));
@@ -282,6 +307,7 @@ fn plan_job<'a>(t: &'a PlanTraining, rank: Option<&RankEnv>) -> anyhow::Result<J
             checkpoint_every: t.checkpoint_every,
             eval_every: t.eval_every,
             keep_last: t.keep_last,
+            schedule,
         },
         seed: t.seed,
         resume: t.resume,
@@ -289,7 +315,8 @@ fn plan_job<'a>(t: &'a PlanTraining, rank: Option<&RankEnv>) -> anyhow::Result<J
         // Plans are tuned with the default engine.
         engine: autotune::model::Engine::default(),
         host_limit: Some(host_limit),
-        _card: Some(pool),
+        meter,
+        metrics: t.metrics.clone(),
     })
 }
 
@@ -357,9 +384,11 @@ pub struct Job<'a> {
     pub engine: autotune::model::Engine,
     /// The host heap limit in force (a plan's budget, or a rank's share of it).
     pub host_limit: Option<u64>,
-    /// With a plan, the meter that holds back what the plan's card lacks (on a GPU): it must
-    /// live as long as training does.
-    pub _card: Option<Box<dyn autotune::backend::memory::DeviceMemory>>,
+    /// The device's memory meter, read after every step; with a plan on a GPU it also holds
+    /// back what the plan's card lacks, so it must live as long as training does.
+    pub meter: Box<dyn autotune::backend::memory::DeviceMemory>,
+    /// Where the per-step metrics go (the launcher of a data-parallel run writes them).
+    pub metrics: Option<PathBuf>,
 }
 
 impl Job<'_> {
@@ -369,6 +398,7 @@ impl Job<'_> {
         let data = Data::open(&data_spec, self.spec)?;
         let mut trainer = Trainer::in_group(self.spec, self.knobs, &self.device, self.seed, group)?;
         trainer.set_engine(self.engine);
+        trainer.set_schedule(self.config.schedule);
         if self.resume {
             let dir = self
                 .config
@@ -382,23 +412,27 @@ impl Job<'_> {
         Ok((data_spec, data, trainer))
     }
 
-    fn run(self, printer: &Printer) -> anyhow::Result<RunSummary> {
+    fn run(mut self, printer: &Printer) -> anyhow::Result<RunSummary> {
+        let metrics = self.metrics.as_deref().map(MetricsLog::new).transpose()?;
         let (data_spec, data, mut trainer) = self.prepare(Collective::Single)?;
         printer.status(format!(
-            "training {} ({:.1}M parameters) on {} with {}, data {data_spec}",
+            "training {} ({:.1}M parameters) on {} with {}, data {data_spec}, learning rate {} ({})",
             self.spec.name,
             trainer.model().params().element_count() as f64 / 1e6,
             device::describe(&self.device),
             self.knobs,
+            self.spec.optimizer.lr,
+            self.config.schedule,
         ));
         let interrupt = interrupt_flag(printer);
-        let progress = Progress::new(printer, self.config.total_steps);
+        let progress = Progress::new(printer, self.config.total_steps, metrics);
         let summary = run::run(
             &mut trainer,
             &data,
             &data_spec,
             &self.config,
             &interrupt,
+            &mut *self.meter,
             &progress,
         )?;
         progress.bar.finish_and_clear();
@@ -420,6 +454,14 @@ fn resume(
         );
     };
     let state = checkpoint::restore(&path, trainer)?;
+    if state.schedule.canonical() != trainer.schedule().canonical() {
+        anyhow::bail!(
+            "`--resume`: checkpoint `{}` was trained with the learning rate {}, and this run asks for {}; pass the same --warmup-steps, --lr-schedule, --min-lr and (with cosine) --steps, so that the schedule continues",
+            path.display(),
+            state.schedule,
+            trainer.schedule()
+        );
+    }
     if state.knobs != knobs || &state.data != data_spec || state.seed != trainer.seed() {
         anyhow::bail!(
             "`--resume`: checkpoint `{}` was trained with {} on `{}` (seed {}); pass the same knobs, data and seed",
@@ -466,17 +508,51 @@ pub struct Progress {
     /// The first step this run takes: its line is always logged, so a log shows at once that
     /// training started (and a watcher can wait for it).
     first_step: std::cell::Cell<u64>,
+    /// The per-step metrics log; dropped (with a warning) when it cannot be written, since
+    /// training matters more than its log.
+    metrics: std::cell::RefCell<Option<MetricsLog>>,
 }
 
 impl Progress {
-    pub fn new(printer: &Printer, total: u64) -> Self {
+    pub fn new(printer: &Printer, total: u64, metrics: Option<MetricsLog>) -> Self {
         let bar = printer.progress(total, "{bar:30} {pos}/{len} steps  {msg}  ETA {eta}");
         Self {
             bar,
             printer: *printer,
             log_every: (total / 10).max(1),
             first_step: std::cell::Cell::new(1),
+            metrics: std::cell::RefCell::new(metrics),
         }
+    }
+
+    /// Runs `write` on the metrics log, if there is one; a failure warns and ends the log.
+    fn log_metrics(&self, write: impl FnOnce(&mut MetricsLog) -> autotune::Result<()>) {
+        let mut metrics = self.metrics.borrow_mut();
+        if let Some(log) = metrics.as_mut() {
+            if let Err(e) = write(log) {
+                self.bar.suspend(|| {
+                    self.printer.warn(format!(
+                        "{e}; training goes on without the metrics log `{}`",
+                        log.path().display()
+                    ))
+                });
+                *metrics = None;
+            }
+        }
+    }
+}
+
+/// Memory for the progress line: the GPU's in use and at most so far, or on the CPU the host
+/// heap's (nothing where the heap is not counted).
+fn memory_phrase(memory: &MemorySample) -> String {
+    match (memory.gpu_bytes, memory.gpu_peak_bytes) {
+        (Some(now), Some(peak)) => format!("  GPU {} (peak {})", bytes(now), bytes(peak)),
+        _ if memory.host_peak_bytes > 0 => format!(
+            "  host {} (peak {})",
+            bytes(memory.host_bytes),
+            bytes(memory.host_peak_bytes)
+        ),
+        _ => String::new(),
     }
 }
 
@@ -490,11 +566,13 @@ impl TrainObserver for Progress {
                     self.printer
                         .status(format!("resuming at step {start_step}"));
                 }
+                self.log_metrics(|log| log.start(*start_step));
             }
             TrainEvent::Step {
                 step,
                 report,
                 tokens_per_s,
+                memory,
             } => {
                 let skipped = if report.skipped {
                     " (skipped: fp16 overflow)"
@@ -502,8 +580,11 @@ impl TrainObserver for Progress {
                     ""
                 };
                 let msg = format!(
-                    "loss {:.4}  {:.0} tok/s{skipped}",
-                    report.loss, tokens_per_s
+                    "loss {:.4}  {:.0} tok/s  lr {:.3e}{}{skipped}",
+                    report.loss,
+                    tokens_per_s,
+                    report.lr,
+                    memory_phrase(memory)
                 );
                 self.bar.set_position(*step);
                 self.bar.set_message(msg.clone());
@@ -511,6 +592,12 @@ impl TrainObserver for Progress {
                 if self.printer.log_progress() && due {
                     self.printer.status(format!("step {step}: {msg}"));
                 }
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0.0, |d| d.as_secs_f64());
+                self.log_metrics(|log| {
+                    log.write(&StepLine::new(*step, report, *tokens_per_s, memory, now))
+                });
             }
             TrainEvent::Eval { step, loss } => {
                 self.bar.suspend(|| {

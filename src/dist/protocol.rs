@@ -45,8 +45,15 @@ mod tests {
                     skipped: false,
                     loss_scale: 1.0,
                     tokens: 64,
+                    lr: 3e-4,
                 },
                 tokens_per_s: 1e4,
+                memory: crate::train::run::MemorySample {
+                    gpu_bytes: Some(3 << 30),
+                    gpu_peak_bytes: Some(4 << 30),
+                    host_bytes: 1 << 20,
+                    host_peak_bytes: 2 << 20,
+                },
             }),
             RankMessage::Finished(RunSummary {
                 steps: 3,

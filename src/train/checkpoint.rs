@@ -26,6 +26,7 @@ use crate::spec::model::ModelSpec;
 use crate::train::data::DataSpec;
 use crate::train::optim::Optimizer;
 use crate::train::scaler::LossScaler;
+use crate::train::schedule::LrSchedule;
 use crate::train::step::Trainer;
 use crate::{Error, Result};
 
@@ -61,6 +62,14 @@ pub struct RunState {
     pub data: DataSpec,
     /// Tokens consumed so far.
     pub tokens_seen: u64,
+    /// The learning rate by step (absent in checkpoints of runs before schedules: the base
+    /// rate throughout).
+    #[serde(default, skip_serializing_if = "is_constant")]
+    pub schedule: LrSchedule,
+}
+
+fn is_constant(schedule: &LrSchedule) -> bool {
+    schedule.canonical() == LrSchedule::CONSTANT
 }
 
 /// Writes a checkpoint of `trainer` under `dir` and points `dir/latest` at it.
@@ -155,6 +164,7 @@ fn write_files(
         knobs: trainer.knobs(),
         data: data.clone(),
         tokens_seen,
+        schedule: trainer.schedule(),
     };
     let state_json = serde_json::to_vec_pretty(&state).expect("run state always serialises");
     write_synced(&tmp.join(FILES[2]), &state_json)?;
@@ -237,6 +247,7 @@ impl RunState {
         state.model.validate()?;
         state.knobs.validate(WHAT, "knobs.")?;
         crate::spec::limits::check_knobs(&state.model, &state.knobs, WHAT, "knobs.")?;
+        state.schedule.validate(WHAT, "schedule.")?;
         let bad =
             |field: &str, problem: String| Err(autotune_core::Error::invalid(WHAT, field, problem));
         if !(state.scaler.scale.is_finite() && state.scaler.scale > 0.0) {

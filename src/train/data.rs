@@ -1,10 +1,11 @@
 //! Training data: synthetic token streams or a file, cut into batches deterministically.
 //!
 //! Batch `(step, micro)` is a pure function of the run seed and its coordinates, so a resumed
-//! run sees exactly the batches an uninterrupted run would have seen.
+//! run sees exactly the batches an uninterrupted run would have seen. Files are memory-mapped
+//! ([`TokenFile`]): a batch reads only the tokens it uses.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use candle_core::{Device, Tensor};
 use rand::{Rng, SeedableRng};
@@ -14,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::batch::Batch;
 use crate::model::dropout::Dropout;
 use crate::spec::model::ModelSpec;
+use crate::train::token_file::TokenFile;
 use crate::{Error, Result};
 
 /// Where tokens come from.
@@ -69,51 +71,33 @@ pub struct Data {
     spec: DataSpec,
     vocab: usize,
     seq_len: usize,
-    tokens: Option<Vec<u32>>,
+    tokens: Option<TokenFile>,
 }
 
 impl Data {
     /// Opens `spec` for `model`, checking that the data can feed it.
     pub fn open(spec: &DataSpec, model: &ModelSpec) -> Result<Self> {
-        let name = spec.to_string();
-        let data_err = |problem: String| Error::Data {
-            source_name: name.clone(),
-            problem,
-        };
+        let need = model.seq_len + 1;
+        let vocab = model.vocab_size;
         let tokens = match spec {
             DataSpec::Random | DataSpec::Pattern => None,
             DataSpec::Text(path) => {
-                if model.vocab_size < 256 {
-                    return Err(data_err(format!(
-                        "text is read as bytes (256 symbols) but the model's vocab_size is {}",
-                        model.vocab_size
-                    )));
+                if vocab < 256 {
+                    return Err(Error::Data {
+                        source_name: spec.to_string(),
+                        problem: format!(
+                            "text is read as bytes (256 symbols) but the model's vocab_size is {vocab}"
+                        ),
+                    });
                 }
-                Some(read(path)?.into_iter().map(u32::from).collect())
+                Some(TokenFile::open(path, 1, need, vocab)?)
             }
-            DataSpec::TokensU16(path) => Some(decode(path, 2)?),
-            DataSpec::TokensU32(path) => Some(decode(path, 4)?),
+            DataSpec::TokensU16(path) => Some(TokenFile::open(path, 2, need, vocab)?),
+            DataSpec::TokensU32(path) => Some(TokenFile::open(path, 4, need, vocab)?),
         };
-        if let Some(tokens) = &tokens {
-            if tokens.len() < model.seq_len + 1 {
-                return Err(data_err(format!(
-                    "holds {} tokens; one sequence needs seq_len + 1 = {}",
-                    tokens.len(),
-                    model.seq_len + 1
-                )));
-            }
-            if let Some(&max) = tokens.iter().max() {
-                if max as usize >= model.vocab_size {
-                    return Err(data_err(format!(
-                        "contains token id {max}, outside the model's vocab_size {}; check the token width or vocab_size",
-                        model.vocab_size
-                    )));
-                }
-            }
-        }
         Ok(Self {
             spec: spec.clone(),
-            vocab: model.vocab_size,
+            vocab,
             seq_len: model.seq_len,
             tokens,
         })
@@ -121,7 +105,7 @@ impl Data {
 
     /// Number of tokens in a file source (`None` for synthetic sources, which never run out).
     pub fn len(&self) -> Option<usize> {
-        self.tokens.as_ref().map(Vec::len)
+        self.tokens.as_ref().map(TokenFile::len)
     }
 
     /// Whether a file source holds no tokens (never true once opened).
@@ -142,6 +126,7 @@ impl Data {
         let s = self.seq_len;
         let mut inputs = Vec::with_capacity(batch * s);
         let mut targets = Vec::with_capacity(batch * s);
+        let mut window = Vec::with_capacity(s + 1);
         for _ in 0..batch {
             match (&self.spec, &self.tokens) {
                 (DataSpec::Random, _) => {
@@ -149,9 +134,12 @@ impl Data {
                     targets.extend((0..s).map(|_| rng.random_range(0..self.vocab as u32)));
                 }
                 (_, Some(tokens)) => {
+                    // One window of s + 1 tokens: the inputs, and the targets one further.
                     let start = rng.random_range(0..tokens.len() - s);
-                    inputs.extend_from_slice(&tokens[start..start + s]);
-                    targets.extend_from_slice(&tokens[start + 1..start + s + 1]);
+                    window.clear();
+                    tokens.extend(&mut window, start, s + 1)?;
+                    inputs.extend_from_slice(&window[..s]);
+                    targets.extend_from_slice(&window[1..]);
                 }
                 (_, None) => {
                     let v = self.vocab as u64;
@@ -168,31 +156,4 @@ impl Data {
             targets: Tensor::from_vec(targets, batch * s, device)?,
         })
     }
-}
-
-fn read(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| Error::file("cannot read training data", path, e))
-}
-
-fn decode(path: &Path, width: usize) -> Result<Vec<u32>> {
-    let bytes = read(path)?;
-    if bytes.len() % width != 0 {
-        return Err(Error::Data {
-            source_name: path.display().to_string(),
-            problem: format!(
-                "size {} is not a multiple of {width} bytes per token; is the token width right?",
-                bytes.len()
-            ),
-        });
-    }
-    Ok(bytes
-        .chunks_exact(width)
-        .map(|c| {
-            if width == 2 {
-                u16::from_le_bytes([c[0], c[1]]) as u32
-            } else {
-                u32::from_le_bytes([c[0], c[1], c[2], c[3]])
-            }
-        })
-        .collect())
 }

@@ -4,9 +4,12 @@
 pub mod checkpoint;
 pub mod checkpoint_dir;
 pub mod data;
+pub mod metrics;
 pub mod offload;
 pub mod optim;
 pub mod run;
 pub mod scaler;
+pub mod schedule;
 pub mod step;
 pub mod tensor_file;
+pub mod token_file;

@@ -70,6 +70,11 @@ impl Adam {
         self.spec.lr
     }
 
+    /// Sets the learning rate of the next updates.
+    pub fn set_learning_rate(&mut self, lr: f64) {
+        self.spec.lr = lr;
+    }
+
     /// Applies one update with `grads[i]` for model parameter `i` (already unscaled and
     /// averaged; one per model parameter, of which this optimizer reads its own).
     pub fn step(&mut self, grads: &[Tensor]) -> Result<()> {
@@ -175,6 +180,14 @@ impl Optimizer {
         match self {
             Optimizer::OnDevice(o) => o.learning_rate(),
             Optimizer::Offloaded(o) => o.learning_rate(),
+        }
+    }
+
+    /// Sets the learning rate of the next updates.
+    pub fn set_learning_rate(&mut self, lr: f64) {
+        match self {
+            Optimizer::OnDevice(o) => o.set_learning_rate(lr),
+            Optimizer::Offloaded(o) => o.set_learning_rate(lr),
         }
     }
 

@@ -15,8 +15,11 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use crate::backend::host_memory;
+use crate::backend::memory::DeviceMemory;
 use crate::train::checkpoint;
 use crate::train::data::{Data, DataSpec};
+use crate::train::schedule::LrSchedule;
 use crate::train::step::{StepReport, Trainer};
 use crate::Result;
 
@@ -34,6 +37,39 @@ pub struct RunConfig {
     /// Keep only this many of the newest checkpoints (and the one `latest` names); `None`
     /// keeps every one.
     pub keep_last: Option<usize>,
+    /// The learning rate by step.
+    pub schedule: LrSchedule,
+}
+
+/// Memory in use after a step, and the most in use so far in the process.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MemorySample {
+    /// Device bytes in use (the memory pool's reservation and what the driver holds beside
+    /// it); `None` on the CPU.
+    pub gpu_bytes: Option<u64>,
+    /// The most device bytes in use so far; `None` on the CPU.
+    pub gpu_peak_bytes: Option<u64>,
+    /// Live host heap bytes (0 where the heap is not counted).
+    pub host_bytes: u64,
+    /// The most live host heap bytes so far.
+    pub host_peak_bytes: u64,
+}
+
+impl MemorySample {
+    /// Reads `device`'s meter and the host heap's counters.
+    pub fn read(device: &mut dyn DeviceMemory) -> Result<Self> {
+        let gpu = device.current_bytes()?;
+        let gpu_peak = match gpu {
+            Some(_) => Some(device.peak_bytes()?),
+            None => None,
+        };
+        Ok(Self {
+            gpu_bytes: gpu,
+            gpu_peak_bytes: gpu_peak,
+            host_bytes: host_memory::current_bytes(),
+            host_peak_bytes: host_memory::peak_bytes(),
+        })
+    }
 }
 
 /// Progress of a run.
@@ -55,6 +91,9 @@ pub enum TrainEvent {
         report: StepReport,
         /// Throughput of this step.
         tokens_per_s: f64,
+        /// Memory after the step.
+        #[serde(default)]
+        memory: MemorySample,
     },
     /// Held-out loss.
     Eval {
@@ -116,13 +155,15 @@ pub struct Divergence {
     pub what: String,
 }
 
-/// Trains `trainer` on `data` until `config.total_steps` or until `interrupt` is set.
+/// Trains `trainer` on `data` until `config.total_steps` or until `interrupt` is set, reading
+/// `memory` after each step.
 pub fn run(
     trainer: &mut Trainer,
     data: &Data,
     data_spec: &DataSpec,
     config: &RunConfig,
     interrupt: &AtomicBool,
+    memory: &mut dyn DeviceMemory,
     observer: &dyn TrainObserver,
 ) -> Result<RunSummary> {
     observer.on_event(&TrainEvent::Started {
@@ -167,6 +208,7 @@ pub fn run(
             step,
             report,
             tokens_per_s: report.tokens as f64 / dt,
+            memory: MemorySample::read(memory)?,
         });
         if !report.loss.is_finite() {
             summary.diverged = Some(Divergence {

@@ -39,6 +39,7 @@ use crate::train::data::Data;
 use crate::train::offload::OffloadAdam;
 use crate::train::optim::{Adam, AdamStep, Optimizer};
 use crate::train::scaler::{LossScaler, ScaleDecision};
+use crate::train::schedule::LrSchedule;
 use crate::Result;
 
 /// Gradient buckets summed over ranks hold at most this many f32 values (64 MiB), so the
@@ -56,6 +57,9 @@ pub struct StepReport {
     pub loss_scale: f64,
     /// Tokens the step consumed, over all ranks.
     pub tokens: usize,
+    /// The learning rate the step ran at (its schedule's, see [`Trainer::set_schedule`]).
+    #[serde(default)]
+    pub lr: f64,
 }
 
 /// A model, its optimizer and the knobs it trains with.
@@ -67,6 +71,8 @@ pub struct Trainer {
     group: Collective,
     /// The most gradient bytes the last step held on the device at once.
     gradient_bytes: u64,
+    /// The learning rate by step (the base rate throughout unless set).
+    schedule: LrSchedule,
 }
 
 /// What forward and backward passes read; kept apart from the optimizer so that a step can
@@ -207,6 +213,7 @@ impl Trainer {
             steps: 0,
             group,
             gradient_bytes: 0,
+            schedule: LrSchedule::CONSTANT,
         })
     }
 
@@ -249,6 +256,17 @@ impl Trainer {
             }
         }
         Ok(Some(out))
+    }
+
+    /// Sets the learning rate by step: each step runs at `schedule`'s rate for its index, of
+    /// the model spec's `optimizer.lr`.
+    pub fn set_schedule(&mut self, schedule: LrSchedule) {
+        self.schedule = schedule;
+    }
+
+    /// The learning-rate schedule.
+    pub fn schedule(&self) -> LrSchedule {
+        self.schedule
     }
 
     /// Chooses the fused or the composite (reference) implementation of norms, softmax and loss.
@@ -433,6 +451,10 @@ impl Trainer {
 
     /// Runs one optimizer step on explicit micro-batches (this rank's share of the step).
     pub fn step_on(&mut self, batches: &[Batch]) -> Result<StepReport> {
+        let lr = self
+            .schedule
+            .lr(self.passes.model.spec().optimizer.lr, self.steps);
+        self.optimizer.set_learning_rate(lr);
         let check = self.passes.knobs.precision.needs_loss_scaling();
         let scale = self.scaler.scale;
         let shard = self.passes.knobs.data_parallel.shard_optimizer;
@@ -518,6 +540,7 @@ impl Trainer {
             skipped: decision == ScaleDecision::Skip,
             loss_scale: self.scaler.scale,
             tokens,
+            lr,
         })
     }
 

@@ -142,3 +142,68 @@ fn the_version_line_names_the_build_and_the_locked_candle() {
     assert_eq!(locked, autotune::backend::CANDLE_VERSION);
     assert!(line.contains(&format!("candle {locked}")), "{line}");
 }
+
+#[test]
+fn device_reports_the_build_and_the_host_memory() {
+    let out = autotune(&["device", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let machine: serde_json::Value = serde_json::from_str(&crate::util::stdout(&out)).unwrap();
+    let total = machine["host"]["total_bytes"].as_u64().unwrap();
+    let available = machine["host"]["available_bytes"].as_u64().unwrap();
+    assert!(total > 0 && available <= total, "{machine}");
+    if cfg!(feature = "cuda") {
+        assert_ne!(machine["build"], "cpu");
+    } else {
+        assert_eq!(machine["build"], "cpu");
+        assert_eq!(machine["gpus"], serde_json::json!([]));
+        let note = machine["note"].as_str().unwrap();
+        assert!(note.contains("no GPU support"), "{note}");
+    }
+    let text = autotune(&["device"]);
+    let text = crate::util::stdout(&text);
+    assert!(text.contains("host memory:"), "{text}");
+}
+
+#[test]
+fn completions_cover_every_command_and_parse_in_bash() {
+    let out = autotune(&["completions", "bash"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let script = crate::util::stdout(&out);
+    for command in [
+        "run",
+        "tune",
+        "export",
+        "check",
+        "estimate",
+        "device",
+        "train",
+        "probe",
+        "completions",
+    ] {
+        assert!(
+            script.contains(command),
+            "bash completions lack `{command}`"
+        );
+    }
+    assert!(script.contains("--lr-schedule") && script.contains("--metrics"));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("autotune.bash");
+    std::fs::write(&path, &script).unwrap();
+    if let Ok(check) = std::process::Command::new("bash")
+        .arg("-n")
+        .arg(&path)
+        .output()
+    {
+        assert!(
+            check.status.success(),
+            "{}",
+            String::from_utf8_lossy(&check.stderr)
+        );
+    }
+    for shell in ["zsh", "fish", "powershell", "elvish"] {
+        let out = autotune(&["completions", shell]);
+        assert_eq!(out.status.code(), Some(0), "{shell}");
+        assert!(crate::util::stdout(&out).contains("estimate"), "{shell}");
+    }
+    assert_eq!(autotune(&["completions", "tcsh"]).status.code(), Some(2));
+}

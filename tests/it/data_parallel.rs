@@ -265,6 +265,7 @@ fn launched_ranks_leave_the_checkpoint_one_process_leaves() {
         &[
             &common[..],
             &["--data-parallel", "2", "--checkpoint-dir", "dp"],
+            &["--warmup-steps", "2", "--metrics", "dp.jsonl"],
         ]
         .concat(),
     );
@@ -273,10 +274,26 @@ fn launched_ranks_leave_the_checkpoint_one_process_leaves() {
         &[
             &common[..],
             &["--grad-accum", "2", "--checkpoint-dir", "one"],
+            &["--warmup-steps", "2", "--metrics", "one.jsonl"],
         ]
         .concat(),
     );
     assert_eq!(dp["last_loss"], one["last_loss"]);
+    // The launcher logs rank 0's steps: the single process's steps, rates and losses.
+    let log = |name: &str| -> Vec<Value> {
+        std::fs::read_to_string(dir.path().join(name))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let (dp_log, one_log) = (log("dp.jsonl"), log("one.jsonl"));
+    assert_eq!(dp_log.len(), 3);
+    for (a, b) in dp_log.iter().zip(&one_log) {
+        for field in ["step", "lr", "loss"] {
+            assert_eq!(a[field], b[field], "{field}");
+        }
+    }
     assert_eq!(dp["knobs"]["data_parallel"]["degree"], 2);
     for file in ["model.safetensors", "optimizer.safetensors"] {
         let read =
@@ -290,6 +307,7 @@ fn launched_ranks_leave_the_checkpoint_one_process_leaves() {
             &common[..3],
             &["--steps", "5", "--micro-batch", "4", "--data-parallel", "2"],
             &["--checkpoint-dir", "dp", "--resume"],
+            &["--warmup-steps", "2", "--metrics", "dp.jsonl"],
         ]
         .concat(),
     );
@@ -298,11 +316,15 @@ fn launched_ranks_leave_the_checkpoint_one_process_leaves() {
         &[
             &common[..3],
             &["--steps", "5", "--micro-batch", "4", "--grad-accum", "2"],
+            &["--warmup-steps", "2"],
         ]
         .concat(),
     );
     assert_eq!(resumed["steps"], 5);
     assert_eq!(resumed["last_loss"], straight["last_loss"]);
+    let dp_log = log("dp.jsonl");
+    assert_eq!(dp_log.len(), 5, "the resumed launch continues the log");
+    assert_eq!(dp_log[4]["loss"], straight["last_loss"]);
 }
 
 /// Starts a long launched run; its stderr lines arrive on the receiver.

@@ -126,7 +126,7 @@ enum Reader {
 }
 
 /// Every numeric flag: the command, the flag, how its valid values can run.
-const FLAGS: [(&str, &str, FlagKind); 25] = [
+const FLAGS: [(&str, &str, FlagKind); 30] = [
     ("train", "--micro-batch", FlagKind::Batch),
     ("train", "--grad-accum", FlagKind::Batch),
     ("train", "--steps", FlagKind::Steps),
@@ -135,6 +135,8 @@ const FLAGS: [(&str, &str, FlagKind); 25] = [
     ("train", "--seed", FlagKind::Any),
     ("train", "--keep-last", FlagKind::Any),
     ("train", "--data-parallel", FlagKind::Ranks),
+    ("train", "--warmup-steps", FlagKind::Any),
+    ("train", "--min-lr", FlagKind::Any),
     ("tune", "--max-micro-batch", FlagKind::Any),
     ("tune", "--global-batch", FlagKind::Any),
     ("tune", "--max-trials", FlagKind::Any),
@@ -152,6 +154,9 @@ const FLAGS: [(&str, &str, FlagKind); 25] = [
     ("export", "--world-size", FlagKind::Any),
     ("check", "--time-tolerance", FlagKind::Any),
     ("check", "--memory-tolerance", FlagKind::Any),
+    ("estimate", "--micro-batch", FlagKind::Any),
+    ("estimate", "--grad-accum", FlagKind::Any),
+    ("estimate", "--headroom", FlagKind::Any),
 ];
 
 fn case() -> impl Strategy<Value = Case> {
@@ -218,21 +223,26 @@ impl Case {
                     }
                     Reader::Plan => {
                         std::fs::write(dir.join("doc.json"), text).unwrap();
-                        args(&["export", "--plan", "doc.json", "--format", "deepspeed"])
+                        // Half export it, half draw its report.
+                        if mutations.len() % 2 == 0 {
+                            args(&["export", "--plan", "doc.json", "--format", "deepspeed"])
+                        } else {
+                            args(&["report", "doc.json", "--out", "report.html"])
+                        }
                     }
                     Reader::Profile => {
                         std::fs::write(dir.join("doc.json"), text).unwrap();
-                        // Half replay a search from it, half compare it with the good one.
-                        if mutations.len() % 2 == 0 {
-                            args(&["tune", "--backend", "replay:doc.json"])
-                        } else {
-                            args(&[
+                        // Replay a search from it, compare it with the good one, or draw it.
+                        match mutations.len() % 3 {
+                            0 => args(&["tune", "--backend", "replay:doc.json"]),
+                            1 => args(&[
                                 "check",
                                 "--profile",
                                 "doc.json",
                                 "--backend",
                                 &format!("replay:{profile}"),
-                            ])
+                            ]),
+                            _ => args(&["report", "doc.json", "--out", "report.html"]),
                         }
                     }
                     Reader::CheckpointState => {
@@ -309,6 +319,7 @@ impl Case {
                         a
                     }
                     "export" => args(&["export", "--plan", &plan, "--format", "deepspeed"]),
+                    "estimate" => args(&["estimate", "--model", &small, "--device", &device]),
                     _ => args(&[
                         "check",
                         "--profile",

@@ -69,3 +69,20 @@ mod recorded;
 
 /// The file tree's layering: no import cycle between top-level modules.
 mod layers;
+
+/// The analytic memory estimate against the GPU recordings and CPU probes.
+mod estimate;
+
+/// Token files: memory-mapped, so a large corpus costs only the pages batches touch (reads
+/// the peak resident memory from /proc).
+#[cfg(target_os = "linux")]
+mod token_files;
+
+/// `train --metrics` and the learning-rate schedule, across a resume.
+mod metrics;
+
+/// The published plan schema against every kind of plan autotune writes.
+mod schemas;
+
+/// `report` and `tune --report`: the HTML page, rendered in a headless Chromium.
+mod report;

@@ -198,6 +198,12 @@ fn run_tunes_then_trains_and_leaves_plan_and_checkpoint() {
             "6",
             "--run-dir",
             "job",
+            "--lr-warmup-steps",
+            "3",
+            "--metrics",
+            "metrics.jsonl",
+            "--report",
+            "search.html",
             "--json",
         ],
     );
@@ -207,6 +213,20 @@ fn run_tunes_then_trains_and_leaves_plan_and_checkpoint() {
     assert_eq!(report["plan"]["knobs"], report["training"]["knobs"]);
     assert!(dir.path().join("job/plan.json").exists());
     assert!(dir.path().join("job/checkpoints/latest").exists());
+    assert!(dir.path().join("search.html").exists());
+    // The training half warms its learning rate up over three steps, and logs every step.
+    let rates: Vec<f64> = std::fs::read_to_string(dir.path().join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["lr"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(rates.len(), 6);
+    assert!(rates[0] < rates[1] && rates[1] < rates[2], "{rates:?}");
+    assert!(rates[3..].iter().all(|r| *r == rates[2]), "{rates:?}");
 }
 
 /// A CPU with 12 MiB of host memory: 96 micro-model sequences at once need ~16 MiB.

@@ -133,3 +133,28 @@ pub fn exit_code(child: std::process::Child) -> Option<i32> {
         .status
         .code()
 }
+
+/// A validator for one of the published JSON Schemas (`docs/NAME`), itself checked against its
+/// draft's meta-schema.
+pub fn published_schema(name: &str) -> jsonschema::Validator {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("docs")
+        .join(name);
+    let text = std::fs::read_to_string(&path).expect("the schema file is readable");
+    let schema: serde_json::Value = serde_json::from_str(&text).expect("the schema is JSON");
+    if let Err(e) = jsonschema::meta::validate(&schema) {
+        panic!("{}: not a valid JSON Schema: {e}", path.display());
+    }
+    jsonschema::validator_for(&schema).expect("the schema compiles")
+}
+
+/// Why `instance` does not follow `schema` (empty when it does), one line per violation.
+pub fn schema_violations(
+    schema: &jsonschema::Validator,
+    instance: &serde_json::Value,
+) -> Vec<String> {
+    schema
+        .iter_errors(instance)
+        .map(|e| format!("{}: {e}", e.instance_path()))
+        .collect()
+}

@@ -7,18 +7,21 @@
 //!
 //! ```text
 //! knobs (one setting) ─▶ trial (what a trial asks and finds) ─▶ spec (model, device, budget)
-//!   ─▶ trial_protocol (trials asked of other programs) ─▶ fit (memory and step-time models)
-//!   ─▶ search (pure driver and its one loop)
+//!   ─▶ trial_protocol (trials asked of other programs) ─▶ estimate (analytic peak memory)
+//!   ─▶ fit (memory and step-time models) ─▶ search (pure driver and its one loop)
 //!   ─▶ plan (the versioned plan and its exports) ─▶ profile (recorded trials, replay, check)
+//!   ─▶ report (a search as an HTML page)
 //! ```
 
 pub mod atomic_file;
 pub mod error;
+pub mod estimate;
 pub mod fit;
 pub mod json;
 pub mod knobs;
 pub mod plan;
 pub mod profile;
+pub mod report;
 pub mod search;
 pub mod spec;
 pub mod trial;

@@ -26,6 +26,8 @@ pub struct TuneConfig {
     pub record: Option<PathBuf>,
     /// Write the plan here.
     pub out: Option<PathBuf>,
+    /// Write the search's HTML report here.
+    pub report: Option<PathBuf>,
 }
 
 /// Where a search's trials are answered.
@@ -65,7 +67,11 @@ impl TuneConfig {
     pub fn from_args(args: &TuneArgs) -> anyhow::Result<Self> {
         // Where the results go is checked first: a search can take long, and its plan must not
         // be lost to a typo in a path.
-        for (flag, path) in [("--out", &args.out), ("--record", &args.record)] {
+        for (flag, path) in [
+            ("--out", &args.out),
+            ("--record", &args.record),
+            ("--report", &args.report),
+        ] {
             if let Some(path) = path {
                 autotune::atomic_file::check_writable(path).map_err(|e| {
                     anyhow::anyhow!("`{flag} {}` cannot be written: {e}", path.display())
@@ -86,6 +92,7 @@ impl TuneConfig {
             source,
             record: args.record.clone(),
             out: args.out.clone(),
+            report: args.report.clone(),
         })
     }
 }

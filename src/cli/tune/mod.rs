@@ -74,6 +74,7 @@ fn run_config(config: &TuneConfig, printer: &Printer) -> anyhow::Result<Status> 
     // The plan first: a recording that cannot be written must not cost the plan.
     let status = emit(&tuned, config.out.as_ref(), printer)?;
     record(&tuned, config, printer)?;
+    report(&tuned, config, printer)?;
     Ok(status)
 }
 
@@ -90,6 +91,16 @@ pub fn record(tuned: &Tuned, config: &TuneConfig, printer: &Printer) -> anyhow::
     if let Some(path) = &config.record {
         tuned.record().save(path)?;
         printer.status(format!("profile recorded to {}", path.display()));
+    }
+    Ok(())
+}
+
+/// Writes the search's HTML report where `--report` asks: every trial, and the plan's choice.
+pub fn report(tuned: &Tuned, config: &TuneConfig, printer: &Printer) -> anyhow::Result<()> {
+    if let Some(path) = &config.report {
+        let report = autotune::report::Report::from_search(&tuned.record(), tuned.plan.as_ref());
+        super::report::write(path, &report.to_html())?;
+        printer.status(format!("report written to {}", path.display()));
     }
     Ok(())
 }
@@ -319,6 +330,7 @@ mod tests {
             },
             record: Some(blocker.join("profile.json")),
             out: Some(plan.clone()),
+            report: None,
         };
         let quiet = Printer::new(true, false, false);
         let Err(err) = run_config(&config, &quiet) else {

@@ -131,6 +131,11 @@ impl OffloadAdam {
         self.spec.lr
     }
 
+    /// Sets the learning rate of the next updates.
+    pub fn set_learning_rate(&mut self, lr: f64) {
+        self.spec.lr = lr;
+    }
+
     /// Adds parameter `index`'s gradient of one micro-batch (any float dtype, any device) to
     /// the host sum; `first` starts a new sum.
     pub fn accumulate(&mut self, index: usize, grad: &Tensor, first: bool) -> Result<()> {

@@ -9,6 +9,8 @@
 //! plans stay readable by versions of autotune that know version 1 only. Byte counts are
 //! integers, times are seconds, throughputs are tokens per second, and relative errors are
 //! fractions (0.02 = 2 %). Optional values are `null`, never absent, when written by autotune.
+//! The same format is published as a JSON Schema, `docs/plan.schema.json` at the project root,
+//! which a test holds every kind of plan autotune writes to.
 //!
 //! | field | type | meaning |
 //! |---|---|---|
