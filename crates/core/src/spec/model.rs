@@ -304,6 +304,8 @@ mod counts;
 pub mod hf;
 mod presets;
 
+pub use presets::DECODER_SEQ_LEN;
+
 /// The names accepted by [`ModelSpec::preset`]: the seed, GPT-2-style models, and decoders of
 /// the Llama, Qwen 2.5 and Mistral families with their published shapes.
 pub const PRESETS: [&str; 13] = [

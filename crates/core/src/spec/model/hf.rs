@@ -18,10 +18,9 @@ use std::collections::BTreeSet;
 
 use serde_json::{Map, Value};
 
-use super::presets::DECODER_SEQ_LEN;
 use super::{
     Activation, Biases, ModelSpec, NormKind, NormPlacement, OptimizerSpec, Positions, Rope,
-    RopeScaling,
+    RopeScaling, DECODER_SEQ_LEN,
 };
 use crate::{Error, Result};
 
