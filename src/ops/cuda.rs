@@ -137,6 +137,19 @@ pub(crate) fn elementwise_config(n: usize) -> LaunchConfig {
     }
 }
 
+/// Whether an elementwise kernel may move eight elements per thread step (`Pack8` in
+/// `kernels/common.cuh`): every count in `multiples_of_8` (the element count, a row width) is a
+/// multiple of 8 and every buffer starts `byte_offsets` into a 16-byte-aligned allocation on a
+/// 16-byte boundary. As the kernels' `vec` flag.
+pub(crate) fn eight_wide(multiples_of_8: &[usize], byte_offsets: &[usize]) -> i32 {
+    i32::from(multiples_of_8.iter().all(|n| n % 8 == 0) && byte_offsets.iter().all(|o| o % 16 == 0))
+}
+
+/// The byte offset of `layout`'s first element of type `T` in its buffer.
+pub(crate) fn byte_offset<T>(layout: &Layout) -> usize {
+    layout.start_offset() * std::mem::size_of::<T>()
+}
+
 /// A size as the kernels' `int` parameter.
 pub(crate) fn dim(n: usize, what: &str) -> Result<i32> {
     match i32::try_from(n) {

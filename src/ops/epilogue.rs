@@ -46,11 +46,6 @@ impl DropoutMask {
     pub fn keeps(&self, i: u64) -> bool {
         keep(self.key, i, self.threshold())
     }
-
-    /// [`DropoutMask::keeps`] from a mask's key and threshold, as the kernels take them.
-    pub(crate) fn keeps_hashed(key: u64, i: u64, threshold: u32) -> bool {
-        keep(key, i, threshold)
-    }
 }
 
 fn keep(key: u64, i: u64, threshold: u32) -> bool {
@@ -96,15 +91,47 @@ fn activate_grad(z: f32, act: i32) -> f32 {
     }
 }
 
+/// A dropout mask as the elementwise kernels take it (`threshold`, `scale`, `key` arguments):
+/// a threshold of 0 drops nothing.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KernelDropout {
+    pub(crate) threshold: u32,
+    pub(crate) scale: f32,
+    pub(crate) key: u64,
+}
+
+impl KernelDropout {
+    pub(crate) fn new(mask: Option<DropoutMask>) -> Self {
+        let (threshold, scale, key) = match mask {
+            Some(m) if m.threshold() > 0 => (m.threshold(), m.scale(), m.key),
+            _ => (0, 1.0, 0),
+        };
+        Self {
+            threshold,
+            scale,
+            key,
+        }
+    }
+
+    /// `v`, the value of element `i`, after dropout: as it is, scaled by `1/(1 − p)`, or 0.
+    pub(crate) fn apply(&self, i: usize, v: f32) -> f32 {
+        if self.threshold == 0 {
+            v
+        } else if keep(self.key, i as u64, self.threshold) {
+            v * self.scale
+        } else {
+            0.0
+        }
+    }
+}
+
 /// What an epilogue does besides reading `y`.
 #[derive(Debug, Clone, Copy)]
 struct EpilogueOps {
     has_bias: bool,
     has_residual: bool,
     act: i32,
-    threshold: u32,
-    scale: f32,
-    key: u64,
+    dropout: KernelDropout,
 }
 
 impl EpilogueOps {
@@ -114,28 +141,16 @@ impl EpilogueOps {
         act: Option<Activation>,
         dropout: Option<DropoutMask>,
     ) -> Result<Self> {
-        let (threshold, scale, key) = match dropout {
-            Some(m) if m.threshold() > 0 => (m.threshold(), m.scale(), m.key),
-            _ => (0, 1.0, 0),
-        };
         Ok(Self {
             has_bias,
             has_residual,
             act: act_code(act)?,
-            threshold,
-            scale,
-            key,
+            dropout: KernelDropout::new(dropout),
         })
     }
 
     fn drop(&self, i: usize, v: f32) -> f32 {
-        if self.threshold == 0 {
-            v
-        } else if keep(self.key, i as u64, self.threshold) {
-            v * self.scale
-        } else {
-            0.0
-        }
+        self.dropout.apply(i, v)
     }
 }
 
@@ -151,7 +166,7 @@ pub fn epilogue(
 ) -> Result<Tensor> {
     let y = y.contiguous()?;
     let ops = EpilogueOps::new(bias.is_some(), residual.is_some(), act, dropout)?;
-    let bias = bias_or_dummy(&y, bias)?;
+    let bias = bias_or_dummy(NAME, &y, bias)?;
     let residual = match residual {
         Some(r) => {
             if r.dims() != y.dims() {
@@ -185,17 +200,19 @@ pub fn epilogue_backward(
 ) -> Result<Tensor> {
     let y = y.contiguous()?;
     let ops = EpilogueOps::new(bias.is_some(), false, act, dropout)?;
-    let bias = bias_or_dummy(&y, bias)?;
+    let bias = bias_or_dummy(NAME, &y, bias)?;
     let dout = dout.to_dtype(y.dtype())?.contiguous()?;
     dout.apply_op3_no_bwd(&y, &bias, &EpilogueGrad { ops })
 }
 
-fn bias_or_dummy(y: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+/// The f32 bias of op `op` over the columns of `y`, or a placeholder the kernels never read
+/// (they see `has_bias = 0`).
+pub(super) fn bias_or_dummy(op: &str, y: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     let cols = y.dim(candle_core::D::Minus1)?;
     match bias {
         Some(b) => {
             if b.dims() != [cols] {
-                bail!("{NAME}: bias must have shape [{cols}], got {:?}", b.shape());
+                bail!("{op}: bias must have shape [{cols}], got {:?}", b.shape());
             }
             b.to_dtype(DType::F32)?.contiguous()
         }

@@ -8,8 +8,9 @@
 //! masks are drawn over the output's element indices, as every epilogue's.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
+use candle_core::{bail, CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 
+use super::epilogue::KernelDropout;
 use super::{check_input, input_f32, output, rows_cols, DropoutMask};
 
 const NAME: &str = "swiglu";
@@ -18,33 +19,14 @@ const NAME: &str = "swiglu";
 #[derive(Debug, Clone, Copy)]
 struct SwigluOps {
     has_bias: bool,
-    threshold: u32,
-    scale: f32,
-    key: u64,
+    dropout: KernelDropout,
 }
 
 impl SwigluOps {
     fn new(has_bias: bool, dropout: Option<DropoutMask>) -> Self {
-        let (threshold, scale, key) = match dropout {
-            Some(m) if m.threshold() > 0 => (m.threshold(), m.scale(), m.key),
-            _ => (0, 1.0, 0),
-        };
         Self {
             has_bias,
-            threshold,
-            scale,
-            key,
-        }
-    }
-
-    /// Dropout's factor for output element `i`.
-    fn keep(&self, i: usize) -> f32 {
-        if self.threshold == 0 {
-            1.0
-        } else if DropoutMask::keeps_hashed(self.key, i as u64, self.threshold) {
-            self.scale
-        } else {
-            0.0
+            dropout: KernelDropout::new(dropout),
         }
     }
 }
@@ -86,19 +68,14 @@ pub fn swiglu_backward(
     dout.apply_op3_no_bwd(&h, &bias, &SwigluGrad { ops })
 }
 
+/// The gate/up product's bias (as the epilogue's `bias_or_dummy`), after checking that
+/// the product splits into a gate and an up half.
 fn bias_or_dummy(h: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     let cols = h.dim(candle_core::D::Minus1)?;
     if cols % 2 != 0 {
         bail!("{NAME}: the gate/up product needs an even width, got {cols}");
     }
-    match bias {
-        Some(b) if b.dims() != [cols] => {
-            bail!("{NAME}: bias must have shape [{cols}], got {:?}", b.shape())
-        }
-        Some(b) => b.to_dtype(DType::F32)?.contiguous(),
-        // Never read: the kernels see has_bias = 0.
-        None => Tensor::zeros(1, DType::F32, h.device()),
-    }
+    super::epilogue::bias_or_dummy(NAME, h, bias)
 }
 
 struct Swiglu {
@@ -138,7 +115,7 @@ impl CustomOp2 for Swiglu {
         let out = (0..rows * f)
             .map(|i| {
                 let (g, u) = gate_up(&h, &bias, p.has_bias, f, i / f, i % f);
-                silu_parts(g).0 * u * p.keep(i)
+                p.dropout.apply(i, silu_parts(g).0 * u)
             })
             .collect();
         Ok((output(out, s1.dtype())?, Shape::from((rows, f))))
@@ -183,7 +160,7 @@ impl CustomOp3 for SwigluGrad {
         for i in 0..rows * f {
             let (r, j) = (i / f, i % f);
             let (g, u) = gate_up(&h, &bias, p.has_bias, f, r, j);
-            let d = dout[i] * p.keep(i);
+            let d = p.dropout.apply(i, dout[i]);
             let (silu, s) = silu_parts(g);
             dh[r * cols + j] = d * u * s * (1.0 + g * (1.0 - s));
             dh[r * cols + f + j] = d * silu;

@@ -10,14 +10,6 @@ use candle_core::{CudaDevice, CudaStorage, Layout, Result};
 use super::{cols_of, Embed, EpilogueOps, NAME};
 use crate::ops::cuda::{self, Elem};
 
-/// Whether the kernels may take eight elements at a time: `n` and `cols` multiples of 8 and
-/// every buffer starting on a 16-byte boundary (fresh allocations are 256-byte aligned).
-fn vectorizable<T>(n: usize, cols: usize, layouts: &[&Layout]) -> i32 {
-    let size = std::mem::size_of::<T>();
-    let aligned = layouts.iter().all(|l| (l.start_offset() * size) % 16 == 0);
-    i32::from(n % 8 == 0 && cols % 8 == 0 && aligned)
-}
-
 pub(super) fn epilogue<T: Elem>(
     y: &CudaSlice<T>,
     l1: &Layout,
@@ -35,7 +27,10 @@ pub(super) fn epilogue<T: Elem>(
     let mut out = unsafe { cuda::output::<T>(dev, n) }?;
     let cols = cuda::dim(cols_of(l1), "columns")?;
     let (has_bias, has_residual) = (i32::from(p.has_bias), i32::from(p.has_residual));
-    let vec = vectorizable::<T>(n, cols_of(l1), &[l1, l3]);
+    let vec = cuda::eight_wide(
+        &[n, cols_of(l1)],
+        &[cuda::byte_offset::<T>(l1), cuda::byte_offset::<T>(l3)],
+    );
     let threads = if vec == 1 { n / 8 } else { n };
     let stream = dev.cuda_stream();
     let mut args = stream.launch_builder(&func);
@@ -48,9 +43,9 @@ pub(super) fn epilogue<T: Elem>(
         .arg(&has_bias)
         .arg(&has_residual)
         .arg(&p.act)
-        .arg(&p.threshold)
-        .arg(&p.scale)
-        .arg(&p.key)
+        .arg(&p.dropout.threshold)
+        .arg(&p.dropout.scale)
+        .arg(&p.dropout.key)
         .arg(&vec);
     // SAFETY: the arguments match `epilogue_fwd_<T>`; `y`, `residual` (when read) and `out`
     // hold n elements, `bias` (when read) `cols` floats.
@@ -75,7 +70,10 @@ pub(super) fn epilogue_grad<T: Elem>(
     let mut dy = unsafe { cuda::output::<T>(dev, n) }?;
     let cols = cuda::dim(cols_of(l1), "columns")?;
     let has_bias = i32::from(p.has_bias);
-    let vec = vectorizable::<T>(n, cols_of(l1), &[l1, l2]);
+    let vec = cuda::eight_wide(
+        &[n, cols_of(l1)],
+        &[cuda::byte_offset::<T>(l1), cuda::byte_offset::<T>(l2)],
+    );
     let threads = if vec == 1 { n / 8 } else { n };
     let stream = dev.cuda_stream();
     let mut args = stream.launch_builder(&func);
@@ -87,9 +85,9 @@ pub(super) fn epilogue_grad<T: Elem>(
         .arg(&cols)
         .arg(&has_bias)
         .arg(&p.act)
-        .arg(&p.threshold)
-        .arg(&p.scale)
-        .arg(&p.key)
+        .arg(&p.dropout.threshold)
+        .arg(&p.dropout.scale)
+        .arg(&p.dropout.key)
         .arg(&vec);
     // SAFETY: the arguments match `epilogue_bwd_<T>`; `dout`, `y` and `dy` hold n elements,
     // `bias` (when read) `cols` floats.
@@ -138,9 +136,9 @@ pub(super) fn embed<T: Elem>(
         .arg(&vocab)
         .arg(&seq32)
         .arg(&has_positions)
-        .arg(&p.threshold)
-        .arg(&p.scale)
-        .arg(&p.key);
+        .arg(&p.dropout.threshold)
+        .arg(&p.dropout.scale)
+        .arg(&p.dropout.key);
     // SAFETY: the arguments match `embed_fwd_<T>`; `ids` holds rows entries, the kernel reads
     // the table only for those below its `vocab` rows, and `out` holds rows·d elements.
     unsafe { args.launch(cuda::elementwise_config(n)) }.w()?;

@@ -10,14 +10,6 @@ use super::{SwigluOps, NAME};
 use crate::ops::cuda::{self, Elem};
 use crate::ops::rows_cols;
 
-/// Whether the kernels may take eight outputs at a time: the width a multiple of 8 and every
-/// buffer starting on a 16-byte boundary (fresh allocations are 256-byte aligned).
-fn vectorizable<T>(f: usize, layouts: &[&Layout]) -> i32 {
-    let size = std::mem::size_of::<T>();
-    let aligned = layouts.iter().all(|l| (l.start_offset() * size) % 16 == 0);
-    i32::from(f % 8 == 0 && aligned)
-}
-
 pub(super) fn forward<T: Elem>(
     h: &CudaSlice<T>,
     l1: &Layout,
@@ -35,7 +27,7 @@ pub(super) fn forward<T: Elem>(
     let mut out = unsafe { cuda::output::<T>(dev, n) }?;
     let width = cuda::dim(f, "feed-forward width")?;
     let has_bias = i32::from(p.has_bias);
-    let vec = vectorizable::<T>(f, &[l1]);
+    let vec = cuda::eight_wide(&[f], &[cuda::byte_offset::<T>(l1)]);
     let threads = if vec == 1 { n / 8 } else { n };
     let stream = dev.cuda_stream();
     let mut args = stream.launch_builder(&func);
@@ -45,9 +37,9 @@ pub(super) fn forward<T: Elem>(
         .arg(&n)
         .arg(&width)
         .arg(&has_bias)
-        .arg(&p.threshold)
-        .arg(&p.scale)
-        .arg(&p.key)
+        .arg(&p.dropout.threshold)
+        .arg(&p.dropout.scale)
+        .arg(&p.dropout.key)
         .arg(&vec);
     // SAFETY: the arguments match `swiglu_fwd_<T>(const T*, const float*, T*, size_t, int, int,
     // uint32_t, float, uint64_t, int)`; `h` holds rows·2f elements, `out` rows·f, `bias` (when
@@ -75,7 +67,10 @@ pub(super) fn backward<T: Elem>(
     let mut dh = unsafe { cuda::output::<T>(dev, rows * cols) }?;
     let width = cuda::dim(f, "feed-forward width")?;
     let has_bias = i32::from(p.has_bias);
-    let vec = vectorizable::<T>(f, &[l1, l2]);
+    let vec = cuda::eight_wide(
+        &[f],
+        &[cuda::byte_offset::<T>(l1), cuda::byte_offset::<T>(l2)],
+    );
     let threads = if vec == 1 { n / 8 } else { n };
     let stream = dev.cuda_stream();
     let mut args = stream.launch_builder(&func);
@@ -86,9 +81,9 @@ pub(super) fn backward<T: Elem>(
         .arg(&n)
         .arg(&width)
         .arg(&has_bias)
-        .arg(&p.threshold)
-        .arg(&p.scale)
-        .arg(&p.key)
+        .arg(&p.dropout.threshold)
+        .arg(&p.dropout.scale)
+        .arg(&p.dropout.key)
         .arg(&vec);
     // SAFETY: the arguments match `swiglu_bwd_<T>(const T*, const T*, const float*, T*, size_t,
     // int, int, uint32_t, float, uint64_t, int)`; `dout` holds rows·f elements, `h` and `dh`

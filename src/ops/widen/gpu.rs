@@ -11,11 +11,6 @@ use candle_core::{bail, CudaDevice, CudaStorage, Layout, Result};
 use super::NAME;
 use crate::ops::cuda::{self, Elem};
 
-/// Whether eight elements at a time fit: `n` a multiple of 8 and every buffer 16-byte aligned.
-fn vectorizable(n: usize, offsets_bytes: &[usize]) -> i32 {
-    i32::from(n % 8 == 0 && offsets_bytes.iter().all(|o| o % 16 == 0))
-}
-
 pub(super) fn widen<T: Elem>(
     x: &CudaSlice<T>,
     l: &Layout,
@@ -26,7 +21,7 @@ pub(super) fn widen<T: Elem>(
     let func = cuda::kernel(dev, &cuda::WIDEN, "widen", T::DTYPE)?;
     // SAFETY: the kernel launched below writes every element.
     let mut y = unsafe { cuda::output::<f32>(dev, n) }?;
-    let vec = vectorizable(n, &[l.start_offset() * std::mem::size_of::<T>()]);
+    let vec = cuda::eight_wide(&[n], &[cuda::byte_offset::<T>(l)]);
     let threads = if vec == 1 { n / 8 } else { n };
     let stream = dev.cuda_stream();
     let mut args = stream.launch_builder(&func);
@@ -53,7 +48,7 @@ pub(super) fn accumulate(
     let mut sum = acc.slice_mut(start..end);
     cuda::float_slice!(NAME, x, v => {
         let xv = cuda::slice_view(v, l2, NAME)?;
-        let vec = vectorizable(n, &[start * 4, l2.start_offset() * x.dtype().size_in_bytes()]);
+        let vec = cuda::eight_wide(&[n], &[start * 4, l2.start_offset() * x.dtype().size_in_bytes()]);
         let threads = if vec == 1 { n / 8 } else { n };
         let func = cuda::kernel(&dev, &cuda::WIDEN, "accumulate", x.dtype())?;
         let stream = dev.cuda_stream();
