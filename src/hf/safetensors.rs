@@ -300,29 +300,21 @@ impl Writer {
                 )))
             }
         };
-        let mut header = serde_json::Map::new();
-        header.insert(
-            "__metadata__".into(),
-            serde_json::to_value(metadata).map_err(|e| Error::internal(e.to_string()))?,
-        );
-        let mut offset = 0usize;
-        for (name, shape) in &shapes {
-            let end = offset + shape.iter().product::<usize>() * dtype.size_in_bytes();
-            header.insert(
-                name.clone(),
-                serde_json::json!({ "dtype": code, "shape": shape, "data_offsets": [offset, end] }),
-            );
-            offset = end;
-        }
-        let mut header = serde_json::to_vec(&header).map_err(|e| Error::internal(e.to_string()))?;
-        // Data starts 8-byte aligned: the format pads the header with spaces.
-        header.resize(header.len().next_multiple_of(8), b' ');
+        let tensors: Vec<(&str, &[usize])> = shapes
+            .iter()
+            .map(|(n, s)| (n.as_str(), s.as_slice()))
+            .collect();
+        let header = crate::train::tensor_file::header(
+            &tensors,
+            code,
+            dtype.size_in_bytes(),
+            Some(metadata),
+        )
+        .map_err(|e| Error::internal(e.to_string()))?;
         let tmp = path.with_extension(format!("safetensors.tmp-{}", std::process::id()));
         let file = File::create(&tmp).map_err(|e| Error::file("cannot create", &tmp, e))?;
         let mut out = BufWriter::with_capacity(1 << 20, file);
         let io = |e| Error::file("cannot write", &tmp, e);
-        out.write_all(&(header.len() as u64).to_le_bytes())
-            .map_err(io)?;
         out.write_all(&header).map_err(io)?;
         Ok(Self {
             path: path.to_path_buf(),

@@ -9,7 +9,7 @@ use candle_core::{DType, Tensor};
 
 use super::layout::{canonical_name, is_buffer, layout, ParamLayout};
 use super::safetensors::{Checkpoint, SafetensorsFile, Writer};
-use crate::spec::model::hf::{from_hf_config, to_hf_config};
+use crate::spec::model::hf::to_hf_config;
 use crate::spec::model::ModelSpec;
 use crate::train::step::Trainer;
 use crate::{Error, Result};
@@ -131,17 +131,8 @@ pub fn import_weights(path: &Path, trainer: &mut Trainer) -> Result<Imported> {
     })?;
     let config = path.join("config.json");
     if path.is_dir() && config.is_file() {
-        let text =
-            std::fs::read_to_string(&config).map_err(|e| Error::file("cannot read", &config, e))?;
-        let value: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| mismatch(&config, format!("is not JSON: {e}")))?;
-        let theirs = from_hf_config(&value, &spec.name).map_err(|e| {
-            Error::file(
-                "invalid Hugging Face config",
-                &config,
-                Box::new(e) as Box<dyn std::error::Error + Send + Sync>,
-            )
-        })?;
+        // Read as `--model` reads it, so that its errors name the file and field the same way.
+        let theirs = ModelSpec::from_file(&config)?;
         if let Some(difference) = architecture_difference(&spec, &theirs) {
             return Err(mismatch(
                 path,

@@ -21,10 +21,41 @@ pub struct Entry<'a> {
 /// Values converted per write: bounds the staging buffer at 256 KiB.
 const VALUES_PER_WRITE: usize = 1 << 16;
 
+/// The header of a safetensors file, its length first: tensors `(name, shape)` stored back to
+/// back in the order given, in the format's dtype `code` of `element_bytes` each, and
+/// `metadata` under `__metadata__` when given. The data follows it.
+pub fn header(
+    tensors: &[(&str, &[usize])],
+    code: &str,
+    element_bytes: usize,
+    metadata: Option<&std::collections::BTreeMap<String, String>>,
+) -> std::io::Result<Vec<u8>> {
+    let mut header = serde_json::Map::new();
+    if let Some(metadata) = metadata {
+        header.insert(
+            "__metadata__".into(),
+            serde_json::to_value(metadata).map_err(std::io::Error::other)?,
+        );
+    }
+    let mut offset = 0usize;
+    for (name, shape) in tensors {
+        let end = offset + element_bytes * shape.iter().product::<usize>();
+        header.insert(
+            name.to_string(),
+            serde_json::json!({ "dtype": code, "shape": shape, "data_offsets": [offset, end] }),
+        );
+        offset = end;
+    }
+    let mut header = serde_json::to_vec(&header).map_err(std::io::Error::other)?;
+    // The format pads the header with spaces so that the data starts 8-byte aligned.
+    header.resize(header.len().next_multiple_of(8), b' ');
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&header);
+    Ok(out)
+}
+
 /// Writes `entries` as an f32 safetensors file to `out`.
 pub fn write_f32<W: Write>(mut out: W, entries: &[Entry<'_>]) -> std::io::Result<()> {
-    let mut header = serde_json::Map::new();
-    let mut offset = 0usize;
     for e in entries {
         let count: usize = e.shape.iter().product();
         if count != e.values.len() {
@@ -38,18 +69,9 @@ pub fn write_f32<W: Write>(mut out: W, entries: &[Entry<'_>]) -> std::io::Result
                 ),
             ));
         }
-        let end = offset + 4 * count;
-        header.insert(
-            e.name.to_string(),
-            serde_json::json!({ "dtype": "F32", "shape": e.shape, "data_offsets": [offset, end] }),
-        );
-        offset = end;
     }
-    let mut header = serde_json::to_vec(&header).map_err(std::io::Error::other)?;
-    // The format pads the header with spaces so that the data starts 8-byte aligned.
-    header.resize(header.len().next_multiple_of(8), b' ');
-    out.write_all(&(header.len() as u64).to_le_bytes())?;
-    out.write_all(&header)?;
+    let tensors: Vec<(&str, &[usize])> = entries.iter().map(|e| (e.name, e.shape)).collect();
+    out.write_all(&header(&tensors, "F32", 4, None)?)?;
     let mut bytes = Vec::with_capacity(4 * VALUES_PER_WRITE);
     for e in entries {
         for chunk in e.values.chunks(VALUES_PER_WRITE) {

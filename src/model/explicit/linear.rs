@@ -145,12 +145,8 @@ impl<'a> Lin<'a> {
         db: Option<Tensor>,
         grads: &mut Grads,
     ) -> Result<()> {
-        let outputs = self.outputs;
-        grads.put(self.weight_var, dw.narrow(0, 0, outputs)?)?;
-        if let (Some(b), Some(db)) = (self.bias_var, db) {
-            grads.put(b, db.narrow(0, 0, outputs)?)?;
-        }
-        Ok(())
+        grads.put(self.weight_var, dw.narrow(0, 0, self.outputs)?)?;
+        self.put_bias_grad(db, grads)
     }
 
     /// Hands over the bias's gradient alone (a tied weight's gradient goes elsewhere).
