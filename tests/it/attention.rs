@@ -146,66 +146,18 @@ fn flash_attention_matches_an_f64_reference() {
     let mask = DropoutMask { p: 0.2, key: 41 };
     let mut seed = 100;
     // Every width the CUDA kernels take beyond 16 and 32 too (64; the wide 80, 96 and 128),
-    // which the CPU implementation has no special case for.
-    for (batch, seq, heads, hd) in [
-        (2, 37, 3, 16),
-        (1, 1, 2, 8),
-        (1, 70, 1, 32),
-        (1, 45, 2, 64),
-        (2, 37, 1, 80),
-        (1, 45, 2, 96),
-        (2, 70, 2, 128),
-        (1, 1, 1, 128),
-    ] {
-        for causal in [false, true] {
-            for dropout in [None, Some(mask)] {
-                for dtype in DTYPES {
-                    seed += 1;
-                    let shape = AttentionShape {
-                        batch,
-                        seq,
-                        heads,
-                        kv_heads: heads,
-                        causal,
-                    };
-                    let d = heads * hd;
-                    let qkv = random(&[batch * seq, 3 * d], 1.0, 0.0, seed, dtype);
-                    let dout = random(&[batch * seq, d], 1.0, 0.0, seed + 1000, dtype);
-                    let want = reference(&qkv, &dout, &shape, dropout, None);
-                    let (out, lse) = ops::flash_attention(&qkv, &shape, dropout).unwrap();
-                    let dqkv =
-                        ops::flash_attention_backward(&qkv, &out, &lse, &dout, &shape, dropout)
-                            .unwrap();
-                    let what = format!(
-                        "b{batch} s{seq} h{heads} hd{hd} causal={causal} dropout={} {dtype:?}",
-                        dropout.is_some()
-                    );
-                    assert_eq!(out.dtype(), dtype, "{what}: output dtype");
-                    assert_eq!(lse.dtype(), DType::F32, "{what}: lse dtype");
-                    assert_eq!(dqkv.dtype(), dtype, "{what}: gradient dtype");
-                    assert_close(&format!("{what} out"), &out, &want.out, tol(dtype));
-                    assert_close(&format!("{what} lse"), &lse, &want.lse, tol(DType::F32));
-                    // The backward pass reads the rounded output (D = dO · O): in half
-                    // precision that rounding enters the gradient too.
-                    let grad_tol = if dtype == DType::F32 {
-                        tol(dtype)
-                    } else {
-                        2.0 * tol(dtype)
-                    };
-                    assert_close(&format!("{what} dqkv"), &dqkv, &want.dqkv, grad_tol);
-                }
-            }
-        }
-    }
-}
-
-#[test]
-fn grouped_query_attention_matches_an_f64_reference() {
-    // Query heads sharing key/value heads (Llama 3.2's 32 over 8, Qwen 2.5's 14 over 2, one
-    // shared head): the shared heads are read in place, and their gradients sum over the group.
-    let mask = DropoutMask { p: 0.2, key: 47 };
-    let mut seed = 500;
+    // which the CPU implementation has no special case for; then query heads sharing key/value
+    // heads (Llama 3.2's 32 over 8, Qwen 2.5's 14 over 2, one shared head), which are read in
+    // place and whose gradients sum over the group.
     for (batch, seq, heads, kv_heads, hd) in [
+        (2, 37, 3, 3, 16),
+        (1, 1, 2, 2, 8),
+        (1, 70, 1, 1, 32),
+        (1, 45, 2, 2, 64),
+        (2, 37, 1, 1, 80),
+        (1, 45, 2, 2, 96),
+        (2, 70, 2, 2, 128),
+        (1, 1, 1, 1, 128),
         (2, 37, 4, 2, 16),
         (1, 45, 6, 1, 64),
         (2, 33, 4, 2, 128),
@@ -235,8 +187,13 @@ fn grouped_query_attention_matches_an_f64_reference() {
                         dropout.is_some()
                     );
                     assert_eq!(dqkv.dims(), [batch * seq, width], "{what}");
+                    assert_eq!(out.dtype(), dtype, "{what}: output dtype");
+                    assert_eq!(lse.dtype(), DType::F32, "{what}: lse dtype");
+                    assert_eq!(dqkv.dtype(), dtype, "{what}: gradient dtype");
                     assert_close(&format!("{what} out"), &out, &want.out, tol(dtype));
                     assert_close(&format!("{what} lse"), &lse, &want.lse, tol(DType::F32));
+                    // The backward pass reads the rounded output (D = dO · O): in half
+                    // precision that rounding enters the gradient too.
                     let grad_tol = if dtype == DType::F32 {
                         tol(dtype)
                     } else {
