@@ -97,6 +97,12 @@ pub enum Masters {
         /// The dtype activations run in.
         compute: DType,
     },
+    /// There are no f32 masters: the device's working copies (matrices in this compute
+    /// dtype, vectors in f32) are the masters, which a compact state layout updates in place.
+    Working {
+        /// The dtype activations run in.
+        compute: DType,
+    },
 }
 
 /// Embedding → blocks → (final norm) → vocabulary head.
@@ -140,6 +146,7 @@ impl Transformer {
             Masters::Host { compute } => {
                 ParamStore::with_host_masters(device, seed, compute, spec.parameter_count())
             }
+            Masters::Working { compute } => ParamStore::with_working_masters(device, seed, compute),
         }
         .with_values(values);
         let init = InitScheme::for_spec(spec);

@@ -67,6 +67,9 @@ pub struct ParamStore {
     names: Vec<String>,
     vars: Vec<Var>,
     host: Option<HostMasters>,
+    /// With half-precision masters: the compute dtype the matrices are created in (the
+    /// `Var`s are the masters, and there is no f32 copy anywhere).
+    working: Option<DType>,
     values: InitValues,
 }
 
@@ -139,7 +142,17 @@ impl ParamStore {
             names: Vec::new(),
             vars: Vec::new(),
             host: None,
+            working: None,
             values: InitValues::Seeded,
+        }
+    }
+
+    /// An empty store whose `Var`s are created in [`working_dtype`]`(shape, compute)` and are
+    /// the masters themselves (bf16 masters of a compact state layout).
+    pub fn with_working_masters(device: &Device, seed: u64, compute: DType) -> Self {
+        Self {
+            working: Some(compute),
+            ..Self::new(device, seed)
         }
     }
 
@@ -168,7 +181,10 @@ impl ParamStore {
         if self.values == InitValues::OnDevice {
             let drawn = drawn_on(&self.device, shape, init)?;
             let working = match &mut self.host {
-                None => drawn,
+                None => match self.working {
+                    Some(compute) => drawn.to_dtype(working_dtype(shape, compute))?,
+                    None => drawn,
+                },
                 Some(host) => {
                     host.download(&drawn)?;
                     drawn.to_dtype(working_dtype(shape, host.compute))?
@@ -186,7 +202,9 @@ impl ParamStore {
             random => fill_random(random, n, self.rng.random::<u64>()),
         };
         let dtype = match &mut self.host {
-            None => DType::F32,
+            None => self
+                .working
+                .map_or(DType::F32, |compute| working_dtype(shape, compute)),
             Some(host) => {
                 host.values.extend_from_slice(&values);
                 working_dtype(shape, host.compute)

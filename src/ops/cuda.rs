@@ -53,6 +53,11 @@ pub(crate) const LLAMA: Module = Module {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/llama.ptx")),
 };
 
+pub(crate) const COMPACT_ADAM: Module = Module {
+    name: "autotune_compact_adam",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/compact_adam.ptx")),
+};
+
 pub(crate) const WIDEN: Module = Module {
     name: "autotune_widen",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/widen.ptx")),

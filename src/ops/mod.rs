@@ -17,6 +17,7 @@
 
 mod adam;
 mod attention;
+pub mod compact_adam;
 mod cross_entropy;
 #[cfg(feature = "cuda")]
 mod cuda;

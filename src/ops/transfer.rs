@@ -207,6 +207,7 @@ fn cpu_bytes<'a>(cpu: &'a CpuStorage, layout: &Layout) -> Result<&'a [u8]> {
         CpuStorage::F32(v) => bytemuck::cast_slice(&v[start..end]),
         CpuStorage::BF16(v) => bytemuck::cast_slice(&v[start..end]),
         CpuStorage::F16(v) => bytemuck::cast_slice(&v[start..end]),
+        CpuStorage::U8(v) => &v[start..end],
         other => {
             return Err(Error::internal(format!(
                 "a {:?} tensor in a host transfer",
@@ -254,6 +255,7 @@ impl InplaceOp1 for Upload<'_> {
             CpuStorage::F32(v) => copy(&mut v[start..end], self.bytes),
             CpuStorage::BF16(v) => copy(&mut v[start..end], self.bytes),
             CpuStorage::F16(v) => copy(&mut v[start..end], self.bytes),
+            CpuStorage::U8(v) => copy(&mut v[start..end], self.bytes),
             other => candle_core::bail!("host-upload: a {:?} target", other.dtype()),
         }
     }

@@ -277,6 +277,18 @@ fn checkpoint_dry_run(trainer: &Trainer) -> Result<()> {
                 .write_largest_master(std::io::sink(), params.names())
                 .map_err(candle_core::Error::wrap)?;
         }
+        Optimizer::Compact(_) => {
+            // The state is copied a tensor at a time too; the largest is a matrix's weights
+            // (bf16 or f32), never smaller than its moments.
+            let largest = params
+                .vars()
+                .iter()
+                .map(|v| v.as_tensor())
+                .max_by_key(|t| t.elem_count() * t.dtype().size_in_bytes());
+            if let Some(t) = largest {
+                drop(crate::train::checkpoint::host_copy(t)?);
+            }
+        }
     }
     Ok(())
 }

@@ -147,6 +147,13 @@ fn write_files(
             candle_core::safetensors::save(&moments, &optim_file)
                 .map_err(|e| Error::file(cannot, &optim_file, e))?;
         }
+        Optimizer::Compact(compact) => {
+            candle_core::safetensors::save(&params.named_tensors(), &model_file)
+                .map_err(|e| Error::file(cannot, &model_file, e))?;
+            let state = compact.state_tensors(params.names())?;
+            candle_core::safetensors::save(&state, &optim_file)
+                .map_err(|e| Error::file(cannot, &optim_file, e))?;
+        }
         Optimizer::Offloaded(offload) => {
             write_streamed(&model_file, |w| offload.write_masters(w, params.names()))
                 .map_err(|e| Error::file(cannot, &model_file, e))?;

@@ -3,6 +3,7 @@
 
 pub mod checkpoint;
 pub mod checkpoint_dir;
+pub mod compact;
 pub mod data;
 pub mod metrics;
 pub mod offload;

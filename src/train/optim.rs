@@ -11,6 +11,7 @@ use candle_core::{Tensor, Var};
 
 use crate::ops::host_optim::AdamConsts;
 use crate::spec::model::OptimizerSpec;
+use crate::train::compact::CompactAdam;
 use crate::train::offload::OffloadAdam;
 use crate::Result;
 
@@ -164,6 +165,8 @@ pub enum Optimizer {
     OnDevice(Adam),
     /// f32 masters and moments in host memory; the device holds working copies.
     Offloaded(OffloadAdam),
+    /// A compact state layout (or moments placed in host memory), updated on the device.
+    Compact(Box<CompactAdam>),
 }
 
 impl Optimizer {
@@ -172,6 +175,7 @@ impl Optimizer {
         match self {
             Optimizer::OnDevice(o) => o.steps(),
             Optimizer::Offloaded(o) => o.steps(),
+            Optimizer::Compact(o) => o.steps(),
         }
     }
 
@@ -180,6 +184,7 @@ impl Optimizer {
         match self {
             Optimizer::OnDevice(o) => o.learning_rate(),
             Optimizer::Offloaded(o) => o.learning_rate(),
+            Optimizer::Compact(o) => o.learning_rate(),
         }
     }
 
@@ -188,6 +193,7 @@ impl Optimizer {
         match self {
             Optimizer::OnDevice(o) => o.set_learning_rate(lr),
             Optimizer::Offloaded(o) => o.set_learning_rate(lr),
+            Optimizer::Compact(o) => o.set_learning_rate(lr),
         }
     }
 
@@ -206,6 +212,7 @@ impl Optimizer {
         match self {
             Optimizer::OnDevice(o) => o.load_state(names, tensors, steps),
             Optimizer::Offloaded(o) => o.load_state(names, tensors, steps),
+            Optimizer::Compact(o) => o.load_state(names, tensors, steps),
         }
     }
 }

@@ -35,6 +35,7 @@ use crate::model::recompute::RecomputedBlocks;
 use crate::model::{explicit, Ctx, Engine, Masters, Transformer};
 use crate::spec::model::ModelSpec;
 use crate::spec::state::{Components, StateBytes};
+use crate::train::compact::CompactAdam;
 use crate::train::data::Data;
 use crate::train::offload::OffloadAdam;
 use crate::train::optim::{Adam, AdamStep, Optimizer};
@@ -160,7 +161,9 @@ impl Trainer {
                 ),
             ));
         }
+        let compute = crate::backend::compute_dtype(knobs.precision);
         let masters = match knobs.offload {
+            Offload::None if knobs.state.masters.is_half() => Masters::Working { compute },
             Offload::None => Masters::Device,
             Offload::Optimizer => Masters::Host {
                 compute: crate::backend::compute_dtype(knobs.precision),
@@ -176,6 +179,12 @@ impl Trainer {
             0..vars.len()
         };
         let optimizer = match model.params_mut().take_host_masters() {
+            None if !knobs.state.is_exact() => Optimizer::Compact(Box::new(CompactAdam::new(
+                model.params().vars(),
+                spec.optimizer,
+                knobs.state,
+                seed,
+            )?)),
             None => Optimizer::OnDevice(Adam::for_share(
                 model.params().vars(),
                 share,
@@ -318,6 +327,9 @@ impl Trainer {
     /// micro-batch's gradients come down in their working dtype and the new working copies go
     /// up once.
     pub fn host_link_bytes_per_step(&self) -> Option<u64> {
+        if let Optimizer::Compact(compact) = &self.optimizer {
+            return compact.link_bytes_per_step();
+        }
         let Optimizer::Offloaded(_) = &self.optimizer else {
             return None;
         };
@@ -382,6 +394,16 @@ impl Trainer {
                 },
                 host: offload.host_bytes(),
             },
+            Optimizer::Compact(compact) => {
+                let (device, host) = compact.bytes();
+                StateBytes {
+                    device: Components {
+                        gradients: self.gradient_bytes,
+                        ..device
+                    },
+                    host,
+                }
+            }
         }
     }
 
@@ -389,7 +411,7 @@ impl Trainer {
     /// host copies of the masters.
     pub fn master_weights(&self) -> Result<Vec<Tensor>> {
         match &self.optimizer {
-            Optimizer::OnDevice(_) => Ok(self
+            Optimizer::OnDevice(_) | Optimizer::Compact(_) => Ok(self
                 .model()
                 .params()
                 .vars()
@@ -406,7 +428,9 @@ impl Trainer {
         tensors: &HashMap<String, Tensor>,
     ) -> std::result::Result<(), String> {
         match &mut self.optimizer {
-            Optimizer::OnDevice(_) => self.passes.model.params().load_from(tensors),
+            Optimizer::OnDevice(_) | Optimizer::Compact(_) => {
+                self.passes.model.params().load_from(tensors)
+            }
             Optimizer::Offloaded(o) => o.load_masters(self.passes.model.params().names(), tensors),
         }
     }
@@ -418,7 +442,9 @@ impl Trainer {
         get: &mut dyn FnMut(&str) -> std::result::Result<Tensor, String>,
     ) -> std::result::Result<(), String> {
         match &mut self.optimizer {
-            Optimizer::OnDevice(_) => self.passes.model.params().load_with(get),
+            Optimizer::OnDevice(_) | Optimizer::Compact(_) => {
+                self.passes.model.params().load_with(get)
+            }
             Optimizer::Offloaded(o) => o.load_masters_with(self.passes.model.params().names(), get),
         }
     }
@@ -492,6 +518,38 @@ impl Trainer {
                         drop(grads);
                         share_updated_weights(&mut self.group, &self.passes.model, adam.owned())?;
                     }
+                }
+                (loss, decision)
+            }
+            Optimizer::Compact(compact) if self.passes.knobs.update == Update::InBackward => {
+                // Validated at build: one micro-batch, no loss scale, no ranks, no clipping.
+                let consts = compact.begin_step();
+                let mut sink = CompactInBackward {
+                    compact,
+                    consts,
+                    pending: Vec::new(),
+                    peak_bytes: 0,
+                };
+                let loss = self
+                    .passes
+                    .for_each_gradient(self.steps, scale, batches, &mut sink)?;
+                self.gradient_bytes = sink.peak_bytes;
+                compact.finish_step()?;
+                (loss, ScaleDecision::Apply)
+            }
+            Optimizer::Compact(compact) => {
+                let (mut grads, loss) = self.passes.device_gradients(self.steps, scale, batches)?;
+                self.gradient_bytes = grads
+                    .iter()
+                    .map(|g| (g.elem_count() * g.dtype().size_in_bytes()) as u64)
+                    .sum();
+                let finite = !check || all_finite(&grads)?;
+                let decision = self.scaler.update(finite);
+                if decision == ScaleDecision::Apply {
+                    if let Some(max) = self.passes.model.spec().optimizer.grad_clip {
+                        clip_global_norm(&mut grads, max)?;
+                    }
+                    compact.step(&grads)?;
                 }
                 (loss, decision)
             }
@@ -724,6 +782,33 @@ impl StepSink for UpdateInBackward<'_> {
 
     fn settled(&mut self) -> Result<()> {
         self.adam.update(&self.step, &self.pending)?;
+        self.pending.clear();
+        Ok(())
+    }
+}
+
+/// [`UpdateInBackward`] for a compact state layout.
+struct CompactInBackward<'a> {
+    compact: &'a mut CompactAdam,
+    consts: crate::ops::host_optim::AdamConsts,
+    pending: Vec<(usize, Tensor)>,
+    peak_bytes: u64,
+}
+
+impl StepSink for CompactInBackward<'_> {
+    fn gradient(&mut self, _micro: usize, index: usize, grad: Tensor) -> Result<()> {
+        self.pending.push((index, grad));
+        let pending = self
+            .pending
+            .iter()
+            .map(|(_, g)| (g.elem_count() * g.dtype().size_in_bytes()) as u64)
+            .sum();
+        self.peak_bytes = self.peak_bytes.max(pending);
+        Ok(())
+    }
+
+    fn settled(&mut self) -> Result<()> {
+        self.compact.update(&self.consts, &self.pending)?;
         self.pending.clear();
         Ok(())
     }

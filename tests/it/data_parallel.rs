@@ -39,7 +39,7 @@ fn train(spec: &ModelSpec, knobs: Knobs, steps: usize, group: Collective) -> Tra
         .collect();
     let owned = match trainer.optimizer() {
         Optimizer::OnDevice(adam) => adam.owned().len(),
-        Optimizer::Offloaded(_) => weights_len(&trainer),
+        Optimizer::Offloaded(_) | Optimizer::Compact(_) => weights_len(&trainer),
     };
     Trained {
         losses,

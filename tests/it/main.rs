@@ -35,6 +35,9 @@ mod exec;
 /// The PyTorch harness as a trial runner on the CPU (skipped without torch).
 mod harness;
 
+/// Compact optimizer state against exact AdamW: loss curves, bytes, resume, refusals.
+mod compact_state;
+
 /// Fused operations against their composite references.
 mod ops;
 

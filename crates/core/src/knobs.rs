@@ -206,6 +206,200 @@ impl FromStr for Update {
     }
 }
 
+/// How Adam's first and second moments are stored.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum MomentFormat {
+    /// f32, exact: 8 bytes per parameter.
+    #[default]
+    F32,
+    /// bf16 (rounded to nearest): 4 bytes per parameter.
+    Bf16,
+    /// 8-bit codes of a dynamic quantile map, one f32 scale per block of
+    /// [`INT8_BLOCK`] elements and moment (the bitsandbytes block-wise scheme): 2 bytes per
+    /// parameter plus 8 per block.
+    Int8Blockwise,
+}
+
+/// Elements per block of [`MomentFormat::Int8Blockwise`]: each block's moments are scaled by
+/// their own largest magnitude, so one outlier coarsens only its block.
+pub const INT8_BLOCK: usize = 2048;
+
+/// How the master weights (the values the optimizer updates) are stored.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum MasterFormat {
+    /// f32 masters beside the half-precision working copies: exact mixed precision.
+    #[default]
+    F32,
+    /// bf16 masters (the working copies themselves) with a bf16 Kahan compensation term that
+    /// carries what each rounding lost into the next update: 4 bytes per parameter.
+    Bf16Kahan,
+    /// bf16 masters rounded stochastically, so that small updates survive on average:
+    /// 2 bytes per parameter.
+    Bf16Stochastic,
+}
+
+impl MasterFormat {
+    /// Whether the masters are the bf16 working copies.
+    pub fn is_half(self) -> bool {
+        self != MasterFormat::F32
+    }
+}
+
+/// Where the optimizer's moments live between updates.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum MomentPlace {
+    /// In device memory.
+    #[default]
+    Device,
+    /// In page-locked host memory: each part's moments are copied to the device for its
+    /// update and back, so the device holds one part's at a time.
+    Host,
+}
+
+/// The layout of the optimizer state: exact f32 AdamW (the default), or a compact one the
+/// search explores only when asked to (`--allow-compact-state`).
+///
+/// Vectors (norm weights, biases) always keep exact f32 state: they are a tiny share of the
+/// parameters, and bitsandbytes leaves small tensors in 32 bits for the same reason.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(deny_unknown_fields)]
+pub struct StateLayout {
+    /// Moments' storage.
+    #[serde(default)]
+    pub moments: MomentFormat,
+    /// Masters' storage.
+    #[serde(default)]
+    pub masters: MasterFormat,
+    /// Where the moments live.
+    #[serde(default)]
+    pub moments_on: MomentPlace,
+}
+
+impl StateLayout {
+    /// Exact mixed-precision AdamW, moments on the device.
+    pub const EXACT: StateLayout = StateLayout {
+        moments: MomentFormat::F32,
+        masters: MasterFormat::F32,
+        moments_on: MomentPlace::Device,
+    };
+
+    /// Whether this is the exact layout on the device (JSON omits it then).
+    pub fn is_exact(&self) -> bool {
+        *self == Self::EXACT
+    }
+
+    /// Whether the arithmetic differs from exact AdamW (placement alone changes nothing).
+    pub fn is_compact(&self) -> bool {
+        self.moments != MomentFormat::F32 || self.masters != MasterFormat::F32
+    }
+
+    /// How this layout's updates differ from exact AdamW's, for a plan's reader; `None` when
+    /// they do not.
+    pub fn difference(&self) -> Option<String> {
+        if !self.is_compact() {
+            return None;
+        }
+        let mut parts = Vec::new();
+        match self.moments {
+            MomentFormat::F32 => {}
+            MomentFormat::Bf16 => parts.push(
+                "the moments are rounded to bf16 after each update (8 significant bits)"
+                    .to_string(),
+            ),
+            MomentFormat::Int8Blockwise => parts.push(format!(
+                "the moments are stored as 8-bit codes of a dynamic quantile map with one scale per {INT8_BLOCK} elements (bitsandbytes' block-wise scheme)"
+            )),
+        }
+        match self.masters {
+            MasterFormat::F32 => {}
+            MasterFormat::Bf16Kahan => parts.push(
+                "the weights are kept in bf16 with a bf16 Kahan compensation instead of f32 masters"
+                    .to_string(),
+            ),
+            MasterFormat::Bf16Stochastic => parts.push(
+                "the weights are kept in bf16, rounded stochastically, instead of f32 masters"
+                    .to_string(),
+            ),
+        }
+        Some(format!(
+            "not exact AdamW: {}; vectors (norms, biases) keep exact f32 state",
+            parts.join("; ")
+        ))
+    }
+}
+
+impl fmt::Display for StateLayout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let moments = match self.moments {
+            MomentFormat::F32 => "f32",
+            MomentFormat::Bf16 => "bf16",
+            MomentFormat::Int8Blockwise => "int8",
+        };
+        let masters = match self.masters {
+            MasterFormat::F32 => "f32",
+            MasterFormat::Bf16Kahan => "bf16-kahan",
+            MasterFormat::Bf16Stochastic => "bf16-sr",
+        };
+        write!(f, "moments={moments} masters={masters}")?;
+        if self.moments_on == MomentPlace::Host {
+            f.write_str(" moments-on=host")?;
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for MomentFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "f32" => Ok(MomentFormat::F32),
+            "bf16" => Ok(MomentFormat::Bf16),
+            "int8" | "int8-blockwise" => Ok(MomentFormat::Int8Blockwise),
+            _ => Err(format!(
+                "unknown moment format `{s}`; expected f32, bf16 or int8"
+            )),
+        }
+    }
+}
+
+impl FromStr for MasterFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "f32" => Ok(MasterFormat::F32),
+            "bf16-kahan" => Ok(MasterFormat::Bf16Kahan),
+            "bf16-sr" | "bf16-stochastic" => Ok(MasterFormat::Bf16Stochastic),
+            _ => Err(format!(
+                "unknown master format `{s}`; expected f32, bf16-kahan or bf16-sr"
+            )),
+        }
+    }
+}
+
+impl FromStr for MomentPlace {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "device" | "gpu" => Ok(MomentPlace::Device),
+            "host" => Ok(MomentPlace::Host),
+            _ => Err(format!(
+                "unknown moment place `{s}`; expected device or host"
+            )),
+        }
+    }
+}
+
 /// Data parallelism: how many GPUs of one host (one process each) train on distinct slices of
 /// every optimizer step's batch, and whether they split the optimizer state between them.
 ///
@@ -275,6 +469,9 @@ pub struct Regime {
     /// When the optimizer updates; absent in JSON for the normal step after backward.
     #[serde(default, skip_serializing_if = "Update::is_after_backward")]
     pub update: Update,
+    /// The optimizer state's layout; absent in JSON for exact AdamW on the device.
+    #[serde(default, skip_serializing_if = "StateLayout::is_exact")]
+    pub state: StateLayout,
 }
 
 impl Regime {
@@ -285,6 +482,7 @@ impl Regime {
             || self.offload != Offload::None
             || self.data_parallel.shard_optimizer
             || self.update == Update::InBackward
+            || !self.state.is_exact()
     }
 }
 
@@ -300,6 +498,9 @@ impl fmt::Display for Regime {
         }
         if !self.update.is_after_backward() {
             write!(f, " update={}", self.update)?;
+        }
+        if !self.state.is_exact() {
+            write!(f, " {}", self.state)?;
         }
         Ok(())
     }
@@ -327,6 +528,9 @@ pub struct Knobs {
     /// When the optimizer updates; absent in JSON for the normal step after backward.
     #[serde(default, skip_serializing_if = "Update::is_after_backward")]
     pub update: Update,
+    /// The optimizer state's layout; absent in JSON for exact AdamW on the device.
+    #[serde(default, skip_serializing_if = "StateLayout::is_exact")]
+    pub state: StateLayout,
 }
 
 fn no_checkpointing() -> Checkpointing {
@@ -348,6 +552,7 @@ impl Knobs {
             offload: Offload::None,
             data_parallel: DataParallel::SINGLE,
             update: Update::AfterBackward,
+            state: StateLayout::EXACT,
         }
     }
 
@@ -371,6 +576,7 @@ impl Knobs {
             offload: self.offload,
             data_parallel: self.data_parallel,
             update: self.update,
+            state: self.state,
         }
     }
 
@@ -384,6 +590,7 @@ impl Knobs {
             offload: regime.offload,
             data_parallel: regime.data_parallel,
             update: regime.update,
+            state: regime.state,
         }
     }
 
@@ -449,6 +656,13 @@ impl Knobs {
                 "cannot be combined with optimizer offload yet; shard the optimizer or offload it, not both",
             ));
         }
+        if let Some(why) = self.state_conflict() {
+            return Err(crate::Error::invalid(
+                what,
+                format!("{field_prefix}state"),
+                why,
+            ));
+        }
         if self.update == Update::InBackward {
             if let Some(why) = self.in_backward_conflict() {
                 return Err(crate::Error::invalid(
@@ -461,6 +675,36 @@ impl Knobs {
             }
         }
         Ok(())
+    }
+
+    /// Why these knobs cannot use their state layout, if they cannot.
+    fn state_conflict(&self) -> Option<String> {
+        if self.state.is_exact() {
+            return None;
+        }
+        if self.offload != Offload::None {
+            return Some(
+                "a compact or host-placed state needs the optimizer on the device (offload none); \
+                 its moments_on: host streams the moments instead"
+                    .to_string(),
+            );
+        }
+        if self.data_parallel.degree > 1 {
+            return Some("a compact or host-placed state trains on one GPU only".to_string());
+        }
+        if self.state.masters.is_half() && self.precision != Precision::Bf16 {
+            return Some(format!(
+                "bf16 masters are the working copies, so they need bf16 precision, not {}",
+                self.precision
+            ));
+        }
+        if self.state.moments_on == MomentPlace::Host && self.update != Update::InBackward {
+            return Some(
+                "moments in host memory stream through the update in backward; set update to in-backward"
+                    .to_string(),
+            );
+        }
+        None
     }
 
     /// What, among these knobs, needs every gradient before the first update (so the update

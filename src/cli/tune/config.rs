@@ -146,6 +146,10 @@ impl LiveSearch {
         let mut space = SearchSpace::for_target(&target, &spec, &request)
             .map_err(|e| as_flag(e, flags::TUNE))?;
         cap_micro_batch(&mut space, &spec, &budget);
+        let (space, dropped) = space.without_oversized_state(&spec, &budget);
+        for regime in dropped {
+            tracing::info!(%regime, "not tried: its training state alone exceeds the budget");
+        }
         // A GPU trial of a large model costs seconds: its first one goes near the predicted
         // boundary. CPU trials cost milliseconds, and growing from 1 gives `check` the several
         // settings per regime it compares.
@@ -265,6 +269,7 @@ fn space_request(args: &TuneArgs) -> SpaceRequest {
         timed_steps: args.timed_steps,
         max_trials: args.max_trials,
         saturation_gain: args.saturation_gain,
+        compact_state: args.allow_compact_state,
     }
 }
 

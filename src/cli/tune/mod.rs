@@ -161,6 +161,12 @@ fn live(search_config: &LiveSearch, printer: &Printer) -> anyhow::Result<Tuned> 
         .any(|r| r.offload == Offload::Optimizer)
     {
         space.offload_host_floor_s = adam_update_floor_s(spec.parameter_count());
+    }
+    // Offloaded steps and moments streamed from host memory cross the host link every step:
+    // their trials are retimed for the target's link when it is the slower.
+    if space.regimes.iter().any(|r| {
+        r.offload == Offload::Optimizer || r.state.moments_on == autotune::knobs::MomentPlace::Host
+    }) {
         space.target_link_gbps = target.host_to_device_gbps;
         tracing::debug!(
             floor_s = space.offload_host_floor_s,
@@ -173,7 +179,7 @@ fn live(search_config: &LiveSearch, printer: &Printer) -> anyhow::Result<Tuned> 
     let mut recorded = backend::recorded_device(target.kind == DeviceKind::Cuda, target);
     // A model whose state alone exceeds the budget is answered before any trial: building it
     // to find out would take more memory than the machine has.
-    if let Some(hint) = limits::state_exceeds_budget(spec, budget) {
+    if let Some(hint) = limits::state_exceeds_budget(spec, budget, &driver.space().regimes) {
         return Ok(Tuned {
             spec: spec.clone(),
             target: target.clone(),

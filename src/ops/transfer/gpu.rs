@@ -173,6 +173,7 @@ fn address(cuda: &CudaStorage, layout: &Layout, stream: &Arc<CudaStream>) -> Res
         CudaStorageSlice::F32(s) => (s.device_ptr(stream).0, 4),
         CudaStorageSlice::BF16(s) => (s.device_ptr(stream).0, 2),
         CudaStorageSlice::F16(s) => (s.device_ptr(stream).0, 2),
+        CudaStorageSlice::U8(s) => (s.device_ptr(stream).0, 1),
         _ => return Err(Error::internal("a non-float tensor in a host transfer")),
     };
     Ok((base + (start * elem) as u64, (end - start) * elem))
@@ -202,6 +203,7 @@ impl InplaceOp1 for UploadAsync<'_> {
             CudaStorageSlice::F32(s) => (s.device_ptr_mut(stream).0, 4),
             CudaStorageSlice::BF16(s) => (s.device_ptr_mut(stream).0, 2),
             CudaStorageSlice::F16(s) => (s.device_ptr_mut(stream).0, 2),
+            CudaStorageSlice::U8(s) => (s.device_ptr_mut(stream).0, 1),
             _ => candle_core::bail!("host-upload: a non-float target"),
         };
         if (end - start) * elem != self.src.len() {

@@ -82,6 +82,10 @@ pub struct Plan {
     /// The data-parallel layout and its measured scaling (version 2 only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_parallel: Option<DataParallelReport>,
+    /// How the chosen state layout's updates differ from exact AdamW
+    /// ([`crate::knobs::StateLayout::difference`]); absent when they do not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_note: Option<String>,
     /// What measured the plan; absent in plans written before it was recorded (those were all
     /// measured by autotune's own engine).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -87,6 +87,7 @@ impl Plan {
             model_error,
             alternatives: alternatives(&others, knobs.regime()),
             data_parallel,
+            state_note: knobs.state.difference(),
             // The caller knows how the trials ran.
             provenance: None,
         })
@@ -220,6 +221,7 @@ pub(crate) mod tests {
             offload: Offload::None,
             data_parallel: crate::knobs::DataParallel::SINGLE,
             update: Default::default(),
+            state: Default::default(),
         };
         let ckpt = Regime {
             checkpointing: Checkpointing::EveryKth(1),

@@ -66,6 +66,7 @@ mod tests {
             offload,
             data_parallel: Default::default(),
             update: Default::default(),
+            state: Default::default(),
         }
     }
 

@@ -8,7 +8,10 @@ use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
-use crate::knobs::{Checkpointing, DataParallel, Knobs, Offload, Precision, Regime, Update};
+use crate::knobs::{
+    Checkpointing, DataParallel, Knobs, MasterFormat, MomentFormat, MomentPlace, Offload,
+    Precision, Regime, StateLayout, Update,
+};
 use crate::spec::activations::MemoryLaw;
 use crate::spec::device::{DeviceKind, DeviceSpec};
 use crate::spec::model::ModelSpec;
@@ -44,6 +47,9 @@ pub struct SpaceRequest {
     pub max_trials: Option<usize>,
     /// See [`SearchSpace::saturation_gain`].
     pub saturation_gain: f64,
+    /// Whether the search may also try compact optimizer-state layouts, whose updates are not
+    /// exactly AdamW's ([`SearchSpace::compact_layouts`]).
+    pub compact_state: bool,
 }
 
 impl Default for SpaceRequest {
@@ -61,6 +67,7 @@ impl Default for SpaceRequest {
             timed_steps: None,
             max_trials: None,
             saturation_gain: SearchSpace::DEFAULT_SATURATION_GAIN,
+            compact_state: false,
         }
     }
 }
@@ -174,6 +181,7 @@ impl SearchSpace {
             offload,
             data_parallel: crate::knobs::DataParallel::SINGLE,
             update: Update::AfterBackward,
+            state: StateLayout::EXACT,
         };
         let all = Checkpointing::EveryKth(1);
         match kind {
@@ -213,7 +221,10 @@ impl SearchSpace {
             target.gpu_count,
             request.global_batch,
         )?;
-        let regimes = Self::with_data_parallel(&regimes, &degrees);
+        let mut regimes = Self::with_data_parallel(&regimes, &degrees);
+        if request.compact_state {
+            regimes.extend(Self::compact_layouts(&regimes));
+        }
         // One warm-up step takes a trial's first-use costs out of its timing (the memory pool's
         // first reservation, since every trial starts from a trimmed pool, cuBLAS's heuristics,
         // module loads); three timed steps give a median. The chosen setting's verification
@@ -234,6 +245,38 @@ impl SearchSpace {
         };
         space.validate()?;
         Ok(space)
+    }
+
+    /// The compact-state regimes a search opted into them adds after `regimes`: every
+    /// single-GPU bf16 regime that keeps the optimizer on the device, with the bitsandbytes
+    /// layout (8-bit block-wise moments, bf16 masters rounded stochastically: 4 bytes per
+    /// parameter instead of 16), its moments on the device and, where its update runs in
+    /// backward, in host memory (2 bytes per parameter on the device).
+    pub fn compact_layouts(regimes: &[Regime]) -> Vec<Regime> {
+        let compact = |moments_on| StateLayout {
+            moments: MomentFormat::Int8Blockwise,
+            masters: MasterFormat::Bf16Stochastic,
+            moments_on,
+        };
+        let mut out = Vec::new();
+        for r in regimes.iter().filter(|r| {
+            r.precision == Precision::Bf16
+                && r.offload == Offload::None
+                && r.data_parallel.is_single()
+                && r.state.is_exact()
+        }) {
+            for place in [MomentPlace::Device, MomentPlace::Host] {
+                let c = Regime {
+                    state: compact(place),
+                    ..*r
+                };
+                let valid = Knobs::with_batch(c, 1, 1).validate("knobs", "").is_ok();
+                if valid && !regimes.contains(&c) && !out.contains(&c) {
+                    out.push(c);
+                }
+            }
+        }
+        out
     }
 
     /// `regimes` with the updates asked for (`updates`; empty means both): each regime for
@@ -315,6 +358,7 @@ impl SearchSpace {
                         offload,
                         data_parallel: DataParallel::SINGLE,
                         update: Update::AfterBackward,
+                        state: StateLayout::EXACT,
                     };
                     if !out.contains(&r) {
                         out.push(r);
@@ -592,6 +636,44 @@ impl SearchSpace {
             .collect()
     }
 
+    /// The space without the regimes whose training state alone, at one sequence, cannot fit
+    /// `budget` (the device's usable bytes, or the host's), and those regimes: no trial of
+    /// theirs could fit, so none is run. The state's bytes are exact by layout
+    /// ([`crate::spec::state::StateBytes`]); activations only add to them. When no regime would
+    /// remain the space is left whole, so that the search still reports that nothing fits.
+    pub fn without_oversized_state(
+        mut self,
+        model: &ModelSpec,
+        budget: &crate::spec::budget::Budget,
+    ) -> (Self, Vec<Regime>) {
+        let gpu = budget.usable_gpu_bytes();
+        let host = budget.usable_host_bytes();
+        let too_big = |r: &Regime| {
+            let state = crate::spec::state::StateBytes::of(model, &Knobs::with_batch(*r, 1, 1));
+            let device = state.device.total();
+            match gpu {
+                Some(gpu) => device > gpu || state.host.total() > host,
+                None => device + state.host.total() > host,
+            }
+        };
+        let (dropped, kept): (Vec<Regime>, Vec<Regime>) =
+            self.regimes.iter().partition(|r| too_big(r));
+        if kept.is_empty() || dropped.is_empty() {
+            return (self, Vec::new());
+        }
+        if !self.memory_prior.is_empty() {
+            self.memory_prior = self
+                .regimes
+                .iter()
+                .zip(&self.memory_prior)
+                .filter(|(r, _)| !dropped.contains(r))
+                .map(|(_, law)| *law)
+                .collect();
+        }
+        self.regimes = kept;
+        (self, dropped)
+    }
+
     /// The space with an analytic memory law for each regime
     /// ([`crate::spec::activations::device_memory`]) as its prior; `flash(precision)` says
     /// whether attention runs without keeping its probabilities at that precision.
@@ -668,6 +750,7 @@ mod tests {
             offload,
             data_parallel: DataParallel::SINGLE,
             update: Update::AfterBackward,
+            state: Default::default(),
         }
     }
 

@@ -68,10 +68,23 @@ pub fn largest_micro_batch_within(spec: &ModelSpec, precision: Precision, bytes:
 }
 
 /// Why no setting of `spec` fits `budget`, when its training state alone is larger than the
-/// device and host bytes the budget allows together: every regime keeps that state somewhere
-/// (offload only moves it to the host), so the answer needs no trial.
-pub fn state_exceeds_budget(spec: &ModelSpec, budget: &Budget) -> Option<String> {
-    let state = state_bytes(spec);
+/// device and host bytes the budget allows together under every one of `regimes` (the least
+/// state among them; the exact layout's 16 bytes per parameter when none is given): every
+/// regime keeps its state somewhere (offload only moves it to the host), so the answer needs
+/// no trial.
+pub fn state_exceeds_budget(
+    spec: &ModelSpec,
+    budget: &Budget,
+    regimes: &[crate::knobs::Regime],
+) -> Option<String> {
+    let least = regimes
+        .iter()
+        .map(|r| {
+            let s = crate::spec::state::StateBytes::of(spec, &Knobs::with_batch(*r, 1, 1));
+            (s.device.total().saturating_add(s.host.total()), *r)
+        })
+        .min_by_key(|(bytes, _)| *bytes);
+    let state = least.map_or_else(|| state_bytes(spec), |(bytes, _)| bytes);
     let gpu = budget.usable_gpu_bytes().unwrap_or(0);
     let host = budget.usable_host_bytes();
     let usable = gpu.saturating_add(host);
@@ -86,13 +99,24 @@ pub fn state_exceeds_budget(spec: &ModelSpec, budget: &Budget) -> Option<String>
         ),
         None => format!("{} of host memory", format_bytes(host)),
     };
+    let what = match least {
+        Some((_, r)) if !r.state.is_exact() => format!("with the {} state layout", r.state),
+        _ => format!(
+            "{} parameters × {STATE_BYTES_PER_PARAMETER} bytes: f32 weights, gradients and two Adam moments",
+            spec.parameter_count()
+        ),
+    };
+    let compact = if regimes.iter().any(|r| r.state.is_compact()) {
+        ""
+    } else {
+        "; --allow-compact-state lets the search try 8-bit moments and bf16 masters (4 bytes per parameter, not exact AdamW)"
+    };
     Some(format!(
-        "the training state of `{}` alone is {} ({} parameters × {STATE_BYTES_PER_PARAMETER} bytes: \
-         f32 weights, gradients and two Adam moments), more than the {memories} the budget allows \
-         after its {:.0}% headroom; train a smaller model or target a device with more memory",
+        "the training state of `{}` alone is {} ({what}), more than the {memories} the budget \
+         allows after its {:.0}% headroom; train a smaller model or target a device with more \
+         memory{compact}",
         spec.name,
         format_bytes(state),
-        spec.parameter_count(),
         budget.headroom * 100.0
     ))
 }

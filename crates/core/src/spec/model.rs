@@ -300,7 +300,7 @@ fn is_default<T: Default + PartialEq>(value: &T) -> bool {
 
 const WHAT: &str = "model spec";
 
-mod counts;
+pub(crate) mod counts;
 pub mod hf;
 mod presets;
 

@@ -15,8 +15,25 @@
 //! flight are not state) or 18 when it sums (f32 gradient sums and staged copies). Transients are
 //! not state: the half-precision copy of one block's weights while it runs, and with offload
 //! one tensor's gradient on its way to the host.
+//!
+//! A compact [`StateLayout`] (opt-in, not exact AdamW) changes the matrices' bytes; vectors
+//! keep 4 + 8 (f32 weights and moments):
+//!
+//! | component | f32 | compact |
+//! |---|---|---|
+//! | weights (masters) | 4 | 2 (bf16, stochastic rounding) or 4 (bf16 + bf16 Kahan compensation) |
+//! | moments | 8 | 4 (bf16) or 2 + 8 per [`INT8_BLOCK`] elements of each tensor (8-bit codes and two f32 scales per block) |
+//! | gradients | 4 | 2 in backward (bf16, as the working copies produce them), 4 after backward (f32 sums) |
+//!
+//! With the moments in host memory ([`MomentPlace::Host`]) the device holds the largest part's
+//! moments while it updates, and the host all of them (page-locked). So llama-3.1-8b's
+//! 8-bit moments with bf16 stochastic masters come to about 2 bytes per parameter on the device
+//! plus one part's gradients and moments, and 2 on the host.
 
-use crate::knobs::{Knobs, Offload, Precision, Update};
+use crate::knobs::{
+    Knobs, MasterFormat, MomentFormat, MomentPlace, Offload, Precision, StateLayout, Update,
+    INT8_BLOCK,
+};
 use crate::spec::model::ModelSpec;
 
 /// Whether an offloaded step with `knobs` streams each part of the model through the host as
@@ -61,6 +78,9 @@ impl StateBytes {
     /// The state `knobs` keep for `model` on one GPU (data-parallel sharding is not counted:
     /// its share depends on how the tensors split).
     pub fn of(model: &ModelSpec, knobs: &Knobs) -> Self {
+        if !knobs.state.is_exact() {
+            return Self::compact(model, knobs);
+        }
         let p = model.parameter_count() as u64;
         let vectors = model.vector_parameter_count() as u64;
         // A tied head's weight gradient waits for the embeddings' part through the backward
@@ -110,6 +130,85 @@ impl StateBytes {
                 },
             },
         }
+    }
+}
+
+impl StateBytes {
+    /// [`StateBytes::of`] for a layout other than exact AdamW on the device (validated knobs:
+    /// optimizer on one device).
+    fn compact(model: &ModelSpec, knobs: &Knobs) -> Self {
+        let layout = knobs.state;
+        let p = model.parameter_count() as u64;
+        let vectors = model.vector_parameter_count() as u64;
+        let matrices = p - vectors;
+        let groups = model.parameter_groups();
+        let matrix_weights = |n: u64| match layout.masters {
+            MasterFormat::F32 => 4 * n,
+            MasterFormat::Bf16Kahan => 4 * n,
+            MasterFormat::Bf16Stochastic => 2 * n,
+        };
+        let grad_bytes = match (knobs.update, layout.masters) {
+            (Update::InBackward, m) if m.is_half() => 2,
+            _ => 4,
+        };
+        let tied = if model.tied_embeddings {
+            grad_bytes * (model.vocab_size * model.d_model) as u64
+        } else {
+            0
+        };
+        let gradients = match knobs.update {
+            Update::AfterBackward => 4 * p,
+            Update::InBackward if grad_bytes == 2 => largest_half_part(model) + tied,
+            Update::InBackward => 4 * groups.largest() as u64 + tied,
+        };
+        let moments = moment_bytes(layout, matrices) + 8 * vectors;
+        let weights = matrix_weights(matrices) + 4 * vectors;
+        match layout.moments_on {
+            MomentPlace::Device => Self {
+                device: Components {
+                    weights,
+                    moments,
+                    gradients,
+                },
+                host: Components::default(),
+            },
+            MomentPlace::Host => Self {
+                device: Components {
+                    weights,
+                    // The part being updated, and the vectors' (kept on the device).
+                    moments: moment_bytes(layout, groups.largest() as u64) + 8 * vectors,
+                    gradients,
+                },
+                host: Components {
+                    weights: 0,
+                    moments: moment_bytes(layout, matrices),
+                    gradients: 0,
+                },
+            },
+        }
+    }
+}
+
+/// The gradient bytes of the model's largest part when matrices' gradients are bf16 and
+/// vectors' f32.
+fn largest_half_part(model: &ModelSpec) -> u64 {
+    let Some(c) = crate::spec::model::counts::Counts::of(model) else {
+        return u64::MAX;
+    };
+    let bytes = |all: u64, vectors: u64| 2 * (all - vectors) + 4 * vectors;
+    bytes(c.embeddings, 0)
+        .max(bytes(c.block, c.block_vectors))
+        .max(bytes(c.head, c.head_vectors))
+}
+
+/// The moments' bytes of `n` matrix parameters in `layout`: with 8-bit codes, two f32 scales
+/// per block counted as if the `n` elements were one tensor (a tensor's last, partial block
+/// adds at most 8 bytes more).
+pub fn moment_bytes(layout: StateLayout, n: u64) -> u64 {
+    match layout.moments {
+        MomentFormat::F32 => 8 * n,
+        MomentFormat::Bf16 => 4 * n,
+        MomentFormat::Int8Blockwise => 2 * n + 8 * n.div_ceil(INT8_BLOCK as u64),
     }
 }
 

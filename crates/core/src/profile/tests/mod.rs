@@ -28,6 +28,7 @@ fn bf16() -> Regime {
         offload: Offload::None,
         data_parallel: crate::knobs::DataParallel::SINGLE,
         update: Default::default(),
+        state: Default::default(),
     }
 }
 

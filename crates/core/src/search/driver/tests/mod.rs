@@ -24,6 +24,7 @@ fn regime(precision: Precision, checkpointing: Checkpointing, offload: Offload) 
         offload,
         data_parallel: crate::knobs::DataParallel::SINGLE,
         update: Default::default(),
+        state: Default::default(),
     }
 }
 

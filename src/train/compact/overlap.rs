@@ -1,0 +1,251 @@
+//! Host-placed moments on a GPU: each part's moments are uploaded on a copy stream while the
+//! device runs the backward pass before it, updated there, and downloaded while it runs the
+//! next part's.
+//!
+//! The parts arrive in the same order every step (the head, the blocks from last to first,
+//! the embeddings), so the first step records that order and later steps prefetch part k+1's
+//! moments as soon as part k's update is queued. Per part, on two streams:
+//!
+//! 1. the copy stream uploads the part's moments into fresh device tensors (allocated on the
+//!    compute stream, so the copies wait for a mark after the allocation);
+//! 2. the compute stream waits for the upload, then runs the update kernels;
+//! 3. the copy stream waits for the kernels, then downloads the moments into their page-locked
+//!    buffers;
+//! 4. at the next part's update (or the step's end) the compute stream waits for that download
+//!    before the tensors are dropped, since the pool reuses freed memory in compute-stream order.
+//!
+//! So the device holds at most two parts' moments, the link's time hides behind the backward
+//! pass when the pass is the slower, and the host never waits.
+
+// The copies are asynchronous DMA between page-locked buffers and device tensors whose
+// lifetimes the streams' marks, not the borrow checker, guarantee.
+#![allow(unsafe_code)]
+
+use candle_core::{Tensor, Var};
+
+use super::{cuda_update, device_state, moment_sizes, poisoned, tensor_bytes, ParamState};
+use crate::knobs::{MasterFormat, StateLayout};
+use crate::ops::compact_adam::{rounding_seed, Mark, Stager};
+use crate::ops::host_optim::AdamConsts;
+use crate::Result;
+
+/// One parameter's moments on the device while its part is updated.
+struct Staged {
+    index: usize,
+    /// m, v and, with 8-bit moments, the two scale vectors.
+    tensors: Vec<Tensor>,
+}
+
+type Part = (Vec<Staged>, Mark);
+
+pub(super) struct Overlap {
+    stager: Stager,
+    /// The host-placed parameters of each part of the first step, in order.
+    order: Vec<Vec<usize>>,
+    recorded: bool,
+    position: usize,
+    /// The next part's moments, uploading, and its position in `order`.
+    prefetched: Option<(usize, Part)>,
+    /// Parts whose moments are on their way down.
+    draining: Vec<Part>,
+}
+
+fn part_bytes(part: &[Staged]) -> u64 {
+    part.iter()
+        .flat_map(|s| s.tensors.iter())
+        .map(tensor_bytes)
+        .sum()
+}
+
+impl Overlap {
+    pub(super) fn new(device: &candle_core::Device) -> Result<Self> {
+        Ok(Self {
+            stager: Stager::new(device)?,
+            order: Vec::new(),
+            recorded: false,
+            position: 0,
+            prefetched: None,
+            draining: Vec::new(),
+        })
+    }
+
+    pub(super) fn begin_step(&mut self) {
+        if !self.order.is_empty() {
+            self.recorded = true;
+        }
+        self.position = 0;
+    }
+
+    pub(super) fn finish_step(&mut self) -> Result<()> {
+        if let Some((_, part)) = self.prefetched.take() {
+            self.release(part)?;
+        }
+        let draining = std::mem::take(&mut self.draining);
+        for part in draining {
+            self.release(part)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn synchronize(&self) -> Result<()> {
+        Ok(self.stager.synchronize()?)
+    }
+
+    /// Frees a part's device tensors once the compute stream has passed its mark.
+    fn release(&self, (staged, mark): Part) -> Result<()> {
+        self.stager.compute_wait(&mark)?;
+        drop(staged);
+        Ok(())
+    }
+
+    /// Allocates device tensors for the moments of `indices` and queues their upload.
+    fn stage(
+        &self,
+        states: &mut [ParamState],
+        vars: &[Var],
+        indices: &[usize],
+        layout: StateLayout,
+    ) -> Result<Part> {
+        let mut staged = Vec::with_capacity(indices.len());
+        for &index in indices {
+            let var = &vars[index];
+            let s = device_state(
+                StateLayout {
+                    masters: MasterFormat::F32,
+                    ..layout
+                },
+                var.elem_count(),
+                var.device(),
+            )?;
+            let mut tensors = vec![s.m, s.v];
+            if let Some((a, b)) = s.scales {
+                tensors.push(a);
+                tensors.push(b);
+            }
+            staged.push(Staged { index, tensors });
+        }
+        let allocated = self.stager.compute_mark()?;
+        self.stager.copies_wait(&allocated)?;
+        for st in &staged {
+            let ParamState::Host { buffer, at, .. } = &mut states[st.index] else {
+                return Err(crate::Error::internal(
+                    "staging a parameter whose moments are not in host memory",
+                ));
+            };
+            let sizes = moment_sizes(layout, vars[st.index].elem_count());
+            let buffer = buffer.get_mut().map_err(|_| poisoned())?;
+            let bytes = buffer.bytes()?;
+            for (k, t) in st.tensors.iter().enumerate() {
+                // SAFETY: the buffer is page-locked and only these copies touch it until the
+                // copies are synchronised (checkpoints wait first); the tensor is fresh, and the
+                // compute stream waits for the returned mark before reading it.
+                unsafe { self.stager.upload(t, &bytes[at[k]..at[k] + sizes[k]])? };
+            }
+        }
+        Ok((staged, self.stager.copies_mark()?))
+    }
+
+    /// Updates the host-placed parameters `grads` of one part; returns the most moment bytes
+    /// staged on the device at once.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn update(
+        &mut self,
+        states: &mut [ParamState],
+        vars: &[Var],
+        grads: &[(usize, Tensor)],
+        maps: Option<&(Tensor, Tensor)>,
+        layout: StateLayout,
+        consts: &AdamConsts,
+        seed: u64,
+        step: u64,
+    ) -> Result<u64> {
+        let indices: Vec<usize> = grads.iter().map(|(i, _)| *i).collect();
+        if !self.recorded {
+            self.order.push(indices.clone());
+        }
+        let position = self.position;
+        self.position += 1;
+        if indices.is_empty() {
+            return Ok(0);
+        }
+        let (staged, uploaded) = match self.prefetched.take() {
+            Some((at, part)) if at == position && self.order.get(at) == Some(&indices) => part,
+            other => {
+                if let Some((_, part)) = other {
+                    self.release(part)?;
+                }
+                self.stage(states, vars, &indices, layout)?
+            }
+        };
+        let mut peak = part_bytes(&staged)
+            + self
+                .draining
+                .iter()
+                .map(|(p, _)| part_bytes(p))
+                .sum::<u64>();
+        self.stager.compute_wait(&uploaded)?;
+        for (index, g) in grads {
+            let st = staged
+                .iter()
+                .find(|s| s.index == *index)
+                .ok_or_else(|| crate::Error::internal("a parameter's moments were not staged"))?;
+            let ParamState::Host { comp, .. } = &states[*index] else {
+                return Err(crate::Error::internal(
+                    "a host-placed parameter without host state",
+                ));
+            };
+            let var = &vars[*index];
+            let g = super::kernel_gradient(g, var)?;
+            let s = super::DeviceState {
+                m: st.tensors[0].clone(),
+                v: st.tensors[1].clone(),
+                scales: (st.tensors.len() == 4)
+                    .then(|| (st.tensors[2].clone(), st.tensors[3].clone())),
+                comp: comp.clone(),
+            };
+            let rounding = rounding_seed(seed, step, *index);
+            cuda_update(var, &g, &s, maps, layout, consts, rounding)?;
+        }
+        let updated = self.stager.compute_mark()?;
+        self.stager.copies_wait(&updated)?;
+        for st in &staged {
+            let ParamState::Host { buffer, at, .. } = &mut states[st.index] else {
+                return Err(crate::Error::internal(
+                    "a host-placed parameter without host state",
+                ));
+            };
+            let sizes = moment_sizes(layout, vars[st.index].elem_count());
+            let buffer = buffer.get_mut().map_err(|_| poisoned())?;
+            let bytes = buffer.bytes()?;
+            for (k, t) in st.tensors.iter().enumerate() {
+                // SAFETY: as in `stage`; the copy stream waits for the kernels that wrote the
+                // tensor, which stays allocated until the compute stream has passed the mark
+                // after this download (`release`).
+                unsafe {
+                    self.stager
+                        .download(t, &mut bytes[at[k]..at[k] + sizes[k]])?
+                };
+            }
+        }
+        let downloaded = self.stager.copies_mark()?;
+        let draining = std::mem::take(&mut self.draining);
+        for part in draining {
+            self.release(part)?;
+        }
+        let current = part_bytes(&staged);
+        self.draining.push((staged, downloaded));
+        if self.recorded {
+            let next = self
+                .order
+                .get(self.position)
+                .filter(|n| !n.is_empty())
+                .cloned();
+            if let Some(next) = next {
+                let part = self.stage(states, vars, &next, layout)?;
+                peak = peak.max(current + part_bytes(&part.0));
+                self.prefetched = Some((self.position, part));
+            }
+        }
+        Ok(peak)
+    }
+}
