@@ -141,7 +141,8 @@ fn tensor_bytes(t: &Tensor) -> u64 {
 
 impl CompactAdam {
     /// Zero state in `layout` for `vars` (matrices in f32, or bf16 with bf16 masters);
-    /// `seed` drives the stochastic rounding.
+    /// `seed` drives the stochastic rounding. Fresh 8-bit moments are all-zero bytes: every
+    /// block's scale is 0, so every code stands for 0 (bitsandbytes starts its codes at 0 too).
     pub fn new(vars: &[Var], spec: OptimizerSpec, layout: StateLayout, seed: u64) -> Result<Self> {
         let device = vars
             .first()
@@ -180,8 +181,8 @@ impl CompactAdam {
                             CpuMoments::Bf16(vec![bf16::ZERO; n], vec![bf16::ZERO; n])
                         }
                         MomentFormat::Int8Blockwise => CpuMoments::Int8 {
-                            m: vec![quantize_zero(true); n],
-                            v: vec![quantize_zero(false); n],
+                            m: vec![0; n],
+                            v: vec![0; n],
                             m_scale: vec![0.0; n.div_ceil(BLOCK)],
                             v_scale: vec![0.0; n.div_ceil(BLOCK)],
                         },
@@ -195,22 +196,13 @@ impl CompactAdam {
                 buffer.reserve(total)?;
                 let bytes = buffer.bytes()?;
                 bytes.fill(0);
-                if layout.moments == MomentFormat::Int8Blockwise {
-                    bytes[offsets[0]..offsets[0] + n].fill(quantize_zero(true));
-                    bytes[offsets[1]..offsets[1] + n].fill(quantize_zero(false));
-                }
                 ParamState::Host {
                     buffer: Mutex::new(buffer),
                     at: [offsets[0], offsets[1], offsets[2], offsets[3]],
                     comp: compensation(layout, n, &device)?,
                 }
             } else {
-                let mut s = device_state(layout, n, &device)?;
-                if layout.moments == MomentFormat::Int8Blockwise {
-                    s.m = (s.m + quantize_zero(true) as f64)?;
-                    s.v = (s.v + quantize_zero(false) as f64)?;
-                }
-                ParamState::Device(s)
+                ParamState::Device(device_state(layout, n, &device)?)
             };
             states.push(state);
         }
@@ -636,11 +628,6 @@ impl CompactAdam {
 
 fn poisoned() -> crate::Error {
     crate::Error::internal("a host moment buffer's lock was poisoned by a panic")
-}
-
-/// The code of 0 in a map: what fresh 8-bit moments hold.
-fn quantize_zero(signed: bool) -> u8 {
-    quantile::quantize(&quantile::dynamic_map(signed), 0.0)
 }
 
 #[cfg(feature = "cuda")]

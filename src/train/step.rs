@@ -38,7 +38,7 @@ use crate::spec::state::{Components, StateBytes};
 use crate::train::compact::CompactAdam;
 use crate::train::data::Data;
 use crate::train::offload::OffloadAdam;
-use crate::train::optim::{Adam, AdamStep, Optimizer};
+use crate::train::optim::{Adam, Optimizer};
 use crate::train::scaler::{LossScaler, ScaleDecision};
 use crate::train::schedule::LrSchedule;
 use crate::Result;
@@ -488,12 +488,8 @@ impl Trainer {
             Optimizer::OnDevice(adam) if self.passes.knobs.update == Update::InBackward => {
                 // Validated at build: one micro-batch, no loss scale, no ranks, no clipping.
                 let step = adam.begin_step();
-                let mut sink = UpdateInBackward {
-                    adam,
-                    step,
-                    pending: Vec::new(),
-                    peak_bytes: 0,
-                };
+                let mut sink =
+                    UpdateInBackward::new(|part: &[(usize, Tensor)]| adam.update(&step, part));
                 let loss = self
                     .passes
                     .for_each_gradient(self.steps, scale, batches, &mut sink)?;
@@ -502,10 +498,7 @@ impl Trainer {
             }
             Optimizer::OnDevice(adam) => {
                 let (grads, loss) = self.passes.device_gradients(self.steps, scale, batches)?;
-                self.gradient_bytes = grads
-                    .iter()
-                    .map(|g| (g.elem_count() * g.dtype().size_in_bytes()) as u64)
-                    .sum();
+                self.gradient_bytes = tensor_bytes(&grads);
                 let mut grads = sum_over_ranks(&mut self.group, grads)?;
                 let finite = !check || all_finite(&grads)?;
                 let decision = self.scaler.update(finite);
@@ -524,25 +517,19 @@ impl Trainer {
             Optimizer::Compact(compact) if self.passes.knobs.update == Update::InBackward => {
                 // Validated at build: one micro-batch, no loss scale, no ranks, no clipping.
                 let consts = compact.begin_step();
-                let mut sink = CompactInBackward {
-                    compact,
-                    consts,
-                    pending: Vec::new(),
-                    peak_bytes: 0,
-                };
+                let mut sink =
+                    UpdateInBackward::new(|part: &[(usize, Tensor)]| compact.update(&consts, part));
                 let loss = self
                     .passes
                     .for_each_gradient(self.steps, scale, batches, &mut sink)?;
                 self.gradient_bytes = sink.peak_bytes;
+                drop(sink);
                 compact.finish_step()?;
                 (loss, ScaleDecision::Apply)
             }
             Optimizer::Compact(compact) => {
                 let (mut grads, loss) = self.passes.device_gradients(self.steps, scale, batches)?;
-                self.gradient_bytes = grads
-                    .iter()
-                    .map(|g| (g.elem_count() * g.dtype().size_in_bytes()) as u64)
-                    .sum();
+                self.gradient_bytes = tensor_bytes(&grads);
                 let finite = !check || all_finite(&grads)?;
                 let decision = self.scaler.update(finite);
                 if decision == ScaleDecision::Apply {
@@ -758,60 +745,46 @@ impl GradientSink for MicroBatch<'_> {
     }
 }
 
-/// The update in backward: each settled part of the model is updated at once, in the step
-/// begun before the pass, and its gradients dropped.
-struct UpdateInBackward<'a> {
-    adam: &'a Adam,
-    step: AdamStep,
+/// The update in backward: each settled part of the model is updated at once by `update` (in
+/// the step begun before the pass), and its gradients dropped.
+struct UpdateInBackward<F> {
+    update: F,
     pending: Vec<(usize, Tensor)>,
     /// The most gradient bytes pending at once.
     peak_bytes: u64,
 }
 
-impl StepSink for UpdateInBackward<'_> {
+impl<F: FnMut(&[(usize, Tensor)]) -> Result<()>> UpdateInBackward<F> {
+    fn new(update: F) -> Self {
+        Self {
+            update,
+            pending: Vec::new(),
+            peak_bytes: 0,
+        }
+    }
+}
+
+impl<F: FnMut(&[(usize, Tensor)]) -> Result<()>> StepSink for UpdateInBackward<F> {
     fn gradient(&mut self, _micro: usize, index: usize, grad: Tensor) -> Result<()> {
         self.pending.push((index, grad));
-        let pending = self
-            .pending
-            .iter()
-            .map(|(_, g)| (g.elem_count() * g.dtype().size_in_bytes()) as u64)
-            .sum();
+        let pending = tensor_bytes(self.pending.iter().map(|(_, g)| g));
         self.peak_bytes = self.peak_bytes.max(pending);
         Ok(())
     }
 
     fn settled(&mut self) -> Result<()> {
-        self.adam.update(&self.step, &self.pending)?;
+        (self.update)(&self.pending)?;
         self.pending.clear();
         Ok(())
     }
 }
 
-/// [`UpdateInBackward`] for a compact state layout.
-struct CompactInBackward<'a> {
-    compact: &'a mut CompactAdam,
-    consts: crate::ops::host_optim::AdamConsts,
-    pending: Vec<(usize, Tensor)>,
-    peak_bytes: u64,
-}
-
-impl StepSink for CompactInBackward<'_> {
-    fn gradient(&mut self, _micro: usize, index: usize, grad: Tensor) -> Result<()> {
-        self.pending.push((index, grad));
-        let pending = self
-            .pending
-            .iter()
-            .map(|(_, g)| (g.elem_count() * g.dtype().size_in_bytes()) as u64)
-            .sum();
-        self.peak_bytes = self.peak_bytes.max(pending);
-        Ok(())
-    }
-
-    fn settled(&mut self) -> Result<()> {
-        self.compact.update(&self.consts, &self.pending)?;
-        self.pending.clear();
-        Ok(())
-    }
+/// The bytes of `tensors` together.
+fn tensor_bytes<'a>(tensors: impl IntoIterator<Item = &'a Tensor>) -> u64 {
+    tensors
+        .into_iter()
+        .map(|t| (t.elem_count() * t.dtype().size_in_bytes()) as u64)
+        .sum()
 }
 
 /// Scales `grads` so that their global L2 norm is at most `max`, as PyTorch's

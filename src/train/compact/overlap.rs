@@ -50,6 +50,25 @@ pub(super) struct Overlap {
     draining: Vec<Part>,
 }
 
+/// The page-locked bytes of parameter `index`'s moments, and the range in them of each tensor
+/// it stages (m, v and, with 8-bit moments, the two scale vectors).
+fn host_bytes<'s>(
+    states: &'s mut [ParamState],
+    vars: &[Var],
+    index: usize,
+    layout: StateLayout,
+) -> Result<(&'s mut [u8], Vec<std::ops::Range<usize>>)> {
+    let ParamState::Host { buffer, at, .. } = &mut states[index] else {
+        return Err(crate::Error::internal(
+            "a parameter whose moments are not in host memory",
+        ));
+    };
+    let sizes = moment_sizes(layout, vars[index].elem_count());
+    let ranges = at.iter().zip(sizes).map(|(&a, n)| a..a + n).collect();
+    let bytes = buffer.get_mut().map_err(|_| poisoned())?.bytes()?;
+    Ok((bytes, ranges))
+}
+
 fn part_bytes(part: &[Staged]) -> u64 {
     part.iter()
         .flat_map(|s| s.tensors.iter())
@@ -127,19 +146,12 @@ impl Overlap {
         let allocated = self.stager.compute_mark()?;
         self.stager.copies_wait(&allocated)?;
         for st in &staged {
-            let ParamState::Host { buffer, at, .. } = &mut states[st.index] else {
-                return Err(crate::Error::internal(
-                    "staging a parameter whose moments are not in host memory",
-                ));
-            };
-            let sizes = moment_sizes(layout, vars[st.index].elem_count());
-            let buffer = buffer.get_mut().map_err(|_| poisoned())?;
-            let bytes = buffer.bytes()?;
-            for (k, t) in st.tensors.iter().enumerate() {
+            let (bytes, ranges) = host_bytes(states, vars, st.index, layout)?;
+            for (t, range) in st.tensors.iter().zip(ranges) {
                 // SAFETY: the buffer is page-locked and only these copies touch it until the
                 // copies are synchronised (checkpoints wait first); the tensor is fresh, and the
                 // compute stream waits for the returned mark before reading it.
-                unsafe { self.stager.upload(t, &bytes[at[k]..at[k] + sizes[k]])? };
+                unsafe { self.stager.upload(t, &bytes[range])? };
             }
         }
         Ok((staged, self.stager.copies_mark()?))
@@ -209,22 +221,12 @@ impl Overlap {
         let updated = self.stager.compute_mark()?;
         self.stager.copies_wait(&updated)?;
         for st in &staged {
-            let ParamState::Host { buffer, at, .. } = &mut states[st.index] else {
-                return Err(crate::Error::internal(
-                    "a host-placed parameter without host state",
-                ));
-            };
-            let sizes = moment_sizes(layout, vars[st.index].elem_count());
-            let buffer = buffer.get_mut().map_err(|_| poisoned())?;
-            let bytes = buffer.bytes()?;
-            for (k, t) in st.tensors.iter().enumerate() {
+            let (bytes, ranges) = host_bytes(states, vars, st.index, layout)?;
+            for (t, range) in st.tensors.iter().zip(ranges) {
                 // SAFETY: as in `stage`; the copy stream waits for the kernels that wrote the
                 // tensor, which stays allocated until the compute stream has passed the mark
                 // after this download (`release`).
-                unsafe {
-                    self.stager
-                        .download(t, &mut bytes[at[k]..at[k] + sizes[k]])?
-                };
+                unsafe { self.stager.download(t, &mut bytes[range])? };
             }
         }
         let downloaded = self.stager.copies_mark()?;
