@@ -4,7 +4,8 @@
 //! - [`epilogue`]: `residual + dropout(act(y + bias))`, each part optional, in one pass.
 //! - [`epilogue_backward`]: `dropout(dout) ⊙ act'(y + bias)`, the gradient of `y`.
 //! - [`embed`] / [`embed_backward`]: `dropout(table[ids] + positions)` and the scatter-add of
-//!   its gradient into an f32 table.
+//!   its gradient into an f32 table ([`embed_backward_into`]: into one that already holds a
+//!   tied head's part).
 //!
 //! Dropout masks are a pure function of a key and the element index ([`DropoutMask::keeps`]),
 //! so the backward pass regenerates the forward's mask instead of keeping it, and CPU and GPU
@@ -12,7 +13,7 @@
 
 use candle_core::backend::BackendStorage;
 use candle_core::{
-    bail, CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType,
+    bail, CpuStorage, CustomOp3, DType, InplaceOp3, Layout, Result, Shape, Tensor, WithDType,
 };
 
 use super::{contiguous, input_f32, output};
@@ -262,8 +263,27 @@ pub fn embed(
 /// `d_out` (`rows × d`) and its `ids`. Summed with float atomics on the GPU, so the order of
 /// additions (and the last bits) may vary between runs.
 pub fn embed_backward(ids: &Tensor, d_out: &Tensor, vocab: usize) -> Result<Tensor> {
+    let d = d_out.dim(d_out.rank().saturating_sub(1))?;
+    let table = Tensor::zeros((vocab, d), DType::F32, d_out.device())?;
+    embed_backward_into(ids, d_out, &table)?;
+    Ok(table)
+}
+
+/// [`embed_backward`] added in place into `table`, a contiguous f32 `vocab × d` tensor: a tied
+/// head's gradient gets the embeddings' part without a second table-sized buffer.
+pub fn embed_backward_into(ids: &Tensor, d_out: &Tensor, table: &Tensor) -> Result<()> {
+    if table.dtype() != DType::F32 || !table.is_contiguous() || table.rank() != 2 {
+        bail!("embed: the gradient table must be a contiguous f32 matrix");
+    }
+    if table.dim(1)? != d_out.dim(d_out.rank().saturating_sub(1))? {
+        bail!(
+            "embed: a gradient of {:?} does not fit a table of {:?}",
+            d_out.shape(),
+            table.shape()
+        );
+    }
     let ids = ids.flatten_all()?.contiguous()?;
-    ids.apply_op2_no_bwd(&d_out.contiguous()?, &EmbedGrad { vocab })
+    table.inplace_op3(&ids, &d_out.contiguous()?, &EmbedGrad)
 }
 
 struct Epilogue {
@@ -281,9 +301,8 @@ struct Embed {
     has_positions: bool,
 }
 
-struct EmbedGrad {
-    vocab: usize,
-}
+/// Scatter-adds rows of an output gradient into an f32 table, in place.
+struct EmbedGrad;
 
 fn cols_of(l: &Layout) -> usize {
     l.dims().last().copied().unwrap_or(1).max(1)
@@ -456,50 +475,58 @@ impl CustomOp3 for Embed {
     }
 }
 
-impl CustomOp2 for EmbedGrad {
+impl InplaceOp3 for EmbedGrad {
     fn name(&self) -> &'static str {
         "embed-grad"
     }
 
     fn cpu_fwd(
         &self,
-        s1: &CpuStorage,
+        s1: &mut CpuStorage,
         l1: &Layout,
         s2: &CpuStorage,
         l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let ids = contiguous(u32::cpu_storage_as_slice(s1)?, l1, "embed")?;
-        let d = cols_of(l2);
-        let d_out = input_f32(s2, l2, "embed")?;
-        let mut table = vec![0f32; self.vocab * d];
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<()> {
+        let ids = contiguous(u32::cpu_storage_as_slice(s2)?, l2, "embed")?;
+        let d = cols_of(l3);
+        let d_out = input_f32(s3, l3, "embed")?;
+        let Some((start, end)) = l1.contiguous_offsets() else {
+            bail!("embed: the gradient table must be contiguous");
+        };
+        let CpuStorage::F32(table) = s1 else {
+            bail!("embed: the gradient table must be f32");
+        };
+        let table = &mut table[start..end];
+        let vocab = table.len() / d.max(1);
         for (r, &id) in ids.iter().enumerate() {
             let id = id as usize;
-            if id >= self.vocab {
-                bail!(
-                    "embed: token {id} out of range for a vocabulary of {}",
-                    self.vocab
-                );
+            if id >= vocab {
+                bail!("embed: token {id} out of range for a vocabulary of {vocab}");
             }
             for c in 0..d {
                 table[id * d + c] += d_out[r * d + c];
             }
         }
-        Ok((CpuStorage::F32(table), Shape::from((self.vocab, d))))
+        Ok(())
     }
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
         &self,
-        s1: &candle_core::CudaStorage,
+        s1: &mut candle_core::CudaStorage,
         l1: &Layout,
         s2: &candle_core::CudaStorage,
         l2: &Layout,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let d = cols_of(l2);
-        let out = super::cuda::float_slice!("embed", s2, v => {
-            gpu::embed_grad(v, l2, (s1, l1), self.vocab, &s1.device)?
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<()> {
+        let dev = s3.device.clone();
+        super::cuda::float_slice!("embed", s3, v => {
+            gpu::embed_grad(v, l3, (s2, l2), (s1, l1), &dev)?
         });
-        Ok((out, Shape::from((self.vocab, d))))
+        Ok(())
     }
 }
 

@@ -22,6 +22,7 @@ mod cross_entropy;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod epilogue;
+mod grad_product;
 pub mod host_optim;
 mod layer_norm;
 mod permute;
@@ -39,7 +40,10 @@ pub use attention::{
 pub use cross_entropy::{
     cross_entropy, cross_entropy_backward, cross_entropy_rows, cross_entropy_rows_padded,
 };
-pub use epilogue::{dropout, embed, embed_backward, epilogue, epilogue_backward, DropoutMask};
+pub use epilogue::{
+    dropout, embed, embed_backward, embed_backward_into, epilogue, epilogue_backward, DropoutMask,
+};
+pub use grad_product::accumulate_product_tn;
 pub use layer_norm::{layer_norm, layer_norm_backward, rms_norm, rms_norm_backward};
 pub use permute::permute_contiguous;
 pub use rotary::{rotate_in_place, Rotation};

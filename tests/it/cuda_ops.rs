@@ -464,6 +464,30 @@ fn cuda_decoder_ops_match_the_cpu() {
             check("widen", dtype, &n.to_string(), "x", &g.0, &c.0, 0.0);
             check("accumulate", dtype, &n.to_string(), "sum", &g.1, &c.1, 0.0);
         }
+        // Weight gradients summed into f32 by the product itself (cuBLAS GemmEx, β = 1), at an
+        // odd shape and at one of the vocabulary head's; the CPU sums in the products' dtype.
+        for (rows, out, width) in [(37, 21, 19), (512, 1024, 256)] {
+            let dy = random(&[rows, out], 1.0, 0.0, 10, dtype);
+            let x = random(&[rows, width], 1.0, 0.0, 11, dtype);
+            let acc = random(&[out, width], 1.0, 0.0, 12, DType::F32);
+            let run = |dev: &Device| {
+                let sum = acc.to_device(dev).unwrap().copy().unwrap();
+                let (dy, x) = (dy.to_device(dev).unwrap(), x.to_device(dev).unwrap());
+                ops::accumulate_product_tn(&sum, &dy, &x).unwrap();
+                ops::accumulate_product_tn(&sum, &dy, &x).unwrap();
+                sum
+            };
+            let want = {
+                let (dy, x) = (
+                    dy.to_dtype(DType::F32).unwrap(),
+                    x.to_dtype(DType::F32).unwrap(),
+                );
+                let part = dy.t().unwrap().matmul(&x).unwrap();
+                ((&acc + &part).unwrap() + &part).unwrap()
+            };
+            let shape = format!("{rows}x{out}x{width}");
+            check("weight grad", dtype, &shape, "sum", &run(&dev), &want, 1e-4);
+        }
         // The rotary embedding over q and k of a q/k/v product, in place, both ways.
         let rope = autotune::spec::model::Rope {
             theta: 500_000.0,
@@ -568,6 +592,23 @@ fn cuda_explicit_kernels_match_the_cpu() {
             "dtable",
             &emb_grad(&dev),
             &emb_grad(&Device::Cpu),
+            tol(DType::F32),
+        );
+        // Into a tied head's gradient, in place.
+        let head = random(&[vocab as usize, cols], 1.0, 0.0, 10, DType::F32);
+        let emb_grad_into = |d: &Device| {
+            let ids = ids.to_device(d).unwrap();
+            let sum = head.to_device(d).unwrap().copy().unwrap();
+            ops::embed_backward_into(&ids, &on(&d_emb, d), &sum).unwrap();
+            sum
+        };
+        check(
+            "embed",
+            dtype,
+            &shape,
+            "dtable into",
+            &emb_grad_into(&dev),
+            &emb_grad_into(&Device::Cpu),
             tol(DType::F32),
         );
         let x = random(&[3, 2, 40, 40], 2.0, 0.0, 8, DType::F32);

@@ -220,3 +220,63 @@ fn gradients_widen_exactly_and_sum_in_place() {
         "the sum must be f32"
     );
 }
+
+#[test]
+fn weight_gradients_sum_into_f32_straight_from_their_product() {
+    for dtype in DTYPES {
+        let (rows, out, width) = (19, 7, 12);
+        let dy = random(&[rows, out], 1.0, 0.0, 43, dtype);
+        let x = random(&[rows, width], 1.0, 0.0, 44, dtype);
+        let acc = random(&[out, width], 1.0, 0.0, 45, DType::F32)
+            .copy()
+            .unwrap();
+        let product = dy.t().unwrap().matmul(&x).unwrap();
+        let want = (&acc + product.to_dtype(DType::F32).unwrap()).unwrap();
+        ops::accumulate_product_tn(&acc, &dy, &x).unwrap();
+        assert_close(&format!("dyᵀ·x into {dtype:?}"), &acc, &want, 0.0);
+        // Two parts summed: what the vocabulary head's chunks do.
+        let again = (&want + product.to_dtype(DType::F32).unwrap()).unwrap();
+        ops::accumulate_product_tn(&acc, &dy, &x).unwrap();
+        assert_close("a second part", &acc, &again, 0.0);
+    }
+    let acc = Tensor::zeros((7, 12), DType::F32, &Device::Cpu).unwrap();
+    let dy = Tensor::zeros((5, 7), DType::F32, &Device::Cpu).unwrap();
+    let short = Tensor::zeros((4, 12), DType::F32, &Device::Cpu).unwrap();
+    assert!(
+        ops::accumulate_product_tn(&acc, &dy, &short).is_err(),
+        "dy and x must have as many rows"
+    );
+    let half = Tensor::zeros((7, 12), DType::BF16, &Device::Cpu).unwrap();
+    let x = Tensor::zeros((5, 12), DType::F32, &Device::Cpu).unwrap();
+    assert!(
+        ops::accumulate_product_tn(&half, &dy, &x).is_err(),
+        "the sum must be f32"
+    );
+}
+
+#[test]
+fn an_embedding_gradient_adds_into_a_tied_heads_gradient_in_place() {
+    let (vocab, d, rows) = (11, 6, 30);
+    // Repeated ids: rows of the table that several tokens add to.
+    let ids: Vec<u32> = (0..rows as u32)
+        .map(|i| (i * 7 + 3) % vocab as u32)
+        .collect();
+    let ids = Tensor::from_vec(ids, (3, rows / 3), &Device::Cpu).unwrap();
+    let d_out = random(&[rows, d], 1.0, 0.0, 46, DType::F32);
+    let head = random(&[vocab, d], 1.0, 0.0, 47, DType::F32)
+        .copy()
+        .unwrap();
+    let want = (&head + ops::embed_backward(&ids, &d_out, vocab).unwrap()).unwrap();
+    ops::embed_backward_into(&ids, &d_out, &head).unwrap();
+    assert_close("head + embeddings", &head, &want, 1e-6);
+    let narrow = Tensor::zeros((vocab, d + 1), DType::F32, &Device::Cpu).unwrap();
+    assert!(
+        ops::embed_backward_into(&ids, &d_out, &narrow).is_err(),
+        "the table's width must be the gradient's"
+    );
+    let small = Tensor::zeros((vocab - 1, d), DType::F32, &Device::Cpu).unwrap();
+    assert!(
+        ops::embed_backward_into(&ids, &d_out, &small).is_err(),
+        "ids past the table's rows are refused on the CPU"
+    );
+}

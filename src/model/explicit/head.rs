@@ -4,7 +4,9 @@
 //! and their gradient as many again (gpt-1.3b at micro-batch 8: 8192 × 50304 bf16 values,
 //! 0.8 GB each). The head therefore runs on chunks of [`chunk_rows`] rows at a time, forward,
 //! loss and backward, and only one chunk's logits exist at once. The weight's gradient sums
-//! the chunks' products in f32; with one chunk the arithmetic is the unchunked head's.
+//! the chunks' products in f32, each product written into the sum directly
+//! ([`crate::ops::accumulate_product_tn`]); with one chunk the arithmetic is the unchunked
+//! head's.
 
 use candle_core::{DType, Tensor};
 
@@ -118,7 +120,7 @@ impl<'a> Head<'a> {
         let rows = hidden.dim(0)?;
         let row_grad = (loss_factor / rows as f64) as f32;
         let mut total: Option<Tensor> = None;
-        let mut dw: Option<Tensor> = None;
+        let dw = self.lin.zero_weight_grad()?;
         let mut db: Option<Tensor> = None;
         let mut dhidden = Vec::with_capacity(rows.div_ceil(chunk.max(1)));
         for start in (0..rows).step_by(chunk.max(1)) {
@@ -136,22 +138,16 @@ impl<'a> Head<'a> {
                 &Tensor::full(row_grad, len, x.device())?,
             )?;
             drop(logits);
-            let (dw_part, db_part) = self.lin.parameter_grads(&dlogits, &h)?;
+            self.lin.accumulate_weight_grad(&dw, &dlogits, &h)?;
+            let db_part = self.lin.bias_grad(&dlogits)?;
             dhidden.push(self.lin.input_grad(&dlogits)?);
             // The logits' gradient is the largest tensor of the step: gone before the next.
             drop(dlogits);
             total = Some(add(total, sum)?);
-            // The first chunk's gradient widened (in f32, the product itself: it is fresh and
-            // nothing else holds it), the others summed into it in place.
-            match &dw {
-                None => dw = Some(ops::to_f32(&dw_part)?),
-                Some(acc) => ops::accumulate_into(acc, &dw_part)?,
-            }
             if let Some(part) = db_part {
                 db = Some(add(db, part)?);
             }
         }
-        let dw = dw.ok_or_else(|| crate::Error::internal("a batch without rows"))?;
         let tied_grad = if self.tied {
             self.lin.put_bias_grad(db, grads)?;
             Some(dw.narrow(0, 0, self.classes())?)

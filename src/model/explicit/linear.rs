@@ -130,11 +130,35 @@ impl<'a> Lin<'a> {
         dy: &Tensor,
         x: &Tensor,
     ) -> Result<(Tensor, Option<Tensor>)> {
-        let db = match self.bias_var {
-            Some(_) => Some(column_sum(dy)?),
-            None => None,
-        };
-        Ok((dy.t()?.matmul(x)?, db))
+        Ok((dy.t()?.matmul(x)?, self.bias_grad(dy)?))
+    }
+
+    /// Adds the weight's gradient from `dy` and `x` into `acc`, an f32 sum of the padded
+    /// weight's shape, without a half-precision copy of it (see [`ops::accumulate_product_tn`]).
+    pub(crate) fn accumulate_weight_grad(
+        &self,
+        acc: &Tensor,
+        dy: &Tensor,
+        x: &Tensor,
+    ) -> Result<()> {
+        Ok(ops::accumulate_product_tn(acc, dy, x)?)
+    }
+
+    /// The bias's gradient from `dy`, if the layer has a bias.
+    pub(crate) fn bias_grad(&self, dy: &Tensor) -> Result<Option<Tensor>> {
+        match self.bias_var {
+            Some(_) => Ok(Some(column_sum(dy)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// An f32 sum for the padded weight's gradient, zero.
+    pub(crate) fn zero_weight_grad(&self) -> Result<Tensor> {
+        Ok(Tensor::zeros(
+            self.weight.dims(),
+            DType::F32,
+            self.weight.device(),
+        )?)
     }
 
     /// Hands over the weight's and bias's gradients, without the rows of a padded weight

@@ -248,11 +248,15 @@ fn embed_backward(
     };
     let table = model.token_embedding();
     let vocab = table.dim(0)?;
-    let lookup = ops::embed_backward(tokens, &dx, vocab)?;
-    if let Some(head) = tied_grad {
-        ops::accumulate_into(&lookup, &head)?;
-    }
-    grads.put(table, lookup)?;
+    // A tied head's gradient takes the embeddings' part in place: one table-sized buffer.
+    let grad = match tied_grad {
+        Some(head) => {
+            ops::embed_backward_into(tokens, &dx, &head)?;
+            head
+        }
+        None => ops::embed_backward(tokens, &dx, vocab)?,
+    };
+    grads.put(table, grad)?;
     if let Some(positions) = model.position_embedding() {
         let d = dx.dim(1)?;
         // Σ over the batch of each position's gradient, as one product with a ones row.

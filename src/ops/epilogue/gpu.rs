@@ -4,6 +4,7 @@
 #![allow(unsafe_code)]
 
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, PushKernelArg};
+use candle_core::cuda_backend::CudaStorageSlice;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaDevice, CudaStorage, Layout, Result};
 
@@ -147,17 +148,24 @@ pub(super) fn embed<T: Elem>(
 
 pub(super) fn embed_grad<T: Elem>(
     d_out: &CudaSlice<T>,
-    l2: &Layout,
-    (ids, l1): (&CudaStorage, &Layout),
-    vocab: usize,
+    l3: &Layout,
+    (ids, l2): (&CudaStorage, &Layout),
+    (table, l1): (&mut CudaStorage, &Layout),
     dev: &CudaDevice,
-) -> Result<CudaStorage> {
-    let d = cols_of(l2);
-    let n = l2.shape().elem_count();
-    let d_out = cuda::slice_view(d_out, l2, "embed")?;
-    let ids = cuda::view::<u32>(ids, l1, "embed")?;
+) -> Result<()> {
+    let d = cols_of(l3);
+    let n = l3.shape().elem_count();
+    let d_out = cuda::slice_view(d_out, l3, "embed")?;
+    let ids = cuda::view::<u32>(ids, l2, "embed")?;
+    let Some((start, end)) = l1.contiguous_offsets() else {
+        candle_core::bail!("embed: the gradient table must be contiguous");
+    };
+    let CudaStorageSlice::F32(table) = &mut table.slice else {
+        candle_core::bail!("embed: the gradient table must be f32");
+    };
+    let mut table = table.slice_mut(start..end);
+    let vocab = (end - start) / d.max(1);
     let func = cuda::kernel(dev, &cuda::EPILOGUE, "embed_grad", T::DTYPE)?;
-    let mut table = dev.alloc_zeros::<f32>(vocab * d)?;
     let d32 = cuda::dim(d, "width")?;
     let vocab32 = vocab_rows(vocab)?;
     let stream = dev.cuda_stream();
@@ -171,5 +179,5 @@ pub(super) fn embed_grad<T: Elem>(
     // SAFETY: the arguments match `embed_grad_<T>`; `d_out` holds n = rows·d elements and
     // `table` vocab·d floats, which the kernel indexes only by ids below vocab.
     unsafe { args.launch(cuda::elementwise_config(n)) }.w()?;
-    Ok(CudaStorage::wrap_cuda_slice(table, dev.clone()))
+    Ok(())
 }

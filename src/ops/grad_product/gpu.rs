@@ -1,0 +1,94 @@
+//! The f32-accumulating product on cuBLAS, on candle's stream and handle.
+
+#![allow(unsafe_code)]
+
+use std::ffi::c_void;
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::cublas::{result, sys};
+use candle_core::cuda_backend::cudarc::driver::DevicePtr;
+use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
+use candle_core::{bail, DType, Result, Storage, Tensor};
+
+/// The device address of a contiguous tensor's first element.
+fn address(t: &Tensor) -> Result<u64> {
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cuda(s) = &*storage else {
+        bail!("weight gradient: every tensor must be on the GPU");
+    };
+    if !layout.is_contiguous() {
+        bail!("weight gradient: every tensor must be contiguous");
+    }
+    let stream = s.device().cuda_stream();
+    let (base, size) = match &s.slice {
+        CudaStorageSlice::F32(x) => (x.device_ptr(&stream).0, 4),
+        CudaStorageSlice::BF16(x) => (x.device_ptr(&stream).0, 2),
+        CudaStorageSlice::F16(x) => (x.device_ptr(&stream).0, 2),
+        _ => bail!("weight gradient: a {:?} tensor", t.dtype()),
+    };
+    Ok(base + (layout.start_offset() * size) as u64)
+}
+
+fn int(v: usize, what: &str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| {
+        candle_core::Error::Msg(format!("weight gradient: {what} {v} is over cuBLAS's int"))
+    })
+}
+
+/// `acc += dyᵀ · x` (checked shapes, contiguous operands) as one `GemmEx`.
+///
+/// Row-major `acc (out × in)` is column-major `accᵀ (in × out)` = `xᵀ · dy`, with `x` read as
+/// the column-major `in × rows` matrix it already is and `dy` transposed.
+pub(super) fn accumulate_product_tn(acc: &Tensor, dy: &Tensor, x: &Tensor) -> Result<()> {
+    let candle_core::Device::Cuda(dev) = acc.device() else {
+        bail!("weight gradient: the sum is not on a GPU");
+    };
+    let (out, inputs) = acc.dims2()?;
+    let rows = dy.dim(0)?;
+    if rows == 0 || out == 0 || inputs == 0 {
+        return Ok(());
+    }
+    let data_type = match dy.dtype() {
+        DType::BF16 => sys::cudaDataType_t::CUDA_R_16BF,
+        DType::F16 => sys::cudaDataType_t::CUDA_R_16F,
+        DType::F32 => sys::cudaDataType_t::CUDA_R_32F,
+        other => bail!("weight gradient: products of {other:?} are not supported"),
+    };
+    let (m, n, k) = (
+        int(inputs, "width")?,
+        int(out, "outputs")?,
+        int(rows, "rows")?,
+    );
+    let (a, b, c) = (address(x)?, address(dy)?, address(acc)?);
+    let (alpha, beta) = (1f32, 1f32);
+    let blas = dev.cublas_handle();
+    // SAFETY: the handle runs on candle's stream, which orders this product after the kernels
+    // that wrote `x`, `dy` and `acc`. The addresses hold contiguous matrices of the checked
+    // shapes: `x` rows·in and `dy` rows·out elements of `data_type`, `acc` out·in f32; the
+    // leading dimensions are their row lengths.
+    unsafe {
+        result::gemm_ex(
+            *blas.handle(),
+            sys::cublasOperation_t::CUBLAS_OP_N,
+            sys::cublasOperation_t::CUBLAS_OP_T,
+            m,
+            n,
+            k,
+            (&alpha as *const f32).cast::<c_void>(),
+            a as *const c_void,
+            data_type,
+            m,
+            b as *const c_void,
+            data_type,
+            n,
+            (&beta as *const f32).cast::<c_void>(),
+            c as *mut c_void,
+            sys::cudaDataType_t::CUDA_R_32F,
+            m,
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+    }
+    .w()?;
+    Ok(())
+}
