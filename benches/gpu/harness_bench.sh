@@ -11,7 +11,8 @@
 #            M.tune.{log,time}; then its four exports, without --allow-engine-mismatch →
 #            M.{deepspeed,trainer,lightning}.json, M.accelerate.yaml, M.exports.json (exit codes)
 #   exact    PyTorch's exact largest feasible micro-batch at the plan's knobs, by bisection with
-#            real steps through the same runner and cap (harness_exact.py) → M.exact.json
+#            real steps through the same runner and cap (harness_exact.py), then every micro-batch
+#            from the plan's to that boundary (--scan: feasibility need not be monotone) → M.exact.json
 #   finders  Lightning's binsearch finder and Accelerate's finder on the same model and cap
 #            (finders.py) → M.finders.jsonl
 #   train    20 steps with the DeepSpeed export (deepspeed.initialize with it as it is) and with the
@@ -20,7 +21,7 @@
 # then summary.md, summary.json and headline.json (harness_report.py).
 #
 # Expected times on the H200 (each stage's limit in brackets; the whole run stops starting stages
-# at BENCH_SECONDS): DeepSpeed install ~20 s; gpt-124m: tune ~40-70 s [150], exact ~40 s [90],
+# at BENCH_SECONDS): DeepSpeed install ~20 s; gpt-124m: tune ~40-70 s [150], exact ~80 s [150] (a fresh process per trial),
 # finders ~60 s [100], train ~30 s each, the first DeepSpeed one ~60 s more for its FusedAdam op,
 # built in the background during `exact` [90 each]; seed: tune ~20-40 s [90], exact ~30 s [60],
 # finders ~50 s [80], train ~20 s each [60 each].
@@ -174,13 +175,13 @@ bench_model() {
   say "  exports: $(cat "$OUTDIR/$model.exports.json")"
 
   ds_prebuild
-  limit="$(stage_limit $(( is_gpt ? 90 : 60 )))"
+  limit="$(stage_limit $(( is_gpt ? 150 : 60 )))"
   if (( limit > 0 )); then
     say "$model: exact boundary (limit ${limit}s)"
     timeout --kill-after=10 $(( limit + 30 )) "${TORCH_ENV[@]}" "$PYTHON" benches/gpu/harness_exact.py \
       --plan "$OUTDIR/$model.plan.json" --profile "$OUTDIR/$model.profile.json" \
       --out "$OUTDIR/$model.exact.json" --total-timeout "$limit" \
-      --log "$OUTDIR/$model.exact.log" -- "$PYTHON" "$runner" 2>> "$OUTDIR/$model.exact.log"
+      --log "$OUTDIR/$model.exact.log" --scan -- "$PYTHON" "$runner" 2>> "$OUTDIR/$model.exact.log"
     say "  exact: exit $?: $(grep -o '"feasible_max": [0-9]*' "$OUTDIR/$model.exact.json" 2>/dev/null)"
   fi
 

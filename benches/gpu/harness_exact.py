@@ -110,6 +110,9 @@ def main() -> int:
     ap.add_argument("--trial-timeout", type=float, default=300)
     ap.add_argument("--total-timeout", type=float, default=0, help="seconds for all trials (0: none)")
     ap.add_argument("--log", default=None, help="the runner's stderr (default: ours)")
+    ap.add_argument("--scan", action="store_true",
+                    help="also try every micro-batch from the plan's up to the bisection's boundary "
+                         "(contiguous_max: the largest below which every one tried fits)")
     ap.add_argument("--reuse-runner", action="store_true",
                     help="let one runner serve the trials it can (default: a fresh process each, "
                          "as a training run starts)")
@@ -201,6 +204,18 @@ def main() -> int:
     plan_mb = plan["knobs"]["micro_batch"]
     feasible_max, feasible_hi = boundary(feasible, plan_mb)
     runs_max, runs_hi = boundary(runs, max(feasible_max, 1))
+    # Bisection assumes feasibility is monotone in the micro-batch; PyTorch's caching allocator
+    # can break that (a batch fits where a smaller one fragments and fails). Every micro-batch
+    # between the plan and the bisection's boundary, in order: the largest below which all fit.
+    contiguous_max = None
+    if args.scan and not out_of_time:
+        contiguous_max = 0
+        for b in range(1, feasible_max + 1):
+            if b < plan_mb and b not in trials:
+                continue
+            if out_of_time or not feasible(b):
+                break
+            contiguous_max = b
     runner.stop()
     ratio = plan_mb / feasible_max if feasible_max else None
     result = {
@@ -208,6 +223,8 @@ def main() -> int:
         "feasible_max": feasible_max, "first_infeasible": feasible_hi,
         "runs_max": runs_max, "first_failing": runs_hi,
         "ratio": ratio, "within_2pct": None if ratio is None else abs(1 - ratio) <= TOLERANCE,
+        "contiguous_max": contiguous_max,
+        "ratio_to_contiguous": plan_mb / contiguous_max if contiguous_max else None,
         "exact": not out_of_time, "budget": budget, "seconds": round(time.monotonic() - started, 1),
         "runners_started": runner.started,
         "trials": [{"micro_batch": mb, **{k: v for k, v in r.items() if k != "protocol"}}
