@@ -195,3 +195,27 @@ pub(crate) unsafe fn output<T: DeviceRepr>(dev: &CudaDevice, len: usize) -> Resu
     // SAFETY: forwarded to the caller (see above).
     unsafe { dev.alloc::<T>(len) }
 }
+
+/// The device address of a contiguous GPU tensor's first element (f32, bf16, f16 or u8), for
+/// launches that take raw pointers (cuBLAS, kernels with many buffers); `op` names the caller
+/// in errors.
+pub(crate) fn address(t: &candle_core::Tensor, op: &str) -> Result<u64> {
+    use candle_core::cuda_backend::cudarc::driver::DevicePtr;
+    use candle_core::cuda_backend::CudaStorageSlice;
+    let (storage, layout) = t.storage_and_layout();
+    let candle_core::Storage::Cuda(s) = &*storage else {
+        bail!("{op}: every tensor must be on the GPU");
+    };
+    if !layout.is_contiguous() {
+        bail!("{op}: every tensor must be contiguous");
+    }
+    let stream = s.device.cuda_stream();
+    let (base, size) = match &s.slice {
+        CudaStorageSlice::F32(x) => (x.device_ptr(&stream).0, 4),
+        CudaStorageSlice::BF16(x) => (x.device_ptr(&stream).0, 2),
+        CudaStorageSlice::F16(x) => (x.device_ptr(&stream).0, 2),
+        CudaStorageSlice::U8(x) => (x.device_ptr(&stream).0, 1),
+        _ => bail!("{op}: a {:?} tensor", t.dtype()),
+    };
+    Ok(base + (layout.start_offset() * size) as u64)
+}

@@ -2,9 +2,9 @@
 
 #![allow(unsafe_code)]
 
-use candle_core::cuda_backend::cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
-use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
-use candle_core::{bail, DType, Result, Storage, Tensor};
+use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::WrapErr;
+use candle_core::{bail, DType, Result, Tensor};
 
 use super::BLOCK;
 use crate::knobs::{MasterFormat, MomentFormat, StateLayout};
@@ -34,21 +34,7 @@ pub struct DeviceState<'a> {
 
 /// The device address of a contiguous tensor's first element.
 fn address(t: &Tensor) -> Result<u64> {
-    let (storage, layout) = t.storage_and_layout();
-    let Storage::Cuda(s) = &*storage else {
-        bail!("compact adam: every tensor must be on the GPU");
-    };
-    if !layout.is_contiguous() {
-        bail!("compact adam: every tensor must be contiguous");
-    }
-    let stream = s.device.cuda_stream();
-    let (base, size) = match &s.slice {
-        CudaStorageSlice::F32(x) => (x.device_ptr(&stream).0, 4),
-        CudaStorageSlice::BF16(x) => (x.device_ptr(&stream).0, 2),
-        CudaStorageSlice::U8(x) => (x.device_ptr(&stream).0, 1),
-        _ => bail!("compact adam: a {:?} tensor", t.dtype()),
-    };
-    Ok(base + (layout.start_offset() * size) as u64)
+    cuda::address(t, "compact adam")
 }
 
 /// One update of `w` with gradient `g` (the weights' dtype, or f32) over `state`,

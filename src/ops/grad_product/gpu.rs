@@ -4,30 +4,11 @@
 
 use std::ffi::c_void;
 
-use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::cublas::{result, sys};
-use candle_core::cuda_backend::cudarc::driver::DevicePtr;
-use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
-use candle_core::{bail, DType, Result, Storage, Tensor};
+use candle_core::cuda_backend::WrapErr;
+use candle_core::{bail, DType, Result, Tensor};
 
-/// The device address of a contiguous tensor's first element.
-fn address(t: &Tensor) -> Result<u64> {
-    let (storage, layout) = t.storage_and_layout();
-    let Storage::Cuda(s) = &*storage else {
-        bail!("weight gradient: every tensor must be on the GPU");
-    };
-    if !layout.is_contiguous() {
-        bail!("weight gradient: every tensor must be contiguous");
-    }
-    let stream = s.device().cuda_stream();
-    let (base, size) = match &s.slice {
-        CudaStorageSlice::F32(x) => (x.device_ptr(&stream).0, 4),
-        CudaStorageSlice::BF16(x) => (x.device_ptr(&stream).0, 2),
-        CudaStorageSlice::F16(x) => (x.device_ptr(&stream).0, 2),
-        _ => bail!("weight gradient: a {:?} tensor", t.dtype()),
-    };
-    Ok(base + (layout.start_offset() * size) as u64)
-}
+use crate::ops::cuda;
 
 fn int(v: usize, what: &str) -> Result<i32> {
     i32::try_from(v).map_err(|_| {
@@ -59,6 +40,7 @@ pub(super) fn accumulate_product_tn(acc: &Tensor, dy: &Tensor, x: &Tensor) -> Re
         int(out, "outputs")?,
         int(rows, "rows")?,
     );
+    let address = |t: &Tensor| cuda::address(t, "weight gradient");
     let (a, b, c) = (address(x)?, address(dy)?, address(acc)?);
     let (alpha, beta) = (1f32, 1f32);
     let blas = dev.cublas_handle();
