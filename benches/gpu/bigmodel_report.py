@@ -74,7 +74,7 @@ def main(argv: list[str]) -> int:
           "(about 0.6 GiB) and what the pool reserves beyond its allocations; the allocated "
           "high-water mark counts allocations alone, as PyTorch's max_memory_allocated does. "
           "Both include one block's half-precision weights and, with the update in backward, "
-          "the largest part's gradients (the embeddings').\n")
+          "one layer's gradients (a feed-forward matrix's).\n")
 
     # The tune and its plan.
     tune = load(out / "tune.time") or {}

@@ -66,6 +66,28 @@ impl std::str::FromStr for Engine {
     }
 }
 
+/// How the explicit engine computes the vocabulary head's weight gradient.
+///
+/// The head's weight is the largest matrix of most models (gpt-1.3b: 50,257 × 2048), and a
+/// tied one's gradient is only complete once the embeddings' part arrives at the very end of
+/// the backward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HeadGradient {
+    /// At once, from the head's backward: an f32 sum of the weight's shape (with the
+    /// embeddings' part added in place at the end for a tied head) beside a half-precision
+    /// copy of the weight. The fewest products.
+    #[default]
+    Whole,
+    /// By slices of the weight's rows, after the rest of the backward pass: the head's
+    /// products read half-precision slices cast from the masters when they run, and each
+    /// slice's gradient is recomputed from the kept hidden states and each row's log-sum-exp,
+    /// takes the embeddings' part of those rows (tied), and is handed over (and settled) alone;
+    /// an untied embedding table's gradient goes by the same slices. No weight-sized buffer
+    /// ever exists, for one more head product per step; worth it where
+    /// each part is updated as soon as it settles ([`crate::knobs::Update::InBackward`]).
+    ByRows,
+}
+
 /// Per-forward-pass context: dropout masks and the engine.
 pub struct Ctx {
     /// Dropout for this micro-batch (disabled for evaluation). Blocks draw from sub-streams of

@@ -93,6 +93,108 @@ pub fn cross_entropy_backward(
     )
 }
 
+/// Each row's log-sum-exp over its first `classes` columns, rebuilt (f32) from the per-row
+/// `losses` [`cross_entropy_rows_padded`] returned for `logits`: `loss + logits[target]`, as
+/// [`cross_entropy_backward`] does inside its kernel. What a later backward over some of the
+/// columns alone needs ([`cross_entropy_backward_columns`]).
+pub fn cross_entropy_lse(logits: &Tensor, targets: &Tensor, losses: &Tensor) -> Result<Tensor> {
+    let rows = logits.dim(0)?;
+    let ids = targets.flatten_all()?.contiguous()?.reshape((rows, 1))?;
+    let picked = logits.contiguous()?.gather(&ids, 1)?.reshape(rows)?;
+    picked.to_dtype(DType::F32)? + losses.detach().to_dtype(DType::F32)?
+}
+
+/// [`cross_entropy_backward`] for columns `first..first + n` of the logits alone: `logits` holds
+/// those `n` columns of each row (`rows × n`), `lse` each whole row's log-sum-exp
+/// ([`cross_entropy_lse`]) and `row_grad` the per-row upstream gradient. The values are the
+/// whole backward's in those columns (zero past `classes`), so a vocabulary head's gradient can
+/// be computed one slice of classes at a time.
+pub fn cross_entropy_backward_columns(
+    logits: &Tensor,
+    targets: &Tensor,
+    first: usize,
+    classes: usize,
+    lse: &Tensor,
+    row_grad: &Tensor,
+) -> Result<Tensor> {
+    check_input(logits, NAME)?;
+    let rows = logits.dim(0)?;
+    let targets = targets.flatten_all()?;
+    if targets.dtype() != DType::U32 || targets.elem_count() != rows {
+        bail!("{NAME}: targets must be {rows} u32 class indices");
+    }
+    if lse.elem_count() != rows || row_grad.elem_count() != rows {
+        bail!("{NAME}: one log-sum-exp and one upstream gradient per row");
+    }
+    let lse_grad = Tensor::cat(
+        &[
+            &lse.detach().flatten_all()?.to_dtype(DType::F32)?,
+            &row_grad.detach().flatten_all()?.to_dtype(DType::F32)?,
+        ],
+        0,
+    )?;
+    logits.contiguous()?.apply_op3_no_bwd(
+        &targets.contiguous()?,
+        &lse_grad,
+        &CrossEntropyColumnsGrad { first, classes },
+    )
+}
+
+/// Backward over some columns: `(logits[:, first..], targets, [lse; grad]) → grad_logits`.
+struct CrossEntropyColumnsGrad {
+    first: usize,
+    classes: usize,
+}
+
+impl CustomOp3 for CrossEntropyColumnsGrad {
+    fn name(&self) -> &'static str {
+        "fused-cross-entropy-columns-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (rows, cols) = rows_cols(l1);
+        let targets = contiguous(u32::cpu_storage_as_slice(s2)?, l2, NAME)?;
+        let lse_grad = contiguous(f32::cpu_storage_as_slice(s3)?, l3, NAME)?;
+        let logits = input_f32(s1, l1, NAME)?;
+        let mut dx = vec![0f32; logits.len()];
+        for r in 0..rows {
+            let (lse, g) = (lse_grad[r], lse_grad[rows + r]);
+            let t = targets[r] as usize;
+            for j in 0..cols {
+                let col = self.first + j;
+                if col >= self.classes {
+                    break;
+                }
+                let p = (logits[r * cols + j] - lse).exp();
+                dx[r * cols + j] = if col == t { (p - 1.0) * g } else { p * g };
+            }
+        }
+        Ok((output(dx, s1.dtype())?, l1.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let out = super::cuda::float_slice!(NAME, s1, v => gpu::bwd_columns(v, l1, s2, l2, s3, l3, self.first, self.classes, &s1.device)?);
+        Ok((out, l1.shape().clone()))
+    }
+}
+
 /// Forward: `(logits, targets) → per-row loss` over the first `classes` columns.
 struct CrossEntropy {
     classes: usize,

@@ -283,7 +283,37 @@ pub fn embed_backward_into(ids: &Tensor, d_out: &Tensor, table: &Tensor) -> Resu
         );
     }
     let ids = ids.flatten_all()?.contiguous()?;
-    table.inplace_op3(&ids, &d_out.contiguous()?, &EmbedGrad)
+    table.inplace_op3(&ids, &d_out.contiguous()?, &EmbedGrad { first: None })
+}
+
+/// [`embed_backward_into`] for the table's rows `first..first + rows.dim(0)` alone: `rows`, a
+/// contiguous f32 `rows × d` tensor, gets the part of the ids in that range, and the other ids
+/// are skipped. A table's gradient then exists one slice at a time (the vocabulary head's
+/// weight gradient by rows, `model::explicit::head`).
+pub fn embed_backward_rows_into(
+    ids: &Tensor,
+    d_out: &Tensor,
+    rows: &Tensor,
+    first: usize,
+) -> Result<()> {
+    if rows.dtype() != DType::F32 || !rows.is_contiguous() || rows.rank() != 2 {
+        bail!("embed: the gradient rows must be a contiguous f32 matrix");
+    }
+    if rows.dim(1)? != d_out.dim(d_out.rank().saturating_sub(1))? {
+        bail!(
+            "embed: a gradient of {:?} does not fit rows of {:?}",
+            d_out.shape(),
+            rows.shape()
+        );
+    }
+    let first = u32::try_from(first)
+        .map_err(|_| candle_core::Error::Msg(format!("embed: first row {first} is over u32")))?;
+    let ids = ids.flatten_all()?.contiguous()?;
+    rows.inplace_op3(
+        &ids,
+        &d_out.contiguous()?,
+        &EmbedGrad { first: Some(first) },
+    )
 }
 
 struct Epilogue {
@@ -301,8 +331,12 @@ struct Embed {
     has_positions: bool,
 }
 
-/// Scatter-adds rows of an output gradient into an f32 table, in place.
-struct EmbedGrad;
+/// Scatter-adds rows of an output gradient into an f32 table, in place: the whole table
+/// (`first` None: an id past it is an error on the CPU), or its rows from `first` on (ids
+/// outside them are skipped).
+struct EmbedGrad {
+    first: Option<u32>,
+}
 
 fn cols_of(l: &Layout) -> usize {
     l.dims().last().copied().unwrap_or(1).max(1)
@@ -501,8 +535,12 @@ impl InplaceOp3 for EmbedGrad {
         let table = &mut table[start..end];
         let vocab = table.len() / d.max(1);
         for (r, &id) in ids.iter().enumerate() {
-            let id = id as usize;
+            // Below `first` the difference wraps past the rows, as on the GPU.
+            let id = id.wrapping_sub(self.first.unwrap_or(0)) as usize;
             if id >= vocab {
+                if self.first.is_some() {
+                    continue;
+                }
                 bail!("embed: token {id} out of range for a vocabulary of {vocab}");
             }
             for c in 0..d {
@@ -524,7 +562,7 @@ impl InplaceOp3 for EmbedGrad {
     ) -> Result<()> {
         let dev = s3.device.clone();
         super::cuda::float_slice!("embed", s3, v => {
-            gpu::embed_grad(v, l3, (s2, l2), (s1, l1), &dev)?
+            gpu::embed_grad(v, l3, (s2, l2), (s1, l1), self.first.unwrap_or(0), &dev)?
         });
         Ok(())
     }

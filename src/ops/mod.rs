@@ -38,12 +38,14 @@ pub use attention::{
     flash_attention_padded_backward, flash_attention_supported, AttentionShape, FLASH_HEAD_DIMS,
 };
 pub use cross_entropy::{
-    cross_entropy, cross_entropy_backward, cross_entropy_rows, cross_entropy_rows_padded,
+    cross_entropy, cross_entropy_backward, cross_entropy_backward_columns, cross_entropy_lse,
+    cross_entropy_rows, cross_entropy_rows_padded,
 };
 pub use epilogue::{
-    dropout, embed, embed_backward, embed_backward_into, epilogue, epilogue_backward, DropoutMask,
+    dropout, embed, embed_backward, embed_backward_into, embed_backward_rows_into, epilogue,
+    epilogue_backward, DropoutMask,
 };
-pub use grad_product::accumulate_product_tn;
+pub use grad_product::{accumulate_product_nn, accumulate_product_tn};
 pub use layer_norm::{layer_norm, layer_norm_backward, rms_norm, rms_norm_backward};
 pub use permute::permute_contiguous;
 pub use rotary::{rotate_in_place, Rotation};

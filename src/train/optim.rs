@@ -115,6 +115,32 @@ impl Adam {
         Ok(())
     }
 
+    /// Updates rows `first..first + grad.dim(0)` of model parameter `index` (a matrix) with
+    /// their gradient in the step `step`: the same arithmetic, element by element, as the
+    /// whole parameter's update; nothing if this optimizer does not own it.
+    pub fn update_rows(
+        &self,
+        step: &AdamStep,
+        index: usize,
+        first: usize,
+        grad: &Tensor,
+    ) -> Result<()> {
+        if !self.owned().contains(&index) {
+            return Ok(());
+        }
+        let i = index - self.offset;
+        let rows = grad.dim(0)?;
+        let part = |t: &Tensor| t.narrow(0, first, rows);
+        crate::ops::adam_update_all(
+            &[part(self.vars[i].as_tensor())?],
+            &[part(&self.first[i])?],
+            &[part(&self.second[i])?],
+            &[grad.to_dtype(candle_core::DType::F32)?.contiguous()?],
+            &step.0,
+        )?;
+        Ok(())
+    }
+
     /// The moments as named tensors (`m.<name>`, `v.<name>`) for a checkpoint; `names` are the
     /// model's (a share's optimizer names its own parameters only).
     pub fn state_tensors(&self, names: &[String]) -> HashMap<String, Tensor> {

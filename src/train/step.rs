@@ -32,7 +32,7 @@ use crate::model::gradients::GradientSink;
 use crate::model::layers::{cast, cross_entropy};
 use crate::model::params::InitValues;
 use crate::model::recompute::RecomputedBlocks;
-use crate::model::{explicit, Ctx, Engine, Masters, Transformer};
+use crate::model::{explicit, Ctx, Engine, HeadGradient, Masters, Transformer};
 use crate::spec::model::ModelSpec;
 use crate::spec::state::{Components, StateBytes};
 use crate::train::compact::CompactAdam;
@@ -85,6 +85,8 @@ struct Passes {
     device: Device,
     seed: u64,
     engine: Engine,
+    /// How the explicit engine computes the head's weight gradient.
+    head: HeadGradient,
     /// Global index of this rank's first micro-batch in every step.
     micro_offset: u64,
     /// Ranks whose gradients are summed: each loss is scaled by `1 / (micro-batches · ranks)`.
@@ -201,6 +203,12 @@ impl Trainer {
             optimizer_s = started.elapsed().as_secs_f64() - built_s,
             "trainer set up"
         );
+        // By rows where each slice is updated as soon as it settles: the exact update in
+        // backward. Elsewhere the whole gradient is held anyway, and the extra product is waste.
+        let head = match (&optimizer, knobs.update) {
+            (Optimizer::OnDevice(_), Update::InBackward) => HeadGradient::ByRows,
+            _ => HeadGradient::Whole,
+        };
         let scaler = if knobs.precision.needs_loss_scaling() {
             LossScaler::default()
         } else {
@@ -214,6 +222,7 @@ impl Trainer {
                 device: device.clone(),
                 seed,
                 engine: Engine::default(),
+                head,
                 micro_offset: (group.rank() * knobs.grad_accum) as u64,
                 ranks: group.world_size(),
             },
@@ -286,6 +295,24 @@ impl Trainer {
     /// The engine in use.
     pub fn engine(&self) -> Engine {
         self.passes.engine
+    }
+
+    /// Chooses how the explicit engine computes the head's weight gradient (the trainer picks
+    /// [`HeadGradient::ByRows`] for the exact update in backward, else
+    /// [`HeadGradient::Whole`]). The compact optimizer and offload take whole gradients only.
+    pub fn set_head_gradient(&mut self, head: HeadGradient) -> Result<()> {
+        if head == HeadGradient::ByRows && !matches!(self.optimizer, Optimizer::OnDevice(_)) {
+            return Err(crate::Error::internal(
+                "the head's gradient by rows needs the exact optimizer on the device",
+            ));
+        }
+        self.passes.head = head;
+        Ok(())
+    }
+
+    /// How the head's weight gradient is computed.
+    pub fn head_gradient(&self) -> HeadGradient {
+        self.passes.head
     }
 
     /// The model being trained (with offload, its parameters are the device working copies).
@@ -488,8 +515,18 @@ impl Trainer {
             Optimizer::OnDevice(adam) if self.passes.knobs.update == Update::InBackward => {
                 // Validated at build: one micro-batch, no loss scale, no ranks, no clipping.
                 let step = adam.begin_step();
-                let mut sink =
-                    UpdateInBackward::new(|part: &[(usize, Tensor)]| adam.update(&step, part));
+                let mut sink = UpdateInBackward::new(|part: &[Pending]| {
+                    let mut whole = Vec::with_capacity(part.len());
+                    for p in part {
+                        match p.first_row {
+                            Some(first) => adam.update_rows(&step, p.index, first, &p.grad)?,
+                            None => whole.push((p.index, p.grad.clone())),
+                        }
+                    }
+                    adam.update(&step, &whole)
+                });
+                // Each layer's gradients are dropped as soon as it settles.
+                sink.by_layer = true;
                 let loss = self
                     .passes
                     .for_each_gradient(self.steps, scale, batches, &mut sink)?;
@@ -517,8 +554,19 @@ impl Trainer {
             Optimizer::Compact(compact) if self.passes.knobs.update == Update::InBackward => {
                 // Validated at build: one micro-batch, no loss scale, no ranks, no clipping.
                 let consts = compact.begin_step();
-                let mut sink =
-                    UpdateInBackward::new(|part: &[(usize, Tensor)]| compact.update(&consts, part));
+                // Whole parts: host-placed moments move a part at a time.
+                let mut sink = UpdateInBackward::new(|part: &[Pending]| {
+                    let whole = part
+                        .iter()
+                        .map(|p| match p.first_row {
+                            None => Ok((p.index, p.grad.clone())),
+                            Some(_) => Err(crate::Error::internal(
+                                "the compact optimizer takes whole gradients",
+                            )),
+                        })
+                        .collect::<Result<Vec<_>>>()?;
+                    compact.update(&consts, &whole)
+                });
                 let loss = self
                     .passes
                     .for_each_gradient(self.steps, scale, batches, &mut sink)?;
@@ -644,6 +692,7 @@ impl Passes {
                     batch,
                     dtype,
                     attention,
+                    self.head,
                     &Dropout::hashed(p, &self.device, key),
                     factor,
                     &mut MicroBatch { micro, sink },
@@ -674,17 +723,13 @@ impl Passes {
         scale: f64,
         batches: &[Batch],
     ) -> Result<(Vec<Tensor>, f64)> {
-        let mut sums: Vec<Option<Tensor>> = vec![None; self.model.params().vars().len()];
-        let loss = self.for_each_gradient(step, scale, batches, &mut |_, i: usize, g| {
-            // Working copies in half precision (offload) have half-precision gradients.
-            let g = cast(&g, DType::F32)?;
-            sums[i] = Some(match sums[i].take() {
-                Some(acc) => (acc + g)?,
-                None => g,
-            });
-            Ok(())
-        })?;
+        let mut sums = Summed {
+            sums: vec![None; self.model.params().vars().len()],
+            vars: self.model.params().vars(),
+        };
+        let loss = self.for_each_gradient(step, scale, batches, &mut sums)?;
         let grads = sums
+            .sums
             .into_iter()
             .map(|g| {
                 let g = g.expect("one gradient per parameter after at least one micro-batch");
@@ -699,13 +744,70 @@ impl Passes {
     }
 }
 
+/// Per-parameter f32 sums of the micro-batches' gradients.
+struct Summed<'a> {
+    sums: Vec<Option<Tensor>>,
+    vars: &'a [candle_core::Var],
+}
+
+impl StepSink for Summed<'_> {
+    fn gradient(&mut self, _micro: usize, i: usize, g: Tensor) -> Result<()> {
+        // Working copies in half precision (offload) have half-precision gradients.
+        let g = cast(&g, DType::F32)?;
+        self.sums[i] = Some(match self.sums[i].take() {
+            Some(acc) => (acc + g)?,
+            None => g,
+        });
+        Ok(())
+    }
+
+    /// Rows go into a sum of the parameter's shape: copied by the first micro-batch (the bits
+    /// a whole gradient's sum would start from), added by the later ones.
+    fn gradient_rows(&mut self, micro: usize, i: usize, first: usize, g: Tensor) -> Result<()> {
+        let g = cast(&g, DType::F32)?.contiguous()?;
+        let sum = match &self.sums[i] {
+            Some(sum) => sum.clone(),
+            None => {
+                let var = &self.vars[i];
+                let zeros = Tensor::zeros(var.shape(), DType::F32, var.device())?;
+                self.sums[i] = Some(zeros.clone());
+                zeros
+            }
+        };
+        if micro == 0 {
+            sum.slice_set(&g, 0, first)?;
+        } else {
+            crate::ops::accumulate_into(&sum.narrow(0, first, g.dim(0)?)?, &g)?;
+        }
+        Ok(())
+    }
+}
+
 /// What a step does with the gradients of its micro-batches: `gradient(micro, index, grad)` for
 /// every parameter of every micro-batch, and `settled` when a part of the model is done with
 /// (see [`GradientSink`]).
 trait StepSink {
     fn gradient(&mut self, micro: usize, index: usize, grad: Tensor) -> Result<()>;
 
+    /// Rows of a gradient (see [`GradientSink::gradient_rows`]).
+    fn gradient_rows(
+        &mut self,
+        micro: usize,
+        index: usize,
+        first: usize,
+        grad: Tensor,
+    ) -> Result<()> {
+        let _ = (micro, first, grad);
+        Err(crate::Error::internal(format!(
+            "parameter {index}'s gradient came in rows to a step that takes whole gradients"
+        )))
+    }
+
     fn settled(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn settled_layer(&mut self) -> Result<()> {
         Ok(())
     }
 }
@@ -740,41 +842,94 @@ impl GradientSink for MicroBatch<'_> {
         self.sink.gradient(self.micro, index, grad)
     }
 
+    fn gradient_rows(&mut self, index: usize, first: usize, grad: Tensor) -> Result<()> {
+        self.sink.gradient_rows(self.micro, index, first, grad)
+    }
+
     fn settled(&mut self) -> Result<()> {
         self.sink.settled()
     }
+
+    fn settled_layer(&mut self) -> Result<()> {
+        self.sink.settled_layer()
+    }
+}
+
+/// A gradient waiting for its part to settle: a parameter's whole gradient, or its rows from
+/// `first_row` on.
+struct Pending {
+    index: usize,
+    first_row: Option<usize>,
+    grad: Tensor,
 }
 
 /// The update in backward: each settled part of the model is updated at once by `update` (in
 /// the step begun before the pass), and its gradients dropped.
 struct UpdateInBackward<F> {
     update: F,
-    pending: Vec<(usize, Tensor)>,
+    pending: Vec<Pending>,
+    /// Whether a settled layer (not only a whole part) is updated at once.
+    by_layer: bool,
     /// The most gradient bytes pending at once.
     peak_bytes: u64,
 }
 
-impl<F: FnMut(&[(usize, Tensor)]) -> Result<()>> UpdateInBackward<F> {
+impl<F: FnMut(&[Pending]) -> Result<()>> UpdateInBackward<F> {
     fn new(update: F) -> Self {
         Self {
             update,
             pending: Vec::new(),
+            by_layer: false,
             peak_bytes: 0,
         }
     }
+
+    fn push(&mut self, pending: Pending) {
+        self.pending.push(pending);
+        let bytes = tensor_bytes(self.pending.iter().map(|p| &p.grad));
+        self.peak_bytes = self.peak_bytes.max(bytes);
+    }
 }
 
-impl<F: FnMut(&[(usize, Tensor)]) -> Result<()>> StepSink for UpdateInBackward<F> {
+impl<F: FnMut(&[Pending]) -> Result<()>> StepSink for UpdateInBackward<F> {
     fn gradient(&mut self, _micro: usize, index: usize, grad: Tensor) -> Result<()> {
-        self.pending.push((index, grad));
-        let pending = tensor_bytes(self.pending.iter().map(|(_, g)| g));
-        self.peak_bytes = self.peak_bytes.max(pending);
+        self.push(Pending {
+            index,
+            first_row: None,
+            grad,
+        });
+        Ok(())
+    }
+
+    fn gradient_rows(
+        &mut self,
+        _micro: usize,
+        index: usize,
+        first: usize,
+        grad: Tensor,
+    ) -> Result<()> {
+        self.push(Pending {
+            index,
+            first_row: Some(first),
+            grad,
+        });
         Ok(())
     }
 
     fn settled(&mut self) -> Result<()> {
+        // Layers settle where nothing is pending (a block's last layer, then the block).
+        if self.by_layer && self.pending.is_empty() {
+            return Ok(());
+        }
         (self.update)(&self.pending)?;
         self.pending.clear();
+        Ok(())
+    }
+
+    fn settled_layer(&mut self) -> Result<()> {
+        if self.by_layer {
+            self.settled()?;
+        }
         Ok(())
     }
 }

@@ -487,6 +487,29 @@ fn cuda_decoder_ops_match_the_cpu() {
             };
             let shape = format!("{rows}x{out}x{width}");
             check("weight grad", dtype, &shape, "sum", &run(&dev), &want, 1e-4);
+            // The input gradient by a column block of `dy` and the matching weight rows.
+            let (first, k) = (out / 3, out / 2);
+            let w = random(&[k, width], 1.0, 0.0, 13, dtype);
+            let acc = random(&[rows, width], 1.0, 0.0, 14, DType::F32);
+            let run = |dev: &Device| {
+                let sum = acc.to_device(dev).unwrap().copy().unwrap();
+                let (dy, w) = (dy.to_device(dev).unwrap(), w.to_device(dev).unwrap());
+                ops::accumulate_product_nn(&sum, &dy, first, &w).unwrap();
+                sum
+            };
+            let want = {
+                let dy = dy
+                    .to_dtype(DType::F32)
+                    .unwrap()
+                    .narrow(1, first, k)
+                    .unwrap();
+                let part = dy
+                    .contiguous()
+                    .unwrap()
+                    .matmul(&w.to_dtype(DType::F32).unwrap());
+                (&acc + part.unwrap()).unwrap()
+            };
+            check("input grad", dtype, &shape, "sum", &run(&dev), &want, 1e-4);
         }
         // The rotary embedding over q and k of a q/k/v product, in place, both ways.
         let rope = autotune::spec::model::Rope {
@@ -610,6 +633,55 @@ fn cuda_explicit_kernels_match_the_cpu() {
             &emb_grad_into(&dev),
             &emb_grad_into(&Device::Cpu),
             tol(DType::F32),
+        );
+        // One slice of the table's rows (ids outside it skipped), as the head by rows does.
+        let emb_grad_rows = |d: &Device| {
+            let ids = ids.to_device(d).unwrap();
+            let sum = head
+                .narrow(0, 20, 17)
+                .unwrap()
+                .to_device(d)
+                .unwrap()
+                .copy()
+                .unwrap();
+            ops::embed_backward_rows_into(&ids, &on(&d_emb, d), &sum, 20).unwrap();
+            sum
+        };
+        check(
+            "embed",
+            dtype,
+            &shape,
+            "dtable rows",
+            &emb_grad_rows(&dev),
+            &emb_grad_rows(&Device::Cpu),
+            tol(DType::F32),
+        );
+        // The cross-entropy gradient of a slice of columns from each row's log-sum-exp, past
+        // the classes (padding) included.
+        let (ce_rows, ce_cols, classes) = (70, 200, 190);
+        let logits = random(&[ce_rows, ce_cols], 3.0, 0.0, 11, DType::F32);
+        let targets: Vec<u32> = (0..ce_rows as u32).map(|i| (i * 37 + 3) % 190).collect();
+        let targets = Tensor::from_vec(targets, ce_rows, &Device::Cpu).unwrap();
+        let row_grad = random(&[ce_rows], 1.0, 0.0, 12, DType::F32);
+        let ce_cols_grad = |d: &Device| {
+            let (l, t, g) = (
+                on(&logits, d),
+                targets.to_device(d).unwrap(),
+                row_grad.to_device(d).unwrap(),
+            );
+            let losses = ops::cross_entropy_rows_padded(&l, &t, classes).unwrap();
+            let lse = ops::cross_entropy_lse(&l, &t, &losses).unwrap();
+            let part = l.narrow(1, 128, 72).unwrap();
+            ops::cross_entropy_backward_columns(&part, &t, 128, classes, &lse, &g).unwrap()
+        };
+        check(
+            "cross-entropy",
+            dtype,
+            "[70,128..200]",
+            "dlogits columns",
+            &ce_cols_grad(&dev),
+            &ce_cols_grad(&Device::Cpu),
+            tol(dtype),
         );
         let x = random(&[3, 2, 40, 40], 2.0, 0.0, 8, DType::F32);
         let dy = random(&[3, 2, 40, 40], 1.0, 0.0, 9, DType::F32);

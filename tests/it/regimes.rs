@@ -340,11 +340,14 @@ fn flash_attention_keeps_no_probabilities() {
 }
 
 /// The update in backward against the normal step: the same weights to the bit after several
-/// steps, with every engine, precision and checkpointing it may run with.
+/// steps, with every engine, precision and checkpointing it may run with. The update in
+/// backward takes the head's gradient by rows; the normal step is asked to as well, so the
+/// two differ only in when each part is updated (the head by rows against the whole head is
+/// `the_head_by_rows_trains_as_the_whole_head`).
 #[test]
 fn the_update_in_backward_trains_bit_identical_weights() {
     use autotune::knobs::Update;
-    use autotune::model::Engine;
+    use autotune::model::{Engine, HeadGradient};
     for spec in [deeper(small_gpt()), deeper(small_seed(0.2))] {
         let data = Data::open(&DataSpec::Pattern, &spec).unwrap();
         for (precision, checkpointing, engine) in [
@@ -364,6 +367,7 @@ fn the_update_in_backward_trains_bit_identical_weights() {
                 };
                 let mut trainer = Trainer::new(&spec, knobs, &Device::Cpu, 5).unwrap();
                 trainer.set_engine(engine);
+                trainer.set_head_gradient(HeadGradient::ByRows).unwrap();
                 let losses: Vec<f64> = (0..3).map(|_| trainer.step(&data).unwrap().loss).collect();
                 (trainer, losses)
             };
@@ -389,6 +393,46 @@ fn the_update_in_backward_trains_bit_identical_weights() {
             assert!(moments(&normal) == moments(&fused), "{what}: moments");
         }
     }
+}
+
+/// The head's weight gradient by slices of rows trains what the whole head does, up to the
+/// products' summation order, tied or not; the trainer picks it for the exact update in
+/// backward only.
+#[test]
+fn the_head_by_rows_trains_as_the_whole_head() {
+    use autotune::knobs::Update;
+    use autotune::model::HeadGradient;
+    let tied = ModelSpec {
+        tied_embeddings: true,
+        ..small_gpt()
+    };
+    for spec in [small_gpt(), tied] {
+        let data = Data::open(&DataSpec::Pattern, &spec).unwrap();
+        let train = |head| {
+            let mut trainer =
+                Trainer::new(&spec, Knobs::new(2, Precision::Fp32), &Device::Cpu, 5).unwrap();
+            assert_eq!(trainer.head_gradient(), HeadGradient::Whole);
+            trainer.set_head_gradient(head).unwrap();
+            let losses: Vec<f64> = (0..3).map(|_| trainer.step(&data).unwrap().loss).collect();
+            (trainer.master_weights().unwrap(), losses)
+        };
+        let (whole, whole_losses) = train(HeadGradient::Whole);
+        let (rows, rows_losses) = train(HeadGradient::ByRows);
+        for (a, b) in whole_losses.iter().zip(&rows_losses) {
+            assert!((a - b).abs() <= 1e-5 * a.abs(), "{}: {a} vs {b}", spec.name);
+        }
+        for (a, b) in whole.iter().zip(&rows) {
+            let diff = (a - b).unwrap().abs().unwrap().max_all().unwrap();
+            let diff = diff.to_scalar::<f32>().unwrap();
+            assert!(diff <= 1e-4, "{}: weights differ by {diff}", spec.name);
+        }
+    }
+    let fused = Knobs {
+        update: Update::InBackward,
+        ..Knobs::new(2, Precision::Bf16)
+    };
+    let trainer = Trainer::new(&small_gpt(), fused, &Device::Cpu, 0).unwrap();
+    assert_eq!(trainer.head_gradient(), HeadGradient::ByRows);
 }
 
 /// Where the update in backward would not be the normal step, a trainer refuses it and says

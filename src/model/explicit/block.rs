@@ -170,7 +170,9 @@ impl<'a> BlockWeights<'a> {
     }
 
     /// Gradient of the block input from the gradient of its output; hands over the block's
-    /// parameter gradients.
+    /// parameter gradients, and says when each layer's are settled: its weights are not read
+    /// again in this pass (the half-precision copies were cast before, and a bias or norm is
+    /// read only by its own layer's backward, which is done).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn backward(
         &self,
@@ -195,7 +197,11 @@ impl<'a> BlockWeights<'a> {
         } = saved;
         // Gradient of the feed-forward's residual sum.
         let dsum = match (&last, self.placement) {
-            (Some(last), NormPlacement::Post) => self.norm2.backward(last, dout, grads)?,
+            (Some(last), NormPlacement::Post) => {
+                let d = self.norm2.backward(last, dout, grads)?;
+                grads.layer_settled()?;
+                d
+            }
             _ => dout.clone(),
         };
         drop(last);
@@ -205,6 +211,7 @@ impl<'a> BlockWeights<'a> {
             .ff_out
             .backward_through(&dsum, &dsum, &act, None, m(FF_OUT), grads)?;
         drop(act);
+        grads.layer_settled()?;
         let dff_x = match self.activation {
             Activation::Swiglu => {
                 let dhidden =
@@ -221,6 +228,7 @@ impl<'a> BlockWeights<'a> {
             )?,
         };
         drop((dact, hidden));
+        grads.layer_settled()?;
         // Gradient of `mid` (the attention residual sum).
         let dmid = match self.placement {
             NormPlacement::Pre => (&dsum + self.norm2.backward(&mid, &dff_x, grads)?)?,
@@ -230,16 +238,19 @@ impl<'a> BlockWeights<'a> {
             }
         };
         drop((dsum, dff_x, ff_x, mid));
+        grads.layer_settled()?;
         // Attention output projection, then the heads.
         let dmerged = self
             .out
             .backward_through(&dmid, &dmid, &merged, None, m(ATTN_OUT), grads)?;
+        grads.layer_settled()?;
         let shape = self.shape(b, s);
         let dqkv = attention::backward(attn, &merged, &dmerged, &shape, m(ATTN_PROBS))?;
         drop((dmerged, merged));
         self.rotate(&dqkv, s, Rotation::Backward)?;
         let dattn_in = self.qkv.backward(&dqkv, &attn_in, grads)?;
         drop(dqkv);
+        grads.layer_settled()?;
         let dx = match self.placement {
             NormPlacement::Pre => self.norm1.backward(&x, &dattn_in, grads)?,
             NormPlacement::Post => dattn_in,

@@ -22,6 +22,7 @@
 mod attention;
 mod block;
 mod head;
+mod head_rows;
 mod linear;
 
 use std::collections::HashMap;
@@ -32,7 +33,7 @@ use crate::model::batch::Batch;
 use crate::model::dropout::Dropout;
 use crate::model::gradients::GradientSink;
 use crate::model::recompute::RecomputedBlocks;
-use crate::model::Transformer;
+use crate::model::{HeadGradient, Transformer};
 use crate::ops::{self, DropoutMask};
 use crate::spec::model::{NormPlacement, Positions};
 use crate::{Error, Result};
@@ -40,6 +41,7 @@ use crate::{Error, Result};
 pub use self::attention::Attention;
 use self::block::{BlockWeights, Saved};
 use self::head::{head_row_multiple, Head};
+use self::head_rows::{slice_rows, Deferred, SlicedHead};
 use self::linear::column_sum;
 
 /// Dropout site of the embeddings (blocks use their own parts, see [`Dropout::mask`]).
@@ -53,6 +55,8 @@ const EMBED_PART: u64 = u64::MAX;
 /// A block's weights are cast to the compute dtype when the block runs and dropped after it,
 /// in the forward pass and again in the backward pass: the half-precision copies of the whole
 /// model never exist at once (2 bytes per parameter), for one more cast per block and step.
+/// Within a block's backward pass the sink hears that each layer is settled
+/// ([`GradientSink::settled_layer`]); `head` says how the head's weight gradient is computed.
 #[allow(clippy::too_many_arguments)]
 pub fn forward_backward(
     model: &Transformer,
@@ -60,6 +64,7 @@ pub fn forward_backward(
     batch: &Batch,
     dtype: DType,
     attention: Attention,
+    head: HeadGradient,
     dropout: &Dropout,
     loss_factor: f64,
     sink: &mut dyn GradientSink,
@@ -87,11 +92,32 @@ pub fn forward_backward(
 
     // Head and loss, in chunks of rows; the loss is read at the very end: a read now would
     // stall the device until the forward pass is done, leaving it idle while the backward pass
-    // is being queued. A tied head's weight gradient waits for the embeddings' part.
-    let (loss, mut dx, tied_grad) = {
-        let head = Head::new(model, dtype, head_row_multiple(x.device()))?;
-        let chunk = head.chunk_rows(&x)?;
-        head.loss_and_backward(&x, &batch.targets, loss_factor, chunk, &mut grads)?
+    // is being queued. A tied head's weight gradient waits for the embeddings' part; by rows,
+    // the whole weight gradient waits.
+    let row_multiple = head_row_multiple(x.device());
+    let sliced = match head {
+        HeadGradient::Whole => None,
+        HeadGradient::ByRows => Some(SlicedHead::new(
+            model,
+            dtype,
+            row_multiple,
+            slice_rows(model.spec().d_model, dtype, row_multiple),
+        )?),
+    };
+    let (loss, mut dx, rest) = match &sliced {
+        Some(head) => {
+            let chunk = head.chunk_rows(&x);
+            let (loss, dx, deferred) =
+                head.loss_and_backward(&x, &batch.targets, loss_factor, chunk, &mut grads)?;
+            (loss, dx, HeadRest::Rows(deferred))
+        }
+        None => {
+            let head = Head::new(model, dtype, row_multiple)?;
+            let chunk = head.chunk_rows(&x)?;
+            let (loss, dx, tied) =
+                head.loss_and_backward(&x, &batch.targets, loss_factor, chunk, &mut grads)?;
+            (loss, dx, HeadRest::Tied(tied))
+        }
     };
     drop(x);
     grads.settled()?;
@@ -112,7 +138,38 @@ pub fn forward_backward(
         drop(w);
         grads.settled()?;
     }
-    embed_backward(model, &batch.inputs, &dx, embed_mask, tied_grad, &mut grads)?;
+    match (rest, &sliced) {
+        (HeadRest::Rows(deferred), Some(head)) => {
+            let dropped = embed_backward(
+                model,
+                &batch.inputs,
+                &dx,
+                embed_mask,
+                TiedPart::Deferred,
+                &mut grads,
+            )?
+            .ok_or_else(|| Error::internal("the embeddings kept no gradient for the head"))?;
+            drop(dx);
+            // The positions' gradient, then an untied table's by the head's slices of rows.
+            grads.layer_settled()?;
+            if model.is_tied() {
+                head.weight_grad(deferred, Some((&batch.inputs, &dropped)), &mut grads)?;
+            } else {
+                let table = model.token_embedding();
+                head.table_grad(table, &batch.inputs, &dropped, &mut grads)?;
+                drop(dropped);
+                head.weight_grad(deferred, None, &mut grads)?;
+            }
+        }
+        (HeadRest::Tied(tied), _) => {
+            let tied = match tied {
+                Some(t) => TiedPart::Whole(t),
+                None => TiedPart::Untied,
+            };
+            embed_backward(model, &batch.inputs, &dx, embed_mask, tied, &mut grads)?;
+        }
+        (HeadRest::Rows(_), None) => return Err(Error::internal("a deferred head without one")),
+    }
     grads.finish(model)?;
     grads.settled()?;
     // The first read of the step: it waits for the device. A long enqueue and a short wait
@@ -197,6 +254,25 @@ impl<'a> BlockCaster<'a> {
     }
 }
 
+/// What the head leaves for the end of the backward pass.
+enum HeadRest {
+    /// A tied head's f32 weight gradient, for the embeddings to add their part to.
+    Tied(Option<Tensor>),
+    /// The weight gradient by rows, still to compute.
+    Rows(Deferred),
+}
+
+/// A tied head's part in the embedding table's gradient.
+enum TiedPart {
+    /// The head is not tied.
+    Untied,
+    /// The head's whole f32 gradient: the embeddings' part is added into it.
+    Whole(Tensor),
+    /// The table's gradient goes by rows later (a tied one's with the head's): the lookup's
+    /// output gradient is returned for it.
+    Deferred,
+}
+
 /// What the forward pass left for a block's backward.
 enum LeftForBackward {
     Kept(Saved),
@@ -231,16 +307,17 @@ fn embed(
     Ok(ops::embed(tokens, &table, positions.as_ref(), s, mask)?)
 }
 
-/// Hands over the embedding table's gradient (with a tied head's part, `tied_grad`, added) and
-/// the position table's.
+/// Hands over the embedding table's gradient (with a tied head's part added) and the position
+/// table's; where the table's gradient goes by rows ([`TiedPart::Deferred`]), returns the
+/// lookup's output gradient (dropout applied) for it instead.
 fn embed_backward(
     model: &Transformer,
     tokens: &Tensor,
     dx: &Tensor,
     mask: Option<DropoutMask>,
-    tied_grad: Option<Tensor>,
+    tied: TiedPart,
     grads: &mut Grads,
-) -> Result<()> {
+) -> Result<Option<Tensor>> {
     let (b, s) = tokens.dims2()?;
     let dx = match mask {
         Some(m) => ops::dropout(dx, m)?,
@@ -249,14 +326,18 @@ fn embed_backward(
     let table = model.token_embedding();
     let vocab = table.dim(0)?;
     // A tied head's gradient takes the embeddings' part in place: one table-sized buffer.
-    let grad = match tied_grad {
-        Some(head) => {
+    let for_head = match tied {
+        TiedPart::Whole(head) => {
             ops::embed_backward_into(tokens, &dx, &head)?;
-            head
+            grads.put(table, head)?;
+            None
         }
-        None => ops::embed_backward(tokens, &dx, vocab)?,
+        TiedPart::Untied => {
+            grads.put(table, ops::embed_backward(tokens, &dx, vocab)?)?;
+            None
+        }
+        TiedPart::Deferred => Some(dx.clone()),
     };
-    grads.put(table, grad)?;
     if let Some(positions) = model.position_embedding() {
         let d = dx.dim(1)?;
         // Σ over the batch of each position's gradient, as one product with a ones row.
@@ -275,7 +356,7 @@ fn embed_backward(
         };
         grads.put(positions, full)?;
     }
-    Ok(())
+    Ok(for_head)
 }
 
 /// Routes parameter gradients to the sink, in the parameter's dtype, and checks that every
@@ -283,6 +364,8 @@ fn embed_backward(
 pub(crate) struct Grads<'a> {
     index: HashMap<TensorId, usize>,
     received: Vec<bool>,
+    /// Rows received so far of gradients handed over in parts.
+    rows_received: HashMap<usize, usize>,
     sink: &'a mut dyn GradientSink,
 }
 
@@ -296,12 +379,45 @@ impl<'a> Grads<'a> {
                 .map(|(i, v)| (v.as_tensor().id(), i))
                 .collect(),
             received: vec![false; vars.len()],
+            rows_received: HashMap::new(),
             sink,
         }
     }
 
     /// Hands over the gradient of `var` (any float dtype; cast to the parameter's).
     pub(crate) fn put(&mut self, var: &candle_core::Var, grad: Tensor) -> Result<()> {
+        let i = self.unreceived(var)?;
+        self.received[i] = true;
+        let grad = cast_like(var, &grad)?;
+        self.sink.gradient(i, grad)
+    }
+
+    /// Hands over rows `first..first + grad.dim(0)` of `var`'s gradient; the gradient counts
+    /// as received once every row has come (each exactly once, in any order).
+    pub(crate) fn put_rows(
+        &mut self,
+        var: &candle_core::Var,
+        first: usize,
+        grad: Tensor,
+    ) -> Result<()> {
+        let i = self.unreceived(var)?;
+        let (rows, total) = (grad.dim(0)?, var.dim(0)?);
+        let got = self.rows_received.entry(i).or_insert(0);
+        if first + rows > total || *got + rows > total {
+            return Err(Error::internal(format!(
+                "parameter {i} received more than its {total} rows"
+            )));
+        }
+        *got += rows;
+        if *got == total {
+            self.received[i] = true;
+        }
+        let grad = cast_like(var, &grad)?;
+        self.sink.gradient_rows(i, first, grad)
+    }
+
+    /// The index of `var`, whose gradient has not been received yet.
+    fn unreceived(&self, var: &candle_core::Var) -> Result<usize> {
         let i = self
             .index
             .get(&var.as_tensor().id())
@@ -312,17 +428,17 @@ impl<'a> Grads<'a> {
                 "parameter {i} received two gradients"
             )));
         }
-        self.received[i] = true;
-        let grad = match var.dtype() {
-            DType::F32 => ops::to_f32(&grad)?,
-            dtype => grad.to_dtype(dtype)?,
-        };
-        self.sink.gradient(i, grad)
+        Ok(i)
     }
 
     /// Tells the sink that the gradients handed over so far are complete.
     fn settled(&mut self) -> Result<()> {
         self.sink.settled()
+    }
+
+    /// Tells the sink that the gradients handed over so far are complete, at a layer's grain.
+    pub(crate) fn layer_settled(&mut self) -> Result<()> {
+        self.sink.settled_layer()
     }
 
     fn finish(&self, model: &Transformer) -> Result<()> {
@@ -333,4 +449,12 @@ impl<'a> Grads<'a> {
             None => Ok(()),
         }
     }
+}
+
+/// `grad` in `var`'s dtype.
+fn cast_like(var: &candle_core::Var, grad: &Tensor) -> Result<Tensor> {
+    Ok(match var.dtype() {
+        DType::F32 => ops::to_f32(grad)?,
+        dtype => grad.to_dtype(dtype)?,
+    })
 }

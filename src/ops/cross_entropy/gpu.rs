@@ -77,3 +77,46 @@ pub(super) fn bwd<T: Elem>(
     unsafe { args.launch(cuda::row_config(rows, cols)?) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(dx, dev.clone()))
 }
+
+/// The backward over the columns `first..first + cols` of the logits alone, from each row's
+/// log-sum-exp (`ce_bwd_cols`).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn bwd_columns<T: Elem>(
+    logits: &CudaSlice<T>,
+    l1: &Layout,
+    targets: &CudaStorage,
+    l2: &Layout,
+    lse_grad: &CudaStorage,
+    l3: &Layout,
+    first: usize,
+    classes: usize,
+    dev: &CudaDevice,
+) -> Result<CudaStorage> {
+    let (rows, cols) = rows_cols(l1);
+    let x = cuda::slice_view(logits, l1, NAME)?;
+    let t = cuda::view::<u32>(targets, l2, NAME)?;
+    let lg = cuda::view::<f32>(lse_grad, l3, NAME)?;
+    let func = cuda::kernel(dev, &cuda::CROSS_ENTROPY, "ce_bwd_cols", T::DTYPE)?;
+    // SAFETY: the kernel launched below writes every element.
+    let mut dx = unsafe { cuda::output::<T>(dev, rows * cols) }?;
+    let (n_rows, n_first, n_classes, n_cols) = (
+        cuda::dim(rows, "rows")?,
+        cuda::dim(first, "first column")?,
+        cuda::dim(classes, "classes")?,
+        cuda::dim(cols, "columns")?,
+    );
+    let stream = dev.cuda_stream();
+    let mut args = stream.launch_builder(&func);
+    args.arg(&x)
+        .arg(&t)
+        .arg(&lg)
+        .arg(&mut dx)
+        .arg(&n_rows)
+        .arg(&n_first)
+        .arg(&n_classes)
+        .arg(&n_cols);
+    // SAFETY: the arguments match `ce_bwd_cols_<T>(const T*, const uint32_t*, const float*,
+    // T*, int, int, int, int)`; `lg` holds 2·rows floats, `x` and `dx` rows·cols elements.
+    unsafe { args.launch(cuda::row_config(rows, cols)?) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(dx, dev.clone()))
+}

@@ -151,6 +151,7 @@ pub(super) fn embed_grad<T: Elem>(
     l3: &Layout,
     (ids, l2): (&CudaStorage, &Layout),
     (table, l1): (&mut CudaStorage, &Layout),
+    first: u32,
     dev: &CudaDevice,
 ) -> Result<()> {
     let d = cols_of(l3);
@@ -175,9 +176,10 @@ pub(super) fn embed_grad<T: Elem>(
         .arg(&mut table)
         .arg(&n)
         .arg(&d32)
-        .arg(&vocab32);
+        .arg(&vocab32)
+        .arg(&first);
     // SAFETY: the arguments match `embed_grad_<T>`; `d_out` holds n = rows·d elements and
-    // `table` vocab·d floats, which the kernel indexes only by ids below vocab.
+    // `table` vocab·d floats, which the kernel indexes only by `id − first` below vocab.
     unsafe { args.launch(cuda::elementwise_config(n)) }.w()?;
     Ok(())
 }

@@ -12,7 +12,7 @@ use crate::ops::cuda;
 
 fn int(v: usize, what: &str) -> Result<i32> {
     i32::try_from(v).map_err(|_| {
-        candle_core::Error::Msg(format!("weight gradient: {what} {v} is over cuBLAS's int"))
+        candle_core::Error::Msg(format!("gradient product: {what} {v} is over cuBLAS's int"))
     })
 }
 
@@ -29,12 +29,7 @@ pub(super) fn accumulate_product_tn(acc: &Tensor, dy: &Tensor, x: &Tensor) -> Re
     if rows == 0 || out == 0 || inputs == 0 {
         return Ok(());
     }
-    let data_type = match dy.dtype() {
-        DType::BF16 => sys::cudaDataType_t::CUDA_R_16BF,
-        DType::F16 => sys::cudaDataType_t::CUDA_R_16F,
-        DType::F32 => sys::cudaDataType_t::CUDA_R_32F,
-        other => bail!("weight gradient: products of {other:?} are not supported"),
-    };
+    let data_type = data_type(dy.dtype())?;
     let (m, n, k) = (
         int(inputs, "width")?,
         int(out, "outputs")?,
@@ -63,6 +58,79 @@ pub(super) fn accumulate_product_tn(acc: &Tensor, dy: &Tensor, x: &Tensor) -> Re
             b as *const c_void,
             data_type,
             n,
+            (&beta as *const f32).cast::<c_void>(),
+            c as *mut c_void,
+            sys::cudaDataType_t::CUDA_R_32F,
+            m,
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+    }
+    .w()?;
+    Ok(())
+}
+
+/// The cuBLAS type of a product's operands.
+fn data_type(dtype: DType) -> Result<sys::cudaDataType_t> {
+    Ok(match dtype {
+        DType::BF16 => sys::cudaDataType_t::CUDA_R_16BF,
+        DType::F16 => sys::cudaDataType_t::CUDA_R_16F,
+        DType::F32 => sys::cudaDataType_t::CUDA_R_32F,
+        other => bail!("gradient product: products of {other:?} are not supported"),
+    })
+}
+
+/// `acc += dy[:, first..first + k] · w` (checked shapes, contiguous operands) as one `GemmEx`.
+///
+/// Row-major `acc (rows × in)` is column-major `accᵀ (in × rows)` = `wᵀ · dy[:, cols]ᵀ`: `w`
+/// is the column-major `in × k` matrix it already is, and the column block of `dy` the
+/// column-major `k × rows` matrix that starts `first` elements in, with `dy`'s row length as
+/// its leading dimension.
+pub(super) fn accumulate_product_nn(
+    acc: &Tensor,
+    dy: &Tensor,
+    first: usize,
+    w: &Tensor,
+) -> Result<()> {
+    let candle_core::Device::Cuda(dev) = acc.device() else {
+        bail!("input gradient: the sum is not on a GPU");
+    };
+    let (rows, inputs) = acc.dims2()?;
+    let (k, cols) = (w.dim(0)?, dy.dim(1)?);
+    if rows == 0 || inputs == 0 || k == 0 {
+        return Ok(());
+    }
+    let data_type = data_type(dy.dtype())?;
+    let (m, n, kk, ld_dy) = (
+        int(inputs, "width")?,
+        int(rows, "rows")?,
+        int(k, "weight rows")?,
+        int(cols, "columns")?,
+    );
+    let address = |t: &Tensor| cuda::address(t, "input gradient");
+    let offset = (first * dy.dtype().size_in_bytes()) as u64;
+    let (a, b, c) = (address(w)?, address(dy)? + offset, address(acc)?);
+    let (alpha, beta) = (1f32, 1f32);
+    let blas = dev.cublas_handle();
+    // SAFETY: the handle runs on candle's stream, which orders this product after the kernels
+    // that wrote `w`, `dy` and `acc`. `w` holds k·in elements of `data_type`, `acc` rows·in
+    // f32, and `dy` rows·cols elements of which the product reads columns first..first + k of
+    // every row (checked: first + k ≤ cols), with the row length as leading dimension.
+    unsafe {
+        result::gemm_ex(
+            *blas.handle(),
+            sys::cublasOperation_t::CUBLAS_OP_N,
+            sys::cublasOperation_t::CUBLAS_OP_N,
+            m,
+            n,
+            kk,
+            (&alpha as *const f32).cast::<c_void>(),
+            a as *const c_void,
+            data_type,
+            m,
+            b as *const c_void,
+            data_type,
+            ld_dy,
             (&beta as *const f32).cast::<c_void>(),
             c as *mut c_void,
             sys::cudaDataType_t::CUDA_R_32F,

@@ -39,6 +39,24 @@ __device__ void ce_bwd(const T *logits, const uint32_t *targets, const float *lo
     }
 }
 
+// The same gradient for the columns first..first + cols of each row alone (`logits` holds only
+// those), from each row's log-sum-exp: `lse_grad` holds the per-row log-sum-exps followed by
+// the per-row upstream gradients. Columns at or past `classes` get zero.
+template <typename T>
+__device__ void ce_bwd_cols(const T *logits, const uint32_t *targets, const float *lse_grad,
+                            T *dlogits, int rows, int first, int classes, int cols) {
+    const size_t row = blockIdx.x;
+    const T *x = logits + row * cols;
+    T *dx = dlogits + row * cols;
+    const int t = (int)targets[row];
+    const float lse = lse_grad[row], g = lse_grad[rows + row];
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+        const int col = first + j;
+        const float p = col < classes ? expf(to_f32(x[j]) - lse) : 0.f;
+        dx[j] = from_f32<T>((p - (col == t ? 1.f : 0.f)) * g);
+    }
+}
+
 #define CE_KERNELS(T, NAME)                                                                    \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                  \
         ce_fwd_##NAME(const T *logits, const uint32_t *targets, float *loss, int classes,      \
@@ -49,6 +67,11 @@ __device__ void ce_bwd(const T *logits, const uint32_t *targets, const float *lo
         ce_bwd_##NAME(const T *logits, const uint32_t *targets, const float *loss_grad,        \
                       T *dlogits, int rows, int classes, int cols) {                           \
         ce_bwd<T>(logits, targets, loss_grad, dlogits, rows, classes, cols);                   \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                  \
+        ce_bwd_cols_##NAME(const T *logits, const uint32_t *targets, const float *lse_grad,    \
+                           T *dlogits, int rows, int first, int classes, int cols) {           \
+        ce_bwd_cols<T>(logits, targets, lse_grad, dlogits, rows, first, classes, cols);        \
     }
 
 CE_KERNELS(float, f32)

@@ -3,7 +3,8 @@
 //   forward:  out = residual + dropout(act(y + bias))      (each part optional)
 //   backward: dy  = dropout(dout) * act'(y + bias)
 //   embed:    out = dropout(table[ids[r]] + positions[r % seq])
-//   embed_grad: dtable[ids[r]] += d[r]  (float atomics: summation order is not fixed)
+//   embed_grad: dtable[ids[r] - first] += d[r]  (float atomics: summation order is not fixed;
+//               ids outside the table's rows from `first` on are skipped)
 //
 // An id at or past the table's `vocab` rows is never read or written through: the lookup
 // gives NaN (a kernel cannot return an error, and NaN makes the bad batch visible in the
@@ -154,11 +155,12 @@ __device__ void embed_fwd(const uint32_t *ids, const T *table, const T *position
 
 template <typename T>
 __device__ void embed_grad(const uint32_t *ids, const T *d_out, float *d_table, size_t n, int d,
-                           uint32_t vocab) {
+                           uint32_t vocab, uint32_t first) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         const size_t r = i / d, c = i % d;
-        const uint32_t id = ids[r];
+        // Below `first` the difference wraps past `vocab`: skipped like an id past the rows.
+        const uint32_t id = ids[r] - first;
         if (id < vocab) atomicAdd(d_table + (size_t)id * d + c, to_f32(d_out[i]));
     }
 }
@@ -186,8 +188,8 @@ __device__ void embed_grad(const uint32_t *ids, const T *d_out, float *d_table, 
     }                                                                                          \
     extern "C" __global__ void embed_grad_##NAME(const uint32_t *ids, const T *d_out,          \
                                                  float *d_table, size_t n, int d,              \
-                                                 uint32_t vocab) {                             \
-        embed_grad<T>(ids, d_out, d_table, n, d, vocab);                                       \
+                                                 uint32_t vocab, uint32_t first) {             \
+        embed_grad<T>(ids, d_out, d_table, n, d, vocab, first);                                \
     }
 
 EPILOGUE_KERNELS(float, f32)

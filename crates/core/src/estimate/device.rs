@@ -78,6 +78,15 @@ pub(super) fn peak(
         model.vocab_size
     } as f64;
     let padded = vocab > model.vocab_size as f64;
+    // The exact update in backward differentiates the head by slices of rows: no whole copy
+    // or gradient of its weight exists.
+    let by_rows = knobs.update == Update::InBackward && knobs.state.is_exact() && !offload;
+    let slice_rows = crate::spec::state::head_slice_rows(
+        model.d_model,
+        e as usize,
+        if on_gpu { GPU_VOCAB_MULTIPLE } else { 1 },
+    )
+    .min(model.vocab_size) as f64;
     let materialized = attention == Attention::Materialized;
 
     // Per sequence.
@@ -111,13 +120,22 @@ pub(super) fn peak(
     // The head's working set.
     let chunk_rows = ((CHUNK_LOGIT_BYTES / (vocab * e) / 64.0).floor() * 64.0).max(64.0);
     let logit_bytes = 2.0 * e + if half && !on_gpu { 8.0 } else { 0.0 };
-    let head_chunk =
-        (b * s).min(chunk_rows) * vocab * logit_bytes + 4.0 * (d + 1.0) * vocab + e * d * vocab;
+    let head_rows = (b * s).min(chunk_rows);
+    let head_chunk = if by_rows {
+        // One slice's weights, and the chunk's f32 input gradient.
+        head_rows * vocab * logit_bytes + e * slice_rows * d + 4.0 * head_rows * d
+    } else {
+        head_rows * vocab * logit_bytes + 4.0 * (d + 1.0) * vocab + e * d * vocab
+    };
 
     // Gradients held once `n` parameters have theirs.
     let groups = model.parameter_groups();
     let p = model.parameter_count() as f64;
-    let largest_part = groups.largest() as f64;
+    let largest_part = if by_rows {
+        (crate::spec::state::exact_in_backward_gradients(model, knobs.precision) / 4) as f64
+    } else {
+        groups.largest() as f64
+    };
     let accumulating = knobs.grad_accum > 1;
     let bucket = if knobs.data_parallel.degree > 1 {
         BUCKET_BYTES
@@ -143,7 +161,7 @@ pub(super) fn peak(
 
     // A tied head's f32 weight gradient waits through the backward pass for the embeddings'
     // part, and meets it at the end (without offload, whose parts go to the host).
-    let tied = if model.tied_embeddings && !offload {
+    let tied = if model.tied_embeddings && !offload && !by_rows {
         4.0 * (model.vocab_size * model.d_model) as f64
     } else {
         0.0
@@ -188,13 +206,15 @@ pub(super) fn peak(
         state.moments as f64
     };
     let casts = if half && !offload {
-        e * (groups.block.max(groups.head) as f64)
+        e * (groups.block.max(if by_rows { 0 } else { groups.head }) as f64)
     } else {
         0.0
     };
     // The head's weights are copied when they are cast (half precision, unless offload keeps
-    // them half already) or padded (on a GPU).
-    let head_copy = if (half && !offload) || (on_gpu && (padded || half)) {
+    // them half already) or padded (on a GPU); by rows, a slice at a time (in `head_chunk`).
+    let head_copy = if by_rows {
+        0.0
+    } else if (half && !offload) || (on_gpu && (padded || half)) {
         e * (d + 1.0) * vocab
     } else {
         0.0

@@ -42,14 +42,20 @@
 //! The head runs in chunks of `c = max(64, ⌊256 MiB / (V′·e) / 64⌋·64)` rows: at most
 //! `min(b·s, c)` rows of logits and their gradient exist at once, `2e` bytes per logit (`2e + 8`
 //! on the CPU in half precision, whose cross entropy works in f32), beside the head's f32
-//! weight-gradient sum `4·(d + 1)·V′` and one chunk's product `e·d·V′`.
+//! weight-gradient sum `4·(d + 1)·V′` and one chunk's product `e·d·V′`. The exact update in
+//! backward takes the head by slices of `r` rows (16 MiB in the compute dtype) instead: beside
+//! the logits, one slice's weights `e·r·d` and the chunk's f32 input gradient `4·c·d`, and
+//! no whole copy or gradient of the head's weight.
 //!
 //! Gradients held once `n` parameters have theirs, `G(n)`: after the backward pass `4n` (with
-//! accumulation `4P` throughout: the sum); updating in backward `4·min(n, largest part)`; with
-//! offload, on a GPU, the parts on their way to the host, `e·min(n, head + 2·block)`, and on the
-//! CPU none. Data parallelism adds one 64 MiB f32 bucket being summed. Without offload, a tied
-//! head's weight gradient (`4·V·d`) waits through the backward pass for the embeddings' part,
-//! which it meets at the end.
+//! accumulation `4P` throughout: the sum); updating in backward with the exact optimizer
+//! `4·min(n, max(largest layer, r·d, positions, head vectors))` (each layer updated as soon as
+//! it is done, the head's weight and the embedding table by slices of rows after the rest),
+//! with a compact layout `4·min(n, largest part)`; with offload, on a GPU, the parts on their
+//! way to the host, `e·min(n, head + 2·block)`, and on the CPU none. Data parallelism adds one
+//! 64 MiB f32 bucket being summed. Otherwise, without offload, a tied head's weight gradient
+//! (`4·V·d`) waits through the backward pass for the embeddings' part, which it meets at the
+//! end.
 //!
 //! # The peak
 //!

@@ -65,19 +65,20 @@ fn every_saving_knob_lowers_the_part_it_should() {
     assert_eq!(checkpointed.optimizer_state, base.optimizer_state);
 
     // Updating in backward saves the gradients where they set the peak (one sequence: after
-    // the backward pass, every gradient held); at eight sequences the start of the backward
-    // pass, with the head's gradients only, is the peak either way (as the gpt-1.3b recording
-    // measured at four: 23.18 GiB both).
+    // the backward pass, every gradient held); at eight sequences, where the head's backward
+    // sets the peak, it saves the head's whole f32 gradient and half-precision weight copy,
+    // since it takes the head by slices of rows.
     let in_backward = |b| Knobs {
         update: Update::InBackward,
         ..knobs(b, Precision::Bf16)
     };
     let one = gpu(&model, &knobs(1, Precision::Bf16));
     let fused = gpu(&model, &in_backward(1));
-    assert!(fused.gradients <= 4 * model.parameter_groups().largest() as u64);
+    assert!(fused.gradients <= 4 * model.parameter_groups().layer as u64);
     let p = model.parameter_count() as u64;
     assert!(fused.total() + 2 * p < one.total(), "{fused:?} vs {one:?}");
-    assert_eq!(gpu(&model, &in_backward(8)).total(), base.total());
+    let head = (model.vocab_size * model.d_model) as u64;
+    assert!(gpu(&model, &in_backward(8)).total() + 6 * head <= base.total());
 
     let offload = Knobs {
         offload: Offload::Optimizer,

@@ -711,7 +711,10 @@ impl ModelSpec {
         ParameterGroups {
             embeddings: get(|c| c.embeddings),
             block: get(|c| c.block),
+            layer: get(|c| c.layer),
             head: get(|c| c.head),
+            head_vectors: get(|c| c.head_vectors),
+            positions: get(|c| c.embeddings - c.vocab_rows),
         }
     }
 
@@ -732,8 +735,14 @@ pub struct ParameterGroups {
     pub embeddings: usize,
     /// One Transformer block.
     pub block: usize,
+    /// A block's largest layer (a matrix with its bias, or a norm).
+    pub layer: usize,
     /// The final norm and the vocabulary head.
     pub head: usize,
+    /// The head part's vectors: the final norm and the head's bias.
+    pub head_vectors: usize,
+    /// The learned position table (zero without one).
+    pub positions: usize,
 }
 
 impl ParameterGroups {

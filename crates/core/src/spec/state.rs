@@ -7,10 +7,10 @@
 //! |---|---|---|
 //! | weights | 4 (the f32 masters are the model) or, with offload, 2 (bf16/f16 working copies of the matrices; 4 in fp32 and for vectors) | with offload, 4 (f32 masters), and 2 more for the half-precision copies staged for upload |
 //! | Adam moments | 8, or none with offload | with offload, 8 |
-//! | gradients | 4 (f32, all of them until the update) or, updating in backward, 4 × the largest part's parameters (and a tied head's weight, held until the embeddings' part is added) | with offload, 4 (f32 sums) |
+//! | gradients | 4 (f32, all of them until the update) or, updating in backward, 4 × the most parameters whose gradients wait at once ([`exact_in_backward_gradients`]) | with offload, 4 (f32 sums) |
 //!
 //! So the normal step holds 16 bytes per parameter on the device, the update in backward
-//! 12 plus one part's gradients, and offload in bf16 2 on the device and, on the host, 12 when
+//! 12 plus one layer's gradients, and offload in bf16 2 on the device and, on the host, 12 when
 //! the step streams ([`offload_streams`]: the gradients and new weights of a few parts in
 //! flight are not state) or 18 when it sums (f32 gradient sums and staged copies). Transients are
 //! not state: the half-precision copy of one block's weights while it runs, and with offload
@@ -83,16 +83,9 @@ impl StateBytes {
         }
         let p = model.parameter_count() as u64;
         let vectors = model.vector_parameter_count() as u64;
-        // A tied head's weight gradient waits for the embeddings' part through the backward
-        // pass: with the update in backward it is held beside each part's.
-        let tied = if model.tied_embeddings {
-            4 * (model.vocab_size * model.d_model) as u64
-        } else {
-            0
-        };
         let gradients = match knobs.update {
             Update::AfterBackward => 4 * p,
-            Update::InBackward => 4 * model.parameter_groups().largest() as u64 + tied,
+            Update::InBackward => exact_in_backward_gradients(model, knobs.precision),
         };
         match knobs.offload {
             Offload::None => Self {
@@ -189,6 +182,35 @@ impl StateBytes {
     }
 }
 
+/// The most bytes one half-precision slice of a vocabulary head's weight takes when its
+/// gradient goes by rows (the engine's `head_rows`).
+pub const HEAD_SLICE_BYTES: usize = 16 << 20;
+
+/// The rows per slice of a head weight `width` wide in elements of `element_bytes`: as many as
+/// fit [`HEAD_SLICE_BYTES`], a multiple of `row_multiple` (at least one multiple).
+pub fn head_slice_rows(width: usize, element_bytes: usize, row_multiple: usize) -> usize {
+    let m = row_multiple.max(1);
+    (HEAD_SLICE_BYTES / (width.max(1) * element_bytes.max(1)) / m * m).max(m)
+}
+
+/// The f32 gradient bytes the exact update in backward holds at once. Each layer of a block is
+/// updated as soon as its backward pass is done. The head's weight and the embedding table
+/// get their gradients by slices of rows after the rest of the backward pass (a tied matrix's
+/// once, with both parts), so the head part holds its vectors' (final norm, bias) and the
+/// embeddings the positions'.
+pub fn exact_in_backward_gradients(model: &ModelSpec, precision: Precision) -> u64 {
+    let g = model.parameter_groups();
+    let (vocab, d) = (model.vocab_size, model.d_model);
+    let element = match precision {
+        Precision::Fp32 => 4,
+        Precision::Bf16 | Precision::Fp16 => 2,
+    };
+    // The GPU's row multiple (the CPU's is 1: the same slices wherever the width is a power
+    // of two).
+    let slice = head_slice_rows(d, element, 64).min(vocab) * d;
+    4 * g.layer.max(g.head_vectors).max(g.positions).max(slice) as u64
+}
+
 /// The gradient bytes of the model's largest part when matrices' gradients are bf16 and
 /// vectors' f32.
 fn largest_half_part(model: &ModelSpec) -> u64 {
@@ -231,11 +253,12 @@ mod tests {
         assert_eq!(normal.device.total(), 16 * p);
         assert_eq!(normal.host.total(), 0);
         let fused = StateBytes::of(&model, &knobs(Update::InBackward, Offload::None));
-        let largest = model.parameter_groups().largest() as u64;
-        assert_eq!(fused.device.total(), 12 * p + 4 * largest);
-        // gpt-1.3b's largest part is its embeddings (50257 tokens and 1024 positions of 2048
-        // values): under 12.5 bytes per parameter in all.
-        assert!(fused.device.total() < 12 * p + p / 2);
+        // gpt-1.3b's largest layer is a feed-forward matrix (2048 × 8192) with its bias; its
+        // head's slices of 4096 rows (16 MiB in bf16) are smaller.
+        let layer = (2048 * 8192 + 8192) as u64;
+        assert_eq!(model.parameter_groups().layer as u64, layer);
+        assert_eq!(fused.device.total(), 12 * p + 4 * layer);
+        assert!(fused.device.total() < 12 * p + p / 20);
         let offload = StateBytes::of(&model, &knobs(Update::AfterBackward, Offload::Optimizer));
         let vectors = model.vector_parameter_count() as u64;
         assert_eq!(offload.device.total(), 2 * p + 2 * vectors);

@@ -9,8 +9,12 @@ use super::{Activation, ModelSpec, NormKind, NormPlacement, Positions};
 pub(crate) struct Counts {
     /// Token embeddings (shared with the head when tied) and learned positions.
     pub embeddings: u64,
+    /// The token embedding table alone.
+    pub vocab_rows: u64,
     /// One Transformer block.
     pub block: u64,
+    /// A block's largest layer: a matrix with its bias, or a norm.
+    pub layer: u64,
     /// The final norm and the head's own parameters (none of the matrix when tied).
     pub head: u64,
     /// Bias and norm vectors of one block.
@@ -47,6 +51,11 @@ impl Counts {
             .checked_add(d.checked_mul(d)?)?
             .checked_add(d.checked_mul(ff_in)?)?
             .checked_add(ff.checked_mul(d)?)?;
+        let layer = (d.checked_mul(qkv)?.checked_add(bias(b.qkv, qkv))?)
+            .max(d.checked_mul(d)?.checked_add(bias(b.out, d))?)
+            .max(d.checked_mul(ff_in)?.checked_add(bias(b.mlp, ff_in))?)
+            .max(ff.checked_mul(d)?.checked_add(bias(b.mlp, d))?)
+            .max(norm);
         let positions = match spec.positions {
             Positions::None | Positions::Rotary(_) => 0,
             Positions::Learned => n(spec.seq_len).checked_mul(d)?,
@@ -63,7 +72,9 @@ impl Counts {
         };
         Some(Self {
             embeddings: vocab.checked_mul(d)?.checked_add(positions)?,
+            vocab_rows: vocab.checked_mul(d)?,
             block: matrices.checked_add(block_vectors)?,
+            layer,
             head: head_matrix.checked_add(head_vectors)?,
             block_vectors,
             head_vectors,
