@@ -136,9 +136,10 @@ pub const PRUNE_SLACK: f64 = 0.05;
 
 /// The smallest throughput gain a regime's open micro-batches must be able to bring for the
 /// search to probe them (see the module docs, "Convergence"): below the timing resolution of a
-/// search trial. On the gpt-1.3b recording, micro-batches 32 to 38 with checkpointing measured
-/// 39.4k to 40.4k tokens/s in no monotone order, a spread of 2 % where the device's work per
-/// sequence is constant.
+/// search trial. On the 2026-12-04 gpt-1.3b recording
+/// (`benches/results/archive/2026-12-04-h200-gpt-1.3b-converged/`), micro-batches 32 to 38
+/// with checkpointing measured 39.4k to 40.4k tokens/s in no monotone order, a spread of 2 %
+/// where the device's work per sequence is constant.
 pub const RESOLUTION_GAIN: f64 = 0.01;
 
 /// How far past the memory model's predicted boundary the pruning bound still looks (see

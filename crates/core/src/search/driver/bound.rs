@@ -183,8 +183,9 @@ impl SearchDriver {
     ///
     /// Why the most: a regime's peak is the larger of its activations' and its optimizer's
     /// transients, and at small batches the second can dominate, so the peak hardly grows
-    /// there. On the gpt-1.3b recording checkpointing after backward grew by 22 MiB per
-    /// sequence between 6 and 12 sequences, under its update's peak; with the update in
+    /// there. On the 2026-12-04 gpt-1.3b recording (`benches/results/archive/`) checkpointing
+    /// after backward grew by 22 MiB per sequence between 6 and 12 sequences, under its
+    /// update's peak; with the update in
     /// backward the same activations grew by 190 MiB per sequence between 24 and 32, and
     /// offloaded by 213 MiB between 48 and 96. A twin's flat secant would put the reach past
     /// every candidate.
