@@ -95,23 +95,16 @@ pub fn forward_backward(
     // is being queued. A tied head's weight gradient waits for the embeddings' part; by rows,
     // the whole weight gradient waits.
     let row_multiple = head_row_multiple(x.device());
-    let sliced = match head {
-        HeadGradient::Whole => None,
-        HeadGradient::ByRows => Some(SlicedHead::new(
-            model,
-            dtype,
-            row_multiple,
-            slice_rows(model.spec().d_model, dtype, row_multiple),
-        )?),
-    };
-    let (loss, mut dx, rest) = match &sliced {
-        Some(head) => {
+    let (loss, mut dx, rest) = match head {
+        HeadGradient::ByRows => {
+            let slice = slice_rows(model.spec().d_model, dtype, row_multiple);
+            let head = SlicedHead::new(model, dtype, row_multiple, slice)?;
             let chunk = head.chunk_rows(&x);
             let (loss, dx, deferred) =
                 head.loss_and_backward(&x, &batch.targets, loss_factor, chunk, &mut grads)?;
-            (loss, dx, HeadRest::Rows(deferred))
+            (loss, dx, HeadRest::Rows(head, deferred))
         }
-        None => {
+        HeadGradient::Whole => {
             let head = Head::new(model, dtype, row_multiple)?;
             let chunk = head.chunk_rows(&x)?;
             let (loss, dx, tied) =
@@ -138,8 +131,8 @@ pub fn forward_backward(
         drop(w);
         grads.settled()?;
     }
-    match (rest, &sliced) {
-        (HeadRest::Rows(deferred), Some(head)) => {
+    match rest {
+        HeadRest::Rows(head, deferred) => {
             let dropped = embed_backward(
                 model,
                 &batch.inputs,
@@ -161,14 +154,13 @@ pub fn forward_backward(
                 head.weight_grad(deferred, None, &mut grads)?;
             }
         }
-        (HeadRest::Tied(tied), _) => {
+        HeadRest::Tied(tied) => {
             let tied = match tied {
                 Some(t) => TiedPart::Whole(t),
                 None => TiedPart::Untied,
             };
             embed_backward(model, &batch.inputs, &dx, embed_mask, tied, &mut grads)?;
         }
-        (HeadRest::Rows(_), None) => return Err(Error::internal("a deferred head without one")),
     }
     grads.finish(model)?;
     grads.settled()?;
@@ -255,11 +247,11 @@ impl<'a> BlockCaster<'a> {
 }
 
 /// What the head leaves for the end of the backward pass.
-enum HeadRest {
+enum HeadRest<'a> {
     /// A tied head's f32 weight gradient, for the embeddings to add their part to.
     Tied(Option<Tensor>),
-    /// The weight gradient by rows, still to compute.
-    Rows(Deferred),
+    /// The head whose weight gradient by rows is still to compute, and what it reads.
+    Rows(SlicedHead<'a>, Deferred),
 }
 
 /// A tied head's part in the embedding table's gradient.
