@@ -48,6 +48,14 @@ pub fn cross_entropy_rows_padded(
     check_input(logits, NAME)?;
     let (rows, cols) = logits.dims2()?;
     check_classes(classes, cols)?;
+    let targets = check_targets(targets, rows)?;
+    logits
+        .contiguous()?
+        .apply_op2(&targets, CrossEntropy { classes })
+}
+
+/// `targets` as a contiguous vector of `rows` u32 class indices, or an error.
+fn check_targets(targets: &Tensor, rows: usize) -> Result<Tensor> {
     let targets = targets.flatten_all()?;
     if targets.dtype() != DType::U32 || targets.elem_count() != rows {
         bail!(
@@ -56,9 +64,7 @@ pub fn cross_entropy_rows_padded(
             targets.shape()
         );
     }
-    logits
-        .contiguous()?
-        .apply_op2(&targets.contiguous()?, CrossEntropy { classes })
+    targets.contiguous()
 }
 
 fn check_classes(classes: usize, cols: usize) -> Result<()> {
@@ -89,7 +95,10 @@ pub fn cross_entropy_backward(
     logits.contiguous()?.apply_op3_no_bwd(
         &targets.flatten_all()?.contiguous()?,
         &loss_grad,
-        &CrossEntropyGrad { classes },
+        &CrossEntropyGrad {
+            classes,
+            lse: Lse::FromLoss,
+        },
     )
 }
 
@@ -119,10 +128,7 @@ pub fn cross_entropy_backward_columns(
 ) -> Result<Tensor> {
     check_input(logits, NAME)?;
     let rows = logits.dim(0)?;
-    let targets = targets.flatten_all()?;
-    if targets.dtype() != DType::U32 || targets.elem_count() != rows {
-        bail!("{NAME}: targets must be {rows} u32 class indices");
-    }
+    let targets = check_targets(targets, rows)?;
     if lse.elem_count() != rows || row_grad.elem_count() != rows {
         bail!("{NAME}: one log-sum-exp and one upstream gradient per row");
     }
@@ -134,65 +140,13 @@ pub fn cross_entropy_backward_columns(
         0,
     )?;
     logits.contiguous()?.apply_op3_no_bwd(
-        &targets.contiguous()?,
+        &targets,
         &lse_grad,
-        &CrossEntropyColumnsGrad { first, classes },
+        &CrossEntropyGrad {
+            classes,
+            lse: Lse::Given { first },
+        },
     )
-}
-
-/// Backward over some columns: `(logits[:, first..], targets, [lse; grad]) → grad_logits`.
-struct CrossEntropyColumnsGrad {
-    first: usize,
-    classes: usize,
-}
-
-impl CustomOp3 for CrossEntropyColumnsGrad {
-    fn name(&self) -> &'static str {
-        "fused-cross-entropy-columns-grad"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let (rows, cols) = rows_cols(l1);
-        let targets = contiguous(u32::cpu_storage_as_slice(s2)?, l2, NAME)?;
-        let lse_grad = contiguous(f32::cpu_storage_as_slice(s3)?, l3, NAME)?;
-        let logits = input_f32(s1, l1, NAME)?;
-        let mut dx = vec![0f32; logits.len()];
-        for r in 0..rows {
-            let (lse, g) = (lse_grad[r], lse_grad[rows + r]);
-            let t = targets[r] as usize;
-            for j in 0..cols {
-                let col = self.first + j;
-                if col >= self.classes {
-                    break;
-                }
-                let p = (logits[r * cols + j] - lse).exp();
-                dx[r * cols + j] = if col == t { (p - 1.0) * g } else { p * g };
-            }
-        }
-        Ok((output(dx, s1.dtype())?, l1.shape().clone()))
-    }
-
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        s1: &candle_core::CudaStorage,
-        l1: &Layout,
-        s2: &candle_core::CudaStorage,
-        l2: &Layout,
-        s3: &candle_core::CudaStorage,
-        l3: &Layout,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let out = super::cuda::float_slice!(NAME, s1, v => gpu::bwd_columns(v, l1, s2, l2, s3, l3, self.first, self.classes, &s1.device)?);
-        Ok((out, l1.shape().clone()))
-    }
 }
 
 /// Forward: `(logits, targets) → per-row loss` over the first `classes` columns.
@@ -200,11 +154,31 @@ struct CrossEntropy {
     classes: usize,
 }
 
-/// Backward: `(logits, targets, [loss; grad]) → grad_logits`. The third input packs the
-/// per-row losses and upstream gradients into one `2·rows` f32 tensor because custom ops take
-/// at most three inputs.
+/// Backward: `(logits, targets, [loss or log-sum-exp; grad]) → grad_logits`. The third input
+/// packs a per-row value and the per-row upstream gradients into one `2·rows` f32 tensor
+/// because custom ops take at most three inputs.
 struct CrossEntropyGrad {
     classes: usize,
+    lse: Lse,
+}
+
+/// Where the backward gets each row's log-sum-exp, and which columns the logits hold.
+#[derive(Debug, Clone, Copy)]
+enum Lse {
+    /// Whole rows; rebuilt from the per-row loss as `loss + logits[target]`.
+    FromLoss,
+    /// Given per row; the logits are columns `first..` of each row.
+    Given { first: usize },
+}
+
+impl Lse {
+    /// The column the logits' first one is.
+    fn first(self) -> usize {
+        match self {
+            Lse::FromLoss => 0,
+            Lse::Given { first } => first,
+        }
+    }
 }
 
 impl CustomOp2 for CrossEntropy {
@@ -252,6 +226,7 @@ impl CustomOp2 for CrossEntropy {
             &loss_grad,
             &CrossEntropyGrad {
                 classes: self.classes,
+                lse: Lse::FromLoss,
             },
         )?;
         Ok((Some(dlogits), None))
@@ -280,6 +255,7 @@ impl CustomOp3 for CrossEntropyGrad {
             targets,
             loss_grad,
             self.classes,
+            self.lse,
             cols,
         );
         Ok((output(dx, s1.dtype())?, l1.shape().clone()))
@@ -295,7 +271,7 @@ impl CustomOp3 for CrossEntropyGrad {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let out = super::cuda::float_slice!(NAME, s1, v => gpu::bwd(v, l1, s2, l2, s3, l3, self.classes, &s1.device)?);
+        let out = super::cuda::float_slice!(NAME, s1, v => gpu::bwd(v, l1, s2, l2, s3, l3, self.classes, self.lse, &s1.device)?);
         Ok((out, l1.shape().clone()))
     }
 }
@@ -328,23 +304,28 @@ fn bwd_cpu(
     targets: &[u32],
     loss_grad: &[f32],
     classes: usize,
+    lse: Lse,
     cols: usize,
 ) -> Vec<f32> {
     let rows = targets.len();
+    let first = lse.first();
     let mut dx = vec![0f32; logits.len()];
     for r in 0..rows {
         // Forward already rejected out-of-range targets on this device.
         let t = targets[r] as usize;
-        // Padding columns keep their zeros.
         let (row, out) = (
-            &logits[r * cols..r * cols + classes],
-            &mut dx[r * cols..r * cols + classes],
+            &logits[r * cols..(r + 1) * cols],
+            &mut dx[r * cols..(r + 1) * cols],
         );
-        let lse = loss_grad[r] + row[t];
+        let lse = match lse {
+            Lse::FromLoss => loss_grad[r] + row[t],
+            Lse::Given { .. } => loss_grad[r],
+        };
         let g = loss_grad[rows + r];
-        for j in 0..classes {
+        // Columns past the classes (padding) keep their zeros.
+        for j in 0..cols.min(classes.saturating_sub(first)) {
             let p = (row[j] - lse).exp();
-            out[j] = if j == t { (p - 1.0) * g } else { p * g };
+            out[j] = if first + j == t { (p - 1.0) * g } else { p * g };
         }
     }
     dx

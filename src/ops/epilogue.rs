@@ -272,18 +272,7 @@ pub fn embed_backward(ids: &Tensor, d_out: &Tensor, vocab: usize) -> Result<Tens
 /// [`embed_backward`] added in place into `table`, a contiguous f32 `vocab × d` tensor: a tied
 /// head's gradient gets the embeddings' part without a second table-sized buffer.
 pub fn embed_backward_into(ids: &Tensor, d_out: &Tensor, table: &Tensor) -> Result<()> {
-    if table.dtype() != DType::F32 || !table.is_contiguous() || table.rank() != 2 {
-        bail!("embed: the gradient table must be a contiguous f32 matrix");
-    }
-    if table.dim(1)? != d_out.dim(d_out.rank().saturating_sub(1))? {
-        bail!(
-            "embed: a gradient of {:?} does not fit a table of {:?}",
-            d_out.shape(),
-            table.shape()
-        );
-    }
-    let ids = ids.flatten_all()?.contiguous()?;
-    table.inplace_op3(&ids, &d_out.contiguous()?, &EmbedGrad { first: None })
+    scatter_into(ids, d_out, table, EmbedGrad { first: None })
 }
 
 /// [`embed_backward_into`] for the table's rows `first..first + rows.dim(0)` alone: `rows`, a
@@ -296,24 +285,25 @@ pub fn embed_backward_rows_into(
     rows: &Tensor,
     first: usize,
 ) -> Result<()> {
-    if rows.dtype() != DType::F32 || !rows.is_contiguous() || rows.rank() != 2 {
-        bail!("embed: the gradient rows must be a contiguous f32 matrix");
-    }
-    if rows.dim(1)? != d_out.dim(d_out.rank().saturating_sub(1))? {
-        bail!(
-            "embed: a gradient of {:?} does not fit rows of {:?}",
-            d_out.shape(),
-            rows.shape()
-        );
-    }
     let first = u32::try_from(first)
         .map_err(|_| candle_core::Error::Msg(format!("embed: first row {first} is over u32")))?;
+    scatter_into(ids, d_out, rows, EmbedGrad { first: Some(first) })
+}
+
+/// Runs `op` on `table` (a contiguous f32 matrix as wide as `d_out`'s rows) in place.
+fn scatter_into(ids: &Tensor, d_out: &Tensor, table: &Tensor, op: EmbedGrad) -> Result<()> {
+    if table.dtype() != DType::F32 || !table.is_contiguous() || table.rank() != 2 {
+        bail!("embed: the gradient table must be a contiguous f32 matrix");
+    }
+    if table.dim(1)? != d_out.dim(d_out.rank().saturating_sub(1))? {
+        bail!(
+            "embed: a gradient of {:?} does not fit a table of {:?}",
+            d_out.shape(),
+            table.shape()
+        );
+    }
     let ids = ids.flatten_all()?.contiguous()?;
-    rows.inplace_op3(
-        &ids,
-        &d_out.contiguous()?,
-        &EmbedGrad { first: Some(first) },
-    )
+    table.inplace_op3(&ids, &d_out.contiguous()?, &op)
 }
 
 struct Epilogue {

@@ -8,6 +8,8 @@
 //! ([`crate::ops::accumulate_product_tn`]); with one chunk the arithmetic is the unchunked
 //! head's.
 
+use std::ops::Range;
+
 use candle_core::{DType, Tensor};
 
 use super::linear::{Lin, Norm};
@@ -84,21 +86,19 @@ impl<'a> Head<'a> {
         let hidden = self.hidden(x)?;
         let rows = hidden.dim(0)?;
         let mut total: Option<Tensor> = None;
-        for start in (0..rows).step_by(chunk.max(1)) {
-            let len = chunk.min(rows - start);
-            let logits = self
-                .lin
-                .forward(&hidden.narrow(0, start, len)?, None, None, None)?;
+        for range in chunks(rows, chunk) {
+            let logits = self.lin.forward(
+                &hidden.narrow(0, range.start, range.len())?,
+                None,
+                None,
+                None,
+            )?;
             let losses = ops::cross_entropy_rows_padded(
                 &logits,
-                &targets.narrow(0, start, len)?,
+                &targets.narrow(0, range.start, range.len())?,
                 self.classes(),
             )?;
-            let sum = losses.to_dtype(DType::F64)?.sum_all()?;
-            total = Some(match total {
-                Some(t) => (t + sum)?,
-                None => sum,
-            });
+            total = Some(add(total, losses.to_dtype(DType::F64)?.sum_all()?)?);
         }
         let total = total.ok_or_else(|| crate::Error::internal("a batch without rows"))?;
         Ok((total / rows as f64)?)
@@ -123,10 +123,10 @@ impl<'a> Head<'a> {
         let dw = self.lin.zero_weight_grad()?;
         let mut db: Option<Tensor> = None;
         let mut dhidden = Vec::with_capacity(rows.div_ceil(chunk.max(1)));
-        for start in (0..rows).step_by(chunk.max(1)) {
-            let len = chunk.min(rows - start);
-            let h = hidden.narrow(0, start, len)?;
-            let t = targets.narrow(0, start, len)?;
+        for range in chunks(rows, chunk) {
+            let len = range.len();
+            let h = hidden.narrow(0, range.start, len)?;
+            let t = targets.narrow(0, range.start, len)?;
             let logits = self.lin.forward(&h, None, None, None)?;
             let losses = ops::cross_entropy_rows_padded(&logits, &t, self.classes())?;
             let sum = losses.to_dtype(DType::F64)?.sum_all()?;
@@ -155,10 +155,7 @@ impl<'a> Head<'a> {
             self.lin.put_grads(dw, db, grads)?;
             None
         };
-        let dhidden = match dhidden.len() {
-            1 => dhidden.remove(0),
-            _ => Tensor::cat(&dhidden, 0)?,
-        };
+        let dhidden = cat_rows(dhidden)?;
         let dx = match &self.norm {
             Some(n) => n.backward(x, &dhidden, grads)?,
             None => dhidden,
@@ -169,15 +166,31 @@ impl<'a> Head<'a> {
 }
 
 /// `acc + t`, or `t` for the first part.
-fn add(acc: Option<Tensor>, t: Tensor) -> Result<Tensor> {
+pub(super) fn add(acc: Option<Tensor>, t: Tensor) -> Result<Tensor> {
     Ok(match acc {
         Some(acc) => (acc + t)?,
         None => t,
     })
 }
 
+/// `rows` in ranges of `chunk` (the last shorter).
+pub(super) fn chunks(rows: usize, chunk: usize) -> impl Iterator<Item = Range<usize>> {
+    let chunk = chunk.max(1);
+    (0..rows)
+        .step_by(chunk)
+        .map(move |start| start..(start + chunk).min(rows))
+}
+
+/// Chunks' rows stacked back into one tensor (the one chunk itself when there is one).
+pub(super) fn cat_rows(mut parts: Vec<Tensor>) -> Result<Tensor> {
+    Ok(match parts.len() {
+        1 => parts.remove(0),
+        _ => Tensor::cat(&parts, 0)?,
+    })
+}
+
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::collections::HashMap;
 
     use candle_core::{Device, Tensor};
@@ -219,12 +232,13 @@ mod tests {
         (loss, dx, got, columns)
     }
 
-    /// Same values up to the products' summation order.
-    fn close(what: &str, got: &[f32], want: &[f32]) {
+    /// Same values up to the products' summation order: within `rel` of the largest wanted
+    /// magnitude.
+    pub(in crate::model::explicit) fn close(what: &str, got: &[f32], want: &[f32], rel: f32) {
         assert_eq!(got.len(), want.len(), "{what}: lengths");
         let scale = want.iter().fold(1e-30f32, |m, v| m.max(v.abs()));
         for (g, w) in got.iter().zip(want) {
-            assert!((g - w).abs() <= 1e-6 * scale, "{what}: {g} vs {w}");
+            assert!((g - w).abs() <= rel * scale, "{what}: {g} vs {w}");
         }
     }
 
@@ -253,13 +267,13 @@ mod tests {
             head_pass(&model, &x, &targets, 16, 64);
         assert_eq!(padded_columns, 48, "padded to a multiple of 16");
         assert!((padded_loss - loss).abs() <= 1e-6 * loss.abs());
-        close("dx", &padded_dx, &dx);
+        close("dx", &padded_dx, &dx, 1e-6);
         // The head's weight (and the final norm's parameters) got gradients of the same shape
         // and values: the padding rows were cut off.
         assert!(!grads.is_empty());
         assert_eq!(padded_grads.len(), grads.len());
         for (i, want) in &grads {
-            close(&format!("parameter {i}"), &padded_grads[i], want);
+            close(&format!("parameter {i}"), &padded_grads[i], want, 1e-6);
         }
         let head_weight = model.head_layer().weight().elem_count();
         assert!(grads.values().any(|g| g.len() == head_weight));
@@ -277,13 +291,14 @@ mod tests {
                 (chunked_loss - loss).abs() <= 1e-6 * loss.abs(),
                 "chunk {chunk}: {chunked_loss} vs {loss}"
             );
-            close(&format!("chunk {chunk}: dx"), &chunked_dx, &dx);
+            close(&format!("chunk {chunk}: dx"), &chunked_dx, &dx, 1e-6);
             assert_eq!(chunked_grads.len(), grads.len());
             for (i, want) in &grads {
                 close(
                     &format!("chunk {chunk}: parameter {i}"),
                     &chunked_grads[i],
                     want,
+                    1e-6,
                 );
             }
         }

@@ -15,12 +15,10 @@
 //!
 //! [`HeadGradient::ByRows`]: crate::model::HeadGradient::ByRows
 
-use std::ops::Range;
-
 use candle_core::{DType, Tensor, Var};
 
-use super::head::chunk_rows;
-use super::linear::{column_sum, Norm};
+use super::head::{add, cat_rows, chunk_rows, chunks};
+use super::linear::{column_sum, pad_rows, Norm};
 use super::Grads;
 use crate::model::Transformer;
 use crate::ops;
@@ -124,11 +122,7 @@ impl<'a> SlicedHead<'a> {
             .detach()
             .narrow(0, s.first, s.rows)?
             .to_dtype(self.dtype)?;
-        if s.padded == s.rows {
-            return Ok(w);
-        }
-        let zeros = Tensor::zeros((s.padded - s.rows, self.width), self.dtype, w.device())?;
-        Ok(Tensor::cat(&[&w, &zeros], 0)?)
+        pad_rows(&w, s.padded)
     }
 
     /// The logits of slice `s`'s classes (`rows × s.padded`) for the head's input rows `h`
@@ -138,11 +132,7 @@ impl<'a> SlicedHead<'a> {
         let Some((_, bias)) = &self.bias else {
             return Ok(y);
         };
-        let mut b = bias.narrow(0, s.first, s.rows)?;
-        if s.padded > s.rows {
-            let zeros = Tensor::zeros(s.padded - s.rows, DType::F32, b.device())?;
-            b = Tensor::cat(&[&b, &zeros], 0)?;
-        }
+        let b = pad_rows(&bias.narrow(0, s.first, s.rows)?, s.padded)?;
         Ok(ops::epilogue(&y, Some(&b), None, None, None)?)
     }
 
@@ -193,11 +183,7 @@ impl<'a> SlicedHead<'a> {
             )?;
             drop(logits);
             if self.bias.is_some() {
-                let part = column_sum(&dlogits)?;
-                db = Some(match db {
-                    Some(db) => (db + part)?,
-                    None => part,
-                });
+                db = Some(add(db, column_sum(&dlogits)?)?);
             }
             let dh = Tensor::zeros((range.len(), self.width), DType::F32, x.device())?;
             for &s in &self.slices {
@@ -205,11 +191,7 @@ impl<'a> SlicedHead<'a> {
             }
             drop(dlogits);
             dhidden.push(dh.to_dtype(x.dtype())?);
-            let sum = losses.to_dtype(DType::F64)?.sum_all()?;
-            total = Some(match total {
-                Some(t) => (t + sum)?,
-                None => sum,
-            });
+            total = Some(add(total, losses.to_dtype(DType::F64)?.sum_all()?)?);
         }
         let dhidden = cat_rows(dhidden)?;
         let dx = match &self.norm {
@@ -304,21 +286,6 @@ impl SlicedHead<'_> {
     }
 }
 
-/// `rows` in ranges of `chunk` (the last shorter).
-fn chunks(rows: usize, chunk: usize) -> impl Iterator<Item = Range<usize>> {
-    let chunk = chunk.max(1);
-    (0..rows)
-        .step_by(chunk)
-        .map(move |start| start..(start + chunk).min(rows))
-}
-
-fn cat_rows(mut parts: Vec<Tensor>) -> Result<Tensor> {
-    Ok(match parts.len() {
-        1 => parts.remove(0),
-        _ => Tensor::cat(&parts, 0)?,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
@@ -326,6 +293,7 @@ mod tests {
     use candle_core::{Device, Tensor};
 
     use super::*;
+    use crate::model::explicit::head::tests::close;
     use crate::model::explicit::head::Head;
     use crate::model::gradients::GradientSink;
     use crate::spec::model::{Biases, ModelSpec};
@@ -366,14 +334,6 @@ mod tests {
                     .insert(i, parts.into_iter().flat_map(|(_, v)| v).collect());
             }
             self.whole
-        }
-    }
-
-    fn close(what: &str, got: &[f32], want: &[f32]) {
-        assert_eq!(got.len(), want.len(), "{what}: lengths");
-        let scale = want.iter().fold(1e-30f32, |m, v| m.max(v.abs()));
-        for (g, w) in got.iter().zip(want) {
-            assert!((g - w).abs() <= 1e-5 * scale, "{what}: {g} vs {w}");
         }
     }
 
@@ -480,10 +440,10 @@ mod tests {
                     (l - loss).abs() <= 1e-6 * loss.abs(),
                     "{what}: {l} vs {loss}"
                 );
-                close(&format!("{what}: dx"), &d, &dx);
+                close(&format!("{what}: dx"), &d, &dx, 1e-5);
                 assert_eq!(got.len(), want.len(), "{what}: gradients");
                 for (i, w) in &want {
-                    close(&format!("{what}: parameter {i}"), &got[i], w);
+                    close(&format!("{what}: parameter {i}"), &got[i], w, 1e-5);
                 }
                 let rows = slice.div_ceil(multiple) * multiple;
                 let want = 37usize.div_ceil(rows) + usize::from(bias);

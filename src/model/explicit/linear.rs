@@ -43,18 +43,9 @@ impl<'a> Lin<'a> {
     /// zero gradient, and then the layer's gradients are exactly the unpadded ones.
     pub(crate) fn pad_outputs(mut self, multiple: usize) -> Result<Self> {
         let padded = self.outputs.div_ceil(multiple.max(1)) * multiple.max(1);
-        let extra = padded - self.outputs;
-        if extra > 0 {
-            let zeros = Tensor::zeros(
-                (extra, self.weight.dim(1)?),
-                self.weight.dtype(),
-                self.weight.device(),
-            )?;
-            self.weight = Tensor::cat(&[&self.weight, &zeros], 0)?;
-            if let Some(b) = &self.bias {
-                let zeros = Tensor::zeros(extra, b.dtype(), b.device())?;
-                self.bias = Some(Tensor::cat(&[b, &zeros], 0)?);
-            }
+        self.weight = pad_rows(&self.weight, padded)?;
+        if let Some(b) = &self.bias {
+            self.bias = Some(pad_rows(b, padded)?);
         }
         Ok(self)
     }
@@ -204,6 +195,19 @@ impl<'a> Lin<'a> {
         };
         self.backward(&dy, x, grads)
     }
+}
+
+/// `t` (a vector or a matrix) with zero rows appended up to `rows`; `t` itself when it has
+/// as many.
+pub(crate) fn pad_rows(t: &Tensor, rows: usize) -> Result<Tensor> {
+    let have = t.dim(0)?;
+    if have >= rows {
+        return Ok(t.clone());
+    }
+    let mut shape = t.dims().to_vec();
+    shape[0] = rows - have;
+    let zeros = Tensor::zeros(shape, t.dtype(), t.device())?;
+    Ok(Tensor::cat(&[t, &zeros], 0)?)
 }
 
 /// Column sums of a `(rows, cols)` matrix as an f32 vector: one product with a row of ones, so

@@ -8,7 +8,7 @@ use candle_core::cuda_backend::cudarc::driver::{CudaSlice, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaDevice, CudaStorage, Layout, Result};
 
-use super::NAME;
+use super::{Lse, NAME};
 use crate::ops::cuda::{self, Elem};
 use crate::ops::rows_cols;
 
@@ -40,6 +40,8 @@ pub(super) fn fwd<T: Elem>(
     Ok(CudaStorage::wrap_cuda_slice(loss, dev.clone()))
 }
 
+/// The backward over the logits' columns (`first..`, from [`Lse`]), with each row's
+/// log-sum-exp rebuilt from its loss or given (`ce_bwd`).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn bwd<T: Elem>(
     logits: &CudaSlice<T>,
@@ -49,6 +51,7 @@ pub(super) fn bwd<T: Elem>(
     loss_grad: &CudaStorage,
     l3: &Layout,
     classes: usize,
+    lse: Lse,
     dev: &CudaDevice,
 ) -> Result<CudaStorage> {
     let (rows, cols) = rows_cols(l1);
@@ -58,53 +61,13 @@ pub(super) fn bwd<T: Elem>(
     let func = cuda::kernel(dev, &cuda::CROSS_ENTROPY, "ce_bwd", T::DTYPE)?;
     // SAFETY: the kernel launched below writes every element.
     let mut dx = unsafe { cuda::output::<T>(dev, rows * cols) }?;
-    let (n_rows, n_classes, n_cols) = (
-        cuda::dim(rows, "rows")?,
-        cuda::dim(classes, "classes")?,
-        cuda::dim(cols, "columns")?,
-    );
-    let stream = dev.cuda_stream();
-    let mut args = stream.launch_builder(&func);
-    args.arg(&x)
-        .arg(&t)
-        .arg(&lg)
-        .arg(&mut dx)
-        .arg(&n_rows)
-        .arg(&n_classes)
-        .arg(&n_cols);
-    // SAFETY: the arguments match `ce_bwd_<T>(const T*, const uint32_t*, const float*, T*,
-    // int, int, int)`; `lg` holds 2·rows floats, `x` and `dx` rows·cols elements.
-    unsafe { args.launch(cuda::row_config(rows, cols)?) }.w()?;
-    Ok(CudaStorage::wrap_cuda_slice(dx, dev.clone()))
-}
-
-/// The backward over the columns `first..first + cols` of the logits alone, from each row's
-/// log-sum-exp (`ce_bwd_cols`).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn bwd_columns<T: Elem>(
-    logits: &CudaSlice<T>,
-    l1: &Layout,
-    targets: &CudaStorage,
-    l2: &Layout,
-    lse_grad: &CudaStorage,
-    l3: &Layout,
-    first: usize,
-    classes: usize,
-    dev: &CudaDevice,
-) -> Result<CudaStorage> {
-    let (rows, cols) = rows_cols(l1);
-    let x = cuda::slice_view(logits, l1, NAME)?;
-    let t = cuda::view::<u32>(targets, l2, NAME)?;
-    let lg = cuda::view::<f32>(lse_grad, l3, NAME)?;
-    let func = cuda::kernel(dev, &cuda::CROSS_ENTROPY, "ce_bwd_cols", T::DTYPE)?;
-    // SAFETY: the kernel launched below writes every element.
-    let mut dx = unsafe { cuda::output::<T>(dev, rows * cols) }?;
     let (n_rows, n_first, n_classes, n_cols) = (
         cuda::dim(rows, "rows")?,
-        cuda::dim(first, "first column")?,
+        cuda::dim(lse.first(), "first column")?,
         cuda::dim(classes, "classes")?,
         cuda::dim(cols, "columns")?,
     );
+    let given = i32::from(matches!(lse, Lse::Given { .. }));
     let stream = dev.cuda_stream();
     let mut args = stream.launch_builder(&func);
     args.arg(&x)
@@ -114,9 +77,10 @@ pub(super) fn bwd_columns<T: Elem>(
         .arg(&n_rows)
         .arg(&n_first)
         .arg(&n_classes)
-        .arg(&n_cols);
-    // SAFETY: the arguments match `ce_bwd_cols_<T>(const T*, const uint32_t*, const float*,
-    // T*, int, int, int, int)`; `lg` holds 2·rows floats, `x` and `dx` rows·cols elements.
+        .arg(&n_cols)
+        .arg(&given);
+    // SAFETY: the arguments match `ce_bwd_<T>(const T*, const uint32_t*, const float*, T*,
+    // int, int, int, int, int)`; `lg` holds 2·rows floats, `x` and `dx` rows·cols elements.
     unsafe { args.launch(cuda::row_config(rows, cols)?) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(dx, dev.clone()))
 }

@@ -21,39 +21,26 @@ __device__ void ce_fwd(const T *logits, const uint32_t *targets, float *loss, in
     }
 }
 
-// dlogits[row][j] = (softmax(logits[row])[j] - [j == target]) * grad[row], with the row's
-// log-sum-exp rebuilt from the saved loss: lse = loss + logits[target]. `loss_grad` holds the
-// per-row losses followed by the per-row upstream gradients (2 * rows floats).
+// dlogits[row][j] = (softmax(logits[row])[first + j] - [first + j == target]) * grad[row] for
+// the columns first..first + cols of each row (`logits` holds only those; first is 0 for whole
+// rows), zero at or past `classes`. `loss_grad` holds a per-row value followed by the per-row
+// upstream gradients (2 * rows floats): the row's log-sum-exp itself when `given_lse`, else its
+// loss, from which whole rows rebuild it as lse = loss + logits[target].
 template <typename T>
 __device__ void ce_bwd(const T *logits, const uint32_t *targets, const float *loss_grad,
-                       T *dlogits, int rows, int classes, int cols) {
+                       T *dlogits, int rows, int first, int classes, int cols, int given_lse) {
     const size_t row = blockIdx.x;
     const T *x = logits + row * cols;
     T *dx = dlogits + row * cols;
     const uint32_t t = targets[row];
     const float g = loss_grad[rows + row];
-    const float lse = t < (uint32_t)classes ? loss_grad[row] + to_f32(x[t]) : NAN;
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-        const float p = j < classes ? expf(to_f32(x[j]) - lse) : 0.f;
-        dx[j] = from_f32<T>((p - (j == (int)t ? 1.f : 0.f)) * g);
-    }
-}
-
-// The same gradient for the columns first..first + cols of each row alone (`logits` holds only
-// those), from each row's log-sum-exp: `lse_grad` holds the per-row log-sum-exps followed by
-// the per-row upstream gradients. Columns at or past `classes` get zero.
-template <typename T>
-__device__ void ce_bwd_cols(const T *logits, const uint32_t *targets, const float *lse_grad,
-                            T *dlogits, int rows, int first, int classes, int cols) {
-    const size_t row = blockIdx.x;
-    const T *x = logits + row * cols;
-    T *dx = dlogits + row * cols;
-    const int t = (int)targets[row];
-    const float lse = lse_grad[row], g = lse_grad[rows + row];
+    const float lse = given_lse ? loss_grad[row]
+                      : t < (uint32_t)classes ? loss_grad[row] + to_f32(x[t])
+                                              : NAN;
     for (int j = threadIdx.x; j < cols; j += blockDim.x) {
         const int col = first + j;
         const float p = col < classes ? expf(to_f32(x[j]) - lse) : 0.f;
-        dx[j] = from_f32<T>((p - (col == t ? 1.f : 0.f)) * g);
+        dx[j] = from_f32<T>((p - (col == (int)t ? 1.f : 0.f)) * g);
     }
 }
 
@@ -65,13 +52,8 @@ __device__ void ce_bwd_cols(const T *logits, const uint32_t *targets, const floa
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                  \
         ce_bwd_##NAME(const T *logits, const uint32_t *targets, const float *loss_grad,        \
-                      T *dlogits, int rows, int classes, int cols) {                           \
-        ce_bwd<T>(logits, targets, loss_grad, dlogits, rows, classes, cols);                   \
-    }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                  \
-        ce_bwd_cols_##NAME(const T *logits, const uint32_t *targets, const float *lse_grad,    \
-                           T *dlogits, int rows, int first, int classes, int cols) {           \
-        ce_bwd_cols<T>(logits, targets, lse_grad, dlogits, rows, first, classes, cols);        \
+                      T *dlogits, int rows, int first, int classes, int cols, int given_lse) { \
+        ce_bwd<T>(logits, targets, loss_grad, dlogits, rows, first, classes, cols, given_lse); \
     }
 
 CE_KERNELS(float, f32)
