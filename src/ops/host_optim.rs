@@ -305,7 +305,7 @@ mod tests {
 
     /// One Adam step for one element, the scalar reference the vectorised passes must equal.
     ///
-    /// Each line mirrors one tensor op of the on-device optimizer (`train::optim::Adam::step`,
+    /// Each line mirrors one tensor op of the on-device optimizer (`train::optimizer::adam::Adam::step`,
     /// which runs above this layer): candle computes a
     /// tensor–scalar op as `x·mul + add` in f32 (so `x · s` is `x·s + 0`, which turns −0 into +0),
     /// and mirroring that keeps the two optimizers bit-identical on the CPU.

@@ -2,7 +2,7 @@
 //! adds, measured in a fraction of a second before a search.
 //!
 //! An offloaded step copies every gradient to the host, runs Adam there over the f32 masters
-//! and moments, and uploads the new working copies ([`crate::train::offload`]). The update
+//! and moments, and uploads the new working copies ([`crate::train::optimizer::offload`]). The update
 //! alone, [`host_optim::adam_step`] over every parameter, is a part of that work that no batch
 //! size amortises. Timing it here on a sample lets the search rule out an offloaded regime
 //! without a trial when even this part makes it slower than a setting already measured (an

@@ -18,7 +18,7 @@ use crate::knobs::Knobs;
 use crate::model::Engine;
 use crate::spec::model::ModelSpec;
 use crate::train::data::{Data, DataSpec};
-use crate::train::optim::Optimizer;
+use crate::train::optimizer::OptimizerState;
 use crate::train::step::Trainer;
 use crate::trial::{
     HostLink, Measurement, MemoryKind, Outcome, Phase, Prober, TrialRequest, TrialResult,
@@ -259,7 +259,7 @@ impl PhaseClock {
 fn checkpoint_dry_run(trainer: &Trainer) -> Result<()> {
     let params = trainer.model().params();
     match trainer.optimizer() {
-        Optimizer::OnDevice(adam) => {
+        OptimizerState::Device(adam) => {
             let state = adam.state_tensors(params.names());
             let largest = params
                 .vars()
@@ -272,12 +272,12 @@ fn checkpoint_dry_run(trainer: &Trainer) -> Result<()> {
                 drop(crate::train::checkpoint::host_copy(t)?);
             }
         }
-        Optimizer::Offloaded(offload) => {
+        OptimizerState::Host(offload) => {
             offload
                 .write_largest_master(std::io::sink(), params.names())
                 .map_err(candle_core::Error::wrap)?;
         }
-        Optimizer::Compact(_) => {
+        OptimizerState::Compact(_) => {
             // The state is copied a tensor at a time too; the largest is a matrix's weights
             // (bf16 or f32), never smaller than its moments.
             let largest = params

@@ -24,7 +24,7 @@ pub mod manifest;
 use crate::knobs::Knobs;
 use crate::spec::model::ModelSpec;
 use crate::train::data::DataSpec;
-use crate::train::optim::Optimizer;
+use crate::train::optimizer::OptimizerState;
 use crate::train::scaler::LossScaler;
 use crate::train::schedule::LrSchedule;
 use crate::train::step::Trainer;
@@ -140,21 +140,21 @@ fn write_files(
     let optim_file = tmp.join(FILES[1]);
     let cannot = "cannot write checkpoint";
     match trainer.optimizer() {
-        Optimizer::OnDevice(adam) => {
+        OptimizerState::Device(adam) => {
             candle_core::safetensors::save(&params.named_tensors(), &model_file)
                 .map_err(|e| Error::file(cannot, &model_file, e))?;
             let moments = moments.unwrap_or_else(|| adam.state_tensors(params.names()));
             candle_core::safetensors::save(&moments, &optim_file)
                 .map_err(|e| Error::file(cannot, &optim_file, e))?;
         }
-        Optimizer::Compact(compact) => {
+        OptimizerState::Compact(compact) => {
             candle_core::safetensors::save(&params.named_tensors(), &model_file)
                 .map_err(|e| Error::file(cannot, &model_file, e))?;
             let state = compact.state_tensors(params.names())?;
             candle_core::safetensors::save(&state, &optim_file)
                 .map_err(|e| Error::file(cannot, &optim_file, e))?;
         }
-        Optimizer::Offloaded(offload) => {
+        OptimizerState::Host(offload) => {
             write_streamed(&model_file, |w| offload.write_masters(w, params.names()))
                 .map_err(|e| Error::file(cannot, &model_file, e))?;
             write_streamed(&optim_file, |w| offload.write_moments(w, params.names()))

@@ -350,7 +350,7 @@ fn the_search_explores_compact_state_only_when_opted_in() {
 #[cfg(feature = "cuda")]
 #[test]
 fn the_cuda_update_is_bit_identical_to_the_cpu_reference() {
-    use autotune::train::compact::CompactAdam;
+    use autotune::train::optimizer::compact::CompactAdam;
     use candle_core::Var;
     let gpu = Device::new_cuda(0).expect("this test needs a CUDA device");
     let spec = model().optimizer;

@@ -12,7 +12,7 @@ use autotune::collective::Collective;
 use autotune::knobs::{DataParallel, Knobs, Precision};
 use autotune::spec::model::ModelSpec;
 use autotune::train::data::{Data, DataSpec};
-use autotune::train::optim::Optimizer;
+use autotune::train::optimizer::OptimizerState;
 use autotune::train::step::Trainer;
 
 use crate::util::{autotune, autotune_in, small_gpt, small_seed, stderr, stdout};
@@ -38,8 +38,8 @@ fn train(spec: &ModelSpec, knobs: Knobs, steps: usize, group: Collective) -> Tra
         .map(|t| t.flatten_all().unwrap().to_vec1::<f32>().unwrap())
         .collect();
     let owned = match trainer.optimizer() {
-        Optimizer::OnDevice(adam) => adam.owned().len(),
-        Optimizer::Offloaded(_) | Optimizer::Compact(_) => weights_len(&trainer),
+        OptimizerState::Device(adam) => adam.owned().len(),
+        OptimizerState::Host(_) | OptimizerState::Compact(_) => weights_len(&trainer),
     };
     Trained {
         losses,

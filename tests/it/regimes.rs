@@ -4,7 +4,7 @@ use autotune::knobs::{Checkpointing, Knobs, Offload, Precision};
 use autotune::spec::model::{ModelSpec, OptimizerSpec};
 use autotune::train::checkpoint;
 use autotune::train::data::{Data, DataSpec};
-use autotune::train::offload::host_bytes_estimate;
+use autotune::train::optimizer::offload::host_bytes_estimate;
 use autotune::train::step::Trainer;
 
 use crate::util::{autotune_in, small_gpt, small_seed, stdout};
@@ -382,7 +382,7 @@ fn the_update_in_backward_trains_bit_identical_weights() {
             }
             // The moments too: a resumed run must continue identically.
             let moments = |t: &Trainer| match t.optimizer() {
-                autotune::train::optim::Optimizer::OnDevice(adam) => (0..names.len())
+                autotune::train::optimizer::OptimizerState::Device(adam) => (0..names.len())
                     .map(|i| {
                         let (m, v) = adam.moments(i).unwrap();
                         (bits(m), bits(v))

@@ -10,6 +10,10 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+mod strategy;
+
+pub use strategy::{StrategyConflict, UpdateStrategy};
+
 /// The largest micro-batch, in sequences: far above what any device holds, and small enough
 /// that every count formed from it stays inside 64 bits.
 pub const MAX_MICRO_BATCH: usize = 1 << 20;
@@ -649,79 +653,14 @@ impl Knobs {
                 "needs a data-parallel degree of at least 2 (one GPU has nothing to share the state with)",
             ));
         }
-        if dp.shard_optimizer && self.offload == Offload::Optimizer {
+        if let Err(conflict) = UpdateStrategy::of(self, false) {
             return Err(crate::Error::invalid(
                 what,
-                format!("{field_prefix}data_parallel.shard_optimizer"),
-                "cannot be combined with optimizer offload yet; shard the optimizer or offload it, not both",
+                format!("{field_prefix}{}", conflict.field),
+                conflict.problem,
             ));
-        }
-        if let Some(why) = self.state_conflict() {
-            return Err(crate::Error::invalid(
-                what,
-                format!("{field_prefix}state"),
-                why,
-            ));
-        }
-        if self.update == Update::InBackward {
-            if let Some(why) = self.in_backward_conflict() {
-                return Err(crate::Error::invalid(
-                    what,
-                    format!("{field_prefix}update"),
-                    format!(
-                        "in-backward is exactly the normal step only without {why}; use after-backward"
-                    ),
-                ));
-            }
         }
         Ok(())
-    }
-
-    /// Why these knobs cannot use their state layout, if they cannot.
-    fn state_conflict(&self) -> Option<String> {
-        if self.state.is_exact() {
-            return None;
-        }
-        if self.offload != Offload::None {
-            return Some(
-                "a compact or host-placed state needs the optimizer on the device (offload none); \
-                 its moments_on: host streams the moments instead"
-                    .to_string(),
-            );
-        }
-        if self.data_parallel.degree > 1 {
-            return Some("a compact or host-placed state trains on one GPU only".to_string());
-        }
-        if self.state.masters.is_half() && self.precision != Precision::Bf16 {
-            return Some(format!(
-                "bf16 masters are the working copies, so they need bf16 precision, not {}",
-                self.precision
-            ));
-        }
-        if self.state.moments_on == MomentPlace::Host && self.update != Update::InBackward {
-            return Some(
-                "moments in host memory stream through the update in backward; set update to in-backward"
-                    .to_string(),
-            );
-        }
-        None
-    }
-
-    /// What, among these knobs, needs every gradient before the first update (so the update
-    /// cannot run in backward); `None` when nothing does. Global-norm clipping, the model's
-    /// own setting, is checked where the model is known.
-    pub fn in_backward_conflict(&self) -> Option<&'static str> {
-        if self.grad_accum > 1 {
-            Some("accumulation (grad_accum above 1)")
-        } else if self.precision.needs_loss_scaling() {
-            Some("fp16's overflow check (use bf16 or fp32)")
-        } else if self.offload != Offload::None {
-            Some("optimizer offload")
-        } else if self.data_parallel.degree > 1 {
-            Some("data parallelism (gradients are summed over the GPUs first)")
-        } else {
-            None
-        }
     }
 }
 

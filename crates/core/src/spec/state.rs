@@ -32,19 +32,15 @@
 
 use crate::knobs::{
     Knobs, MasterFormat, MomentFormat, MomentPlace, Offload, Precision, StateLayout, Update,
-    INT8_BLOCK,
+    UpdateStrategy, INT8_BLOCK,
 };
 use crate::spec::model::ModelSpec;
 
 /// Whether an offloaded step with `knobs` streams each part of the model through the host as
-/// the backward pass settles it: nothing needs every gradient before the first update (no
-/// accumulation, no fp16 loss scale, one GPU, no gradient clipping).
+/// the backward pass settles it ([`UpdateStrategy::OffloadedStreamed`]).
 pub fn offload_streams(model: &ModelSpec, knobs: &Knobs) -> bool {
-    knobs.offload == Offload::Optimizer
-        && knobs.grad_accum == 1
-        && !knobs.precision.needs_loss_scaling()
-        && knobs.data_parallel.degree == 1
-        && model.optimizer.grad_clip.is_none()
+    UpdateStrategy::of(knobs, model.optimizer.grad_clip.is_some())
+        == Ok(UpdateStrategy::OffloadedStreamed)
 }
 
 /// State bytes by component in one place.

@@ -19,6 +19,7 @@ use std::sync::Mutex;
 use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Tensor, Var};
 use half::bf16;
 
+use super::{AdamProgress, Optimizer};
 use crate::knobs::{MasterFormat, MomentFormat, MomentPlace, StateLayout};
 use crate::ops::compact_adam::cpu::{self, Maps, MomentsMut, Weight};
 use crate::ops::compact_adam::{quantile, rounding_seed, BLOCK};
@@ -30,11 +31,10 @@ use crate::Result;
 
 /// Adam over a compact layout.
 pub struct CompactAdam {
-    spec: OptimizerSpec,
+    progress: AdamProgress,
     layout: StateLayout,
     vars: Vec<Var>,
     states: Vec<ParamState>,
-    steps: u64,
     seed: u64,
     maps: Maps,
     /// The maps on the device, for 8-bit moments on a GPU.
@@ -219,11 +219,10 @@ impl CompactAdam {
             None
         };
         Ok(Self {
-            spec,
+            progress: AdamProgress::new(spec),
             layout,
             vars: vars.to_vec(),
             states,
-            steps: 0,
             seed,
             maps,
             device_maps,
@@ -241,30 +240,14 @@ impl CompactAdam {
         self.layout
     }
 
-    /// Optimizer steps taken so far.
-    pub fn steps(&self) -> u64 {
-        self.steps
-    }
-
-    /// The learning rate.
-    pub fn learning_rate(&self) -> f64 {
-        self.spec.lr
-    }
-
-    /// Sets the learning rate of the next updates.
-    pub fn set_learning_rate(&mut self, lr: f64) {
-        self.spec.lr = lr;
-    }
-
     /// Starts a step whose parameters are then updated in parts ([`Self::update`]), each once,
     /// and ended by [`Self::finish_step`].
     pub fn begin_step(&mut self) -> AdamConsts {
-        self.steps += 1;
         #[cfg(feature = "cuda")]
         if let Some(o) = self.overlap.as_mut() {
             o.begin_step();
         }
-        AdamConsts::new(&self.spec, self.steps)
+        self.progress.begin_step()
     }
 
     /// Ends a step begun by [`Self::begin_step`]: the last part's staged moments are freed once
@@ -294,7 +277,7 @@ impl CompactAdam {
         let mut hosted: Vec<(usize, Tensor)> = Vec::new();
         for (index, g) in grads {
             let var = &self.vars[*index];
-            let seed = rounding_seed(self.seed, self.steps, *index);
+            let seed = rounding_seed(self.seed, self.progress.steps(), *index);
             match &mut self.states[*index] {
                 ParamState::Exact { m, v } => {
                     exact.0.push(var.as_tensor().clone());
@@ -348,7 +331,7 @@ impl CompactAdam {
                 self.layout,
                 consts,
                 self.seed,
-                self.steps,
+                self.progress.steps(),
             )?;
         }
         if !exact.0.is_empty() {
@@ -500,12 +483,11 @@ impl CompactAdam {
         Ok(out)
     }
 
-    /// Restores the state saved by [`Self::state_tensors`] and the step count.
-    pub fn load_state(
+    /// Restores the moments saved by [`Self::state_tensors`].
+    fn load_moments(
         &mut self,
         names: &[String],
         tensors: &HashMap<String, Tensor>,
-        steps: u64,
     ) -> std::result::Result<(), String> {
         let get = |key: &str,
                    name: &str,
@@ -621,7 +603,28 @@ impl CompactAdam {
                 }
             }
         }
-        self.steps = steps;
+        Ok(())
+    }
+}
+
+impl Optimizer for CompactAdam {
+    fn progress(&self) -> &AdamProgress {
+        &self.progress
+    }
+
+    fn progress_mut(&mut self) -> &mut AdamProgress {
+        &mut self.progress
+    }
+
+    /// Restores the state saved by [`CompactAdam::state_tensors`] and the step count.
+    fn load_state(
+        &mut self,
+        names: &[String],
+        tensors: &HashMap<String, Tensor>,
+        steps: u64,
+    ) -> std::result::Result<(), String> {
+        self.load_moments(names, tensors)?;
+        self.progress.restore(steps);
         Ok(())
     }
 }

@@ -120,7 +120,7 @@ impl OffloadAdam {
         &mut self,
         passes: &mut dyn FnMut(&mut dyn GradientSink) -> Result<f64>,
     ) -> Result<f64> {
-        self.steps += 1;
+        let consts = self.progress.begin_step();
         let mut transfers = match self.transfers.take() {
             Some(t) => t,
             None => match self.vars.first() {
@@ -129,7 +129,7 @@ impl OffloadAdam {
             },
         };
         let host = HostSide {
-            consts: AdamConsts::new(&self.spec, self.steps),
+            consts,
             ranges: &self.ranges,
             dtypes: self.vars.iter().map(|v| v.dtype()).collect(),
             master: &mut self.master,
@@ -188,7 +188,7 @@ impl OffloadAdam {
         }
         tracing::debug!(
             target: "autotune::offload",
-            step = self.steps,
+            step = self.progress.steps(),
             waited_for_buffer_s = waited_for_buffer.as_secs_f64(),
             waited_for_download_s = times.waited_for_download.as_secs_f64(),
             waited_for_upload_s = times.waited_for_upload.as_secs_f64(),

@@ -26,19 +26,19 @@ use candle_core::backend::BackendDevice;
 use candle_core::cpu_backend::CpuDevice;
 use candle_core::{CpuStorage, DType, Device, Shape, Storage, Tensor, Var};
 
+use super::{AdamProgress, Optimizer};
 use crate::knobs::{Knobs, Offload};
-use crate::ops::host_optim::{self, AdamConsts, HostState};
+use crate::ops::host_optim::{self, HostState};
 use crate::spec::model::{ModelSpec, OptimizerSpec};
+use crate::spec::state::offload_streams;
 use crate::train::tensor_file::{self, Entry};
 use crate::Result;
 
 pub mod stream;
 
-pub use autotune_core::spec::state::offload_streams as streams;
-
 /// Adam / AdamW whose masters, moments and gradient sums live in host memory.
 pub struct OffloadAdam {
-    spec: OptimizerSpec,
+    progress: AdamProgress,
     /// Device working copies, updated after every applied step.
     vars: Vec<Var>,
     /// Each parameter's span in the flat buffers.
@@ -55,7 +55,6 @@ pub struct OffloadAdam {
     staging: Option<CpuStorage>,
     /// The streamed step's host buffers, allocated by the first.
     transfers: Option<stream::Transfers>,
-    steps: u64,
     threads: usize,
 }
 
@@ -89,7 +88,7 @@ impl OffloadAdam {
         }
         let threads = crate::parallel::default_threads();
         let state = Self {
-            spec,
+            progress: AdamProgress::new(spec),
             vars: vars.to_vec(),
             ranges,
             first: crate::parallel::touched_zeros(end, threads),
@@ -99,7 +98,6 @@ impl OffloadAdam {
             master,
             staging: None,
             transfers: None,
-            steps: 0,
             threads,
         };
         Ok(state)
@@ -119,21 +117,6 @@ impl OffloadAdam {
             self.grads = vec![0.0; self.master.len()];
         }
         &mut self.grads
-    }
-
-    /// Optimizer updates applied so far.
-    pub fn steps(&self) -> u64 {
-        self.steps
-    }
-
-    /// The learning rate.
-    pub fn learning_rate(&self) -> f64 {
-        self.spec.lr
-    }
-
-    /// Sets the learning rate of the next updates.
-    pub fn set_learning_rate(&mut self, lr: f64) {
-        self.spec.lr = lr;
     }
 
     /// Adds parameter `index`'s gradient of one micro-batch (any float dtype, any device) to
@@ -200,8 +183,7 @@ impl OffloadAdam {
 
     /// Applies one update with the summed gradients and uploads the new working copies.
     pub fn step(&mut self) -> Result<()> {
-        self.steps += 1;
-        let c = AdamConsts::new(&self.spec, self.steps);
+        let c = self.progress.begin_step();
         self.sums();
         self.staging()?;
         let state = HostState {
@@ -377,9 +359,18 @@ impl OffloadAdam {
         }
         self.refresh_working().map_err(|e| e.to_string())
     }
+}
 
-    /// Restores moments and the step count from a checkpoint.
-    pub fn load_state(
+impl Optimizer for OffloadAdam {
+    fn progress(&self) -> &AdamProgress {
+        &self.progress
+    }
+
+    fn progress_mut(&mut self) -> &mut AdamProgress {
+        &mut self.progress
+    }
+
+    fn load_state(
         &mut self,
         names: &[String],
         tensors: &HashMap<String, Tensor>,
@@ -403,7 +394,7 @@ impl OffloadAdam {
                 what,
             )?;
         }
-        self.steps = steps;
+        self.progress.restore(steps);
         Ok(())
     }
 }
@@ -484,7 +475,7 @@ pub fn host_bytes_estimate(spec: &ModelSpec, knobs: &Knobs) -> u64 {
     let b = crate::backend::compute_dtype(knobs.precision).size_in_bytes() as u64;
     let tokens = 8 * (knobs.global_batch() * spec.seq_len) as u64;
     let state = match knobs.offload {
-        Offload::Optimizer if streams(spec, knobs) => {
+        Offload::Optimizer if offload_streams(spec, knobs) => {
             let part = spec.parameter_groups().largest() as u64;
             let buffers = (stream::DOWNLOAD_BUFFERS + stream::UPLOAD_BUFFERS) as u64;
             12 * p + buffers * part * b + 256 * 1024

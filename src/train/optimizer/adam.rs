@@ -1,5 +1,5 @@
-//! Adam and AdamW over f32 master weights, with state that checkpoints can save and restore,
-//! and [`Optimizer`], the choice between running it on the device or offloaded to the host.
+//! Adam and AdamW over f32 master weights on the device, with state that checkpoints can save
+//! and restore.
 //!
 //! candle-nn's `AdamW` keeps its moments private, so a resumed run could not continue
 //! bit-identically; and Adam with L2 decay (the seed's `torch.optim.Adam`) is missing.
@@ -9,10 +9,9 @@ use std::ops::Range;
 
 use candle_core::{Tensor, Var};
 
+use super::{AdamProgress, Optimizer};
 use crate::ops::host_optim::AdamConsts;
 use crate::spec::model::OptimizerSpec;
-use crate::train::compact::CompactAdam;
-use crate::train::offload::OffloadAdam;
 use crate::Result;
 
 /// Adam / AdamW with per-parameter first and second moments.
@@ -21,13 +20,12 @@ use crate::Result;
 /// data-parallel ranks): it then keeps moments for that share alone and updates only it, while
 /// indices and names stay those of the whole model.
 pub struct Adam {
-    spec: OptimizerSpec,
+    progress: AdamProgress,
     vars: Vec<Var>,
     /// Index of `vars[0]` among the model's parameters.
     offset: usize,
     first: Vec<Tensor>,
     second: Vec<Tensor>,
-    steps: u64,
 }
 
 impl Adam {
@@ -41,12 +39,11 @@ impl Adam {
         let vars = &vars[owned.clone()];
         let zeros = |v: &Var| v.as_tensor().zeros_like();
         Ok(Self {
-            spec,
+            progress: AdamProgress::new(spec),
             first: vars.iter().map(zeros).collect::<candle_core::Result<_>>()?,
             second: vars.iter().map(zeros).collect::<candle_core::Result<_>>()?,
             vars: vars.to_vec(),
             offset: owned.start,
-            steps: 0,
         })
     }
 
@@ -61,19 +58,13 @@ impl Adam {
         Some((self.first.get(i)?, self.second.get(i)?))
     }
 
-    /// Optimizer steps taken so far.
-    pub fn steps(&self) -> u64 {
-        self.steps
-    }
-
-    /// The learning rate.
-    pub fn learning_rate(&self) -> f64 {
-        self.spec.lr
-    }
-
-    /// Sets the learning rate of the next updates.
-    pub fn set_learning_rate(&mut self, lr: f64) {
-        self.spec.lr = lr;
+    /// The bytes of the moments this optimizer keeps.
+    pub fn moment_bytes(&self) -> u64 {
+        self.first
+            .iter()
+            .chain(&self.second)
+            .map(|t| (t.elem_count() * t.dtype().size_in_bytes()) as u64)
+            .sum()
     }
 
     /// Applies one update with `grads[i]` for model parameter `i` (already unscaled and
@@ -92,8 +83,7 @@ impl Adam {
     /// each once: the update in backward. The arithmetic is [`Adam::step`]'s, element by
     /// element, so the weights come out bit-identical.
     pub fn begin_step(&mut self) -> AdamStep {
-        self.steps += 1;
-        AdamStep(AdamConsts::new(&self.spec, self.steps))
+        AdamStep(self.progress.begin_step())
     }
 
     /// Updates the model parameters `grads` name (`(index, gradient)`, unscaled and averaged)
@@ -151,9 +141,22 @@ impl Adam {
         }
         out
     }
+}
 
-    /// Restores moments and the step count from a checkpoint.
-    pub fn load_state(
+/// One optimizer step's constants (its step count's bias corrections), from
+/// [`Adam::begin_step`].
+pub struct AdamStep(AdamConsts);
+
+impl Optimizer for Adam {
+    fn progress(&self) -> &AdamProgress {
+        &self.progress
+    }
+
+    fn progress_mut(&mut self) -> &mut AdamProgress {
+        &mut self.progress
+    }
+
+    fn load_state(
         &mut self,
         names: &[String],
         tensors: &HashMap<String, Tensor>,
@@ -176,69 +179,7 @@ impl Adam {
                 *slot = t.to_device(slot.device()).map_err(|e| e.to_string())?;
             }
         }
-        self.steps = steps;
+        self.progress.restore(steps);
         Ok(())
-    }
-}
-
-/// One optimizer step's constants (its step count's bias corrections), from
-/// [`Adam::begin_step`].
-pub struct AdamStep(AdamConsts);
-
-/// Where the optimizer runs: on the training device, or offloaded to the host.
-pub enum Optimizer {
-    /// f32 master weights (the model's `Var`s) and moments on the training device.
-    OnDevice(Adam),
-    /// f32 masters and moments in host memory; the device holds working copies.
-    Offloaded(OffloadAdam),
-    /// A compact state layout (or moments placed in host memory), updated on the device.
-    Compact(Box<CompactAdam>),
-}
-
-impl Optimizer {
-    /// Optimizer updates applied so far.
-    pub fn steps(&self) -> u64 {
-        match self {
-            Optimizer::OnDevice(o) => o.steps(),
-            Optimizer::Offloaded(o) => o.steps(),
-            Optimizer::Compact(o) => o.steps(),
-        }
-    }
-
-    /// The learning rate.
-    pub fn learning_rate(&self) -> f64 {
-        match self {
-            Optimizer::OnDevice(o) => o.learning_rate(),
-            Optimizer::Offloaded(o) => o.learning_rate(),
-            Optimizer::Compact(o) => o.learning_rate(),
-        }
-    }
-
-    /// Sets the learning rate of the next updates.
-    pub fn set_learning_rate(&mut self, lr: f64) {
-        match self {
-            Optimizer::OnDevice(o) => o.set_learning_rate(lr),
-            Optimizer::Offloaded(o) => o.set_learning_rate(lr),
-            Optimizer::Compact(o) => o.set_learning_rate(lr),
-        }
-    }
-
-    /// Whether the masters and moments live in host memory.
-    pub fn is_offloaded(&self) -> bool {
-        matches!(self, Optimizer::Offloaded(_))
-    }
-
-    /// Restores moments and the step count from a checkpoint.
-    pub fn load_state(
-        &mut self,
-        names: &[String],
-        tensors: &HashMap<String, Tensor>,
-        steps: u64,
-    ) -> std::result::Result<(), String> {
-        match self {
-            Optimizer::OnDevice(o) => o.load_state(names, tensors, steps),
-            Optimizer::Offloaded(o) => o.load_state(names, tensors, steps),
-            Optimizer::Compact(o) => o.load_state(names, tensors, steps),
-        }
     }
 }
