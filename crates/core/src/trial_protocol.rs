@@ -207,6 +207,8 @@ pub fn parse_reply_line(line: &str) -> Option<std::result::Result<RunnerReply, B
     Some(reply_fields(object).map_err(BadReply::Invalid))
 }
 
+/// A reply's fields (its `protocol` taken): the outcome first, then the fields every reply
+/// carries, then the outcome's own, then the engine's name; the first bad one is the error.
 fn reply_fields(mut object: serde_json::Map<String, serde_json::Value>) -> Result<RunnerReply> {
     let outcome = object
         .remove("outcome")
@@ -218,35 +220,22 @@ fn reply_fields(mut object: serde_json::Map<String, serde_json::Value>) -> Resul
         }
     }
     let common: Common = crate::json::from_value(WHAT, common.into())?;
-    let rest = serde_json::Value::Object(object);
-    let answer = match outcome.as_str() {
-        Some("fits") => {
-            let f: FitsFields = crate::json::from_value(WHAT, rest)?;
-            for (i, &t) in f.step_times_s.iter().enumerate() {
-                if !(t.is_finite() && t > 0.0 && t <= MAX_STEP_TIME_S) {
-                    return Err(Error::invalid(
-                        WHAT,
-                        format!("step_times_s[{i}]"),
-                        format!("({t}) must be seconds above 0 and at most {MAX_STEP_TIME_S:e}"),
-                    ));
-                }
-            }
-            if let Some(t) = f.tokens_per_s {
-                if !(t.is_finite() && t >= 0.0) {
-                    return Err(Error::invalid(
-                        WHAT,
-                        "tokens_per_s",
-                        format!("({t}) must be a finite number, at least 0"),
-                    ));
-                }
-            }
-            RunnerAnswer::Fits {
-                step_times_s: f.step_times_s,
-                peak_gpu_bytes: f.peak_gpu_bytes,
-                peak_host_bytes: f.peak_host_bytes,
-                tokens_per_s: f.tokens_per_s,
-            }
-        }
+    let answer = answer(&outcome, serde_json::Value::Object(object))?;
+    Ok(RunnerReply {
+        identity: RunnerIdentity {
+            engine: engine_name(&common.engine)?,
+            engine_version: common.engine_version.map(text),
+            device: common.device.map(text),
+        },
+        reusable: common.reusable,
+        answer,
+    })
+}
+
+/// The answer an `outcome` names, from the reply's fields beside the common ones.
+fn answer(outcome: &serde_json::Value, rest: serde_json::Value) -> Result<RunnerAnswer> {
+    Ok(match outcome.as_str() {
+        Some("fits") => fits(crate::json::from_value(WHAT, rest)?)?,
         Some("out_of_memory") => {
             let f: OutOfMemoryFields = crate::json::from_value(WHAT, rest)?;
             RunnerAnswer::OutOfMemory {
@@ -269,30 +258,54 @@ fn reply_fields(mut object: serde_json::Map<String, serde_json::Value>) -> Resul
             ),
             ))
         }
-    };
-    let engine = common.engine.trim().to_string();
-    if engine.is_empty()
-        || engine.chars().count() > MAX_ENGINE_NAME_CHARS
-        || engine.chars().any(char::is_control)
+    })
+}
+
+/// A fit, once every step time is seconds within bounds and the rate a finite number.
+fn fits(f: FitsFields) -> Result<RunnerAnswer> {
+    for (i, &t) in f.step_times_s.iter().enumerate() {
+        if !(t.is_finite() && t > 0.0 && t <= MAX_STEP_TIME_S) {
+            return Err(Error::invalid(
+                WHAT,
+                format!("step_times_s[{i}]"),
+                format!("({t}) must be seconds above 0 and at most {MAX_STEP_TIME_S:e}"),
+            ));
+        }
+    }
+    if let Some(t) = f.tokens_per_s {
+        if !(t.is_finite() && t >= 0.0) {
+            return Err(Error::invalid(
+                WHAT,
+                "tokens_per_s",
+                format!("({t}) must be a finite number, at least 0"),
+            ));
+        }
+    }
+    Ok(RunnerAnswer::Fits {
+        step_times_s: f.step_times_s,
+        peak_gpu_bytes: f.peak_gpu_bytes,
+        peak_host_bytes: f.peak_host_bytes,
+        tokens_per_s: f.tokens_per_s,
+    })
+}
+
+/// The engine's name, trimmed: 1 to [`MAX_ENGINE_NAME_CHARS`] printable characters.
+fn engine_name(engine: &str) -> Result<String> {
+    let trimmed = engine.trim().to_string();
+    if trimmed.is_empty()
+        || trimmed.chars().count() > MAX_ENGINE_NAME_CHARS
+        || trimmed.chars().any(char::is_control)
     {
         return Err(Error::invalid(
             WHAT,
             "engine",
             format!(
                 "({:?}) must name the framework in 1 to {MAX_ENGINE_NAME_CHARS} printable characters, e.g. \"pytorch\"",
-                common.engine
+                engine
             ),
         ));
     }
-    Ok(RunnerReply {
-        identity: RunnerIdentity {
-            engine,
-            engine_version: common.engine_version.map(text),
-            device: common.device.map(text),
-        },
-        reusable: common.reusable,
-        answer,
-    })
+    Ok(trimmed)
 }
 
 /// `s` without control characters, cut to [`MAX_TEXT_CHARS`].

@@ -24,83 +24,161 @@ fn batch_axis(view: &RegimeView) -> Axis {
     }
 }
 
+/// Peak `memory` against micro-batch: the budget and its headroom (or a note where the budget
+/// is off the scale), the fitted law, each trial's peak or failure, and the chosen setting.
 pub(super) fn memory_chart(report: &Report, view: &RegimeView, memory: MemoryKind) -> Chart {
-    let (name, class, limit, usable) = match memory {
-        MemoryKind::Gpu => (
-            "GPU",
-            "gpu",
-            report.budget.gpu_bytes.unwrap_or(0),
-            report.budget.usable_gpu_bytes().unwrap_or(0),
-        ),
-        MemoryKind::Host => (
-            "host",
-            "host",
-            report.budget.host_bytes,
-            report.budget.usable_host_bytes(),
-        ),
-    };
-    let peak = |m: &Measurement| match memory {
-        MemoryKind::Gpu => m.peak_gpu_bytes,
-        MemoryKind::Host => m.peak_host_bytes,
-    };
+    let budget = MemoryBudget::of(report, memory);
     let x = batch_axis(view);
     let highest = view
         .trials
         .iter()
-        .filter_map(|t| t.outcome.measurement().map(peak))
+        .filter_map(|t| t.outcome.measurement().map(|m| budget.peak(m)))
         .max()
         .unwrap_or(0);
     // A budget far above every peak (a small model on a large machine) would flatten the
     // points against the axis: the chart then shows the peaks and names the budget.
-    let shows_budget = highest == 0 || limit <= highest.saturating_mul(4);
+    let shows_budget = highest == 0 || budget.limit <= highest.saturating_mul(4);
+    let y = peak_axis(budget.name, highest, budget.limit, shows_budget);
+    let mut layers = Vec::new();
+    let note = if shows_budget {
+        layers.extend(budget_lines(report, &budget));
+        None
+    } else {
+        Some(format!(
+            "budget {}: off the scale",
+            short_bytes(budget.limit as f64)
+        ))
+    };
+    // Settings that ran out of memory or failed are drawn at the limit, or at the top.
+    let limit_y = if shows_budget {
+        budget.limit as f64
+    } else {
+        y.max
+    };
+    layers.extend(fitted_line(view, memory, &x));
+    layers.extend(trial_points(report, view, &budget, limit_y));
+    if let Some((b, m)) = chosen_point(report, view) {
+        layers.push(Layer::Points {
+            class: "chosen".into(),
+            shape: Shape::Ring,
+            points: vec![(b, budget.peak(&m) as f64, "the chosen setting".into())],
+        });
+    }
+    Chart {
+        class: format!("memory {}", budget.class),
+        title: format!("Peak {} memory", budget.name),
+        note,
+        x,
+        y,
+        layers,
+    }
+}
+
+/// One memory's names and limits, as a memory chart shows them.
+struct MemoryBudget {
+    memory: MemoryKind,
+    /// The memory's name in labels: "GPU" or "host".
+    name: &'static str,
+    /// Its CSS class.
+    class: &'static str,
+    /// The budget's limit, bytes.
+    limit: u64,
+    /// What the headroom leaves of it, bytes.
+    usable: u64,
+}
+
+impl MemoryBudget {
+    fn of(report: &Report, memory: MemoryKind) -> Self {
+        let (name, class, limit, usable) = match memory {
+            MemoryKind::Gpu => (
+                "GPU",
+                "gpu",
+                report.budget.gpu_bytes.unwrap_or(0),
+                report.budget.usable_gpu_bytes().unwrap_or(0),
+            ),
+            MemoryKind::Host => (
+                "host",
+                "host",
+                report.budget.host_bytes,
+                report.budget.usable_host_bytes(),
+            ),
+        };
+        Self {
+            memory,
+            name,
+            class,
+            limit,
+            usable,
+        }
+    }
+
+    /// A measurement's peak in this memory.
+    fn peak(&self, m: &Measurement) -> u64 {
+        match self.memory {
+            MemoryKind::Gpu => m.peak_gpu_bytes,
+            MemoryKind::Host => m.peak_host_bytes,
+        }
+    }
+}
+
+/// The peak axis: up to the budget or the highest peak, whichever is higher, with room above
+/// for the labels; up to the highest peak alone when the budget is off the scale.
+fn peak_axis(name: &str, highest: u64, limit: u64, shows_budget: bool) -> Axis {
     let top = if shows_budget {
         highest.max(limit) as f64 * 1.08
     } else {
         highest as f64 * 1.15
     };
-    let y = Axis {
+    Axis {
         label: format!("peak {name} memory"),
         min: 0.0,
         max: top.max(1.0),
         scale: Scale::Linear,
         unit: bytes_unit(top),
-    };
-    let title = format!("Peak {name} memory");
-    let mut note = None;
-    let mut layers = Vec::new();
-    if shows_budget {
-        layers.push(Layer::HLine {
+    }
+}
+
+/// The budget's line and the line its headroom leaves usable.
+fn budget_lines(report: &Report, budget: &MemoryBudget) -> [Layer; 2] {
+    [
+        Layer::HLine {
             class: "budget".into(),
-            y: limit as f64,
-            label: format!("budget {}", short_bytes(limit as f64)),
+            y: budget.limit as f64,
+            label: format!("budget {}", short_bytes(budget.limit as f64)),
             below: false,
-        });
-        layers.push(Layer::HLine {
+        },
+        Layer::HLine {
             class: "usable".into(),
-            y: usable as f64,
+            y: budget.usable as f64,
             label: format!("headroom {:.0}%", report.budget.headroom * 100.0),
             below: true,
-        });
-    } else {
-        note = Some(format!(
-            "budget {}: off the scale",
-            short_bytes(limit as f64)
-        ));
-    }
-    // Settings that ran out of memory or failed are drawn at the limit, or at the top.
-    let limit_y = if shows_budget { limit as f64 } else { y.max };
-    if let Some(model) = &view.fit.memory {
-        let law = match memory {
-            MemoryKind::Gpu => model.gpu,
-            MemoryKind::Host => model.host,
-        };
-        layers.push(Layer::Line {
-            class: "fit".into(),
-            points: log_samples(&x)
-                .map(|b| (b, law.fixed_bytes + law.per_sample_bytes * b))
-                .collect(),
-        });
-    }
+        },
+    ]
+}
+
+/// The regime's fitted memory law in `memory`, if it has one.
+fn fitted_line(view: &RegimeView, memory: MemoryKind, x: &Axis) -> Option<Layer> {
+    let model = view.fit.memory.as_ref()?;
+    let law = match memory {
+        MemoryKind::Gpu => model.gpu,
+        MemoryKind::Host => model.host,
+    };
+    Some(Layer::Line {
+        class: "fit".into(),
+        points: log_samples(x)
+            .map(|b| (b, law.fixed_bytes + law.per_sample_bytes * b))
+            .collect(),
+    })
+}
+
+/// Each trial's mark: its peak, within the usable bytes or over them; or, at `limit_y`, that
+/// it ran out of this memory, or crashed or timed out (drawn on the training device's memory).
+fn trial_points(
+    report: &Report,
+    view: &RegimeView,
+    budget: &MemoryBudget,
+    limit_y: f64,
+) -> [Layer; 4] {
     let (mut within, mut over, mut ooms, mut failed) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for t in &view.trials {
@@ -108,12 +186,9 @@ pub(super) fn memory_chart(report: &Report, view: &RegimeView, memory: MemoryKin
         let label = format!("micro-batch {}", t.request.knobs.micro_batch);
         match &t.outcome {
             Outcome::Fits(m) => {
-                let point = (
-                    b,
-                    peak(m) as f64,
-                    format!("{label}: {}", format_bytes(peak(m))),
-                );
-                if peak(m) <= usable {
+                let peak = budget.peak(m);
+                let point = (b, peak as f64, format!("{label}: {}", format_bytes(peak)));
+                if peak <= budget.usable {
                     within.push(point)
                 } else {
                     over.push(point)
@@ -121,52 +196,33 @@ pub(super) fn memory_chart(report: &Report, view: &RegimeView, memory: MemoryKin
             }
             Outcome::OutOfMemory {
                 memory: ran_out, ..
-            } if *ran_out == memory => {
-                ooms.push((b, limit_y, format!("{label}: out of {name} memory")));
+            } if *ran_out == budget.memory => {
+                let text = format!("{label}: out of {} memory", budget.name);
+                ooms.push((b, limit_y, text));
             }
             Outcome::Crashed { .. } | Outcome::TimedOut { .. }
-                if memory == device_memory(report) =>
+                if budget.memory == device_memory(report) =>
             {
                 failed.push((b, limit_y, format!("{label}: {}", outcome_text(&t.outcome))));
             }
             _ => {}
         }
     }
-    layers.push(Layer::Points {
-        class: format!("measured {class}"),
-        shape: Shape::Circle,
-        points: within,
-    });
-    layers.push(Layer::Points {
-        class: format!("measured over {class}"),
-        shape: Shape::Circle,
-        points: over,
-    });
-    layers.push(Layer::Points {
-        class: "oom".into(),
-        shape: Shape::Cross,
-        points: ooms,
-    });
-    layers.push(Layer::Points {
-        class: "failed".into(),
-        shape: Shape::Square,
-        points: failed,
-    });
-    if let Some((b, m)) = chosen_point(report, view) {
-        layers.push(Layer::Points {
-            class: "chosen".into(),
-            shape: Shape::Ring,
-            points: vec![(b, peak(&m) as f64, "the chosen setting".into())],
-        });
-    }
-    Chart {
-        class: format!("memory {class}"),
-        title,
-        note,
-        x,
-        y,
-        layers,
-    }
+    let points = |class: String, shape: Shape, points| Layer::Points {
+        class,
+        shape,
+        points,
+    };
+    [
+        points(format!("measured {}", budget.class), Shape::Circle, within),
+        points(
+            format!("measured over {}", budget.class),
+            Shape::Circle,
+            over,
+        ),
+        points("oom".into(), Shape::Cross, ooms),
+        points("failed".into(), Shape::Square, failed),
+    ]
 }
 
 /// Bytes in GiB at a chart's scale, or in MiB below 2 GiB.

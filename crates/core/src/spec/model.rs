@@ -494,9 +494,26 @@ impl ModelSpec {
         Ok(spec)
     }
 
-    /// Checks that the numbers describe a model that can be built.
+    /// Checks that the numbers describe a model that can be built. The checks run in a fixed
+    /// order: of several bad fields, the first of them is named.
     pub fn validate(&self) -> Result<()> {
-        let bad = |field: &str, problem: String| Err(Error::invalid(WHAT, field, problem));
+        self.validate_dimensions()?;
+        self.validate_sizes()?;
+        self.validate_heads()?;
+        if let Positions::Rotary(rope) = &self.positions {
+            self.validate_rotary(rope)?;
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return invalid("dropout", format!("({}) must be in [0, 1)", self.dropout));
+        }
+        if !(is_positive(self.norm_eps) && self.norm_eps.is_finite()) {
+            return invalid("norm_eps", "must be a positive number".into());
+        }
+        validate_optimizer(&self.optimizer)
+    }
+
+    /// Every dimension at least 1 and within its bound.
+    fn validate_dimensions(&self) -> Result<()> {
         for (field, value, max) in [
             ("vocab_size", self.vocab_size, MAX_DIMENSION),
             ("d_model", self.d_model, MAX_DIMENSION),
@@ -506,15 +523,19 @@ impl ModelSpec {
             ("seq_len", self.seq_len, MAX_DIMENSION),
         ] {
             if value == 0 {
-                return bad(field, "must be at least 1".into());
+                return invalid(field, "must be at least 1".into());
             }
             if value > max {
-                return bad(field, format!("({value}) must be at most {max}"));
+                return invalid(field, format!("({value}) must be at most {max}"));
             }
         }
-        self.validate_sizes()?;
+        Ok(())
+    }
+
+    /// The query heads split the width evenly, and the key/value heads the query heads.
+    fn validate_heads(&self) -> Result<()> {
         if self.d_model % self.n_heads != 0 {
-            return bad(
+            return invalid(
                 "n_heads",
                 format!(
                     "({}) must divide d_model ({}); try {}",
@@ -526,7 +547,7 @@ impl ModelSpec {
         }
         if let Some(kv) = self.n_kv_heads {
             if kv == 0 || kv > MAX_DIMENSION || self.n_heads % kv != 0 {
-                return bad(
+                return invalid(
                     "n_kv_heads",
                     format!(
                         "({kv}) must divide n_heads ({}): each key/value head serves a whole group \
@@ -537,71 +558,41 @@ impl ModelSpec {
                 );
             }
         }
-        if let Positions::Rotary(rope) = &self.positions {
-            if self.head_dim() % 2 != 0 {
-                return bad(
-                    "positions.rotary",
-                    format!(
-                        "needs an even head width; d_model / n_heads is {}",
-                        self.head_dim()
-                    ),
-                );
-            }
-            if !(rope.theta > 1.0 && rope.theta.is_finite()) {
-                return bad(
-                    "positions.rotary.theta",
-                    format!("({}) must be a finite number above 1", rope.theta),
-                );
-            }
-            if let Some(s) = &rope.scaling {
-                let ok = s.factor >= 1.0
-                    && s.factor.is_finite()
-                    && s.low_freq_factor > 0.0
-                    && s.high_freq_factor > s.low_freq_factor
-                    && s.high_freq_factor.is_finite()
-                    && s.original_max_position_embeddings > 0;
-                if !ok {
-                    return bad(
-                        "positions.rotary.scaling",
-                        format!(
-                            "({s:?}) needs factor ≥ 1, 0 < low_freq_factor < high_freq_factor and \
-                             original_max_position_embeddings ≥ 1"
-                        ),
-                    );
-                }
-            }
-        }
-        if !(0.0..1.0).contains(&self.dropout) {
-            return bad("dropout", format!("({}) must be in [0, 1)", self.dropout));
-        }
-        // Written as `is_positive` so that NaN is rejected too.
-        let is_positive = |x: f64| x > 0.0;
-        if !(is_positive(self.norm_eps) && self.norm_eps.is_finite()) {
-            return bad("norm_eps", "must be a positive number".into());
-        }
-        let o = &self.optimizer;
-        if !(o.lr > 0.0 && o.lr.is_finite()) {
-            return bad("optimizer.lr", format!("({}) must be positive", o.lr));
-        }
-        for (field, beta) in [("optimizer.beta1", o.beta1), ("optimizer.beta2", o.beta2)] {
-            if !(0.0..1.0).contains(&beta) {
-                return bad(field, format!("({beta}) must be in [0, 1)"));
-            }
-        }
-        if !(is_positive(o.eps) && o.eps.is_finite()) {
-            return bad("optimizer.eps", "must be a positive number".into());
-        }
-        if !(o.weight_decay.is_finite() && o.weight_decay >= 0.0) {
-            return bad(
-                "optimizer.weight_decay",
-                format!("({}) must be zero or positive", o.weight_decay),
+        Ok(())
+    }
+
+    /// Rotary positions rotate pairs of a head's values, at a finite base above 1, with a
+    /// frequency scaling that keeps the frequencies in order.
+    fn validate_rotary(&self, rope: &Rope) -> Result<()> {
+        if self.head_dim() % 2 != 0 {
+            return invalid(
+                "positions.rotary",
+                format!(
+                    "needs an even head width; d_model / n_heads is {}",
+                    self.head_dim()
+                ),
             );
         }
-        if let Some(clip) = o.grad_clip {
-            if !(is_positive(clip) && clip.is_finite()) {
-                return bad(
-                    "optimizer.grad_clip",
-                    format!("({clip}) must be a positive norm, e.g. 1.0, or absent for none"),
+        if !(rope.theta > 1.0 && rope.theta.is_finite()) {
+            return invalid(
+                "positions.rotary.theta",
+                format!("({}) must be a finite number above 1", rope.theta),
+            );
+        }
+        if let Some(s) = &rope.scaling {
+            let ok = s.factor >= 1.0
+                && s.factor.is_finite()
+                && s.low_freq_factor > 0.0
+                && s.high_freq_factor > s.low_freq_factor
+                && s.high_freq_factor.is_finite()
+                && s.original_max_position_embeddings > 0;
+            if !ok {
+                return invalid(
+                    "positions.rotary.scaling",
+                    format!(
+                        "({s:?}) needs factor ≥ 1, 0 < low_freq_factor < high_freq_factor and \
+                         original_max_position_embeddings ≥ 1"
+                    ),
                 );
             }
         }
@@ -751,6 +742,47 @@ impl ParameterGroups {
     pub fn largest(&self) -> usize {
         self.embeddings.max(self.block).max(self.head)
     }
+}
+
+/// The optimizer's settings: a positive learning rate, betas in [0, 1), and a positive
+/// epsilon, decay and clipping norm where given.
+fn validate_optimizer(o: &OptimizerSpec) -> Result<()> {
+    if !(o.lr > 0.0 && o.lr.is_finite()) {
+        return invalid("optimizer.lr", format!("({}) must be positive", o.lr));
+    }
+    for (field, beta) in [("optimizer.beta1", o.beta1), ("optimizer.beta2", o.beta2)] {
+        if !(0.0..1.0).contains(&beta) {
+            return invalid(field, format!("({beta}) must be in [0, 1)"));
+        }
+    }
+    if !(is_positive(o.eps) && o.eps.is_finite()) {
+        return invalid("optimizer.eps", "must be a positive number".into());
+    }
+    if !(o.weight_decay.is_finite() && o.weight_decay >= 0.0) {
+        return invalid(
+            "optimizer.weight_decay",
+            format!("({}) must be zero or positive", o.weight_decay),
+        );
+    }
+    if let Some(clip) = o.grad_clip {
+        if !(is_positive(clip) && clip.is_finite()) {
+            return invalid(
+                "optimizer.grad_clip",
+                format!("({clip}) must be a positive norm, e.g. 1.0, or absent for none"),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Written as `x > 0` so that NaN is rejected too.
+fn is_positive(x: f64) -> bool {
+    x > 0.0
+}
+
+/// A model spec's `field` is invalid for `problem`.
+fn invalid(field: &str, problem: String) -> Result<()> {
+    Err(Error::invalid(WHAT, field, problem))
 }
 
 /// Overlays `patch`'s fields on `base` (objects merge recursively, anything else replaces).

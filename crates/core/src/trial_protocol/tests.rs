@@ -245,3 +245,20 @@ fn invalid_replies_name_the_field() {
         "reusable"
     );
 }
+
+#[test]
+fn an_engine_name_is_trimmed_and_bounded_in_characters() {
+    let longest = "é".repeat(MAX_ENGINE_NAME_CHARS);
+    let too_long = "e".repeat(MAX_ENGINE_NAME_CHARS + 1);
+    for (given, expected) in [
+        ("pytorch", Some("pytorch")),
+        ("  jax\t", Some("jax")),
+        (longest.as_str(), Some(longest.as_str())),
+        ("", None),
+        (" \n ", None),
+        ("py\u{7}torch", None),
+        (too_long.as_str(), None),
+    ] {
+        assert_eq!(engine_name(given).ok().as_deref(), expected, "{given:?}");
+    }
+}

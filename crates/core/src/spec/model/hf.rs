@@ -238,7 +238,49 @@ pub fn from_hf_config(config: &Value, name: &str) -> Result<ModelSpec> {
     Ok(spec)
 }
 
+/// A Llama, Qwen 2 or Mistral config. The fields are read in a fixed order, so that of several
+/// bad ones the same is named every time.
 fn decoder<'a>(f: &mut Fields<'a>, family: Family, name: &str) -> Result<ModelSpec> {
+    let shape = attention_shape(f)?;
+    check_decoder_computation(f)?;
+    check_sliding_window(f, family, shape.seq_len)?;
+    let biases = decoder_biases(f, family)?;
+    let rope = rope(f)?;
+    Ok(ModelSpec {
+        name: name.into(),
+        vocab_size: f.usize("vocab_size")?,
+        d_model: shape.hidden,
+        n_heads: shape.heads,
+        n_layers: f.usize("num_hidden_layers")?,
+        d_ff: f.usize("intermediate_size")?,
+        seq_len: shape.seq_len,
+        causal: true,
+        norm: NormPlacement::Pre,
+        activation: Activation::Swiglu,
+        positions: Positions::Rotary(rope),
+        dropout: 0.0,
+        norm_eps: f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
+        optimizer: OptimizerSpec::adamw(3e-4),
+        norm_kind: NormKind::Rms,
+        n_kv_heads: Some(shape.kv_heads),
+        biases,
+        // Llama's and Mistral's default is untied; Qwen 2's configs always say.
+        tied_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
+    })
+}
+
+/// A decoder's width, heads and the length it trains at.
+struct AttentionShape {
+    hidden: usize,
+    heads: usize,
+    kv_heads: usize,
+    seq_len: usize,
+}
+
+/// The width, the query and key/value heads (as many as the queries' unless given), and the
+/// training length: [`DECODER_SEQ_LEN`], or the model's maximum if shorter. A `head_dim` must
+/// be the width over the heads, the only head width the engine builds.
+fn attention_shape(f: &mut Fields<'_>) -> Result<AttentionShape> {
     let hidden = f.usize("hidden_size")?;
     let heads = f.usize("num_attention_heads")?;
     let kv_heads = f.opt_usize("num_key_value_heads")?.unwrap_or(heads);
@@ -258,6 +300,16 @@ fn decoder<'a>(f: &mut Fields<'a>, family: Family, name: &str) -> Result<ModelSp
             ));
         }
     }
+    Ok(AttentionShape {
+        hidden,
+        heads,
+        kv_heads,
+        seq_len,
+    })
+}
+
+/// The settings a decoder's config may carry only at the value the engine computes with.
+fn check_decoder_computation(f: &mut Fields<'_>) -> Result<()> {
     f.expect(
         "hidden_act",
         |v| v == "silu",
@@ -290,7 +342,12 @@ fn decoder<'a>(f: &mut Fields<'a>, family: Family, name: &str) -> Result<ModelSp
         "pretraining_tp",
         |v| v.as_u64() == Some(1),
         "tensor-parallel slicing of the projections must be 1",
-    )?;
+    )
+}
+
+/// A sliding attention window that applies must span the whole training sequence: windowed
+/// attention is not built.
+fn check_sliding_window(f: &mut Fields<'_>, family: Family, seq_len: usize) -> Result<()> {
     // Qwen 2 runs a sliding window only where `use_sliding_window` is true; Mistral always.
     let window_applies = match family {
         Family::Qwen2 => f.opt_bool("use_sliding_window")?.unwrap_or(false),
@@ -309,7 +366,13 @@ fn decoder<'a>(f: &mut Fields<'a>, family: Family, name: &str) -> Result<ModelSp
             ));
         }
     }
-    let biases = match family {
+    Ok(())
+}
+
+/// Qwen 2's biases are on q, k and v, always; Llama's and Mistral's as `attention_bias` and
+/// `mlp_bias` say (none by default). Qwen 2 reads neither field, so either is an error there.
+fn decoder_biases(f: &mut Fields<'_>, family: Family) -> Result<Biases> {
+    Ok(match family {
         Family::Qwen2 => Biases {
             qkv: true,
             ..Biases::NONE
@@ -324,28 +387,6 @@ fn decoder<'a>(f: &mut Fields<'a>, family: Family, name: &str) -> Result<ModelSp
                 head: false,
             }
         }
-    };
-    let rope = rope(f)?;
-    Ok(ModelSpec {
-        name: name.into(),
-        vocab_size: f.usize("vocab_size")?,
-        d_model: hidden,
-        n_heads: heads,
-        n_layers: f.usize("num_hidden_layers")?,
-        d_ff: f.usize("intermediate_size")?,
-        seq_len,
-        causal: true,
-        norm: NormPlacement::Pre,
-        activation: Activation::Swiglu,
-        positions: Positions::Rotary(rope),
-        dropout: 0.0,
-        norm_eps: f.opt_f64("rms_norm_eps")?.unwrap_or(1e-6),
-        optimizer: OptimizerSpec::adamw(3e-4),
-        norm_kind: NormKind::Rms,
-        n_kv_heads: Some(kv_heads),
-        biases,
-        // Llama's and Mistral's default is untied; Qwen 2's configs always say.
-        tied_embeddings: f.opt_bool("tie_word_embeddings")?.unwrap_or(false),
     })
 }
 

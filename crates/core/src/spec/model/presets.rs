@@ -11,6 +11,8 @@ pub const DECODER_SEQ_LEN: usize = 2048;
 
 /// The shape of one decoder, as its config lists it.
 struct Decoder {
+    /// The preset's name.
+    name: &'static str,
     vocab: usize,
     hidden: usize,
     intermediate: usize,
@@ -25,7 +27,7 @@ struct Decoder {
 }
 
 /// Llama 3.1 and 3.2's frequency scaling, `factor` 8 (3.1) or 32 (3.2).
-fn llama3(factor: f64) -> Option<RopeScaling> {
+const fn llama3(factor: f64) -> Option<RopeScaling> {
     Some(RopeScaling {
         factor,
         low_freq_factor: 1.0,
@@ -34,116 +36,124 @@ fn llama3(factor: f64) -> Option<RopeScaling> {
     })
 }
 
+/// The decoder presets.
+const DECODERS: [Decoder; 7] = [
+    // HuggingFaceTB/SmolLM2-135M: 134,515,008 parameters.
+    Decoder {
+        name: "smollm2-135m",
+        vocab: 49_152,
+        hidden: 576,
+        intermediate: 1536,
+        layers: 30,
+        heads: 9,
+        kv_heads: 3,
+        theta: 100_000.0,
+        scaling: None,
+        eps: 1e-5,
+        tied: true,
+        qkv_bias: false,
+    },
+    // Qwen/Qwen2.5-0.5B: 494,032,768.
+    Decoder {
+        name: "qwen2.5-0.5b",
+        vocab: 151_936,
+        hidden: 896,
+        intermediate: 4864,
+        layers: 24,
+        heads: 14,
+        kv_heads: 2,
+        theta: 1_000_000.0,
+        scaling: None,
+        eps: 1e-6,
+        tied: true,
+        qkv_bias: true,
+    },
+    // meta-llama/Llama-3.2-1B: 1,235,814,400.
+    Decoder {
+        name: "llama-3.2-1b",
+        vocab: 128_256,
+        hidden: 2048,
+        intermediate: 8192,
+        layers: 16,
+        heads: 32,
+        kv_heads: 8,
+        theta: 500_000.0,
+        scaling: llama3(32.0),
+        eps: 1e-5,
+        tied: true,
+        qkv_bias: false,
+    },
+    // Qwen/Qwen2.5-1.5B: 1,543,714,304.
+    Decoder {
+        name: "qwen2.5-1.5b",
+        vocab: 151_936,
+        hidden: 1536,
+        intermediate: 8960,
+        layers: 28,
+        heads: 12,
+        kv_heads: 2,
+        theta: 1_000_000.0,
+        scaling: None,
+        eps: 1e-6,
+        tied: true,
+        qkv_bias: true,
+    },
+    // meta-llama/Llama-3.2-3B: 3,212,749,824.
+    Decoder {
+        name: "llama-3.2-3b",
+        vocab: 128_256,
+        hidden: 3072,
+        intermediate: 8192,
+        layers: 28,
+        heads: 24,
+        kv_heads: 8,
+        theta: 500_000.0,
+        scaling: llama3(32.0),
+        eps: 1e-5,
+        tied: true,
+        qkv_bias: false,
+    },
+    // mistralai/Mistral-7B-v0.1: 7,241,732,096.
+    Decoder {
+        name: "mistral-7b",
+        vocab: 32_000,
+        hidden: 4096,
+        intermediate: 14_336,
+        layers: 32,
+        heads: 32,
+        kv_heads: 8,
+        theta: 10_000.0,
+        scaling: None,
+        eps: 1e-5,
+        tied: false,
+        qkv_bias: false,
+    },
+    // meta-llama/Llama-3.1-8B: 8,030,261,248.
+    Decoder {
+        name: "llama-3.1-8b",
+        vocab: 128_256,
+        hidden: 4096,
+        intermediate: 14_336,
+        layers: 32,
+        heads: 32,
+        kv_heads: 8,
+        theta: 500_000.0,
+        scaling: llama3(8.0),
+        eps: 1e-5,
+        tied: false,
+        qkv_bias: false,
+    },
+];
+
 /// The decoder preset `name`, if there is one.
 pub(super) fn decoder(name: &str) -> Option<ModelSpec> {
-    let d = match name {
-        // HuggingFaceTB/SmolLM2-135M: 134,515,008 parameters.
-        "smollm2-135m" => Decoder {
-            vocab: 49_152,
-            hidden: 576,
-            intermediate: 1536,
-            layers: 30,
-            heads: 9,
-            kv_heads: 3,
-            theta: 100_000.0,
-            scaling: None,
-            eps: 1e-5,
-            tied: true,
-            qkv_bias: false,
-        },
-        // Qwen/Qwen2.5-0.5B: 494,032,768.
-        "qwen2.5-0.5b" => Decoder {
-            vocab: 151_936,
-            hidden: 896,
-            intermediate: 4864,
-            layers: 24,
-            heads: 14,
-            kv_heads: 2,
-            theta: 1_000_000.0,
-            scaling: None,
-            eps: 1e-6,
-            tied: true,
-            qkv_bias: true,
-        },
-        // meta-llama/Llama-3.2-1B: 1,235,814,400.
-        "llama-3.2-1b" => Decoder {
-            vocab: 128_256,
-            hidden: 2048,
-            intermediate: 8192,
-            layers: 16,
-            heads: 32,
-            kv_heads: 8,
-            theta: 500_000.0,
-            scaling: llama3(32.0),
-            eps: 1e-5,
-            tied: true,
-            qkv_bias: false,
-        },
-        // Qwen/Qwen2.5-1.5B: 1,543,714,304.
-        "qwen2.5-1.5b" => Decoder {
-            vocab: 151_936,
-            hidden: 1536,
-            intermediate: 8960,
-            layers: 28,
-            heads: 12,
-            kv_heads: 2,
-            theta: 1_000_000.0,
-            scaling: None,
-            eps: 1e-6,
-            tied: true,
-            qkv_bias: true,
-        },
-        // meta-llama/Llama-3.2-3B: 3,212,749,824.
-        "llama-3.2-3b" => Decoder {
-            vocab: 128_256,
-            hidden: 3072,
-            intermediate: 8192,
-            layers: 28,
-            heads: 24,
-            kv_heads: 8,
-            theta: 500_000.0,
-            scaling: llama3(32.0),
-            eps: 1e-5,
-            tied: true,
-            qkv_bias: false,
-        },
-        // mistralai/Mistral-7B-v0.1: 7,241,732,096.
-        "mistral-7b" => Decoder {
-            vocab: 32_000,
-            hidden: 4096,
-            intermediate: 14_336,
-            layers: 32,
-            heads: 32,
-            kv_heads: 8,
-            theta: 10_000.0,
-            scaling: None,
-            eps: 1e-5,
-            tied: false,
-            qkv_bias: false,
-        },
-        // meta-llama/Llama-3.1-8B: 8,030,261,248.
-        "llama-3.1-8b" => Decoder {
-            vocab: 128_256,
-            hidden: 4096,
-            intermediate: 14_336,
-            layers: 32,
-            heads: 32,
-            kv_heads: 8,
-            theta: 500_000.0,
-            scaling: llama3(8.0),
-            eps: 1e-5,
-            tied: false,
-            qkv_bias: false,
-        },
-        _ => return None,
-    };
-    Some(d.spec(name))
+    DECODERS.iter().find(|d| d.name == name).map(Decoder::spec)
 }
 
 impl Decoder {
-    fn spec(&self, name: &str) -> ModelSpec {
+    fn spec(&self) -> ModelSpec {
         ModelSpec {
-            name: name.into(),
+            name: self.name.into(),
             vocab_size: self.vocab,
             d_model: self.hidden,
             n_heads: self.heads,
