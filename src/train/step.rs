@@ -36,7 +36,7 @@ use crate::model::{explicit, Ctx, Engine, HeadGradient, Transformer};
 use crate::spec::model::ModelSpec;
 use crate::spec::state::StateBytes;
 use crate::train::data::Data;
-use crate::train::optimizer::{Optimizer, OptimizerState};
+use crate::train::optimizer::{OptimizerState, OptimizerStateMut};
 use crate::train::passes::Passes;
 use crate::train::scaler::{LossScaler, ScaleDecision};
 use crate::train::schedule::LrSchedule;
@@ -216,7 +216,8 @@ impl Trainer {
     /// [`HeadGradient::ByRows`] for the exact update in backward, else
     /// [`HeadGradient::Whole`]). The compact optimizer and offload take whole gradients only.
     pub fn set_head_gradient(&mut self, head: HeadGradient) -> Result<()> {
-        if head == HeadGradient::ByRows && !self.update.takes_gradient_rows() {
+        let exact_on_device = matches!(self.update.optimizer(), OptimizerState::Device(_));
+        if head == HeadGradient::ByRows && !exact_on_device {
             return Err(crate::Error::internal(
                 "the head's gradient by rows needs the exact optimizer on the device",
             ));
@@ -261,17 +262,9 @@ impl Trainer {
     /// with offload each micro-batch's gradients come down in their working dtype and the new
     /// working copies go up once; host-placed compact moments as their layout says.
     pub fn host_link_bytes_per_step(&self) -> Option<u64> {
-        let working = update::tensor_bytes(
-            self.passes
-                .model
-                .params()
-                .vars()
-                .iter()
-                .map(|v| v.as_tensor()),
-        );
         self.update
             .optimizer()
-            .host_link_bytes_per_step(working, self.passes.knobs.grad_accum as u64)
+            .host_link_bytes_per_step(self.weight_bytes(), self.passes.knobs.grad_accum as u64)
     }
 
     /// The optimizer's state.
@@ -280,7 +273,7 @@ impl Trainer {
     }
 
     /// Mutable access to the optimizer (checkpoint restore).
-    pub fn optimizer_mut(&mut self) -> &mut dyn Optimizer {
+    pub fn optimizer_mut(&mut self) -> OptimizerStateMut<'_> {
         self.update.optimizer_mut()
     }
     /// Sets the step counter (checkpoint restore).
@@ -293,17 +286,15 @@ impl Trainer {
     /// the device (nothing before a step). Compare with the layout's formula,
     /// [`StateBytes::of`].
     pub fn state_bytes(&self) -> StateBytes {
-        let weights = update::tensor_bytes(
-            self.passes
-                .model
-                .params()
-                .vars()
-                .iter()
-                .map(|v| v.as_tensor()),
-        );
         self.update
             .optimizer()
-            .state_bytes(weights, self.gradient_bytes)
+            .state_bytes(self.weight_bytes(), self.gradient_bytes)
+    }
+
+    /// The bytes of the model's parameters on the device (with offload, the working copies).
+    fn weight_bytes(&self) -> u64 {
+        let vars = self.passes.model.params().vars();
+        update::tensor_bytes(vars.iter().map(|v| v.as_tensor()))
     }
 
     /// The f32 master weights in parameter order: the model's parameters, or with offload
@@ -327,9 +318,9 @@ impl Trainer {
         tensors: &HashMap<String, Tensor>,
     ) -> std::result::Result<(), String> {
         let params = self.passes.model.params();
-        match self.update.host_masters_mut() {
-            Some(offload) => offload.load_masters(params.names(), tensors),
-            None => params.load_from(tensors),
+        match self.update.optimizer_mut() {
+            OptimizerStateMut::Host(offload) => offload.load_masters(params.names(), tensors),
+            _ => params.load_from(tensors),
         }
     }
 
@@ -340,9 +331,9 @@ impl Trainer {
         get: &mut dyn FnMut(&str) -> std::result::Result<Tensor, String>,
     ) -> std::result::Result<(), String> {
         let params = self.passes.model.params();
-        match self.update.host_masters_mut() {
-            Some(offload) => offload.load_masters_with(params.names(), get),
-            None => params.load_with(get),
+        match self.update.optimizer_mut() {
+            OptimizerStateMut::Host(offload) => offload.load_masters_with(params.names(), get),
+            _ => params.load_with(get),
         }
     }
 

@@ -9,7 +9,7 @@ use std::ops::Range;
 
 use candle_core::{Tensor, Var};
 
-use super::{AdamProgress, Optimizer};
+use super::AdamProgress;
 use crate::ops::host_optim::AdamConsts;
 use crate::spec::model::OptimizerSpec;
 use crate::Result;
@@ -20,7 +20,7 @@ use crate::Result;
 /// data-parallel ranks): it then keeps moments for that share alone and updates only it, while
 /// indices and names stay those of the whole model.
 pub struct Adam {
-    progress: AdamProgress,
+    pub(super) progress: AdamProgress,
     vars: Vec<Var>,
     /// Index of `vars[0]` among the model's parameters.
     offset: usize,
@@ -147,20 +147,12 @@ impl Adam {
 /// [`Adam::begin_step`].
 pub struct AdamStep(AdamConsts);
 
-impl Optimizer for Adam {
-    fn progress(&self) -> &AdamProgress {
-        &self.progress
-    }
-
-    fn progress_mut(&mut self) -> &mut AdamProgress {
-        &mut self.progress
-    }
-
-    fn load_state(
+impl Adam {
+    /// Restores the moments from a checkpoint's tensors (`m.<name>`, `v.<name>`).
+    pub(super) fn load_moments(
         &mut self,
         names: &[String],
         tensors: &HashMap<String, Tensor>,
-        steps: u64,
     ) -> std::result::Result<(), String> {
         let owned = self.owned();
         for (i, name) in names[owned].iter().enumerate() {
@@ -179,7 +171,6 @@ impl Optimizer for Adam {
                 *slot = t.to_device(slot.device()).map_err(|e| e.to_string())?;
             }
         }
-        self.progress.restore(steps);
         Ok(())
     }
 }

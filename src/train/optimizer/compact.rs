@@ -19,7 +19,7 @@ use std::sync::Mutex;
 use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Tensor, Var};
 use half::bf16;
 
-use super::{AdamProgress, Optimizer};
+use super::AdamProgress;
 use crate::knobs::{MasterFormat, MomentFormat, MomentPlace, StateLayout};
 use crate::ops::compact_adam::cpu::{self, Maps, MomentsMut, Weight};
 use crate::ops::compact_adam::{quantile, rounding_seed, BLOCK};
@@ -31,7 +31,7 @@ use crate::Result;
 
 /// Adam over a compact layout.
 pub struct CompactAdam {
-    progress: AdamProgress,
+    pub(super) progress: AdamProgress,
     layout: StateLayout,
     vars: Vec<Var>,
     states: Vec<ParamState>,
@@ -484,7 +484,7 @@ impl CompactAdam {
     }
 
     /// Restores the moments saved by [`Self::state_tensors`].
-    fn load_moments(
+    pub(super) fn load_moments(
         &mut self,
         names: &[String],
         tensors: &HashMap<String, Tensor>,
@@ -603,28 +603,6 @@ impl CompactAdam {
                 }
             }
         }
-        Ok(())
-    }
-}
-
-impl Optimizer for CompactAdam {
-    fn progress(&self) -> &AdamProgress {
-        &self.progress
-    }
-
-    fn progress_mut(&mut self) -> &mut AdamProgress {
-        &mut self.progress
-    }
-
-    /// Restores the state saved by [`CompactAdam::state_tensors`] and the step count.
-    fn load_state(
-        &mut self,
-        names: &[String],
-        tensors: &HashMap<String, Tensor>,
-        steps: u64,
-    ) -> std::result::Result<(), String> {
-        self.load_moments(names, tensors)?;
-        self.progress.restore(steps);
         Ok(())
     }
 }

@@ -1,6 +1,7 @@
 //! The optimizer's state: exact Adam/AdamW on the device ([`adam`]), in host memory
 //! ([`offload`]), or in a compact layout ([`compact`]); and what every one of them shares, its
-//! settings and count of updates ([`AdamProgress`], behind the [`Optimizer`] trait).
+//! settings and count of updates ([`AdamProgress`]), read and restored through
+//! [`OptimizerState`] and [`OptimizerStateMut`] whatever the layout.
 //!
 //! How a step drives a state (after the backward pass, during it, streamed through the host)
 //! is [`crate::train::update`]'s; this module only keeps and updates the numbers.
@@ -62,24 +63,6 @@ impl AdamProgress {
     }
 }
 
-/// What every optimizer state answers, whatever its layout.
-pub trait Optimizer {
-    /// Its settings and count of updates.
-    fn progress(&self) -> &AdamProgress;
-
-    /// Mutable access to them (the learning rate of the next step, a restore).
-    fn progress_mut(&mut self) -> &mut AdamProgress;
-
-    /// Restores the moments and the count of updates from a checkpoint's tensors; `names` are
-    /// the model's parameters'.
-    fn load_state(
-        &mut self,
-        names: &[String],
-        tensors: &HashMap<String, Tensor>,
-        steps: u64,
-    ) -> std::result::Result<(), String>;
-}
-
 /// An optimizer's state, whichever strategy steps it: what checkpoints save and measurements
 /// read.
 pub enum OptimizerState<'a> {
@@ -93,18 +76,18 @@ pub enum OptimizerState<'a> {
 }
 
 impl<'a> OptimizerState<'a> {
-    /// The state as what every optimizer answers.
-    pub fn common(&self) -> &'a dyn Optimizer {
+    /// Its settings and count of updates.
+    pub fn progress(&self) -> &'a AdamProgress {
         match *self {
-            OptimizerState::Device(adam) => adam,
-            OptimizerState::Host(offload) => offload,
-            OptimizerState::Compact(compact) => compact,
+            OptimizerState::Device(adam) => &adam.progress,
+            OptimizerState::Host(offload) => &offload.progress,
+            OptimizerState::Compact(compact) => &compact.progress,
         }
     }
 
     /// Optimizer updates applied so far.
     pub fn steps(&self) -> u64 {
-        self.common().progress().steps()
+        self.progress().steps()
     }
 
     /// Whether the masters and moments live in host memory.
@@ -156,5 +139,43 @@ impl<'a> OptimizerState<'a> {
             OptimizerState::Host(_) => Some(working_bytes * (grad_accum + 1)),
             OptimizerState::Compact(compact) => compact.link_bytes_per_step(),
         }
+    }
+}
+
+/// An optimizer's state, to change: the next learning rate, a checkpoint's restore.
+pub enum OptimizerStateMut<'a> {
+    /// See [`OptimizerState::Device`].
+    Device(&'a mut Adam),
+    /// See [`OptimizerState::Host`].
+    Host(&'a mut OffloadAdam),
+    /// See [`OptimizerState::Compact`].
+    Compact(&'a mut CompactAdam),
+}
+
+impl OptimizerStateMut<'_> {
+    /// Its settings and count of updates.
+    pub fn progress_mut(&mut self) -> &mut AdamProgress {
+        match self {
+            OptimizerStateMut::Device(adam) => &mut adam.progress,
+            OptimizerStateMut::Host(offload) => &mut offload.progress,
+            OptimizerStateMut::Compact(compact) => &mut compact.progress,
+        }
+    }
+
+    /// Restores the moments from a checkpoint's `tensors` (named after the model's parameters,
+    /// `names`) and the count of updates, `steps`.
+    pub fn load_state(
+        &mut self,
+        names: &[String],
+        tensors: &HashMap<String, Tensor>,
+        steps: u64,
+    ) -> std::result::Result<(), String> {
+        match self {
+            OptimizerStateMut::Device(adam) => adam.load_moments(names, tensors)?,
+            OptimizerStateMut::Host(offload) => offload.load_moments(names, tensors)?,
+            OptimizerStateMut::Compact(compact) => compact.load_moments(names, tensors)?,
+        }
+        self.progress_mut().restore(steps);
+        Ok(())
     }
 }

@@ -17,7 +17,7 @@ use crate::model::batch::Batch;
 use crate::model::Transformer;
 use crate::spec::model::OptimizerSpec;
 use crate::train::optimizer::adam::Adam;
-use crate::train::optimizer::{Optimizer, OptimizerState};
+use crate::train::optimizer::{OptimizerState, OptimizerStateMut};
 use crate::train::scaler::ScaleDecision;
 use crate::Result;
 
@@ -75,12 +75,8 @@ impl Updater for AfterBackward {
         OptimizerState::Device(&self.adam)
     }
 
-    fn optimizer_mut(&mut self) -> &mut dyn Optimizer {
-        &mut self.adam
-    }
-
-    fn takes_gradient_rows(&self) -> bool {
-        true
+    fn optimizer_mut(&mut self) -> OptimizerStateMut<'_> {
+        OptimizerStateMut::Device(&mut self.adam)
     }
 
     fn gathered_moments(

@@ -9,7 +9,7 @@ use crate::model::batch::Batch;
 use crate::model::Transformer;
 use crate::spec::model::OptimizerSpec;
 use crate::train::optimizer::compact::CompactAdam;
-use crate::train::optimizer::{Optimizer, OptimizerState};
+use crate::train::optimizer::{OptimizerState, OptimizerStateMut};
 use crate::train::scaler::ScaleDecision;
 use crate::Result;
 
@@ -91,7 +91,7 @@ impl Updater for Compact {
         OptimizerState::Compact(&self.compact)
     }
 
-    fn optimizer_mut(&mut self) -> &mut dyn Optimizer {
-        self.compact.as_mut()
+    fn optimizer_mut(&mut self) -> OptimizerStateMut<'_> {
+        OptimizerStateMut::Compact(&mut self.compact)
     }
 }

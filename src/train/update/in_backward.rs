@@ -11,7 +11,7 @@ use crate::model::batch::Batch;
 use crate::model::{HeadGradient, Transformer};
 use crate::spec::model::OptimizerSpec;
 use crate::train::optimizer::adam::Adam;
-use crate::train::optimizer::{Optimizer, OptimizerState};
+use crate::train::optimizer::{OptimizerState, OptimizerStateMut};
 use crate::train::scaler::ScaleDecision;
 use crate::Result;
 
@@ -59,12 +59,8 @@ impl Updater for InBackward {
         OptimizerState::Device(&self.adam)
     }
 
-    fn optimizer_mut(&mut self) -> &mut dyn Optimizer {
-        &mut self.adam
-    }
-
-    fn takes_gradient_rows(&self) -> bool {
-        true
+    fn optimizer_mut(&mut self) -> OptimizerStateMut<'_> {
+        OptimizerStateMut::Device(&mut self.adam)
     }
 
     fn head_gradient(&self) -> HeadGradient {

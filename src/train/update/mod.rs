@@ -21,7 +21,7 @@ use crate::model::batch::Batch;
 use crate::model::{HeadGradient, Masters, Transformer};
 use crate::spec::model::OptimizerSpec;
 use crate::train::optimizer::offload::OffloadAdam;
-use crate::train::optimizer::{Optimizer, OptimizerState};
+use crate::train::optimizer::{OptimizerState, OptimizerStateMut};
 use crate::train::passes::Passes;
 use crate::train::scaler::{LossScaler, ScaleDecision};
 use crate::Result;
@@ -66,19 +66,7 @@ pub(crate) trait Updater {
     fn optimizer(&self) -> OptimizerState<'_>;
 
     /// The optimizer's state, to set the next learning rate or restore a checkpoint.
-    fn optimizer_mut(&mut self) -> &mut dyn Optimizer;
-
-    /// The optimizer when it holds the master weights in host memory (offload): they are
-    /// read and restored there rather than from the model.
-    fn host_masters_mut(&mut self) -> Option<&mut OffloadAdam> {
-        None
-    }
-
-    /// Whether the step takes a parameter's gradient in slices of rows (the head's weight by
-    /// rows, [`HeadGradient::ByRows`]) as well as whole.
-    fn takes_gradient_rows(&self) -> bool {
-        false
-    }
+    fn optimizer_mut(&mut self) -> OptimizerStateMut<'_>;
 
     /// How the head's weight gradient is best computed under this strategy: by rows where each
     /// slice is updated as soon as it settles; elsewhere the whole gradient is held anyway, and

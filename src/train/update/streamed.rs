@@ -11,7 +11,7 @@ use crate::model::batch::Batch;
 use crate::model::Transformer;
 use crate::spec::model::OptimizerSpec;
 use crate::train::optimizer::offload::OffloadAdam;
-use crate::train::optimizer::{Optimizer, OptimizerState};
+use crate::train::optimizer::{OptimizerState, OptimizerStateMut};
 use crate::train::passes::PassSink;
 use crate::train::scaler::ScaleDecision;
 use crate::Result;
@@ -47,11 +47,7 @@ impl Updater for OffloadedStreamed {
         OptimizerState::Host(&self.host)
     }
 
-    fn optimizer_mut(&mut self) -> &mut dyn Optimizer {
-        &mut self.host
-    }
-
-    fn host_masters_mut(&mut self) -> Option<&mut OffloadAdam> {
-        Some(&mut self.host)
+    fn optimizer_mut(&mut self) -> OptimizerStateMut<'_> {
+        OptimizerStateMut::Host(&mut self.host)
     }
 }

@@ -26,7 +26,7 @@ use candle_core::backend::BackendDevice;
 use candle_core::cpu_backend::CpuDevice;
 use candle_core::{CpuStorage, DType, Device, Shape, Storage, Tensor, Var};
 
-use super::{AdamProgress, Optimizer};
+use super::AdamProgress;
 use crate::knobs::{Knobs, Offload};
 use crate::ops::host_optim::{self, HostState};
 use crate::spec::model::{ModelSpec, OptimizerSpec};
@@ -38,7 +38,7 @@ pub mod stream;
 
 /// Adam / AdamW whose masters, moments and gradient sums live in host memory.
 pub struct OffloadAdam {
-    progress: AdamProgress,
+    pub(in crate::train::optimizer) progress: AdamProgress,
     /// Device working copies, updated after every applied step.
     vars: Vec<Var>,
     /// Each parameter's span in the flat buffers.
@@ -361,20 +361,12 @@ impl OffloadAdam {
     }
 }
 
-impl Optimizer for OffloadAdam {
-    fn progress(&self) -> &AdamProgress {
-        &self.progress
-    }
-
-    fn progress_mut(&mut self) -> &mut AdamProgress {
-        &mut self.progress
-    }
-
-    fn load_state(
+impl OffloadAdam {
+    /// Restores the moments from a checkpoint's tensors (`m.<name>`, `v.<name>`).
+    pub(in crate::train::optimizer) fn load_moments(
         &mut self,
         names: &[String],
         tensors: &HashMap<String, Tensor>,
-        steps: u64,
     ) -> std::result::Result<(), String> {
         for (i, name) in names.iter().enumerate() {
             let (r, dims) = (self.ranges[i].clone(), self.vars[i].dims());
@@ -394,7 +386,6 @@ impl Optimizer for OffloadAdam {
                 what,
             )?;
         }
-        self.progress.restore(steps);
         Ok(())
     }
 }
