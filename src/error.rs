@@ -80,6 +80,12 @@ pub enum Error {
         problem: String,
     },
 
+    /// A run that cannot start as asked: a directory that holds another run, nothing to resume,
+    /// a resume that asks for other settings than its checkpoint's. The message says what to
+    /// pass instead.
+    #[error("{0}")]
+    Usage(String),
+
     /// An error from the tensor backend that is not an expected outcome such as out-of-memory.
     #[error(transparent)]
     Backend(#[from] candle_core::Error),

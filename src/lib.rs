@@ -6,7 +6,8 @@
 //! autotune-core (no tensors): knobs ─▶ trial ─▶ spec ─▶ trial_protocol ─▶ estimate ─▶ fit ─▶ search
 //!                             ─▶ plan ─▶ profile ─▶ report
 //! runtime (this crate):       backend ─▶ ops ─▶ model ─▶ collective ─▶ train ─▶ hf ─▶ probe ─▶ dist
-//! binary (src/cli):           argv ─▶ validated config ─▶ search driver + prober ─▶ plan ─▶ train
+//!                             ─▶ settings (argv → validated settings) ─▶ session (the commands' runs)
+//! binary (src/cli):           parse ─▶ resolve settings ─▶ call a session ─▶ print
 //! ```
 //!
 //! The core's modules are re-exported here under their own names, so `autotune::knobs` is
@@ -29,6 +30,8 @@ pub mod model;
 pub mod ops;
 pub mod parallel;
 pub mod probe;
+pub mod session;
+pub mod settings;
 pub mod train;
 
 pub use error::{Error, Result};

@@ -13,11 +13,11 @@ use autotune::spec::device::{DeviceKind, DeviceSpec};
 use autotune::spec::limits;
 use autotune::{Knobs, ModelSpec, Precision};
 
-use super::args::KnobArgs;
-use super::flags::{self, as_flag};
 use super::printer::Printer;
 use super::reporters::bytes;
 use super::Status;
+use autotune::settings::flags::{self, as_flag};
+use autotune::settings::knobs::KnobArgs;
 
 /// Arguments of `autotune estimate`.
 #[derive(Debug, clap::Args)]

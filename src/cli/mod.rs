@@ -10,10 +10,9 @@ mod device;
 mod estimate;
 mod export;
 mod export_weights;
-mod flags;
-mod launch;
 mod printer;
 mod probe;
+mod progress;
 mod report;
 mod reporters;
 mod run;
@@ -69,12 +68,12 @@ pub fn main() -> ExitCode {
 
 fn run(command: Command, printer: &Printer) -> anyhow::Result<Status> {
     match command {
-        Command::Train(args) => train::run(args, printer),
+        Command::Train(args) => train::run(*args, printer),
         Command::Probe(args) => probe::run(args, printer),
         Command::ProbeOne => probe::run_child(),
         Command::ProbeServe => probe::run_worker(),
-        Command::Tune(args) => tune::run(args, printer),
-        Command::Run(args) => run::run(args, printer),
+        Command::Tune(args) => tune::run(*args, printer),
+        Command::Run(args) => run::run(*args, printer),
         Command::Export(args) => export::run(args, printer),
         Command::ExportWeights(args) => export_weights::run(args, printer),
         Command::Check(args) => check::run(args, printer),

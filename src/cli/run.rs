@@ -9,12 +9,15 @@
 use serde::Serialize;
 
 use autotune::plan::schema::Plan;
-use autotune::train::checkpoint_dir;
-use autotune::train::run::RunSummary;
+use autotune::session::observer::{Notice, SessionObserver};
+use autotune::session::run_dir::RunDir;
+use autotune::session::train::train_with_plan;
+use autotune::settings::training::{Training, TrainingDefaults};
 
 use super::args::{Backend, RunArgs};
 use super::printer::Printer;
-use super::train::{train_with_plan, PlanTraining};
+use super::progress::{self, TrainProgress};
+use super::train::{interrupt_flag, status_of, TrainReport};
 use super::tune::config::TuneConfig;
 use super::tune::{emit, record, report, search_only};
 use super::Status;
@@ -22,7 +25,7 @@ use super::Status;
 #[derive(Serialize)]
 struct RunReport<'a> {
     plan: &'a Plan,
-    training: super::train::TrainReport<'a>,
+    training: TrainReport<'a>,
 }
 
 pub fn run(args: RunArgs, printer: &Printer) -> anyhow::Result<Status> {
@@ -38,36 +41,23 @@ pub fn run(args: RunArgs, printer: &Printer) -> anyhow::Result<Status> {
         }
         .into());
     }
-    let run_dir = &args.train.run_dir;
-    // The directory is created and locked before tuning: a location that cannot be written
-    // fails now, not after the search.
-    let _lock = checkpoint_dir::lock(run_dir)?;
-    let plan_path = run_dir.join("plan.json");
-    let checkpoints = run_dir.join("checkpoints");
-    let resume = args.train.resume;
-    let tuned;
-    let plan = if resume {
-        if !plan_path.exists() {
-            anyhow::bail!(
-                "`run --resume`: `{}` holds no plan.json, so there is no run to continue; drop --resume to start one",
-                run_dir.display()
-            );
-        }
-        printer.status(format!(
-            "resuming the run in {} with its plan (the tuning flags are not used)",
-            run_dir.display()
-        ));
-        Plan::load(&plan_path)?
+    let run_dir = RunDir::claim(&args.run_dir)?;
+    let mut training = Training::resolve(
+        &args.training,
+        TrainingDefaults::RUN,
+        Some(run_dir.checkpoints()),
+    );
+    let progress = TrainProgress::new(printer, training.steps);
+    let plan = if training.resume {
+        let plan = run_dir.resumed_plan()?;
+        progress.notice(Notice::ResumingRun {
+            dir: args.run_dir.clone(),
+        });
+        plan
     } else {
-        let holds_run = plan_path.exists() || checkpoint_dir::holds_checkpoints(&checkpoints)?;
-        if holds_run && !args.train.overwrite {
-            anyhow::bail!(
-                "`{}` already holds a run (plan.json, checkpoints); pass --resume to continue it, --overwrite to start over and replace it, or use another --run-dir",
-                run_dir.display()
-            );
-        }
+        run_dir.check_fresh(training.overwrite)?;
         let config = TuneConfig::from_args(&args.tune)?;
-        tuned = search_only(&config, printer)?;
+        let tuned = search_only(&config, printer)?;
         // JSON output belongs to the combined report below, not to the tuning half.
         let quiet_json = Printer::new(false, false, false);
         let Some(plan) = &tuned.plan else {
@@ -85,38 +75,33 @@ pub fn run(args: RunArgs, printer: &Printer) -> anyhow::Result<Status> {
             return status;
         };
         // The plan first: a recording that cannot be written must not cost the plan.
-        plan.save(&plan_path)?;
+        plan.save(&run_dir.plan_path())?;
         record(&tuned, &config, printer)?;
         report(&tuned, &config, printer)?;
         printer.status(format!(
             "plan: {} ({:.0} tokens/s measured), written to {}",
             plan.knobs,
             plan.measured.tokens_per_s,
-            plan_path.display()
+            run_dir.plan_path().display()
         ));
         plan.clone()
     };
-    let training = PlanTraining {
-        plan: &plan,
-        plan_path: &plan_path,
-        steps: args.train.steps,
-        data: &args.train.data,
-        checkpoint_dir: Some(checkpoints.clone()),
-        checkpoint_every: args.train.checkpoint_every,
-        eval_every: args.train.eval_every,
-        seed: args.train.seed,
-        // A run stopped before its first checkpoint resumes from its plan alone.
-        resume: resume && checkpoint_dir::holds_checkpoints(&checkpoints)?,
-        overwrite: args.train.overwrite,
-        keep_last: args.train.keep_last.map(|n| n as usize),
-        init_from: args.train.init_from.clone(),
-        schedule: (&args.train.schedule).into(),
-        metrics: args.train.metrics.clone(),
-    };
-    let (summary, status): (RunSummary, Status) = train_with_plan(&training, printer)?;
+    // A run stopped before its first checkpoint resumes from its plan alone.
+    training.resume = training.resume && run_dir.has_checkpoints()?;
+    let interrupt = interrupt_flag(printer);
+    let summary = train_with_plan(
+        &plan,
+        &run_dir.plan_path(),
+        &training,
+        &progress,
+        &interrupt,
+    );
+    progress.finish();
+    let summary = summary?;
+    progress::finished(printer, &summary);
     printer.data_json(&RunReport {
         plan: &plan,
-        training: super::train::TrainReport::new(&plan.model, plan.knobs, &summary),
+        training: TrainReport::new(&plan.model, plan.knobs, &summary),
     });
-    Ok(status)
+    Ok(status_of(&summary))
 }

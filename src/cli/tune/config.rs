@@ -16,7 +16,7 @@ use autotune::probe::timeout::TrialTimeout;
 use autotune::spec::limits;
 
 use crate::cli::args::{Backend, ProbeIsolation, TuneArgs};
-use crate::cli::flags::{self, as_flag};
+use autotune::settings::flags::{self, as_flag};
 
 /// A validated `tune`.
 pub struct TuneConfig {

@@ -1,6 +1,6 @@
 //! Errors about flags named as the user typed them: the core validates knobs, spaces and
 //! budgets by their JSON field names (`micro_batch`), which this maps back to the flag that set
-//! them (`--micro-batch`) for each command.
+//! them (`--micro-batch`) for each command; and the notes that renamed flags leave.
 
 use autotune_core::Error;
 
@@ -79,6 +79,12 @@ pub fn as_flag(error: impl Into<Error>, flags: FlagNames) -> Error {
     }
 }
 
+/// The note an old flag name leaves when it is used: the flag it became, and that the old
+/// name keeps working (so scripts do not break).
+pub fn renamed(old: &str, new: &str) -> String {
+    format!("`{old}` is now `{new}`; the old name still works, but may mean something else in other commands")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,7 +98,7 @@ mod tests {
 
     #[test]
     fn fields_become_the_flags_that_set_them() {
-        let knobs = autotune::Knobs::new(0, autotune::Precision::Fp32);
+        let knobs = crate::Knobs::new(0, crate::Precision::Fp32);
         let e = knobs.validate("knobs", "").unwrap_err();
         assert_eq!(flag(as_flag(e, TRAIN)), "--micro-batch");
         let e = Error::invalid("search space", "max_probes", "must be at least 1");

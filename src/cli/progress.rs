@@ -1,0 +1,201 @@
+//! How a training session reads for people: a progress bar (or, when stderr is not a
+//! terminal, a line every tenth of the run), the session's notices, and the line that says how
+//! the run ended.
+
+use autotune::session::observer::{Notice, SessionObserver};
+use autotune::train::run::{MemorySample, RunSummary, TrainEvent, TrainObserver};
+
+use super::printer::Printer;
+use super::reporters::bytes;
+
+/// A training run's progress on stderr.
+pub struct TrainProgress {
+    bar: indicatif::ProgressBar,
+    printer: Printer,
+    log_every: u64,
+    /// The first step this run takes: its line is always logged, so a log shows at once that
+    /// training started (and a watcher can wait for it).
+    first_step: std::cell::Cell<u64>,
+}
+
+impl TrainProgress {
+    /// Progress of a run of `total` steps.
+    pub fn new(printer: &Printer, total: u64) -> Self {
+        let bar = printer.progress(total, "{bar:30} {pos}/{len} steps  {msg}  ETA {eta}");
+        Self {
+            bar,
+            printer: *printer,
+            log_every: (total / 10).max(1),
+            first_step: std::cell::Cell::new(1),
+        }
+    }
+
+    /// Clears the bar once the run is over.
+    pub fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+
+    fn status(&self, line: String) {
+        self.bar.suspend(|| self.printer.status(line));
+    }
+
+    fn step(
+        &self,
+        step: u64,
+        report: &autotune::train::step::StepReport,
+        tokens_per_s: f64,
+        memory: &MemorySample,
+    ) {
+        let skipped = if report.skipped {
+            " (skipped: fp16 overflow)"
+        } else {
+            ""
+        };
+        let msg = format!(
+            "loss {:.4}  {tokens_per_s:.0} tok/s  lr {:.3e}{}{skipped}",
+            report.loss,
+            report.lr,
+            memory_phrase(memory)
+        );
+        self.bar.set_position(step);
+        self.bar.set_message(msg.clone());
+        let due = step % self.log_every == 0 || step == self.first_step.get();
+        if self.printer.log_progress() && due {
+            self.printer.status(format!("step {step}: {msg}"));
+        }
+    }
+}
+
+/// Memory for the progress line: the GPU's in use and at most so far, or on the CPU the host
+/// heap's (nothing where the heap is not counted).
+fn memory_phrase(memory: &MemorySample) -> String {
+    match (memory.gpu_bytes, memory.gpu_peak_bytes) {
+        (Some(now), Some(peak)) => format!("  GPU {} (peak {})", bytes(now), bytes(peak)),
+        _ if memory.host_peak_bytes > 0 => format!(
+            "  host {} (peak {})",
+            bytes(memory.host_bytes),
+            bytes(memory.host_peak_bytes)
+        ),
+        _ => String::new(),
+    }
+}
+
+impl TrainObserver for TrainProgress {
+    fn on_event(&self, event: &TrainEvent) {
+        match event {
+            TrainEvent::Started { start_step, .. } => {
+                self.bar.set_position(*start_step);
+                self.first_step.set(start_step.saturating_add(1));
+                if *start_step > 0 {
+                    self.printer
+                        .status(format!("resuming at step {start_step}"));
+                }
+            }
+            TrainEvent::Step {
+                step,
+                report,
+                tokens_per_s,
+                memory,
+            } => self.step(*step, report, *tokens_per_s, memory),
+            TrainEvent::Eval { step, loss } => {
+                self.status(format!("step {step}: eval loss {loss:.4}"));
+            }
+            TrainEvent::CheckpointSaved { step, path } => {
+                tracing::debug!(step, path = %path.display(), "checkpoint saved");
+            }
+        }
+    }
+}
+
+impl SessionObserver for TrainProgress {
+    fn notice(&self, notice: Notice) {
+        match notice {
+            Notice::MetricsDropped { path, problem } => self.bar.suspend(|| {
+                self.printer.warn(format!(
+                    "{problem}; training goes on without the metrics log `{}`",
+                    path.display()
+                ))
+            }),
+            other => self.status(notice_line(&other)),
+        }
+    }
+}
+
+/// A notice as the line people read.
+pub fn notice_line(notice: &Notice) -> String {
+    match notice {
+        Notice::Training {
+            model,
+            parameters,
+            device,
+            knobs,
+            data,
+            lr,
+            schedule,
+        } => format!(
+            "training {model} ({:.1}M parameters) on {device} with {knobs}, data {data}, learning rate {lr} ({schedule})",
+            *parameters as f64 / 1e6
+        ),
+        Notice::SweptTemporaries { count, dir } => format!(
+            "removed {count} temporary file(s) an interrupted save left in {}",
+            dir.display()
+        ),
+        Notice::Overwrote { dir } => {
+            format!("--overwrite: removed the checkpoints in {}", dir.display())
+        }
+        Notice::Launching {
+            ranks,
+            cuda,
+            backend,
+        } => format!(
+            "data parallel: {ranks} ranks on {}, {backend} collectives",
+            if *cuda { "cuda:0.." } else { "the cpu" },
+        ),
+        Notice::RankStarted { rank, pid } => format!("rank {rank}: started, pid {pid}"),
+        Notice::RankLog { rank, line } => format!("rank {rank}: {line}"),
+        Notice::MetricsDropped { path, problem } => format!(
+            "{problem}; training goes on without the metrics log `{}`",
+            path.display()
+        ),
+        Notice::ResumingRun { dir } => format!(
+            "resuming the run in {} with its plan (the tuning flags are not used)",
+            dir.display()
+        ),
+    }
+}
+
+/// The line that says how a run ended: finished or interrupted at a step, with its losses, its
+/// speed and its last checkpoint; or where it diverged and what was kept.
+pub fn finished(printer: &Printer, summary: &RunSummary) {
+    if let Some(d) = &summary.diverged {
+        let kept = summary
+            .checkpoint
+            .as_ref()
+            .map(|c| format!("; the last good checkpoint is {}", c.display()))
+            .unwrap_or_default();
+        printer.status(format!(
+            "diverged at step {}: {} is not finite, so nothing more was saved{kept}; lower the learning rate, or resume from an earlier checkpoint",
+            d.step, d.what
+        ));
+        return;
+    }
+    let verb = if summary.interrupted {
+        "interrupted at"
+    } else {
+        "finished"
+    };
+    let loss = summary.last_loss.map_or("-".into(), |l| format!("{l:.4}"));
+    let eval = summary
+        .last_eval_loss
+        .map(|l| format!(", eval loss {l:.4}"))
+        .unwrap_or_default();
+    let checkpoint = summary
+        .checkpoint
+        .as_ref()
+        .map(|c| format!(", checkpoint {}", c.display()))
+        .unwrap_or_default();
+    printer.status(format!(
+        "{verb} step {}: loss {loss}{eval}, {:.0} tokens/s{checkpoint}",
+        summary.steps, summary.tokens_per_s
+    ));
+}

@@ -1,0 +1,420 @@
+//! A training run from its settings to its summary: in this process, as one rank of a
+//! data-parallel run, or as the launcher of its ranks ([`super::launch`]); with a plan (its
+//! model, knobs and memory limits, a smaller card emulated exactly as during tuning) or with
+//! knobs given by hand.
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use candle_core::Device;
+
+use super::launch::Launched;
+use super::observer::{MetricsRecorder, Notice, SessionObserver};
+use super::run_dir::claim_checkpoint_dir;
+use crate::backend::host_memory;
+use crate::backend::memory::DeviceMemory;
+use crate::collective::{Collective, RankEnv};
+use crate::plan::schema::Plan;
+use crate::settings::train::{TrainSettings, TrainSource};
+use crate::settings::training::Training;
+use crate::spec::device::DeviceKind;
+use crate::spec::limits;
+use crate::spec::model::ModelSpec;
+use crate::train::checkpoint;
+use crate::train::data::{Data, DataSpec};
+use crate::train::run::{self, RunConfig, RunSummary, TrainObserver};
+use crate::train::schedule::LrSchedule;
+use crate::train::step::Trainer;
+use crate::{Error, Knobs, Result};
+
+/// How a training session ended.
+#[derive(Debug)]
+pub enum Trained {
+    /// The run ended (finished, interrupted after a checkpoint, or diverged: see the summary).
+    Finished(RunSummary),
+    /// This process trained as one rank of a launched run; its launcher reports the run.
+    AsRank(RunSummary),
+    /// The setting cannot fit this machine, so nothing ran: why.
+    DoesNotFit(String),
+}
+
+/// Runs the training `settings` describe. `rank` is set when this process was launched as a
+/// rank of a data-parallel run; `interrupt` asks the run to checkpoint and stop.
+pub fn train(
+    settings: &TrainSettings,
+    rank: Option<RankEnv>,
+    observer: &dyn SessionObserver,
+    interrupt: &Arc<AtomicBool>,
+) -> Result<Trained> {
+    let training = &settings.training;
+    match &settings.source {
+        TrainSource::Plan { plan, path } => match rank {
+            Some(rank) => Ok(Trained::AsRank(
+                plan_job(plan, training, Some(&rank))?.run_as_rank(rank, observer, interrupt)?,
+            )),
+            None => Ok(Trained::Finished(train_with_plan(
+                plan, path, training, observer, interrupt,
+            )?)),
+        },
+        TrainSource::Knobs {
+            spec,
+            knobs,
+            device,
+            engine,
+        } => {
+            let by_hand = ByHand {
+                spec,
+                knobs: *knobs,
+                device,
+                engine: *engine,
+            };
+            by_hand.train(training, rank, observer, interrupt)
+        }
+    }
+}
+
+/// Trains with a plan in this process, or launches its data-parallel ranks.
+pub fn train_with_plan(
+    plan: &Plan,
+    plan_path: &Path,
+    training: &Training,
+    observer: &dyn SessionObserver,
+    interrupt: &AtomicBool,
+) -> Result<RunSummary> {
+    let _lock = claim_checkpoint_dir(
+        training.checkpoint_dir.as_deref(),
+        training.resume,
+        training.overwrite,
+        observer,
+    )?;
+    let degree = plan.knobs.data_parallel.degree;
+    if degree > 1 {
+        let device = match plan.device.kind {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Cuda => "cuda",
+        };
+        crate::dist::probe::check_degree(degree, device, "knobs.data_parallel.degree")
+            .map_err(|e| Error::Usage(format!("plan `{}`: {e}", plan_path.display())))?;
+        let launched = Launched {
+            args: plan_rank_args(plan_path, training),
+            degree,
+            device,
+            total_steps: training.steps,
+            metrics: training.metrics.as_deref(),
+        };
+        return launched.run(observer, interrupt);
+    }
+    let summary = plan_job(plan, training, None)?.run(observer, interrupt)?;
+    if host_memory::is_counting() && host_memory::limit_exceeded() {
+        return Err(Error::Usage(format!(
+            "training reached {} of host heap, over the plan's host budget of {}; re-tune with a larger --headroom",
+            crate::spec::budget::format_bytes(host_memory::peak_bytes()),
+            crate::spec::budget::format_bytes(plan.budget.host_bytes)
+        )));
+    }
+    host_memory::set_soft_limit(None);
+    Ok(summary)
+}
+
+/// The `autotune train` arguments a rank of a plan's data-parallel run gets.
+fn plan_rank_args(plan_path: &Path, training: &Training) -> Vec<OsString> {
+    let schedule = &training.schedule;
+    let mut args: Vec<OsString> = vec!["train".into(), "--plan".into()];
+    args.push(plan_path.as_os_str().to_owned());
+    for (flag, value) in [
+        ("--steps", training.steps.to_string()),
+        ("--data", training.data.clone()),
+        ("--checkpoint-every", training.checkpoint_every.to_string()),
+        ("--eval-every", training.eval_every.to_string()),
+        ("--seed", training.seed.to_string()),
+        ("--lr-warmup-steps", schedule.lr_warmup_steps.to_string()),
+        ("--lr-schedule", schedule.lr_schedule.as_str().to_string()),
+    ] {
+        args.push(flag.into());
+        args.push(value.into());
+    }
+    let paths = [
+        ("--checkpoint-dir", training.checkpoint_dir.as_deref()),
+        ("--init-from", training.init_from.as_deref()),
+    ];
+    for (flag, path) in paths {
+        if let Some(path) = path {
+            args.push(flag.into());
+            args.push(path.as_os_str().to_owned());
+        }
+    }
+    if let Some(keep_last) = training.keep_last {
+        args.push("--keep-last".into());
+        args.push(keep_last.to_string().into());
+    }
+    if let Some(min_lr) = schedule.min_lr {
+        args.push("--min-lr".into());
+        args.push(min_lr.to_string().into());
+    }
+    if training.resume {
+        args.push("--resume".into());
+    }
+    args
+}
+
+/// The training job a plan describes, in this process or as one of its ranks: the plan's kind
+/// of device (rank r on `cuda:r`), inside its memory limits (a smaller GPU emulated exactly as
+/// during tuning; the ranks of one host share its host budget evenly).
+fn plan_job<'a>(plan: &'a Plan, training: &'a Training, rank: Option<&RankEnv>) -> Result<Job<'a>> {
+    let device = match (plan.device.kind, rank) {
+        (DeviceKind::Cpu, _) => Device::Cpu,
+        (DeviceKind::Cuda, None) => crate::backend::open("cuda")?,
+        (DeviceKind::Cuda, Some(r)) => crate::backend::open(&format!("cuda:{}", r.rank))?,
+    };
+    // Holding back memory makes the run see the plan's card, so "fits in the plan" means
+    // "fits on that card"; the meter must live as long as training does.
+    let meter = crate::backend::memory_meter(&device, plan.device.gpu_memory_bytes)?;
+    let schedule = training.lr_schedule(plan.model.optimizer.lr)?;
+    let ranks = rank.map_or(1, |r| r.world_size) as u64;
+    let host_limit = plan.budget.host_bytes / ranks;
+    host_memory::set_soft_limit(Some(host_limit));
+    Ok(Job {
+        spec: &plan.model,
+        knobs: plan.knobs,
+        device,
+        training,
+        schedule,
+        // Plans are tuned with the default engine.
+        engine: crate::model::Engine::default(),
+        host_limit: Some(host_limit),
+        meter,
+    })
+}
+
+/// Training with knobs given by hand, on the device named.
+struct ByHand<'a> {
+    spec: &'a ModelSpec,
+    knobs: Knobs,
+    device: &'a str,
+    engine: crate::model::Engine,
+}
+
+impl ByHand<'_> {
+    fn train(
+        &self,
+        training: &Training,
+        rank: Option<RankEnv>,
+        observer: &dyn SessionObserver,
+        interrupt: &Arc<AtomicBool>,
+    ) -> Result<Trained> {
+        let schedule = training.lr_schedule(self.spec.optimizer.lr)?;
+        if let Some(why) = beyond_this_host(self.spec, self.knobs, self.device) {
+            return Ok(Trained::DoesNotFit(why));
+        }
+        // The ranks of a launched run write into the directory their launcher holds.
+        let _lock = match rank {
+            None => claim_checkpoint_dir(
+                training.checkpoint_dir.as_deref(),
+                training.resume,
+                training.overwrite,
+                observer,
+            )?,
+            Some(_) => None,
+        };
+        let degree = self.knobs.data_parallel.degree;
+        if degree > 1 && rank.is_none() {
+            let launched = Launched {
+                args: std::env::args_os().skip(1).collect(),
+                degree,
+                device: self.device,
+                total_steps: training.steps,
+                metrics: training.metrics.as_deref(),
+            };
+            return Ok(Trained::Finished(launched.run(observer, interrupt)?));
+        }
+        let device_name = match &rank {
+            Some(r) => crate::collective::rank::rank_device(self.device, r.rank),
+            None => self.device.to_string(),
+        };
+        // Opening the device configures its memory pool (`backend::open`); with explicit knobs
+        // no smaller card is emulated.
+        let device = crate::backend::open(&device_name)?;
+        let job = Job {
+            spec: self.spec,
+            knobs: self.knobs,
+            meter: crate::backend::memory_meter(&device, None)?,
+            device,
+            training,
+            schedule,
+            engine: self.engine,
+            host_limit: None,
+        };
+        Ok(match rank {
+            Some(rank) => Trained::AsRank(job.run_as_rank(rank, observer, interrupt)?),
+            None => Trained::Finished(job.run(observer, interrupt)?),
+        })
+    }
+}
+
+/// Why training on this machine's CPU cannot fit its memory, when the model's state and one
+/// micro-batch's logits alone exceed it (a GPU reports its own out-of-memory; on the CPU an
+/// allocation larger than the machine would abort the process instead).
+fn beyond_this_host(spec: &ModelSpec, knobs: Knobs, device: &str) -> Option<String> {
+    let on_cpu = device == "cpu" || (device == "auto" && crate::backend::cuda_device_count() == 0);
+    if !on_cpu {
+        return None;
+    }
+    let host = crate::backend::host_memory_bytes()?;
+    let ranks = knobs.data_parallel.degree as u64;
+    let per_rank = host / ranks.max(1);
+    let memory = if ranks > 1 {
+        format!("host memory each of {ranks} ranks has")
+    } else {
+        "host memory this machine has".to_string()
+    };
+    limits::setting_exceeds(spec, &knobs, per_rank, &memory)
+}
+
+/// One training run in this process, however its knobs were chosen.
+pub struct Job<'a> {
+    spec: &'a ModelSpec,
+    knobs: Knobs,
+    device: Device,
+    training: &'a Training,
+    schedule: LrSchedule,
+    engine: crate::model::Engine,
+    /// The host heap limit in force (a plan's budget, or a rank's share of it).
+    host_limit: Option<u64>,
+    /// The device's memory meter, read after every step; with a plan on a GPU it also holds
+    /// back what the plan's card lacks, so it must live as long as training does.
+    meter: Box<dyn DeviceMemory>,
+}
+
+impl Job<'_> {
+    /// The data and a trainer in `group`, restored from the latest checkpoint when resuming.
+    fn prepare(&self, group: Collective) -> Result<(DataSpec, Data, Trainer)> {
+        let data_spec = DataSpec::parse(&self.training.data);
+        let data = Data::open(&data_spec, self.spec)?;
+        let seed = self.training.seed;
+        let mut trainer = Trainer::in_group(self.spec, self.knobs, &self.device, seed, group)?;
+        trainer.set_engine(self.engine);
+        trainer.set_schedule(self.schedule);
+        if self.training.resume {
+            let dir =
+                self.training.checkpoint_dir.as_deref().ok_or_else(|| {
+                    Error::Usage("`--resume` needs `--checkpoint-dir`".to_string())
+                })?;
+            resume(dir, &mut trainer, &data_spec, self.knobs)?;
+        } else if let Some(dir) = &self.training.init_from {
+            crate::hf::import_weights(dir, &mut trainer)?;
+        }
+        Ok((data_spec, data, trainer))
+    }
+
+    fn config(&self) -> RunConfig {
+        RunConfig {
+            total_steps: self.training.steps,
+            checkpoint_dir: self.training.checkpoint_dir.clone(),
+            checkpoint_every: self.training.checkpoint_every,
+            eval_every: self.training.eval_every,
+            keep_last: self.training.keep_last,
+            schedule: self.schedule,
+        }
+    }
+
+    /// Trains in this process to the end, recording the metrics log.
+    fn run(mut self, observer: &dyn SessionObserver, interrupt: &AtomicBool) -> Result<RunSummary> {
+        let metrics = MetricsRecorder::open(self.training.metrics.as_deref())?;
+        let (data_spec, data, mut trainer) = self.prepare(Collective::Single)?;
+        observer.notice(Notice::Training {
+            model: self.spec.name.clone(),
+            parameters: trainer.model().params().element_count(),
+            device: crate::backend::describe(&self.device).to_string(),
+            knobs: self.knobs,
+            data: data_spec.to_string(),
+            lr: self.spec.optimizer.lr,
+            schedule: self.schedule,
+        });
+        let recorder = MetricsRecorder::new(metrics, observer);
+        let config = self.config();
+        run::run(
+            &mut trainer,
+            &data,
+            &data_spec,
+            &config,
+            interrupt,
+            &mut *self.meter,
+            &recorder,
+        )
+    }
+
+    /// Trains as one rank of a launched group: `observer` gets rank 0's events only (the
+    /// launcher draws its progress), and the launcher records the metrics.
+    fn run_as_rank(
+        mut self,
+        env: RankEnv,
+        observer: &dyn TrainObserver,
+        interrupt: &Arc<AtomicBool>,
+    ) -> Result<RunSummary> {
+        if self.knobs.data_parallel.degree != env.world_size {
+            return Err(Error::Usage(format!(
+                "this process is rank {} of {}, but its knobs ask for --data-parallel {}",
+                env.rank, env.world_size, self.knobs.data_parallel.degree
+            )));
+        }
+        let group = Collective::join(&env, &self.device)?;
+        let (data_spec, data, mut trainer) = self.prepare(group)?;
+        // A rank whose launcher is gone stops as if interrupted, saving its checkpoint.
+        crate::dist::launch::watch_launcher(interrupt.clone());
+        let quiet = run::NoObserver;
+        let events: &dyn TrainObserver = if env.rank == 0 { observer } else { &quiet };
+        let config = self.config();
+        let summary = run::run(
+            &mut trainer,
+            &data,
+            &data_spec,
+            &config,
+            interrupt,
+            &mut *self.meter,
+            events,
+        )?;
+        if let Some(limit) = self.host_limit {
+            if host_memory::is_counting() && host_memory::limit_exceeded() {
+                return Err(Error::Usage(format!(
+                    "rank {} reached {} of host heap, over its share {} of the plan's host budget; re-tune with a larger --headroom",
+                    env.rank,
+                    crate::spec::budget::format_bytes(host_memory::peak_bytes()),
+                    crate::spec::budget::format_bytes(limit)
+                )));
+            }
+        }
+        Ok(summary)
+    }
+}
+
+/// Restores the latest checkpoint of `dir` into `trainer`, refusing one trained with other
+/// settings than this run's: a resumed run continues its run exactly or not at all.
+fn resume(dir: &Path, trainer: &mut Trainer, data_spec: &DataSpec, knobs: Knobs) -> Result<()> {
+    let Some(path) = checkpoint::latest(dir)? else {
+        return Err(Error::Usage(format!(
+            "`--resume`: no checkpoint in `{}` (no `latest` file); drop --resume to start afresh",
+            dir.display()
+        )));
+    };
+    let state = checkpoint::restore(&path, trainer)?;
+    if state.schedule.canonical() != trainer.schedule().canonical() {
+        return Err(Error::Usage(format!(
+            "`--resume`: checkpoint `{}` was trained with the learning rate {}, and this run asks for {}; pass the same --lr-warmup-steps, --lr-schedule, --min-lr and (with cosine) --steps, so that the schedule continues",
+            path.display(),
+            state.schedule,
+            trainer.schedule()
+        )));
+    }
+    if state.knobs != knobs || &state.data != data_spec || state.seed != trainer.seed() {
+        return Err(Error::Usage(format!(
+            "`--resume`: checkpoint `{}` was trained with {} on `{}` (seed {}); pass the same knobs, data and seed",
+            path.display(),
+            state.knobs,
+            state.data,
+            state.seed
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,10 @@
+//! argv → settings: each command's flags (the clap types) and the validated settings they
+//! resolve to, in one step. Everything a flag can get wrong is refused here, naming the flag
+//! as typed, before anything runs; what a command then runs ([`crate::session`]) takes these
+//! settings, never the raw flags.
+
+pub mod flags;
+pub mod knobs;
+pub mod model;
+pub mod train;
+pub mod training;

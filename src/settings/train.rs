@@ -1,0 +1,164 @@
+//! `autotune train`'s flags and [`TrainSettings`], what they resolve to: a plan, or a model
+//! and knobs given by hand, and the run's settings. Everything a flag can get wrong is
+//! refused here, before a device is opened.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::flags::{self, as_flag};
+use super::knobs::{KnobArgs, ModelArgs};
+use super::training::{Training, TrainingArgs, TrainingDefaults};
+use crate::model::Engine;
+use crate::plan::schema::Plan;
+use crate::spec::limits;
+use crate::spec::model::ModelSpec;
+use crate::{Knobs, Result};
+
+/// The flags of `autotune train`.
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub knobs: KnobArgs,
+    /// Train with a plan from `autotune tune`: its model, knobs and device limits (knob and
+    /// model flags are then ignored).
+    #[arg(long)]
+    pub plan: Option<PathBuf>,
+    /// Directory for checkpoints (written atomically; `latest` points at the newest).
+    #[arg(long)]
+    pub checkpoint_dir: Option<PathBuf>,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub training: TrainingArgs,
+    /// The learning rate's warm-up, by its earlier name (now `--lr-warmup-steps`).
+    #[arg(
+        long,
+        value_name = "N",
+        hide = true,
+        conflicts_with = "lr_warmup_steps"
+    )]
+    pub warmup_steps: Option<u64>,
+    /// Print a JSON summary on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Where a training run's model and knobs come from.
+#[derive(Debug)]
+pub enum TrainSource {
+    /// A plan: its model, knobs and memory limits, on the kind of device it was made for.
+    Plan {
+        /// The plan.
+        plan: Box<Plan>,
+        /// Its file, which the ranks of a data-parallel plan read.
+        path: PathBuf,
+    },
+    /// A model and knobs given by hand.
+    Knobs {
+        /// The model.
+        spec: Box<ModelSpec>,
+        /// The knobs.
+        knobs: Knobs,
+        /// The device to train on: `cpu`, `cuda`, `cuda:N` or `auto`.
+        device: String,
+        /// The engine.
+        engine: Engine,
+    },
+}
+
+/// A validated `train`.
+#[derive(Debug)]
+pub struct TrainSettings {
+    /// The model and knobs.
+    pub source: TrainSource,
+    /// The run.
+    pub training: Training,
+    /// What people should know about the flags as given (a renamed flag's old name).
+    pub notes: Vec<String>,
+}
+
+impl TrainSettings {
+    /// Resolves and checks `args`.
+    pub fn from_args(args: &TrainArgs) -> Result<Self> {
+        let mut raw = args.training.clone();
+        let mut notes = Vec::new();
+        if let Some(steps) = args.warmup_steps {
+            raw.schedule.lr_warmup_steps = steps;
+            notes.push(flags::renamed("--warmup-steps", "--lr-warmup-steps"));
+        }
+        let training =
+            Training::resolve(&raw, TrainingDefaults::TRAIN, args.checkpoint_dir.clone());
+        training.require_checkpoint_dir()?;
+        let source = match &args.plan {
+            Some(path) => {
+                let plan = Plan::load(path)?;
+                // The ranks build the schedule too; a bad flag is refused before they start.
+                training.lr_schedule(plan.model.optimizer.lr)?;
+                TrainSource::Plan {
+                    plan: Box::new(plan),
+                    path: path.clone(),
+                }
+            }
+            None => by_hand(args, &training)?,
+        };
+        Ok(Self {
+            source,
+            training,
+            notes,
+        })
+    }
+}
+
+/// The model and knobs the flags give, checked against each other and this machine.
+fn by_hand(args: &TrainArgs, training: &Training) -> Result<TrainSource> {
+    let spec = ModelSpec::resolve(&args.model.model)?;
+    let knobs = args.knobs.knobs();
+    check_data_parallel_flags(args)?;
+    knobs
+        .validate("knobs", "")
+        .and_then(|()| limits::check_knobs(&spec, &knobs, "knobs", ""))
+        .map_err(|e| as_flag(e, flags::TRAIN))?;
+    training.lr_schedule(spec.optimizer.lr)?;
+    Ok(TrainSource::Knobs {
+        spec: Box::new(spec),
+        knobs,
+        device: args.model.device.clone(),
+        engine: args.model.engine,
+    })
+}
+
+/// The data-parallel flags against each other and this machine, with the flag to change.
+fn check_data_parallel_flags(args: &TrainArgs) -> Result<()> {
+    let degree = args.knobs.data_parallel;
+    let refuse = |flag: &str, problem: &str| -> Result<()> {
+        Err(autotune_core::Error::InvalidFlag {
+            flag: flag.into(),
+            problem: problem.into(),
+        }
+        .into())
+    };
+    if degree == 0 {
+        return refuse(
+            "--data-parallel 0",
+            "it is the number of GPUs to train on; use 1 or more",
+        );
+    }
+    if args.knobs.shard_optimizer && degree < 2 {
+        return refuse(
+            "--shard-optimizer",
+            "splits the optimizer state between GPUs; add `--data-parallel N` with N of 2 or more",
+        );
+    }
+    if args.knobs.shard_optimizer && args.knobs.offload == crate::Offload::Optimizer {
+        return refuse(
+            "--shard-optimizer",
+            "cannot be combined with `--offload optimizer` yet; drop one of them",
+        );
+    }
+    crate::dist::probe::check_degree(degree, &args.model.device, "--data-parallel")?;
+    Ok(())
+}

@@ -1,0 +1,195 @@
+//! The flags of a training run that `train` and `run` share (how long, on what data, where
+//! its checkpoints go, the learning rate over it), and [`Training`], what they resolve to.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::train::schedule::{LrDecay, LrSchedule};
+use crate::{Error, Result};
+
+/// The learning rate over a training run.
+#[derive(Debug, Clone, Args)]
+pub struct ScheduleArgs {
+    /// Warm the learning rate up linearly over the first N steps (from lr / N to lr).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub lr_warmup_steps: u64,
+    /// After the warm-up: constant, or cosine (half a cosine down to --min-lr at the run's
+    /// last step, --steps).
+    #[arg(long, default_value = "constant")]
+    pub lr_schedule: LrDecay,
+    /// The cosine's floor (default: a tenth of the model's learning rate).
+    #[arg(long, value_name = "LR")]
+    pub min_lr: Option<f64>,
+}
+
+impl ScheduleArgs {
+    /// The schedule over a run of `total_steps` for a model whose rate is `base_lr`.
+    pub fn schedule(&self, base_lr: f64, total_steps: u64) -> Result<LrSchedule> {
+        let min_lr = self.min_lr.unwrap_or(base_lr / 10.0);
+        if !(min_lr.is_finite() && min_lr >= 0.0 && min_lr <= base_lr) {
+            return Err(autotune_core::Error::InvalidFlag {
+                flag: format!("--min-lr {min_lr}"),
+                problem: format!(
+                    "the cosine's floor must be a rate from 0 to the model's learning rate {base_lr}"
+                ),
+            }
+            .into());
+        }
+        Ok(LrSchedule {
+            decay: self.lr_schedule,
+            warmup_steps: self.lr_warmup_steps,
+            min_lr,
+            decay_steps: total_steps,
+        }
+        .canonical())
+    }
+}
+
+/// The flags of a training run, beside the model and its knobs.
+#[derive(Debug, Clone, Args)]
+pub struct TrainingArgs {
+    /// Optimizer steps to train, in total counting resumed steps (default: 100 for train, 300
+    /// for run).
+    #[arg(long)]
+    pub steps: Option<u64>,
+    /// Training data: `pattern` (learnable synthetic sequences), `random` (the seed's random
+    /// tokens: nothing to learn, for benchmarks), a text file (bytes), or a token file
+    /// (`.bin`/`.u16`: u16, `.u32`: u32; memory-mapped).
+    #[arg(long, default_value = "pattern")]
+    pub data: String,
+    /// Save a checkpoint every N steps, and always at the end and on Ctrl-C (default: 50 for
+    /// train, 100 for run).
+    #[arg(long, value_name = "N")]
+    pub checkpoint_every: Option<u64>,
+    /// Evaluate on a held-out batch every N steps, 0 = never (default: 0 for train, 100 for
+    /// run).
+    #[arg(long, value_name = "N")]
+    pub eval_every: Option<u64>,
+    /// Seed for weights, data order and dropout.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Continue the run from its latest checkpoint.
+    #[arg(long)]
+    pub resume: bool,
+    /// Start over where checkpoints of a run exist, removing them (without it, such a
+    /// directory is refused unless --resume continues its run).
+    #[arg(long, conflicts_with = "resume")]
+    pub overwrite: bool,
+    /// Keep only the newest N checkpoints (default: keep every one).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub keep_last: Option<u64>,
+    /// Start from the weights of a Hugging Face checkpoint folder: `model.safetensors` or the
+    /// shards of `model.safetensors.index.json`, in bf16, f16 or f32. Its `config.json`, if any,
+    /// must describe the model trained.
+    #[arg(long, value_name = "DIR", conflicts_with = "resume")]
+    pub init_from: Option<PathBuf>,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub schedule: ScheduleArgs,
+    /// Write one JSON line per step to FILE: step, loss, tokens/s, learning rate, loss scale,
+    /// skipped, GPU and host memory (docs/metrics.schema.json). A resumed run continues it.
+    #[arg(long, value_name = "FILE")]
+    pub metrics: Option<PathBuf>,
+}
+
+/// What a command assumes where a training flag is not given.
+#[derive(Debug, Clone, Copy)]
+pub struct TrainingDefaults {
+    /// Optimizer steps.
+    pub steps: u64,
+    /// Steps between checkpoints.
+    pub checkpoint_every: u64,
+    /// Steps between evaluations (0 = never).
+    pub eval_every: u64,
+}
+
+impl TrainingDefaults {
+    /// `train`'s.
+    pub const TRAIN: Self = Self {
+        steps: 100,
+        checkpoint_every: 50,
+        eval_every: 0,
+    };
+
+    /// `run`'s: a whole job, evaluated as it goes.
+    pub const RUN: Self = Self {
+        steps: 300,
+        checkpoint_every: 100,
+        eval_every: 100,
+    };
+}
+
+/// A training run's settings beside the model and its knobs.
+#[derive(Debug, Clone)]
+pub struct Training {
+    /// Train until this many optimizer steps in total (resumed steps count).
+    pub steps: u64,
+    /// The data, as given (`pattern`, `random` or a file).
+    pub data: String,
+    /// Where checkpoints go; `None` keeps none.
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Steps between checkpoints.
+    pub checkpoint_every: u64,
+    /// Steps between evaluations (0 = never).
+    pub eval_every: u64,
+    /// The seed of weights, data order and dropout.
+    pub seed: u64,
+    /// Continue from the latest checkpoint.
+    pub resume: bool,
+    /// Start over in a directory that holds checkpoints, removing them.
+    pub overwrite: bool,
+    /// Keep only this many of the newest checkpoints.
+    pub keep_last: Option<usize>,
+    /// A Hugging Face checkpoint to start from.
+    pub init_from: Option<PathBuf>,
+    /// The learning rate over the run, resolved against the model's rate when it is known.
+    pub schedule: ScheduleArgs,
+    /// Where the per-step metrics go, if anywhere.
+    pub metrics: Option<PathBuf>,
+}
+
+impl Training {
+    /// The settings `args` give, with `defaults` for what they leave out and checkpoints in
+    /// `checkpoint_dir`.
+    pub fn resolve(
+        args: &TrainingArgs,
+        defaults: TrainingDefaults,
+        checkpoint_dir: Option<PathBuf>,
+    ) -> Self {
+        Self {
+            steps: args.steps.unwrap_or(defaults.steps),
+            data: args.data.clone(),
+            checkpoint_dir,
+            checkpoint_every: args.checkpoint_every.unwrap_or(defaults.checkpoint_every),
+            eval_every: args.eval_every.unwrap_or(defaults.eval_every),
+            seed: args.seed,
+            resume: args.resume,
+            overwrite: args.overwrite,
+            keep_last: args.keep_last.map(|n| n as usize),
+            init_from: args.init_from.clone(),
+            schedule: args.schedule.clone(),
+            metrics: args.metrics.clone(),
+        }
+    }
+
+    /// The learning-rate schedule for a model whose rate is `base_lr`, over `steps`.
+    pub fn lr_schedule(&self, base_lr: f64) -> Result<LrSchedule> {
+        self.schedule.schedule(base_lr, self.steps)
+    }
+
+    /// Refuses a resume or an overwrite without a checkpoint directory (`train` keeps none
+    /// unless asked).
+    pub fn require_checkpoint_dir(&self) -> Result<()> {
+        for (asked, flag) in [(self.resume, "--resume"), (self.overwrite, "--overwrite")] {
+            if asked && self.checkpoint_dir.is_none() {
+                return Err(Error::from(autotune_core::Error::InvalidFlag {
+                    flag: flag.into(),
+                    problem: "needs `--checkpoint-dir DIR`, the directory of the run's checkpoints"
+                        .into(),
+                }));
+            }
+        }
+        Ok(())
+    }
+}
