@@ -5,7 +5,7 @@ use std::ffi::OsStr;
 
 use clap::builder::{PossibleValue, TypedValueParser};
 
-use crate::spec::model::PRESETS;
+use crate::spec::model::{ModelSpec, NormKind, PRESETS};
 
 /// Parses `--model`: any name or path is taken as it is (a path is only read when the
 /// command resolves it), while the presets are offered as its possible values, so that
@@ -28,6 +28,36 @@ impl TypedValueParser for ModelName {
     fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
         Some(Box::new(PRESETS.iter().map(PossibleValue::new)))
     }
+}
+
+/// The presets as a Markdown table, one row each from the registry: the README's table of
+/// models is this text (a test holds it there).
+pub fn presets_table() -> String {
+    let mut table = String::from(
+        "| preset | family | parameters | layers × width | heads (key/value) | vocabulary | sequence |\n\
+         |---|---|---|---|---|---|---|\n",
+    );
+    for name in PRESETS {
+        let Ok(spec) = ModelSpec::preset(name) else {
+            continue;
+        };
+        let family = match (spec.norm_kind, spec.causal) {
+            (NormKind::Rms, _) => "Llama-style decoder",
+            (NormKind::Layer, true) => "GPT-2-style decoder",
+            (NormKind::Layer, false) => "encoder",
+        };
+        let kv = spec.n_kv_heads.unwrap_or(spec.n_heads);
+        table.push_str(&format!(
+            "| `{name}` | {family} | {:.1}M | {} × {} | {} ({kv}) | {} | {} |\n",
+            spec.parameter_count() as f64 / 1e6,
+            spec.n_layers,
+            spec.d_model,
+            spec.n_heads,
+            spec.vocab_size,
+            spec.seq_len,
+        ));
+    }
+    table
 }
 
 #[cfg(test)]

@@ -20,6 +20,9 @@ mod fuzz;
 /// The command line: exit codes and messages for bad input.
 mod cli;
 
+/// The README against the code: the presets it lists.
+mod readme;
+
 /// Big numbers in flags and specs: refused naming the field, or answered as not fitting.
 mod bounds;
 
