@@ -6,8 +6,10 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use autotune::knobs::Update;
-use autotune::plan::exports::ExportFormat;
+use autotune::settings::export::ExportArgs;
+use autotune::settings::export_weights::ExportWeightsArgs;
 use autotune::settings::knobs::{KnobArgs, ModelArgs};
+use autotune::settings::show::{CompletionsArgs, DeviceArgs, ReportArgs};
 use autotune::settings::train::TrainArgs;
 use autotune::settings::training::TrainingArgs;
 
@@ -70,12 +72,12 @@ pub enum Command {
     /// it does not fit the target).
     Estimate(super::estimate::EstimateArgs),
     /// Show this machine's GPUs (memory, driver, CUDA, PCIe link), host memory and build.
-    Device(super::device::DeviceArgs),
+    Device(DeviceArgs),
     /// Write a plan or a recorded profile as an HTML report: memory and throughput against
     /// micro-batch per regime, the budget, the fits, the chosen setting.
-    Report(super::report::ReportArgs),
+    Report(ReportArgs),
     /// Print a completion script for a shell (bash, zsh, fish, powershell, elvish).
-    Completions(super::completions::CompletionsArgs),
+    Completions(CompletionsArgs),
     /// Train a model with explicit knobs, with progress, checkpoints and resume.
     Train(Box<TrainArgs>),
     /// Measure one setting with real training steps: step time, tokens/s, peak memory.
@@ -280,54 +282,6 @@ pub struct RunArgs {
     pub run_dir: PathBuf,
     #[command(flatten)]
     pub training: TrainingArgs,
-}
-
-#[derive(Debug, Args)]
-pub struct ExportWeightsArgs {
-    /// A checkpoint (`DIR/step-000100`), or a checkpoint directory (its `latest` is exported).
-    #[arg(long)]
-    pub checkpoint: PathBuf,
-    /// The folder to write `config.json` and `model.safetensors` into.
-    #[arg(long)]
-    pub out: PathBuf,
-    /// The weights' dtype in the file: f32 (the masters as they are) or bf16.
-    #[arg(long, value_enum, default_value = "f32")]
-    pub dtype: WeightsDtype,
-    /// Print what was written as JSON on stdout.
-    #[arg(long)]
-    pub json: bool,
-}
-
-/// The dtype of exported weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum WeightsDtype {
-    /// f32, exactly the master weights.
-    F32,
-    /// bf16, rounded to nearest even (half the size).
-    Bf16,
-}
-
-#[derive(Debug, Args)]
-pub struct ExportArgs {
-    /// The plan file.
-    #[arg(long)]
-    pub plan: PathBuf,
-    /// deepspeed (a ds_config.json), trainer (Hugging Face TrainingArguments as JSON),
-    /// accelerate (an Accelerate config YAML) or lightning (Trainer keyword arguments as JSON).
-    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(
-        ExportFormat::ALL.iter().map(|(name, _)| *name)
-    ))]
-    pub format: String,
-    /// Export a plan measured on another engine than the target tool's (every plan tuned on
-    /// autotune's own engine, for the PyTorch tools): its batch may then run out of memory
-    /// there.
-    #[arg(long)]
-    pub allow_engine_mismatch: bool,
-    /// Data-parallel processes (DeepSpeed's train_batch_size = micro × accum × world size);
-    /// default the plan's own data-parallel degree. More than that runs the plan's per-GPU
-    /// setting on a larger cluster.
-    #[arg(long)]
-    pub world_size: Option<usize>,
 }
 
 #[derive(Debug, Args)]

@@ -1,19 +1,12 @@
 //! `autotune completions SHELL`: the completion script for a shell, generated from the
 //! command-line definition so it always knows every command and flag.
 
+use autotune::settings::show::CompletionsArgs;
 use clap::CommandFactory;
-use clap_complete::Shell;
 
 use super::args::Cli;
 use super::printer::Printer;
 use super::Status;
-
-/// Arguments of `autotune completions`.
-#[derive(Debug, clap::Args)]
-pub struct CompletionsArgs {
-    /// bash, zsh, fish, powershell or elvish.
-    pub shell: Shell,
-}
 
 pub fn run(args: CompletionsArgs, printer: &Printer) -> anyhow::Result<Status> {
     let mut script = Vec::new();

@@ -2,18 +2,11 @@
 //! and what this build can use.
 
 use autotune::backend::machine::{Build, Gpu, Machine};
+use autotune::settings::show::DeviceArgs;
 
 use super::printer::Printer;
 use super::reporters::bytes;
 use super::Status;
-
-/// Arguments of `autotune device`.
-#[derive(Debug, clap::Args)]
-pub struct DeviceArgs {
-    /// Print one JSON document on stdout.
-    #[arg(long)]
-    pub json: bool,
-}
 
 pub fn run(_args: DeviceArgs, printer: &Printer) -> anyhow::Result<Status> {
     let machine = Machine::detect();

@@ -1,32 +1,16 @@
 //! `autotune export-weights`: a checkpoint's master weights as a Hugging Face folder
 //! (`config.json`, `model.safetensors` with `format: pt`) for `transformers` to load.
 
-use autotune::hf::{export_weights, ExportDtype};
-use autotune::train::checkpoint;
+use autotune::hf::export_weights;
+use autotune::settings::export_weights::{ExportWeightsArgs, ExportWeightsSettings};
 
-use super::args::{ExportWeightsArgs, WeightsDtype};
 use super::printer::Printer;
 use super::Status;
 
 pub fn run(args: ExportWeightsArgs, printer: &Printer) -> anyhow::Result<Status> {
-    // A checkpoint directory stands for its newest checkpoint.
-    let source = if args.checkpoint.join("state.json").is_file() {
-        args.checkpoint.clone()
-    } else {
-        checkpoint::latest(&args.checkpoint)?.ok_or_else(|| {
-            anyhow::anyhow!(
-                "`{}` is neither a checkpoint (no state.json) nor a checkpoint directory (no \
-                 `latest`); give --checkpoint DIR/step-NNNNNN or the directory train wrote",
-                args.checkpoint.display()
-            )
-        })?
-    };
-    checkpoint::verify(&source)?;
-    let dtype = match args.dtype {
-        WeightsDtype::F32 => ExportDtype::F32,
-        WeightsDtype::Bf16 => ExportDtype::Bf16,
-    };
-    let exported = export_weights(&source, &args.out, dtype)?;
+    let settings = ExportWeightsSettings::from_args(&args)?;
+    let source = &settings.checkpoint;
+    let exported = export_weights(source, &settings.out, settings.dtype)?;
     printer.status(format!(
         "wrote {} tensors of `{}` for {} into {}",
         exported.tensors,

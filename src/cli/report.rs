@@ -1,25 +1,15 @@
 //! `autotune report`: a plan or a recorded profile as one self-contained HTML page (the core's
 //! [`autotune::report`]), written atomically, or on stdout without `--out`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use autotune::plan::schema::Plan;
 use autotune::profile::record::{Profile, PROFILE_KIND};
 use autotune::report::Report;
+use autotune::settings::show::ReportArgs;
 
 use super::printer::Printer;
 use super::Status;
-
-/// Arguments of `autotune report`.
-#[derive(Debug, clap::Args)]
-pub struct ReportArgs {
-    /// A plan (`tune --out`) or a recorded profile (`tune --record`).
-    #[arg(value_name = "PLAN_OR_PROFILE")]
-    pub input: PathBuf,
-    /// Write the page here (default: stdout).
-    #[arg(long, value_name = "FILE")]
-    pub out: Option<PathBuf>,
-}
 
 pub fn run(args: ReportArgs, printer: &Printer) -> anyhow::Result<Status> {
     let report = read(&args.input)?;

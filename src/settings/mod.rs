@@ -3,8 +3,11 @@
 //! as typed, before anything runs; what a command then runs ([`crate::session`]) takes these
 //! settings, never the raw flags.
 
+pub mod export;
+pub mod export_weights;
 pub mod flags;
 pub mod knobs;
 pub mod model;
+pub mod show;
 pub mod train;
 pub mod training;
