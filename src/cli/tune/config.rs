@@ -4,8 +4,11 @@
 
 use std::path::PathBuf;
 
+use autotune::probe::host_work::adam_update_floor_s;
 use autotune::profile::record::Profile;
+use autotune::search::setup::{Runtime, SearchSetup};
 use autotune::search::space::{SearchSpace, SpaceRequest};
+use autotune::search::MachineFacts;
 use autotune::spec::budget::Budget;
 use autotune::spec::device::{DeviceKind, DeviceSpec};
 use autotune::ModelSpec;
@@ -13,7 +16,6 @@ use autotune::ModelSpec;
 use autotune::knobs::Update;
 use autotune::probe::runner::RunnerCommand;
 use autotune::probe::timeout::TrialTimeout;
-use autotune::spec::limits;
 
 use crate::cli::args::{Backend, ProbeIsolation, TuneArgs};
 use crate::cli::flags::{self, as_flag};
@@ -53,6 +55,8 @@ pub struct LiveSearch {
     pub budget: Budget,
     /// The settings to search.
     pub space: SearchSpace,
+    /// What the search assumes of this machine and the target.
+    pub facts: MachineFacts,
     /// How trials are isolated from this process and from each other.
     pub isolation: ProbeIsolation,
     /// How long a trial in another process may run.
@@ -130,69 +134,58 @@ impl LiveSearch {
             budget.headroom = h;
         }
         budget.validate().map_err(|e| as_flag(e, flags::TUNE))?;
-        let on_gpu = target.kind == DeviceKind::Cuda;
-        let head_dim = spec.head_dim();
-        // Where the kernels cover the head width, attention keeps no probabilities (always on
-        // the CPU; on a GPU in half precision).
-        let flash = |precision: autotune::Precision| {
-            !on_gpu
-                || (precision != autotune::Precision::Fp32
-                    && autotune::ops::FLASH_HEAD_DIMS.contains(&head_dim))
-        };
         let mut request = space_request(args);
         if runner.is_some() {
             exec_space(&mut request)?;
         }
-        let mut space = SearchSpace::for_target(&target, &spec, &request)
+        let isolation_asked = runner_isolation(&runner, args.isolation);
+        let trial_timeout = trial_timeout(args.trial_timeout);
+        // A refused flag costs no measurement: the host floor is measured only when every flag
+        // is valid, and the space's errors are still the first reported.
+        let flags_valid = isolation_asked.is_ok() && trial_timeout.is_ok();
+        let floor = |parameters| {
+            flags_valid
+                .then(|| adam_update_floor_s(parameters))
+                .flatten()
+        };
+        let runtime = Runtime {
+            flash_head_dims: &autotune::ops::FLASH_HEAD_DIMS,
+            host_adam_floor_s: &floor,
+        };
+        let SearchSetup {
+            space,
+            facts,
+            dropped,
+        } = SearchSetup::resolve(&spec, &target, &budget, &request, &runtime)
             .map_err(|e| as_flag(e, flags::TUNE))?;
-        cap_micro_batch(&mut space, &spec, &budget);
-        let (space, dropped) = space.without_oversized_state(&spec, &budget);
+        if space.max_micro_batch < request.max_micro_batch {
+            tracing::debug!(
+                asked = request.max_micro_batch,
+                reach = space.max_micro_batch,
+                "largest micro-batch capped at what the budget can hold"
+            );
+        }
         for regime in dropped {
             tracing::info!(%regime, "not tried: its training state alone exceeds the budget");
         }
-        // A GPU trial of a large model costs seconds: its first one goes near the predicted
-        // boundary. CPU trials cost milliseconds, and growing from 1 gives `check` the several
-        // settings per regime it compares.
-        let space = if on_gpu {
-            space.with_memory_prior(&spec, on_gpu, &flash)
-        } else {
-            space
+        if facts.target_link_gbps.is_some() {
+            tracing::debug!(
+                floor_s = facts.offload_host_floor_s,
+                target_link_gbps = facts.target_link_gbps,
+                "host update floor for offloaded regimes"
+            );
+        }
+        let isolation = match isolation_asked? {
+            Some(isolation) => isolation,
+            None => isolation(args.isolation, &target, &space),
         };
-        let isolation = match (&runner, args.isolation) {
-            (Some(_), Some(ProbeIsolation::InProcess)) => {
-                return Err(autotune_core::Error::InvalidFlag {
-                    flag: "--isolation in-process".into(),
-                    problem: "a trial runner always runs in its own process; use worker (a \
-                              runner that says it can serve again runs the next trial too) or \
-                              child (a new runner for every trial)"
-                        .into(),
-                }
-                .into())
-            }
-            (Some(_), asked) => asked.unwrap_or(ProbeIsolation::Worker),
-            (None, asked) => isolation(asked, &target, &space),
-        };
-        let trial_timeout = match args.trial_timeout {
-            None => TrialTimeout::scaled(),
-            Some(s) if s.is_finite() && s > 0.0 && s <= autotune::trial::MAX_STEP_TIME_S => {
-                TrialTimeout::fixed(std::time::Duration::from_secs_f64(s))
-            }
-            Some(s) => {
-                return Err(autotune_core::Error::InvalidFlag {
-                    flag: "--trial-timeout".into(),
-                    problem: format!(
-                        "({s}) must be a number of seconds above 0 and at most {:e}",
-                        autotune::trial::MAX_STEP_TIME_S
-                    ),
-                }
-                .into())
-            }
-        };
+        let trial_timeout = trial_timeout?;
         Ok(Self {
             spec,
             target,
             budget,
             space,
+            facts,
             isolation,
             trial_timeout,
             runner,
@@ -220,28 +213,41 @@ fn exec_space(request: &mut SpaceRequest) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Lowers the space's largest micro-batch to the largest whose logits alone fit in the memory
-/// the budget allows (device and host together): larger ones cannot fit, so they need no
-/// trial, and the search's list of candidates never grows past what the machine could hold.
-fn cap_micro_batch(space: &mut SearchSpace, spec: &ModelSpec, budget: &Budget) {
-    let usable = budget
-        .usable_gpu_bytes()
-        .unwrap_or(0)
-        .saturating_add(budget.usable_host_bytes());
-    let smallest_element = space
-        .regimes
-        .iter()
-        .map(|r| r.precision)
-        .min_by_key(|&p| limits::logits_bytes(spec, 1, p))
-        .unwrap_or(autotune::Precision::Fp32);
-    let reach = limits::largest_micro_batch_within(spec, smallest_element, usable);
-    if reach < space.max_micro_batch {
-        tracing::debug!(
-            asked = space.max_micro_batch,
-            reach,
-            "largest micro-batch capped at what the budget can hold"
-        );
-        space.max_micro_batch = reach.max(space.start_micro_batch);
+/// The isolation a trial runner runs with, when one does: the one asked, a worker by
+/// default; in-process is refused. `None` without a runner.
+fn runner_isolation(
+    runner: &Option<RunnerCommand>,
+    asked: Option<ProbeIsolation>,
+) -> anyhow::Result<Option<ProbeIsolation>> {
+    match (runner, asked) {
+        (Some(_), Some(ProbeIsolation::InProcess)) => Err(autotune_core::Error::InvalidFlag {
+            flag: "--isolation in-process".into(),
+            problem: "a trial runner always runs in its own process; use worker (a runner that \
+                      says it can serve again runs the next trial too) or child (a new runner \
+                      for every trial)"
+                .into(),
+        }
+        .into()),
+        (Some(_), asked) => Ok(Some(asked.unwrap_or(ProbeIsolation::Worker))),
+        (None, _) => Ok(None),
+    }
+}
+
+/// The trial time limit `--trial-timeout` sets, or the scaled default.
+fn trial_timeout(seconds: Option<f64>) -> anyhow::Result<TrialTimeout> {
+    match seconds {
+        None => Ok(TrialTimeout::scaled()),
+        Some(s) if s.is_finite() && s > 0.0 && s <= autotune::trial::MAX_STEP_TIME_S => {
+            Ok(TrialTimeout::fixed(std::time::Duration::from_secs_f64(s)))
+        }
+        Some(s) => Err(autotune_core::Error::InvalidFlag {
+            flag: "--trial-timeout".into(),
+            problem: format!(
+                "({s}) must be a number of seconds above 0 and at most {:e}",
+                autotune::trial::MAX_STEP_TIME_S
+            ),
+        }
+        .into()),
     }
 }
 

@@ -15,7 +15,6 @@ use serde::Serialize;
 
 use autotune::backend;
 use autotune::plan::schema::Plan;
-use autotune::probe::host_work::adam_update_floor_s;
 use autotune::probe::Prober;
 use autotune::profile::record::{Profile, RecordedDevice};
 use autotune::profile::replay::ReplayProber;
@@ -26,7 +25,7 @@ use autotune::spec::device::{DeviceKind, DeviceSpec};
 use autotune::spec::limits;
 use autotune::trial::TrialResult;
 use autotune::trial_protocol::RunnerIdentity;
-use autotune::{ModelSpec, Offload};
+use autotune::ModelSpec;
 
 use self::config::{device_name, LiveSearch, Source, TuneConfig};
 use super::args::{ProbeIsolation, TuneArgs};
@@ -154,27 +153,11 @@ fn live(search_config: &LiveSearch, printer: &Printer) -> anyhow::Result<Tuned> 
         budget,
         ..
     } = search_config;
-    let mut space = search_config.space.clone();
-    if space
-        .regimes
-        .iter()
-        .any(|r| r.offload == Offload::Optimizer)
-    {
-        space.offload_host_floor_s = adam_update_floor_s(spec.parameter_count());
-    }
-    // Offloaded steps and moments streamed from host memory cross the host link every step:
-    // their trials are retimed for the target's link when it is the slower.
-    if space.regimes.iter().any(|r| {
-        r.offload == Offload::Optimizer || r.state.moments_on == autotune::knobs::MomentPlace::Host
-    }) {
-        space.target_link_gbps = target.host_to_device_gbps;
-        tracing::debug!(
-            floor_s = space.offload_host_floor_s,
-            target_link_gbps = space.target_link_gbps,
-            "host update floor for offloaded regimes"
-        );
-    }
-    let driver = SearchDriver::new(space, *budget)?;
+    let driver = SearchDriver::new(
+        search_config.space.clone(),
+        search_config.facts.clone(),
+        *budget,
+    )?;
     announce(search_config, printer);
     let mut recorded = backend::recorded_device(target.kind == DeviceKind::Cuda, target);
     // A model whose state alone exceeds the budget is answered before any trial: building it
