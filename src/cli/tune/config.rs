@@ -10,7 +10,7 @@ use autotune::search::setup::{Runtime, SearchSetup};
 use autotune::search::space::{SearchSpace, SpaceRequest};
 use autotune::search::MachineFacts;
 use autotune::spec::budget::Budget;
-use autotune::spec::device::{DeviceKind, DeviceSpec};
+use autotune::spec::device::DeviceSpec;
 use autotune::ModelSpec;
 
 use autotune::knobs::Update;
@@ -291,12 +291,4 @@ fn isolation(
         return ProbeIsolation::Child;
     }
     asked.unwrap_or_else(|| ProbeIsolation::default_for(target.kind))
-}
-
-/// The device trials open, as the ranks and children are told it.
-pub fn device_name(kind: DeviceKind) -> &'static str {
-    match kind {
-        DeviceKind::Cpu => "cpu",
-        DeviceKind::Cuda => "cuda",
-    }
 }

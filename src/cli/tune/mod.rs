@@ -15,6 +15,7 @@ use serde::Serialize;
 
 use autotune::backend;
 use autotune::plan::schema::Plan;
+use autotune::probe::job::device_name;
 use autotune::probe::Prober;
 use autotune::profile::record::{Profile, RecordedDevice};
 use autotune::profile::replay::ReplayProber;
@@ -27,7 +28,7 @@ use autotune::trial::TrialResult;
 use autotune::trial_protocol::RunnerIdentity;
 use autotune::ModelSpec;
 
-use self::config::{device_name, LiveSearch, Source, TuneConfig};
+use self::config::{LiveSearch, Source, TuneConfig};
 use super::args::{ProbeIsolation, TuneArgs};
 use super::printer::Printer;
 use super::reporters::{self, SearchProgress};

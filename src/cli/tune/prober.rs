@@ -9,12 +9,13 @@ use autotune::dist::probe::{ByDegree, DataParallelProber};
 use autotune::plan::Provenance;
 use autotune::probe::child::ChildProber;
 use autotune::probe::exec::ExecProber;
+use autotune::probe::job::{device_name, TrialProcesses, TrialSetup};
 use autotune::probe::live::LiveProber;
 use autotune::probe::worker::WorkerProber;
 use autotune::probe::Prober;
 use autotune::spec::device::DeviceKind;
 
-use super::config::{device_name, LiveSearch};
+use super::config::LiveSearch;
 use crate::cli::args::ProbeIsolation;
 use crate::cli::printer::Printer;
 
@@ -88,23 +89,24 @@ pub fn live_prober(search: &LiveSearch) -> anyhow::Result<Trials> {
     let target = &search.target;
     let gpu_capacity = target.gpu_memory_bytes;
     let host_budget = Some(target.host_memory_bytes);
+    let setup = TrialSetup::new(
+        &search.spec,
+        device_name(target.kind),
+        gpu_capacity,
+        host_budget,
+    );
     if let Some(runner) = &search.runner {
-        let exec = ExecProber::new(
-            runner.clone(),
-            &search.spec,
-            target.kind,
-            gpu_capacity,
-            host_budget,
-        )
-        .with_timeout(search.trial_timeout.clone())
-        .fresh_per_trial(search.isolation == ProbeIsolation::Child);
+        let trials =
+            TrialProcesses::new(runner.clone(), setup).with_timeout(search.trial_timeout.clone());
+        let exec =
+            ExecProber::new(trials).fresh_per_trial(search.isolation == ProbeIsolation::Child);
         return Ok(Trials::Runner(Box::new(exec)));
     }
-    let device = device_name(target.kind);
     let exe = std::env::current_exe().context("cannot locate the autotune executable")?;
     if target.kind == DeviceKind::Cuda && search.isolation != ProbeIsolation::InProcess {
         backend::require_cuda_build()?;
     }
+    let processes = TrialProcesses::new(exe, setup).with_timeout(search.trial_timeout.clone());
     let single: Box<dyn Prober> = match search.isolation {
         ProbeIsolation::InProcess => {
             let device = match target.kind {
@@ -114,16 +116,9 @@ pub fn live_prober(search: &LiveSearch) -> anyhow::Result<Trials> {
             let meter = backend::memory_meter(&device, gpu_capacity)?;
             Box::new(LiveProber::new(&search.spec, &device, host_budget, meter))
         }
-        ProbeIsolation::Child => Box::new(
-            ChildProber::new(exe.clone(), &search.spec, device, gpu_capacity, host_budget)
-                .with_timeout(search.trial_timeout.clone()),
-        ),
-        ProbeIsolation::Worker => Box::new(
-            WorkerProber::new(exe.clone(), &search.spec, device, gpu_capacity, host_budget)
-                .with_timeout(search.trial_timeout.clone()),
-        ),
+        ProbeIsolation::Child => Box::new(ChildProber::new(processes.clone())),
+        ProbeIsolation::Worker => Box::new(WorkerProber::new(processes.clone())),
     };
-    let ranks = DataParallelProber::new(exe, &search.spec, device, gpu_capacity, host_budget)
-        .with_timeout(search.trial_timeout.clone());
+    let ranks = DataParallelProber::new(processes);
     Ok(Trials::Engine(Box::new(ByDegree::new(single, ranks))))
 }
