@@ -6,7 +6,8 @@
 //! autotune-core (no tensors): knobs ─▶ trial ─▶ spec ─▶ trial_protocol ─▶ estimate ─▶ fit ─▶ search
 //!                             ─▶ plan ─▶ profile ─▶ report
 //! runtime (this crate):       backend ─▶ ops ─▶ model ─▶ collective ─▶ train ─▶ hf ─▶ probe ─▶ dist
-//! binary (src/cli):           argv ─▶ validated config ─▶ search driver + prober ─▶ plan ─▶ train
+//!                             ─▶ settings ─▶ session
+//! binary (src/cli):           argv ─▶ settings ─▶ session (search driver + prober ─▶ plan) ─▶ output
 //! ```
 //!
 //! The core's modules are re-exported here under their own names, so `autotune::knobs` is
@@ -14,6 +15,8 @@
 //! knob; both run on candle's CPU device and, with the `cuda` feature, on the GPU. `probe`
 //! runs trials ([`probe::Prober`]), and `dist` spreads training and trials over several GPUs
 //! of one host (data parallelism, one process per GPU) on top of `collective`'s process groups.
+//! `settings` resolves each command's flags into validated settings in one step, and `session`
+//! runs a command's session (tuning) on them, printing nothing: the binary renders it.
 
 pub use autotune_core::{
     atomic_file, estimate, fit, knobs, plan, profile, report, search, spec, trial, trial_protocol,
@@ -29,6 +32,8 @@ pub mod model;
 pub mod ops;
 pub mod parallel;
 pub mod probe;
+pub mod session;
+pub mod settings;
 pub mod train;
 
 pub use error::{Error, Result};

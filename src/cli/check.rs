@@ -23,11 +23,11 @@ use autotune::trial::Phase;
 use autotune::probe::exec::ExecProber;
 use autotune::probe::job::{device_name, TrialProcesses, TrialSetup};
 
-use super::args::Backend;
+use autotune::settings::tune::{runner_command, Backend};
+
+use super::interrupt::stop_runner_on_interrupt;
 use super::printer::Printer;
 use super::reporters::{check_outcome, memory_name, CheckProgress};
-use super::tune::config::runner_command;
-use super::tune::prober::Trials;
 use super::Status;
 
 /// Arguments of `autotune check`.
@@ -148,12 +148,11 @@ pub fn run(args: CheckArgs, printer: &Printer) -> anyhow::Result<Status> {
                 profile.budget.gpu_bytes,
                 Some(profile.budget.host_bytes),
             );
-            let exec = ExecProber::new(TrialProcesses::new(runner, setup))
+            let mut exec = ExecProber::new(TrialProcesses::new(runner, setup))
                 .expecting_engine(profile.engine_name());
-            let mut trials = Trials::Runner(Box::new(exec));
-            trials.stop_runner_on_interrupt(printer);
+            stop_runner_on_interrupt(exec.running_group(), printer);
             let reporter = CheckProgress::new(printer, profile.trials.len(), gpu);
-            (recheck(&profile, trials.prober(), &reporter)?, name)
+            (recheck(&profile, &mut exec, &reporter)?, name)
         }
     };
     let report = check(&profile, &fresh, tolerance);

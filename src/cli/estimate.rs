@@ -14,10 +14,10 @@ use autotune::spec::limits;
 use autotune::{Knobs, ModelSpec, Precision};
 
 use super::args::KnobArgs;
-use super::flags::{self, as_flag};
 use super::printer::Printer;
 use super::reporters::bytes;
 use super::Status;
+use autotune::settings::flags::{self, as_flag};
 
 /// Arguments of `autotune estimate`.
 #[derive(Debug, clap::Args)]
@@ -97,7 +97,7 @@ pub fn run(args: EstimateArgs, printer: &Printer) -> anyhow::Result<Status> {
         return compare(&args, path, printer);
     }
     let model = ModelSpec::resolve(&args.model)?;
-    let target = super::tune::config::target_profile(&args.device)?;
+    let target = autotune::settings::tune::target_profile(&args.device)?;
     let knobs = args.knobs.knobs();
     knobs
         .validate("knobs", "")

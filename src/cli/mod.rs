@@ -10,7 +10,7 @@ mod device;
 mod estimate;
 mod export;
 mod export_weights;
-mod flags;
+mod interrupt;
 mod launch;
 mod printer;
 mod probe;

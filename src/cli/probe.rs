@@ -13,10 +13,10 @@ use autotune::ModelSpec;
 use autotune::spec::limits;
 
 use super::args::ProbeArgs;
-use super::flags::{self, as_flag};
 use super::printer::Printer;
 use super::reporters::{bytes, memory_name};
 use super::Status;
+use autotune::settings::flags::{self, as_flag};
 
 /// The JSON line the GPU benchmark scripts read (one object, `impl` = "autotune").
 #[derive(Serialize)]

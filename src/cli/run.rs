@@ -12,10 +12,11 @@ use autotune::plan::schema::Plan;
 use autotune::train::checkpoint_dir;
 use autotune::train::run::RunSummary;
 
-use super::args::{Backend, RunArgs};
+use autotune::settings::tune::{Backend, TuneSettings};
+
+use super::args::RunArgs;
 use super::printer::Printer;
 use super::train::{train_with_plan, PlanTraining};
-use super::tune::config::TuneConfig;
 use super::tune::{emit, record, report, search_only};
 use super::Status;
 
@@ -66,8 +67,8 @@ pub fn run(args: RunArgs, printer: &Printer) -> anyhow::Result<Status> {
                 run_dir.display()
             );
         }
-        let config = TuneConfig::from_args(&args.tune)?;
-        tuned = search_only(&config, printer)?;
+        let settings = TuneSettings::from_args(&args.tune)?;
+        tuned = search_only(&settings, printer)?;
         // JSON output belongs to the combined report below, not to the tuning half.
         let quiet_json = Printer::new(false, false, false);
         let Some(plan) = &tuned.plan else {
@@ -80,14 +81,14 @@ pub fn run(args: RunArgs, printer: &Printer) -> anyhow::Result<Status> {
                     &quiet_json
                 },
             );
-            record(&tuned, &config, printer)?;
-            report(&tuned, &config, printer)?;
+            record(&tuned, &settings, printer)?;
+            report(&tuned, &settings, printer)?;
             return status;
         };
         // The plan first: a recording that cannot be written must not cost the plan.
         plan.save(&plan_path)?;
-        record(&tuned, &config, printer)?;
-        report(&tuned, &config, printer)?;
+        record(&tuned, &settings, printer)?;
+        report(&tuned, &settings, printer)?;
         printer.status(format!(
             "plan: {} ({:.0} tokens/s measured), written to {}",
             plan.knobs,

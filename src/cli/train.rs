@@ -27,10 +27,10 @@ use autotune::{Knobs, ModelSpec};
 use autotune::spec::limits;
 
 use super::args::{ScheduleArgs, TrainArgs};
-use super::flags::{self, as_flag};
 use super::printer::Printer;
 use super::reporters::bytes;
 use super::Status;
+use autotune::settings::flags::{self, as_flag};
 
 pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {
     let rank = RankEnv::from_env()?;

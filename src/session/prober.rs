@@ -1,23 +1,22 @@
 //! The one prober a live search runs its trials with, chosen from the target, the isolation
-//! and the backend: autotune's engine, or a trial runner.
+//! and the backend: autotune's engine, or a trial runner; and who measured its trials.
 
 use anyhow::Context;
 use candle_core::Device;
 
-use autotune::backend;
-use autotune::dist::probe::{ByDegree, DataParallelProber};
-use autotune::plan::Provenance;
-use autotune::probe::child::ChildProber;
-use autotune::probe::exec::ExecProber;
-use autotune::probe::job::{device_name, TrialProcesses, TrialSetup};
-use autotune::probe::live::LiveProber;
-use autotune::probe::worker::WorkerProber;
-use autotune::probe::Prober;
-use autotune::spec::device::DeviceKind;
-
-use super::config::LiveSearch;
-use crate::cli::args::ProbeIsolation;
-use crate::cli::printer::Printer;
+use crate::backend;
+use crate::dist::probe::{ByDegree, DataParallelProber};
+use crate::plan::Provenance;
+use crate::probe::child::ChildProber;
+use crate::probe::exec::ExecProber;
+use crate::probe::job::{device_name, TrialProcesses, TrialSetup};
+use crate::probe::live::LiveProber;
+use crate::probe::runner::RunningGroup;
+use crate::probe::worker::WorkerProber;
+use crate::probe::Prober;
+use crate::settings::tune::{LiveSettings, ProbeIsolation};
+use crate::spec::device::DeviceKind;
+use crate::trial_protocol::RunnerIdentity;
 
 /// Where a live search's trials run.
 pub enum Trials {
@@ -57,64 +56,61 @@ impl Trials {
         }
     }
 
-    /// Stops a running trial runner, and everything it started, when autotune is interrupted
-    /// (Ctrl-C, SIGTERM, SIGHUP), then exits with 130: the runner runs in a process group of
-    /// its own, which the terminal's Ctrl-C does not reach.
-    pub fn stop_runner_on_interrupt(&self, printer: &Printer) {
-        let Trials::Runner(exec) = self else {
-            return;
-        };
-        let group = exec.running_group();
-        let quiet = *printer;
-        let installed = ctrlc::set_handler(move || {
-            group.stop();
-            quiet.status("\ninterrupt: the trial runner was stopped; no plan written");
-            std::process::exit(130);
-        });
-        if let Err(e) = installed {
-            printer.warn(format!(
-                "cannot install the interrupt handler ({e}); an interrupt may leave the trial \
-                 runner running"
-            ));
+    /// The process group of the trial runner running now, when trials run through one: it
+    /// runs in a group of its own, which a terminal's Ctrl-C does not reach, so whoever handles
+    /// an interrupt stops it there.
+    pub fn runner_group(&self) -> Option<RunningGroup> {
+        match self {
+            Trials::Engine(_) => None,
+            Trials::Runner(exec) => Some(exec.running_group()),
+        }
+    }
+
+    /// The engine the trial runner reported, and the device it saw, once it has replied;
+    /// `None` for autotune's engine.
+    pub fn runner_identity(&self) -> Option<&RunnerIdentity> {
+        match self {
+            Trials::Engine(_) => None,
+            Trials::Runner(exec) => exec.identity(),
         }
     }
 }
 
-/// One-GPU trials isolated as `search.isolation` says; data-parallel trials on their ranks,
+/// One-GPU trials isolated as `settings.isolation` says; data-parallel trials on their ranks,
 /// one process per GPU; or every trial through the search's trial runner.
 ///
 /// Only in-process trials open a device here: with child or worker trials, or a runner, this
 /// process opens none, so its CUDA context takes no memory from the trials' (emulated) card.
-pub fn live_prober(search: &LiveSearch) -> anyhow::Result<Trials> {
-    let target = &search.target;
+pub fn live_prober(settings: &LiveSettings) -> anyhow::Result<Trials> {
+    let target = &settings.target;
     let gpu_capacity = target.gpu_memory_bytes;
     let host_budget = Some(target.host_memory_bytes);
     let setup = TrialSetup::new(
-        &search.spec,
+        &settings.spec,
         device_name(target.kind),
         gpu_capacity,
         host_budget,
     );
-    if let Some(runner) = &search.runner {
+    if let Some(runner) = &settings.runner {
         let trials =
-            TrialProcesses::new(runner.clone(), setup).with_timeout(search.trial_timeout.clone());
+            TrialProcesses::new(runner.clone(), setup).with_timeout(settings.trial_timeout.clone());
         let exec =
-            ExecProber::new(trials).fresh_per_trial(search.isolation == ProbeIsolation::Child);
+            ExecProber::new(trials).fresh_per_trial(settings.isolation == ProbeIsolation::Child);
         return Ok(Trials::Runner(Box::new(exec)));
     }
     let exe = std::env::current_exe().context("cannot locate the autotune executable")?;
-    if target.kind == DeviceKind::Cuda && search.isolation != ProbeIsolation::InProcess {
+    if target.kind == DeviceKind::Cuda && settings.isolation != ProbeIsolation::InProcess {
         backend::require_cuda_build()?;
     }
-    let processes = TrialProcesses::new(exe, setup).with_timeout(search.trial_timeout.clone());
-    let single: Box<dyn Prober> = match search.isolation {
+    let processes = TrialProcesses::new(exe, setup).with_timeout(settings.trial_timeout.clone());
+    let single: Box<dyn Prober> = match settings.isolation {
         ProbeIsolation::InProcess => {
             let device = match target.kind {
                 DeviceKind::Cuda => backend::open("cuda")?,
                 DeviceKind::Cpu => Device::Cpu,
             };
             let meter = backend::memory_meter(&device, gpu_capacity)?;
-            Box::new(LiveProber::new(&search.spec, &device, host_budget, meter))
+            Box::new(LiveProber::new(&settings.spec, &device, host_budget, meter))
         }
         ProbeIsolation::Child => Box::new(ChildProber::new(processes.clone())),
         ProbeIsolation::Worker => Box::new(WorkerProber::new(processes.clone())),

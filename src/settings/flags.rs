@@ -92,7 +92,7 @@ mod tests {
 
     #[test]
     fn fields_become_the_flags_that_set_them() {
-        let knobs = autotune::Knobs::new(0, autotune::Precision::Fp32);
+        let knobs = crate::Knobs::new(0, crate::Precision::Fp32);
         let e = knobs.validate("knobs", "").unwrap_err();
         assert_eq!(flag(as_flag(e, TRAIN)), "--micro-batch");
         let e = Error::invalid("search space", "max_probes", "must be at least 1");
