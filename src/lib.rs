@@ -15,6 +15,8 @@
 //! knob; both run on candle's CPU device and, with the `cuda` feature, on the GPU. `probe`
 //! runs trials ([`probe::Prober`]), and `dist` spreads training and trials over several GPUs
 //! of one host (data parallelism, one process per GPU) on top of `collective`'s process groups.
+//! `settings` resolves each command's flags into validated settings in one step, and `session`
+//! runs a command's session (tuning) on them, printing nothing: the binary renders it.
 
 pub use autotune_core::{
     atomic_file, estimate, fit, knobs, plan, profile, report, search, spec, trial, trial_protocol,

@@ -21,12 +21,13 @@ use autotune::spec::device::DeviceKind;
 use autotune::trial::Phase;
 
 use autotune::probe::exec::ExecProber;
+use autotune::probe::job::{device_name, TrialProcesses, TrialSetup};
 
-use super::args::Backend;
+use autotune::settings::tune::{runner_command, Backend};
+
+use super::interrupt::stop_runner_on_interrupt;
 use super::printer::Printer;
 use super::reporters::{check_outcome, memory_name, CheckProgress};
-use super::tune::config::runner_command;
-use super::tune::prober::Trials;
 use super::Status;
 
 /// Arguments of `autotune check`.
@@ -141,18 +142,17 @@ pub fn run(args: CheckArgs, printer: &Printer) -> anyhow::Result<Status> {
                 anyhow::bail!("--backend exec needs the trial runner after `--`");
             };
             let name = format!("exec:{}", runner.display());
-            let exec = ExecProber::new(
-                runner,
+            let setup = TrialSetup::new(
                 &profile.model,
-                profile.device.target.kind,
+                device_name(profile.device.target.kind),
                 profile.budget.gpu_bytes,
                 Some(profile.budget.host_bytes),
-            )
-            .expecting_engine(profile.engine_name());
-            let mut trials = Trials::Runner(Box::new(exec));
-            trials.stop_runner_on_interrupt(printer);
+            );
+            let mut exec = ExecProber::new(TrialProcesses::new(runner, setup))
+                .expecting_engine(profile.engine_name());
+            stop_runner_on_interrupt(exec.running_group(), printer);
             let reporter = CheckProgress::new(printer, profile.trials.len(), gpu);
-            (recheck(&profile, trials.prober(), &reporter)?, name)
+            (recheck(&profile, &mut exec, &reporter)?, name)
         }
     };
     let report = check(&profile, &fresh, tolerance);
@@ -222,13 +222,13 @@ fn live_trials(
     let single = LiveProber::new(&profile.model, &device, host_budget, meter);
     let exe = std::env::current_exe()
         .map_err(|e| anyhow::anyhow!("cannot locate the autotune executable: {e}"))?;
-    let ranks = DataParallelProber::new(
-        exe,
+    let setup = TrialSetup::new(
         &profile.model,
         backend::describe(&device),
         profile.budget.gpu_bytes,
         host_budget,
     );
+    let ranks = DataParallelProber::new(TrialProcesses::new(exe, setup));
     let name = format!("live:{}", backend::describe(&device));
     Ok((Box::new(ByDegree::new(Box::new(single), ranks)), name))
 }

@@ -97,7 +97,7 @@ pub fn run(args: EstimateArgs, printer: &Printer) -> anyhow::Result<Status> {
         return compare(&args, path, printer);
     }
     let model = ModelSpec::resolve(&args.model)?;
-    let target = super::tune::config::target_profile(&args.device)?;
+    let target = autotune::settings::tune::target_profile(&args.device)?;
     let knobs = args.knobs.knobs();
     knobs
         .validate("knobs", "")

@@ -10,6 +10,7 @@ mod device;
 mod estimate;
 mod export;
 mod export_weights;
+mod interrupt;
 mod printer;
 mod probe;
 mod progress;

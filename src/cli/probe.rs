@@ -4,6 +4,7 @@ use serde::Serialize;
 
 use autotune::backend as device;
 use autotune::dist::probe::DataParallelProber;
+use autotune::probe::job::{TrialProcesses, TrialSetup};
 use autotune::probe::live::LiveProber;
 use autotune::probe::{child, worker, Prober};
 use autotune::trial::{Outcome, TrialRequest, TrialResult};
@@ -119,7 +120,8 @@ fn probe_data_parallel(
     ));
     let exe = std::env::current_exe()
         .map_err(|e| anyhow::anyhow!("cannot locate the autotune executable: {e}"))?;
-    let mut prober = DataParallelProber::new(exe, spec, device_name, gpu_capacity, host_budget);
+    let setup = TrialSetup::new(spec, device_name, gpu_capacity, host_budget);
+    let mut prober = DataParallelProber::new(TrialProcesses::new(exe, setup));
     Ok((prober.probe(request)?, device_name.to_string()))
 }
 

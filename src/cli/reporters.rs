@@ -2,7 +2,9 @@
 //! while trials run, and the one way outcomes and budgets are written (bytes by the core's
 //! formatter).
 
+use autotune::probe::job::device_name;
 use autotune::search::report::{Event, Purpose, Reporter};
+use autotune::settings::tune::{LiveSettings, ProbeIsolation};
 use autotune::spec::budget::Budget;
 use autotune::trial::{MemoryKind, Outcome, TrialResult};
 
@@ -32,6 +34,32 @@ pub fn budget(budget: &Budget) -> String {
     }
 }
 
+/// The line that says what a search on this machine tunes for what, and where its trials run.
+pub fn tuning(settings: &LiveSettings) -> String {
+    let spec = &settings.spec;
+    let isolation = match (&settings.runner, settings.isolation) {
+        (Some(runner), ProbeIsolation::Child) => {
+            format!(
+                " through the trial runner `{}`, a new one per trial",
+                runner.display()
+            )
+        }
+        (Some(runner), _) => format!(" through the trial runner `{}`", runner.display()),
+        (None, ProbeIsolation::InProcess) => String::new(),
+        (None, ProbeIsolation::Child) => " in child processes".into(),
+        (None, ProbeIsolation::Worker) => " in a worker process".into(),
+    };
+    format!(
+        "tuning {} ({:.1}M parameters, seq {}) for {} ({}), probing on {}{isolation}",
+        spec.name,
+        spec.parameter_count() as f64 / 1e6,
+        spec.seq_len,
+        settings.target.name,
+        budget(&settings.budget),
+        device_name(settings.target.kind),
+    )
+}
+
 /// What a finished search trial found, as its progress line says it.
 pub fn trial_outcome(result: &TrialResult, feasible: bool) -> String {
     match &result.outcome {
@@ -55,7 +83,7 @@ pub fn trial_outcome(result: &TrialResult, feasible: bool) -> String {
 }
 
 /// A search's progress on stderr: a spinner while a trial runs, one line when it ends, and
-/// with `-v` a line when a regime is done.
+/// with `-v` a line when a regime is done. The spinner is cleared when the progress is dropped.
 pub struct SearchProgress {
     printer: Printer,
     bar: indicatif::ProgressBar,
@@ -69,9 +97,10 @@ impl SearchProgress {
             bar: printer.spinner(),
         }
     }
+}
 
-    /// Clears the spinner.
-    pub fn finish(&self) {
+impl Drop for SearchProgress {
+    fn drop(&mut self) {
         self.bar.finish_and_clear();
     }
 }

@@ -14,11 +14,12 @@ use autotune::session::run_dir::RunDir;
 use autotune::session::train::train_with_plan;
 use autotune::settings::training::{Training, TrainingDefaults};
 
-use super::args::{Backend, RunArgs};
+use autotune::settings::tune::{Backend, TuneSettings};
+
+use super::args::RunArgs;
 use super::printer::Printer;
 use super::progress::{self, TrainProgress};
 use super::train::{interrupt_flag, status_of, TrainReport};
-use super::tune::config::TuneConfig;
 use super::tune::{emit, record, report, search_only};
 use super::Status;
 
@@ -56,8 +57,8 @@ pub fn run(args: RunArgs, printer: &Printer) -> anyhow::Result<Status> {
         plan
     } else {
         run_dir.check_fresh(training.overwrite)?;
-        let config = TuneConfig::from_args(&args.tune)?;
-        let tuned = search_only(&config, printer)?;
+        let settings = TuneSettings::from_args(&args.tune)?;
+        let tuned = search_only(&settings, printer)?;
         // JSON output belongs to the combined report below, not to the tuning half.
         let quiet_json = Printer::new(false, false, false);
         let Some(plan) = &tuned.plan else {
@@ -70,14 +71,14 @@ pub fn run(args: RunArgs, printer: &Printer) -> anyhow::Result<Status> {
                     &quiet_json
                 },
             );
-            record(&tuned, &config, printer)?;
-            report(&tuned, &config, printer)?;
+            record(&tuned, &settings, printer)?;
+            report(&tuned, &settings, printer)?;
             return status;
         };
         // The plan first: a recording that cannot be written must not cost the plan.
         plan.save(&run_dir.plan_path())?;
-        record(&tuned, &config, printer)?;
-        report(&tuned, &config, printer)?;
+        record(&tuned, &settings, printer)?;
+        report(&tuned, &settings, printer)?;
         printer.status(format!(
             "plan: {} ({:.0} tokens/s measured), written to {}",
             plan.knobs,

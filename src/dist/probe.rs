@@ -9,13 +9,11 @@
 //! - If any rank ran out of memory the setting does not fit, even though the other ranks then
 //!   fail on the broken group rather than report an outcome themselves.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::dist::launch::{self, Launch, RankExit, RankInput};
-use crate::probe::job::TrialJob;
-use crate::probe::timeout::TrialTimeout;
-use crate::spec::model::ModelSpec;
+use crate::probe::job::TrialProcesses;
+use crate::spec::device::DeviceKind;
 use crate::trial::{Measurement, MemoryKind, Outcome, Phase, Prober, TrialRequest, TrialResult};
 use crate::{Error, Result};
 
@@ -28,32 +26,15 @@ const GRACE_AFTER_EXIT: Duration = Duration::from_secs(20);
 
 /// Runs each trial as `knobs.data_parallel.degree` child processes.
 pub struct DataParallelProber {
-    executable: PathBuf,
-    job: TrialJob,
-    timeout: TrialTimeout,
+    trials: TrialProcesses,
 }
 
 impl DataParallelProber {
-    /// A prober re-executing `executable` (normally the running `autotune`) as ranks on
-    /// `device` (`cpu` or `cuda`: rank r then pins `cuda:r`); `host_budget` is the whole host's.
-    pub fn new(
-        executable: PathBuf,
-        model: &ModelSpec,
-        device: &str,
-        gpu_capacity: Option<u64>,
-        host_budget: Option<u64>,
-    ) -> Self {
-        Self {
-            executable,
-            job: TrialJob::new(model, device, gpu_capacity, host_budget),
-            timeout: TrialTimeout::scaled(),
-        }
-    }
-
-    /// Trials limited by `timeout` instead of the scaled default.
-    pub fn with_timeout(mut self, timeout: TrialTimeout) -> Self {
-        self.timeout = timeout;
-        self
+    /// A prober re-executing `trials.program` (normally the running `autotune`) as ranks on
+    /// the setup's device (`cpu` or `cuda`: rank r then pins `cuda:r`); the setup's host
+    /// budget is the whole host's.
+    pub fn new(trials: TrialProcesses) -> Self {
+        Self { trials }
     }
 }
 
@@ -62,17 +43,17 @@ impl Prober for DataParallelProber {
     fn probe(&mut self, request: &TrialRequest) -> autotune_core::Result<TrialResult> {
         let started = Instant::now();
         let ranks = request.knobs.data_parallel.degree;
-        let mut job = self.job.clone();
-        job.request = *request;
-        job.host_budget = job.host_budget.map(|b| b / ranks.max(1) as u64);
+        let mut job = self.trials.job(request);
+        job.setup.host_budget = job.setup.host_budget.map(|b| b / ranks.max(1) as u64);
+        let on_gpu = job.setup.device_kind() == DeviceKind::Cuda;
         let launch = Launch {
-            program: self.executable.clone(),
+            program: self.trials.program.clone(),
             args: vec!["probe-one".into()],
             world_size: ranks,
-            rendezvous: launch::rendezvous_for(job.device.starts_with("cuda"))?,
+            rendezvous: launch::rendezvous_for(on_gpu)?,
             input: RankInput::Job(serde_json::to_vec(&job).expect("jobs always serialise")),
             grace_after_exit: Some(GRACE_AFTER_EXIT),
-            deadline: Some(self.timeout.limit(request)),
+            deadline: Some(self.trials.timeout.limit(request)),
         };
         let mut results: Vec<Option<TrialResult>> = vec![None; ranks];
         let never = std::sync::atomic::AtomicBool::new(false);
@@ -85,7 +66,7 @@ impl Prober for DataParallelProber {
         })?;
         let combined = if outcome.timed_out {
             Outcome::TimedOut {
-                after_s: self.timeout.limit(request).as_secs_f64(),
+                after_s: self.trials.timeout.limit(request).as_secs_f64(),
             }
         } else {
             combine(request, &results, &outcome.exits, outcome.failure.as_ref())
@@ -95,7 +76,7 @@ impl Prober for DataParallelProber {
             outcome: combined,
             wall_s: started.elapsed().as_secs_f64(),
         };
-        self.timeout.observe(&result);
+        self.trials.timeout.observe(&result);
         Ok(result)
     }
 }

@@ -5,51 +5,32 @@
 //! error that poisons the context, a host allocation failure (Rust aborts), or the kernel's
 //! out-of-memory killer. The parent writes one [`TrialJob`] as JSON on the child's stdin and
 //! reads one [`TrialResult`] as a JSON line from its stdout; anything else is an outcome too,
-//! and so is a child that outlives its time limit ([`TrialTimeout`]): it is killed, and the
+//! and so is a child that outlives its time limit
+//! ([`TrialTimeout`](super::timeout::TrialTimeout)): it is killed, and the
 //! trial is [`Outcome::TimedOut`].
 
 use std::io::{Read, Write};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::job::TrialJob;
+use super::job::{TrialJob, TrialProcesses};
 use super::live::LiveProber;
-use super::timeout::TrialTimeout;
 use crate::backend;
 use crate::collective::rank::{rank_device, RankEnv};
 use crate::collective::Collective;
-use crate::spec::model::ModelSpec;
 use crate::trial::{MemoryKind, Outcome, Phase, Prober, TrialRequest, TrialResult};
 use crate::{Error, Result};
 
-/// Runs trials in child processes of `executable probe-one`.
+/// Runs trials in child processes of `program probe-one`.
 pub struct ChildProber {
-    executable: PathBuf,
-    job: TrialJob,
-    timeout: TrialTimeout,
+    trials: TrialProcesses,
 }
 
 impl ChildProber {
-    /// A prober that re-executes `executable` (normally the running `autotune`).
-    pub fn new(
-        executable: PathBuf,
-        model: &ModelSpec,
-        device: &str,
-        gpu_capacity: Option<u64>,
-        host_budget: Option<u64>,
-    ) -> Self {
-        Self {
-            executable,
-            job: TrialJob::new(model, device, gpu_capacity, host_budget),
-            timeout: TrialTimeout::scaled(),
-        }
-    }
-
-    /// Trials limited by `timeout` instead of the scaled default.
-    pub fn with_timeout(mut self, timeout: TrialTimeout) -> Self {
-        self.timeout = timeout;
-        self
+    /// A prober that re-executes `trials.program` (normally the running `autotune`) for each
+    /// trial.
+    pub fn new(trials: TrialProcesses) -> Self {
+        Self { trials }
     }
 }
 
@@ -57,22 +38,21 @@ impl Prober for ChildProber {
     /// Runs one trial in a fresh child; crashes and kills become outcomes.
     fn probe(&mut self, request: &TrialRequest) -> autotune_core::Result<TrialResult> {
         let started = Instant::now();
-        self.job.request = *request;
-        let spawn_err =
-            |e: std::io::Error| Error::file("cannot start probe child", &self.executable, e);
-        let mut child = Command::new(&self.executable)
+        let executable = &self.trials.program;
+        let spawn_err = |e: std::io::Error| Error::file("cannot start probe child", executable, e);
+        let mut child = Command::new(executable)
             .arg("probe-one")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .map_err(spawn_err)?;
-        let job = serde_json::to_vec(&self.job).expect("jobs always serialise");
+        let job = serde_json::to_vec(&self.trials.job(request)).expect("jobs always serialise");
         if let Some(mut stdin) = child.stdin.take() {
             // A child that died at once has closed its stdin; its exit tells the story.
             let _ = stdin.write_all(&job);
         }
-        let limit = self.timeout.limit(request);
+        let limit = self.trials.timeout.limit(request);
         let Some(output) = wait_within(child, limit).map_err(spawn_err)? else {
             return Ok(TrialResult {
                 request: *request,
@@ -85,7 +65,7 @@ impl Prober for ChildProber {
         let stdout = String::from_utf8_lossy(&output.stdout);
         if let Some(line) = stdout.lines().rev().find(|l| l.starts_with('{')) {
             if let Ok(result) = serde_json::from_str::<TrialResult>(line) {
-                self.timeout.observe(&result);
+                self.trials.timeout.observe(&result);
                 return Ok(result);
             }
         }
@@ -147,13 +127,14 @@ pub fn serve_one(input: impl Read, output: &mut dyn Write) -> Result<()> {
     let job: TrialJob = serde_json::from_reader(input)
         .map_err(|e| Error::file("probe-one: cannot parse the trial job on", "stdin", e))?;
     let rank = RankEnv::from_env()?;
+    let setup = &job.setup;
     let device_name = match &rank {
-        Some(r) => rank_device(&job.device, r.rank),
-        None => job.device.clone(),
+        Some(r) => rank_device(&setup.device, r.rank),
+        None => setup.device.clone(),
     };
     let device = backend::open(&device_name)?;
-    let memory = backend::memory_meter(&device, job.gpu_capacity)?;
-    let mut prober = LiveProber::new(&job.model, &device, job.host_budget, memory);
+    let memory = backend::memory_meter(&device, setup.gpu_capacity)?;
+    let mut prober = LiveProber::new(&setup.model, &device, setup.host_budget, memory);
     if let Some(rank) = &rank {
         prober = prober.with_group(Collective::join(rank, &device)?);
     }

@@ -16,7 +16,7 @@
 //! | exits without a reply, killed by SIGKILL (the kernel's out-of-memory killer) | out of host memory |
 //! | exits without a reply, its last words naming a CUDA out-of-memory status | out of GPU memory |
 //! | exits without a reply otherwise (crash, garbage on stdout) | crashed, with its last words |
-//! | replies nothing within the trial's time limit ([`TrialTimeout`]) | timed out; it is killed |
+//! | replies nothing within the trial's time limit ([`TrialTimeout`](super::timeout::TrialTimeout)) | timed out; it is killed |
 //!
 //! Two things are errors that end the search, because every trial would fail alike: a runner
 //! that cannot be started at all, and one that speaks another protocol version. So is a runner
@@ -26,11 +26,9 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
+use super::job::TrialProcesses;
 use super::runner::{Ended, RunnerCommand, RunnerProcess, RunningGroup, Waited};
-use super::timeout::TrialTimeout;
 use crate::knobs::Regime;
-use crate::spec::device::DeviceKind;
-use crate::spec::model::ModelSpec;
 use crate::trial::{MemoryKind, Outcome, Phase, Prober, TrialRequest, TrialResult};
 use crate::trial_protocol::{
     unsupported_reason, BadReply, RunnerAnswer, RunnerIdentity, RunnerRequest, PROTOCOL_VERSION,
@@ -39,12 +37,9 @@ use crate::Error;
 
 /// Runs each trial through a trial runner.
 pub struct ExecProber {
-    command: RunnerCommand,
-    model: ModelSpec,
-    device: DeviceKind,
-    gpu_capacity: Option<u64>,
-    host_budget: Option<u64>,
-    timeout: TrialTimeout,
+    /// The runner's command, the setup every trial asks for (its device as a kind: a runner
+    /// opens the device itself) and the time limit.
+    trials: TrialProcesses<RunnerCommand>,
     /// Start a new runner for every trial, whatever the runner says.
     fresh_per_trial: bool,
     /// The runner kept for the next trial.
@@ -60,22 +55,10 @@ pub struct ExecProber {
 }
 
 impl ExecProber {
-    /// A prober of trials of `model` on a `device` target with those limits, each asked of
-    /// `command`.
-    pub fn new(
-        command: RunnerCommand,
-        model: &ModelSpec,
-        device: DeviceKind,
-        gpu_capacity: Option<u64>,
-        host_budget: Option<u64>,
-    ) -> Self {
+    /// A prober of the trials of `trials.setup`, each asked of the runner `trials.program`.
+    pub fn new(trials: TrialProcesses<RunnerCommand>) -> Self {
         Self {
-            command,
-            model: model.clone(),
-            device,
-            gpu_capacity,
-            host_budget,
-            timeout: TrialTimeout::scaled(),
+            trials,
             fresh_per_trial: false,
             runner: None,
             running: RunningGroup::default(),
@@ -84,12 +67,6 @@ impl ExecProber {
             unsupported: HashMap::new(),
             started: 0,
         }
-    }
-
-    /// Trials limited by `timeout` instead of the scaled default.
-    pub fn with_timeout(mut self, timeout: TrialTimeout) -> Self {
-        self.timeout = timeout;
-        self
     }
 
     /// Whether every trial starts a new runner even when the runner could serve again.
@@ -116,7 +93,7 @@ impl ExecProber {
 
     /// The command trials run, for messages.
     pub fn command(&self) -> &RunnerCommand {
-        &self.command
+        &self.trials.program
     }
 
     /// Runner processes started so far.
@@ -144,7 +121,7 @@ impl ExecProber {
                     } else {
                         "the recording"
                     },
-                    self.command.display()
+                    self.command().display()
                 ),
             )),
             _ => {
@@ -168,12 +145,13 @@ impl ExecProber {
                 wall_s: 0.0,
             });
         }
+        let setup = &self.trials.setup;
         let line = RunnerRequest::new(
-            &self.model,
+            &setup.model,
             request,
-            self.device,
-            self.gpu_capacity,
-            self.host_budget,
+            setup.device_kind(),
+            setup.gpu_capacity,
+            setup.host_budget,
         )
         .to_line();
         let mut runner = match self.runner.take() {
@@ -181,12 +159,12 @@ impl ExecProber {
             // A kept runner that has exited since is reaped as it drops.
             _ => {
                 self.started += 1;
-                RunnerProcess::start(&self.command, &self.running)?
+                RunnerProcess::start(&self.trials.program, &self.running)?
             }
         };
         // A runner that is gone already shows it in the wait: its end is the outcome.
         runner.send(&line, self.fresh_per_trial);
-        let limit = self.timeout.limit(request);
+        let limit = self.trials.timeout.limit(request);
         let outcome = match runner.wait_reply(limit) {
             Waited::Reply(Ok(reply)) => {
                 self.same_engine(&reply.identity)?;
@@ -201,7 +179,7 @@ impl ExecProber {
                 } else {
                     runner.finish();
                 }
-                reply.outcome(&request.knobs, self.model.seq_len)
+                reply.outcome(&request.knobs, self.trials.setup.model.seq_len)
             }
             Waited::Reply(Err(BadReply::Version(found))) => {
                 runner.kill();
@@ -211,7 +189,7 @@ impl ExecProber {
                     format!(
                         "is {found}, but this autotune speaks trial protocol {PROTOCOL_VERSION} \
                          (docs/trial-protocol.md); runner `{}`",
-                        self.command.display()
+                        self.command().display()
                     ),
                 ));
             }
@@ -231,7 +209,7 @@ impl ExecProber {
             outcome,
             wall_s: started.elapsed().as_secs_f64(),
         };
-        self.timeout.observe(&result);
+        self.trials.timeout.observe(&result);
         Ok(result)
     }
 }

@@ -16,7 +16,7 @@
 //!   trial's pool and shift its peak), or
 //! - crashed (the worker is gone, or its context may be poisoned).
 //!
-//! A trial that outlives its time limit ([`TrialTimeout`]) is [`Outcome::TimedOut`]: the worker
+//! A trial that outlives its time limit ([`TrialTimeout`](super::timeout::TrialTimeout)) is [`Outcome::TimedOut`]: the worker
 //! is killed (it may be stuck in a kernel or a collective) and the next trial starts a new one.
 //!
 //! An out-of-memory is neither: CUDA reports it as an ordinary error, everything the trial
@@ -28,7 +28,6 @@
 //! line from its stdout. End of input ends the worker.
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
@@ -38,11 +37,9 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::child::{classify_exit, write_line};
-use super::job::TrialJob;
+use super::job::{TrialJob, TrialProcesses};
 use super::live::LiveProber;
-use super::timeout::TrialTimeout;
 use crate::backend;
-use crate::spec::model::ModelSpec;
 use crate::trial::{Outcome, Prober, TrialRequest, TrialResult};
 use crate::{Error, Result};
 
@@ -68,37 +65,21 @@ impl WorkerReply {
     }
 }
 
-/// Runs trials in a long-lived child of `executable probe-serve`.
+/// Runs trials in a long-lived child of `program probe-serve`.
 pub struct WorkerProber {
-    executable: PathBuf,
-    job: TrialJob,
+    trials: TrialProcesses,
     worker: Option<Worker>,
     started: usize,
-    timeout: TrialTimeout,
 }
 
 impl WorkerProber {
-    /// A prober that starts `executable` (normally the running `autotune`) as its worker.
-    pub fn new(
-        executable: PathBuf,
-        model: &ModelSpec,
-        device: &str,
-        gpu_capacity: Option<u64>,
-        host_budget: Option<u64>,
-    ) -> Self {
+    /// A prober that starts `trials.program` (normally the running `autotune`) as its worker.
+    pub fn new(trials: TrialProcesses) -> Self {
         Self {
-            executable,
-            job: TrialJob::new(model, device, gpu_capacity, host_budget),
+            trials,
             worker: None,
             started: 0,
-            timeout: TrialTimeout::scaled(),
         }
-    }
-
-    /// Trials limited by `timeout` instead of the scaled default.
-    pub fn with_timeout(mut self, timeout: TrialTimeout) -> Self {
-        self.timeout = timeout;
-        self
     }
 
     /// Workers started so far.
@@ -111,20 +92,19 @@ impl Prober for WorkerProber {
     /// Runs one trial in the worker, starting one if none is alive; crashes and kills become
     /// outcomes.
     fn probe(&mut self, request: &TrialRequest) -> autotune_core::Result<TrialResult> {
-        self.job.request = *request;
-        let line = serde_json::to_string(&self.job).expect("jobs always serialise");
+        let line = serde_json::to_string(&self.trials.job(request)).expect("jobs always serialise");
         if self.worker.is_none() {
-            self.worker = Some(Worker::start(&self.executable)?);
+            self.worker = Some(Worker::start(&self.trials.program)?);
             self.started += 1;
         }
         let Some(worker) = self.worker.as_mut() else {
             return Err(Error::internal("the probe worker is missing after its start").into());
         };
         let started = Instant::now();
-        let limit = self.timeout.limit(request);
+        let limit = self.trials.timeout.limit(request);
         match worker.ask(&line, limit) {
             Answer::Reply(reply) => {
-                self.timeout.observe(&reply.result);
+                self.trials.timeout.observe(&reply.result);
                 if !reply.worker_stays() {
                     tracing::debug!(
                         leftover = reply.leftover_device_bytes,
@@ -201,7 +181,7 @@ struct Worker {
 }
 
 impl Worker {
-    fn start(executable: &PathBuf) -> Result<Self> {
+    fn start(executable: &std::path::Path) -> Result<Self> {
         let mut command = Command::new(executable);
         command.arg("probe-serve");
         // The worker's trial phases join this process's log when it logs them.
@@ -342,24 +322,16 @@ pub fn serve(input: impl BufRead, output: &mut dyn Write) -> Result<()> {
         return Ok(());
     };
     let first = parse(first)?;
-    let device = backend::open(&first.device)?;
-    let memory = backend::memory_meter(&device, first.gpu_capacity)?;
-    let mut prober = LiveProber::new(&first.model, &device, first.host_budget, memory);
-    let same_setup = |job: &TrialJob| {
-        (&job.model, &job.device, job.gpu_capacity, job.host_budget)
-            == (
-                &first.model,
-                &first.device,
-                first.gpu_capacity,
-                first.host_budget,
-            )
-    };
+    let setup = &first.setup;
+    let device = backend::open(&setup.device)?;
+    let memory = backend::memory_meter(&device, setup.gpu_capacity)?;
+    let mut prober = LiveProber::new(&setup.model, &device, setup.host_budget, memory);
     let mut job = first.clone();
     loop {
-        if !same_setup(&job) {
+        if job.setup != first.setup {
             return Err(Error::invalid(
                 "probe-serve job",
-                "model, device, gpu_capacity, host_budget",
+                "setup",
                 "must be the first job's: a worker serves one setup",
             ));
         }

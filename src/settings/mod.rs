@@ -1,7 +1,8 @@
 //! argv → settings: each command's flags (the clap types) and the validated settings they
 //! resolve to, in one step. Everything a flag can get wrong is refused here, naming the flag
 //! as typed, before anything runs; what a command then runs ([`crate::session`]) takes these
-//! settings, never the raw flags.
+//! settings, never the raw flags. [`flags`] maps the core's field names back to the flags that
+//! set them.
 
 pub mod export;
 pub mod export_weights;
@@ -11,3 +12,4 @@ pub mod model;
 pub mod show;
 pub mod train;
 pub mod training;
+pub mod tune;

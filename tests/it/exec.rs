@@ -10,9 +10,9 @@ use serde_json::Value;
 
 use autotune::knobs::{Checkpointing, Knobs, Offload, Precision};
 use autotune::probe::exec::ExecProber;
+use autotune::probe::job::{TrialProcesses, TrialSetup};
 use autotune::probe::runner::RunnerCommand;
 use autotune::probe::timeout::TrialTimeout;
-use autotune::spec::device::DeviceKind;
 use autotune::trial::{MemoryKind, Outcome, Prober, TrialRequest};
 use autotune::ModelSpec;
 
@@ -36,14 +36,12 @@ fn runner_argv(args: &[&str]) -> Vec<String> {
 
 /// A prober asking the fake runner, on a 4 GiB GPU target, each trial limited to 5 s.
 fn prober(args: &[&str]) -> ExecProber {
+    let setup = TrialSetup::new(&ModelSpec::tiny(), "cuda", Some(4 << 30), Some(32 << 30));
+    let command = RunnerCommand::new(&runner_argv(args)).unwrap();
     ExecProber::new(
-        RunnerCommand::new(&runner_argv(args)).unwrap(),
-        &ModelSpec::tiny(),
-        DeviceKind::Cuda,
-        Some(4 << 30),
-        Some(32 << 30),
+        TrialProcesses::new(command, setup)
+            .with_timeout(TrialTimeout::fixed(Duration::from_secs(5))),
     )
-    .with_timeout(TrialTimeout::fixed(Duration::from_secs(5)))
 }
 
 fn request(micro_batch: usize) -> TrialRequest {
@@ -290,13 +288,10 @@ fn another_protocol_version_or_a_change_of_engine_is_an_error() {
     let err = expected.probe(&request(1)).unwrap_err().to_string();
     assert!(err.contains("the recording"), "{err}");
 
-    let mut missing = ExecProber::new(
+    let mut missing = ExecProber::new(TrialProcesses::new(
         RunnerCommand::new(&["./no-such-runner".to_string()]).unwrap(),
-        &ModelSpec::tiny(),
-        DeviceKind::Cpu,
-        None,
-        Some(1 << 30),
-    );
+        TrialSetup::new(&ModelSpec::tiny(), "cpu", None, Some(1 << 30)),
+    ));
     let err = missing.probe(&request(1)).unwrap_err().to_string();
     assert!(err.contains("no-such-runner"), "{err}");
 }

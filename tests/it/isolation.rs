@@ -5,11 +5,21 @@ use std::path::PathBuf;
 
 use autotune::knobs::{Knobs, Precision};
 use autotune::probe::child::ChildProber;
+use autotune::probe::job::{TrialProcesses, TrialSetup};
 use autotune::probe::worker::WorkerProber;
 use autotune::probe::Prober;
 use autotune::trial::{Outcome, TrialRequest};
 
 use crate::util::{self, small_gpt};
+
+/// Trials of `spec` on the CPU within `host_budget`, each run by `program`.
+fn processes(
+    program: PathBuf,
+    spec: &autotune::ModelSpec,
+    host_budget: Option<u64>,
+) -> TrialProcesses {
+    TrialProcesses::new(program, TrialSetup::new(spec, "cpu", None, host_budget))
+}
 
 fn exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_autotune"))
@@ -32,8 +42,8 @@ fn measured(outcome: &Outcome) -> (u64, f64) {
 #[test]
 fn a_worker_runs_consecutive_trials_and_measures_them_as_fresh_children_do() {
     let spec = small_gpt();
-    let mut worker = WorkerProber::new(exe(), &spec, "cpu", None, Some(8 << 30));
-    let mut child = ChildProber::new(exe(), &spec, "cpu", None, Some(8 << 30));
+    let mut worker = WorkerProber::new(processes(exe(), &spec, Some(8 << 30)));
+    let mut child = ChildProber::new(processes(exe(), &spec, Some(8 << 30)));
     for mb in [1, 4, 8] {
         let by_worker = worker.probe(&request(mb)).unwrap();
         let by_child = child.probe(&request(mb)).unwrap();
@@ -54,7 +64,7 @@ fn a_worker_runs_consecutive_trials_and_measures_them_as_fresh_children_do() {
 #[test]
 fn a_trial_that_kills_its_worker_is_a_crash_and_the_next_trial_gets_a_new_worker() {
     let spec = small_gpt();
-    let mut worker = WorkerProber::new(exe(), &spec, "cpu", None, None);
+    let mut worker = WorkerProber::new(processes(exe(), &spec, None));
     let fits = worker.probe(&request(2)).unwrap();
     measured(&fits.outcome);
     // Zero sequences per micro-batch is refused inside the trial: the worker exits with the
@@ -140,13 +150,13 @@ fn a_trial_past_its_time_limit_is_timed_out_and_the_next_gets_a_fresh_worker() {
     let spec = small_gpt();
     let limit = TrialTimeout::fixed(std::time::Duration::from_millis(300));
     let mut child =
-        ChildProber::new(hangs.clone(), &spec, "cpu", None, None).with_timeout(limit.clone());
+        ChildProber::new(processes(hangs.clone(), &spec, None).with_timeout(limit.clone()));
     let result = child.probe(&request(2)).unwrap();
     assert!(
         matches!(result.outcome, Outcome::TimedOut { after_s } if after_s == 0.3),
         "{result:?}"
     );
-    let mut worker = WorkerProber::new(hangs, &spec, "cpu", None, None).with_timeout(limit);
+    let mut worker = WorkerProber::new(processes(hangs, &spec, None).with_timeout(limit));
     for _ in 0..2 {
         let result = worker.probe(&request(2)).unwrap();
         assert!(

@@ -73,6 +73,9 @@ mod regimes;
 /// The committed GPU recordings: replays and re-run checks.
 mod recorded;
 
+/// Every committed recording replayed to the exact plan stored beside the tests.
+mod replayed_plans;
+
 /// The file tree's layering: no import cycle between top-level modules.
 mod layers;
 

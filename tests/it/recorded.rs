@@ -115,6 +115,30 @@ fn replaying_a_gpu_recording_yields_the_plan_chosen_on_the_gpu() {
     }
 }
 
+/// The committed recordings are of schema version 1, whose space held the machine's facts:
+/// they load with those facts moved whole into `facts`, and the gpt-2b recording (offload
+/// pruned by the host floor, its trials retimed for the target's link) keeps both.
+#[test]
+fn version_1_recordings_load_with_their_facts_moved_out_of_the_space() {
+    for recording in RECORDINGS {
+        let path = repo(recording);
+        let raw: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(raw["schema_version"], 1, "{recording}");
+        let profile = Profile::load(&path).unwrap();
+        let facts = serde_json::to_value(&profile.facts).unwrap();
+        for field in autotune::search::MachineFacts::FIELDS {
+            let recorded = raw["space"].get(field).cloned().unwrap_or(Value::Null);
+            let moved = facts.get(field).cloned().unwrap_or(Value::Null);
+            assert_eq!(moved, recorded, "{recording}: {field}");
+        }
+        let space = serde_json::to_value(&profile.space).unwrap();
+        assert!(space.get("memory_prior").is_none(), "{recording}");
+    }
+    let gpt_2b = Profile::load(&repo("profiles/recorded/rtx4090-32g-on-h200/gpt-2b.json")).unwrap();
+    assert!(gpt_2b.facts.offload_host_floor_s.is_some());
+    assert_eq!(gpt_2b.facts.target_link_gbps, Some(25.0));
+}
+
 /// The fresh trials of a `check --json` report made on the GPU.
 fn rerun(report: &str) -> Vec<TrialResult> {
     let text = std::fs::read_to_string(repo(report)).unwrap();

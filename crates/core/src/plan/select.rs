@@ -205,6 +205,7 @@ pub(crate) mod tests {
     use crate::search::run::run_search;
     use crate::search::sim::{Law, SimRegime, Simulator};
     use crate::search::space::SearchSpace;
+    use crate::search::MachineFacts;
     use crate::spec::budget::Budget;
 
     const MIB: f64 = (1u64 << 20) as f64;
@@ -242,7 +243,7 @@ pub(crate) mod tests {
             global_batch: Some(64),
             ..SearchSpace::new(vec![bf16, ckpt])
         };
-        let driver = SearchDriver::new(space, budget).unwrap();
+        let driver = SearchDriver::new(space, MachineFacts::default(), budget).unwrap();
         let outcome = run_search(
             &driver,
             &mut |r: &crate::trial::TrialRequest| Ok(sim.answer(r)),

@@ -1,22 +1,28 @@
 //! `Profile`: the trials a search ran on a real machine, as a versioned JSON document.
 //!
-//! # Wire format (schema version 1)
+//! # Wire format (schema version 2)
 //!
 //! A profile file holds one JSON object; recorded profiles live under [`RECORDED_DIR`].
 //! Readers check `kind` first (so a plan or any other JSON file is refused as "not a profile"
 //! rather than reported field by field), then `schema_version`, then reject unknown fields.
 //! Units are those of plans: bytes as integers, seconds, tokens per second.
 //!
+//! Version 1 differs only in where the machine's facts are: inside `space`, as its fields
+//! `offload_host_floor_s`, `target_link_gbps` and `memory_prior`, with no `facts`. A reader
+//! moves them into `facts` (see [`Profile::from_json`]), so a recording of either version
+//! replays exactly as it was searched.
+//!
 //! | field | type | meaning |
 //! |---|---|---|
-//! | `schema_version` | integer | Always `1` for this format. |
+//! | `schema_version` | integer | `2` for this format (`1` for the earlier one, still read). |
 //! | `kind` | string | Always `"autotune-profile"`. |
 //! | `tool` | object | `{"name": "autotune", "version": "0.1.0"}`: what recorded the profile. |
 //! | `candle_version` | string | The candle release the trials ran on (the runtime's `backend::CANDLE_VERSION`). |
 //! | `device` | object | `profile` (the target `DeviceSpec` the trials emulated), `name` (the device as detected, e.g. `"NVIDIA H200"` or `"cpu"`), `memory_bytes` (its total memory; `null` on a CPU or when unknown), `driver`, `cuda` (driver and CUDA versions, or `null`). |
 //! | `model` | object | The model spec (`ModelSpec` JSON, as in plans). |
 //! | `budget` | object | The limits the trials ran under: `gpu_bytes` (the emulated device capacity; `null` on a CPU), `host_bytes` (the host heap limit), `headroom`. |
-//! | `space` | object | The search space that asked for the trials (`SearchSpace` JSON), so a replay can ask the same ones. |
+//! | `space` | object | The search space that asked for the trials (`SearchSpace` JSON: regimes, micro-batch bounds, global batch, trial lengths, trial limit, saturation gain), so a replay can ask the same ones. |
+//! | `facts` | object | What the search assumed of the machine and the target (`MachineFacts` JSON, each field absent when unknown): `offload_host_floor_s` (the host update's measured floor under an offloaded step), `target_link_gbps` (the target's host link, which offloaded trials were retimed for), `memory_prior` (an analytic memory law per regime of `space`, in its order). |
 //! | `created_unix_s` | integer | When the profile was recorded, seconds since the Unix epoch. |
 //! | `probes` | array | Every trial in the order it ran, as in a plan's `evidence`: the request's knobs and trial lengths, the outcome (`fits` with `peak_gpu_bytes`, `peak_host_bytes`, `step_time_median_s`, `step_time_spread`, `timed_steps`, `tokens_per_s`; `out_of_memory` with `memory` and `phase`; or `crashed` with `reason`), and `wall_s`. |
 //! | `chosen` | object or null | The knobs the search chose, or `null` when nothing was feasible. |
@@ -30,15 +36,18 @@ use serde::{Deserialize, Serialize};
 
 use crate::knobs::Knobs;
 use crate::plan::Tool;
-use crate::search::{SearchDriver, SearchOutcome, SearchSpace};
+use crate::search::{MachineFacts, SearchDriver, SearchOutcome, SearchSpace};
 use crate::spec::budget::Budget;
 use crate::spec::device::{DeviceKind, DeviceSpec};
 use crate::spec::model::ModelSpec;
 use crate::trial::TrialResult;
 use crate::{Error, Result};
 
-/// The profile format this version reads and writes.
-pub const PROFILE_SCHEMA_VERSION: u32 = 1;
+/// The profile format this version writes; it also reads [`PROFILE_SCHEMA_VERSION_1`].
+pub const PROFILE_SCHEMA_VERSION: u32 = 2;
+
+/// The earlier format, whose space held the machine's facts; read and migrated on load.
+pub const PROFILE_SCHEMA_VERSION_1: u32 = 1;
 
 /// The fixed `kind` tag of a profile document.
 pub const PROFILE_KIND: &str = "autotune-profile";
@@ -68,6 +77,8 @@ pub struct Profile {
     pub budget: Budget,
     /// The search space that asked for the trials.
     pub space: SearchSpace,
+    /// What the search assumed of the machine and the target.
+    pub facts: MachineFacts,
     /// Seconds since the Unix epoch when the profile was recorded (supplied by the caller).
     pub created_unix_s: u64,
     /// Every trial in the order it ran (`probes` in the file, its name since version 1).
@@ -97,6 +108,55 @@ pub fn spec_hash(model: &ModelSpec, target: &DeviceSpec) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
+}
+
+/// Checks the schema version of `value`, a profile document, and migrates a version 1 profile
+/// to the current version.
+fn read_version(value: &mut serde_json::Value) -> Result<()> {
+    let version = value.get("schema_version");
+    let found = version.map_or("missing".to_string(), |v| format!("{v}"));
+    match version.and_then(|v| v.as_u64()) {
+        Some(v) if v == u64::from(PROFILE_SCHEMA_VERSION) => Ok(()),
+        Some(v) if v == u64::from(PROFILE_SCHEMA_VERSION_1) => migrate_version_1(value),
+        _ => Err(Error::invalid(
+            WHAT,
+            "schema_version",
+            format!(
+                "is {found}, but {} {} reads only versions {PROFILE_SCHEMA_VERSION_1} and \
+                 {PROFILE_SCHEMA_VERSION}; record the profile again or use the autotune that \
+                 wrote it",
+                env!("CARGO_PKG_NAME"),
+                env!("CARGO_PKG_VERSION")
+            ),
+        )),
+    }
+}
+
+/// `value`, a version 1 profile, as version 2: the machine's facts its `space` held move into
+/// `facts`, and its version becomes [`PROFILE_SCHEMA_VERSION`]. Anything else is left for the
+/// field-by-field reading to judge.
+fn migrate_version_1(value: &mut serde_json::Value) -> Result<()> {
+    let Some(object) = value.as_object_mut() else {
+        return Ok(());
+    };
+    if object.contains_key("facts") {
+        return Err(Error::invalid(
+            WHAT,
+            "facts",
+            "is a field of schema version 2; a version 1 profile keeps its facts in `space`",
+        ));
+    }
+    let mut facts = serde_json::Map::new();
+    if let Some(space) = object.get_mut("space").and_then(|s| s.as_object_mut()) {
+        for field in MachineFacts::FIELDS {
+            if let Some(fact) = space.remove(field) {
+                facts.insert(field.to_string(), fact);
+            }
+        }
+    }
+    object.insert("facts".into(), facts.into());
+    object.insert("schema_version".into(), PROFILE_SCHEMA_VERSION.into());
+    Ok(())
 }
 
 /// The machine a profile was recorded on: the target it emulated and what was detected.
@@ -152,6 +212,7 @@ impl Profile {
             model: model.clone(),
             budget: *driver.budget(),
             space: driver.space().clone(),
+            facts: driver.facts().clone(),
             created_unix_s,
             trials: outcome.history.clone(),
             chosen: outcome.chosen(),
@@ -176,10 +237,10 @@ impl Profile {
             .unwrap_or(crate::plan::Provenance::OWN_ENGINE)
     }
 
-    /// A search driver over the recorded space and budget: the driver a replay needs to ask
-    /// the recorded trials again (see [`ReplayProber`](super::replay::ReplayProber)).
+    /// A search driver over the recorded space, facts and budget: the driver a replay needs
+    /// to ask the recorded trials again (see [`ReplayProber`](super::replay::ReplayProber)).
     pub fn driver(&self) -> Result<SearchDriver> {
-        SearchDriver::new(self.space.clone(), self.budget)
+        SearchDriver::new(self.space.clone(), self.facts.clone(), self.budget)
     }
 
     /// The conventional file of this profile: `RECORDED_DIR/<device spec>/<model>.json`
@@ -215,9 +276,10 @@ impl Profile {
     }
 
     /// Parses and validates a profile: the `kind` tag first, then the schema version, then
-    /// the fields.
+    /// the fields. A version 1 profile is read as version 2: the facts its space held move
+    /// into `facts`.
     pub fn from_json(text: &str) -> Result<Self> {
-        let value = crate::json::parse_value(WHAT, text)?;
+        let mut value = crate::json::parse_value(WHAT, text)?;
         let object = value
             .as_object()
             .ok_or_else(|| Error::invalid(WHAT, crate::json::DOCUMENT, "must be a JSON object"))?;
@@ -242,20 +304,7 @@ impl Profile {
                 ));
             }
         }
-        let version = object.get("schema_version");
-        if version.and_then(|v| v.as_u64()) != Some(u64::from(PROFILE_SCHEMA_VERSION)) {
-            let found = version.map_or("missing".to_string(), |v| format!("{v}"));
-            return Err(Error::invalid(
-                WHAT,
-                "schema_version",
-                format!(
-                    "is {found}, but {} {} reads only version {PROFILE_SCHEMA_VERSION}; record the \
-                     profile again or use the autotune that wrote it",
-                    env!("CARGO_PKG_NAME"),
-                    env!("CARGO_PKG_VERSION")
-                ),
-            ));
-        }
+        read_version(&mut value)?;
         let profile: Self = crate::json::from_value(WHAT, value)?;
         profile.validate()?;
         Ok(profile)
@@ -268,6 +317,7 @@ impl Profile {
         self.device.target.validate()?;
         self.budget.validate()?;
         self.space.validate()?;
+        self.facts.validate(self.space.regimes.len())?;
         for (i, probe) in self.trials.iter().enumerate() {
             let at = format!("probes[{i}].");
             probe.validate(WHAT, &at)?;

@@ -121,6 +121,7 @@
 use std::collections::HashSet;
 
 use super::decision::{Candidate, Decision, Next, RegimeEnd, RegimeProgress, RegimeState};
+use super::facts::MachineFacts;
 use super::hint::no_feasible_hint;
 use super::relatives;
 use super::space::SearchSpace;
@@ -154,6 +155,7 @@ const MODEL_GUIDED_PROBES: usize = 3;
 #[derive(Debug, Clone)]
 pub struct SearchDriver {
     space: SearchSpace,
+    facts: MachineFacts,
     budget: Budget,
     candidates: Vec<usize>,
 }
@@ -206,13 +208,15 @@ pub(super) struct SortedHistory<'h> {
 }
 
 impl SearchDriver {
-    /// A driver for `space` under `budget`; both are validated.
-    pub fn new(space: SearchSpace, budget: Budget) -> Result<Self> {
+    /// A driver for `space`, knowing `facts`, under `budget`; all three are validated.
+    pub fn new(space: SearchSpace, facts: MachineFacts, budget: Budget) -> Result<Self> {
         space.validate()?;
+        facts.validate(space.regimes.len())?;
         budget.validate()?;
         let candidates = space.candidates();
         Ok(Self {
             space,
+            facts,
             budget,
             candidates,
         })
@@ -221,6 +225,11 @@ impl SearchDriver {
     /// The space searched.
     pub fn space(&self) -> &SearchSpace {
         &self.space
+    }
+
+    /// What the search assumes of the machine and the target.
+    pub fn facts(&self) -> &MachineFacts {
+        &self.facts
     }
 
     /// The budget a setting must fit.
@@ -388,7 +397,7 @@ impl SearchDriver {
             .budget
             .usable_gpu_bytes()
             .unwrap_or_else(|| self.budget.usable_host_bytes()) as f64;
-        let prior = self.space.prior_start(i, usable).unwrap_or(0);
+        let prior = self.facts.prior_start(i, usable).unwrap_or(0);
         let start = match offload_twin {
             Some(_) => self.space.start_micro_batch,
             None => self.space.start_micro_batch.max(bases_reach).max(prior),

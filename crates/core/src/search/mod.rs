@@ -7,7 +7,9 @@
 //! ```
 //! use autotune_core::knobs::{Knobs, Precision};
 //! use autotune_core::search::sim::{Law, SimRegime, Simulator};
-//! use autotune_core::search::{run_search, Decision, NoReporter, SearchDriver, SearchSpace};
+//! use autotune_core::search::{
+//!     run_search, Decision, MachineFacts, NoReporter, SearchDriver, SearchSpace,
+//! };
 //! use autotune_core::spec::budget::Budget;
 //!
 //! let regime = Knobs::new(1, Precision::Bf16).regime();
@@ -20,7 +22,7 @@
 //!     step_time_s: Law::affine(0.010, 0.002),
 //! };
 //! let mut device = Simulator::with_budget(&budget, 1024, vec![laws]);
-//! let driver = SearchDriver::new(SearchSpace::new(vec![regime]), budget)?;
+//! let driver = SearchDriver::new(SearchSpace::new(vec![regime]), MachineFacts::default(), budget)?;
 //! let outcome = run_search(&driver, &mut device, &NoReporter)?;
 //! assert_eq!(outcome.decision, Decision::Chosen(Knobs::new(235, Precision::Bf16)));
 //! assert_eq!(outcome.history.len(), 11); // 10 search trials and the verification
@@ -29,15 +31,19 @@
 
 pub mod decision;
 pub mod driver;
+pub mod facts;
 mod hint;
 mod relatives;
 pub mod report;
 pub mod run;
+pub mod setup;
 pub mod sim;
 pub mod space;
 
 pub use decision::{Candidate, Decision, Next, RegimeEnd, RegimeProgress, RegimeState};
 pub use driver::SearchDriver;
+pub use facts::MachineFacts;
 pub use report::{Event, NoReporter, Purpose, Reporter};
 pub use run::{run_search, SearchOutcome};
-pub use space::SearchSpace;
+pub use setup::{Runtime, SearchSetup};
+pub use space::{SearchSpace, SpaceRequest};

@@ -73,7 +73,7 @@ pub fn resume_search(
             request,
             purpose,
         });
-        let result = retimed(prober.probe(&request)?, driver.space().target_link_gbps);
+        let result = retimed(prober.probe(&request)?, driver.facts().target_link_gbps);
         let feasible = driver.is_feasible(&result);
         reporter.report(&Event::TrialFinished {
             index,

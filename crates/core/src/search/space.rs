@@ -12,7 +12,6 @@ use crate::knobs::{
     Checkpointing, DataParallel, Knobs, MasterFormat, MomentFormat, MomentPlace, Offload,
     Precision, Regime, StateLayout, Update,
 };
-use crate::spec::activations::MemoryLaw;
 use crate::spec::device::{DeviceKind, DeviceSpec};
 use crate::spec::model::ModelSpec;
 use crate::trial::TrialRequest;
@@ -72,7 +71,9 @@ impl Default for SpaceRequest {
     }
 }
 
-/// The settings a search may try.
+/// The settings a search may try. What the search may assume of the machine and the target
+/// is apart, in [`MachineFacts`](super::MachineFacts); [`SearchSetup`](super::SearchSetup)
+/// resolves both.
 ///
 /// Regimes are explored one after the other in the given order, so put the regime expected to
 /// be fastest first: its result lets later regimes be pruned early. Within a regime the
@@ -108,24 +109,6 @@ pub struct SearchSpace {
     /// 0 disables the rule (growth continues to the memory boundary).
     #[serde(default = "default_saturation_gain")]
     pub saturation_gain: f64,
-    /// Seconds of host work an offloaded optimizer step adds at the least, measured on the
-    /// machine before the search (the host update alone, see the runtime's
-    /// `probe::host_work`); it lets an offloaded regime be pruned before its first
-    /// trial. A fact about the machine rather than a setting, kept here so that a recorded
-    /// search replays with it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub offload_host_floor_s: Option<f64>,
-    /// The target machine's host-to-device link, GB/s, when it is slower than the one trials
-    /// run on: offloaded trials are retimed for it as they come in
-    /// ([`crate::trial::Measurement::retimed_for_link`]), so a plan for a PCIe 4 desktop is not
-    /// chosen on a PCIe 5 server's copy times. From the target's `host_to_device_gbps`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub target_link_gbps: Option<f64>,
-    /// An analytic memory law per regime (same order), or none: a regime's first trial then
-    /// goes to half its predicted boundary instead of the space's start (see
-    /// [`SearchSpace::prior_start`]), saving the doublings up to it; trials decide the rest.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub memory_prior: Vec<MemoryLaw>,
 }
 
 fn default_saturation_gain() -> f64 {
@@ -160,9 +143,6 @@ impl SearchSpace {
             verify_timed_steps: 10,
             max_trials: None,
             saturation_gain: Self::DEFAULT_SATURATION_GAIN,
-            offload_host_floor_s: None,
-            target_link_gbps: None,
-            memory_prior: Vec::new(),
         }
     }
 
@@ -581,43 +561,6 @@ impl SearchSpace {
         if self.max_trials == Some(0) {
             return bad("max_probes", "must be at least 1".into());
         }
-        if !self.memory_prior.is_empty() && self.memory_prior.len() != self.regimes.len() {
-            return bad(
-                "memory_prior",
-                format!(
-                    "has {} laws for {} regimes; give one per regime or none",
-                    self.memory_prior.len(),
-                    self.regimes.len()
-                ),
-            );
-        }
-        if let Some(i) = self.memory_prior.iter().position(|law| {
-            !(law.fixed_bytes.is_finite()
-                && law.fixed_bytes >= 0.0
-                && law.per_sequence_bytes.is_finite()
-                && law.per_sequence_bytes > 0.0)
-        }) {
-            return bad(
-                &format!("memory_prior[{i}]"),
-                "needs finite bytes, at least 0 fixed and more than 0 per sequence".into(),
-            );
-        }
-        if let Some(g) = self.target_link_gbps {
-            if !(g > 0.0 && g.is_finite()) {
-                return bad(
-                    "target_link_gbps",
-                    format!("({g}) must be a positive number of GB/s"),
-                );
-            }
-        }
-        if let Some(h) = self.offload_host_floor_s {
-            if !(h.is_finite() && h >= 0.0) {
-                return bad(
-                    "offload_host_floor_s",
-                    format!("({h}) must be a finite number of seconds, at least 0"),
-                );
-            }
-        }
         Ok(())
     }
 
@@ -661,45 +604,8 @@ impl SearchSpace {
         if kept.is_empty() || dropped.is_empty() {
             return (self, Vec::new());
         }
-        if !self.memory_prior.is_empty() {
-            self.memory_prior = self
-                .regimes
-                .iter()
-                .zip(&self.memory_prior)
-                .filter(|(r, _)| !dropped.contains(r))
-                .map(|(_, law)| *law)
-                .collect();
-        }
         self.regimes = kept;
         (self, dropped)
-    }
-
-    /// The space with an analytic memory law for each regime
-    /// ([`crate::spec::activations::device_memory`]) as its prior; `flash(precision)` says
-    /// whether attention runs without keeping its probabilities at that precision.
-    pub fn with_memory_prior(
-        mut self,
-        model: &ModelSpec,
-        on_gpu: bool,
-        flash: &dyn Fn(Precision) -> bool,
-    ) -> Self {
-        self.memory_prior = self
-            .regimes
-            .iter()
-            .map(|&r| crate::spec::activations::device_memory(model, r, on_gpu, flash(r.precision)))
-            .collect();
-        self
-    }
-
-    /// Where regime `i`'s first trial goes by the memory prior: the largest power of two at
-    /// most half its predicted boundary within `usable_bytes` (the device's, or the host's on
-    /// a CPU), and 1 when the prior predicts nothing fits; `None` without a prior. Half, so
-    /// that the trial there and the doubling after it give the memory model two points below
-    /// the boundary, as growth from 1 would have, in fewer trials.
-    pub fn prior_start(&self, i: usize, usable_bytes: f64) -> Option<usize> {
-        let law = self.memory_prior.get(i)?;
-        let half = law.capacity(usable_bytes) / 2;
-        Some(if half == 0 { 1 } else { 1 << half.ilog2() })
     }
 
     /// Micro-batches accumulated per optimizer step at `micro_batch`: `global_batch /

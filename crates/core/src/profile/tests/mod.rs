@@ -4,7 +4,9 @@
 use crate::knobs::{Checkpointing, Offload, Precision, Regime};
 use crate::profile::record::{Profile, RecordedDevice};
 use crate::search::sim::{Law, SimRegime, Simulator};
-use crate::search::{run_search, NoReporter, SearchDriver, SearchOutcome, SearchSpace};
+use crate::search::{
+    run_search, MachineFacts, NoReporter, SearchDriver, SearchOutcome, SearchSpace,
+};
 use crate::spec::budget::Budget;
 use crate::spec::device::DeviceSpec;
 use crate::spec::model::ModelSpec;
@@ -94,9 +96,17 @@ fn spaces() -> Vec<SearchSpace> {
 
 /// A simulated search over `space` on the 4090 profile, and its recorded profile.
 fn recorded(space: SearchSpace) -> (SearchDriver, Simulator, SearchOutcome, Profile) {
+    recorded_with(space, MachineFacts::default())
+}
+
+/// [`recorded`], with the search knowing `facts`.
+fn recorded_with(
+    space: SearchSpace,
+    facts: MachineFacts,
+) -> (SearchDriver, Simulator, SearchOutcome, Profile) {
     let budget = Budget::from_device(&device_profile());
     let sim = simulator(&budget);
-    let driver = SearchDriver::new(space, budget).unwrap();
+    let driver = SearchDriver::new(space, facts, budget).unwrap();
     let outcome = run_search(
         &driver,
         &mut |r: &crate::trial::TrialRequest| Ok(sim.answer(r)),

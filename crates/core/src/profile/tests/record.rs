@@ -44,7 +44,74 @@ fn from_search_records_everything() {
     assert!(profile.chosen.is_some());
     assert_eq!(profile.budget, *driver.budget());
     assert_eq!(&profile.space, driver.space());
+    assert_eq!(&profile.facts, driver.facts());
     profile.validate().unwrap();
+}
+
+/// Facts a GPU search knows: the host floor, the link, a memory law per regime.
+fn gpu_facts() -> MachineFacts {
+    let law = crate::spec::activations::MemoryLaw {
+        fixed_bytes: 3.0e9,
+        per_sequence_bytes: 2.5e8,
+    };
+    MachineFacts {
+        offload_host_floor_s: Some(0.07),
+        target_link_gbps: Some(25.0),
+        memory_prior: vec![law; 2],
+    }
+}
+
+#[test]
+fn the_facts_are_recorded_whole_and_replay_without_patching() {
+    let (driver, _, _, profile) = recorded_with(spaces().remove(0), gpu_facts());
+    let back = Profile::from_json(&profile.to_json()).unwrap();
+    assert_eq!(back.facts, gpu_facts());
+    let value: serde_json::Value = serde_json::from_str(&profile.to_json()).unwrap();
+    assert_eq!(value["facts"]["target_link_gbps"], 25.0);
+    assert!(value["space"].get("target_link_gbps").is_none());
+    let replayed = back.driver().unwrap();
+    assert_eq!(
+        (replayed.space(), replayed.facts()),
+        (driver.space(), driver.facts())
+    );
+}
+
+/// A version 1 profile kept the machine's facts inside `space`: it loads with them in `facts`,
+/// as the version 2 profile of the same search, and a space that keeps none has none.
+#[test]
+fn a_version_1_profile_loads_with_its_facts_moved_out_of_the_space() {
+    for facts in [gpu_facts(), MachineFacts::default()] {
+        let (_, _, _, profile) = recorded_with(spaces().remove(0), facts.clone());
+        let mut v1 = serde_json::to_value(&profile).unwrap();
+        let object = v1.as_object_mut().unwrap();
+        object.insert("schema_version".into(), 1.into());
+        let moved = object.remove("facts").unwrap();
+        for (field, fact) in moved.as_object().unwrap() {
+            object["space"][field.as_str()] = fact.clone();
+        }
+        let loaded = Profile::from_json(&v1.to_string()).unwrap();
+        assert_eq!(loaded.facts, facts);
+        assert_eq!(loaded.space, profile.space);
+        assert_eq!(loaded, profile);
+    }
+}
+
+#[test]
+fn a_version_1_profile_with_version_2_fields_is_refused() {
+    let (_, _, _, profile) = recorded_with(spaces().remove(0), gpu_facts());
+    let dir = tempfile::tempdir().unwrap();
+    let mut v1 = serde_json::to_value(&profile).unwrap();
+    v1["schema_version"] = 1.into();
+    let message = load_error(dir.path(), "mixed.json", &v1.to_string());
+    assert!(message.contains("`facts`"), "{message}");
+    // Version 2 keeps the space free of facts.
+    let mut v2 = serde_json::to_value(&profile).unwrap();
+    v2["space"]["target_link_gbps"] = 25.0.into();
+    let message = load_error(dir.path(), "v2.json", &v2.to_string());
+    assert!(
+        message.contains("unknown field `target_link_gbps`"),
+        "{message}"
+    );
 }
 
 #[test]
@@ -128,12 +195,12 @@ fn other_versions_and_bad_fields_are_named() {
         value.to_string()
     };
 
-    let v2 = edited(&|o| {
-        o.insert("schema_version".into(), 2.into());
+    let v3 = edited(&|o| {
+        o.insert("schema_version".into(), 3.into());
     });
-    let message = load_error(dir.path(), "v2.json", &v2);
+    let message = load_error(dir.path(), "v3.json", &v3);
     assert!(
-        message.contains("schema_version") && message.contains("is 2"),
+        message.contains("schema_version") && message.contains("is 3"),
         "{message}"
     );
 

@@ -78,7 +78,7 @@ fn unrecorded_micro_batches_are_predicted_from_the_fits() {
         start_micro_batch: 3,
         ..profile.space.clone()
     };
-    let other = SearchDriver::new(space, *driver.budget()).unwrap();
+    let other = SearchDriver::new(space, MachineFacts::default(), *driver.budget()).unwrap();
     let direct = run_search(
         &other,
         &mut |r: &TrialRequest| Ok(sim.answer(r)),
@@ -225,7 +225,7 @@ fn a_failed_verification_replays_as_failed() {
     let space = spaces().remove(2);
     let budget = Budget::from_device(&device_profile());
     let sim = simulator(&budget);
-    let driver = SearchDriver::new(space.clone(), budget).unwrap();
+    let driver = SearchDriver::new(space.clone(), MachineFacts::default(), budget).unwrap();
     let usable = budget.usable_gpu_bytes().unwrap();
     let mut seen = std::collections::HashSet::new();
     let mut failed_once = false;
@@ -251,7 +251,7 @@ fn a_failed_verification_replays_as_failed() {
     let profile =
         Profile::from_search(&driver, &outcome, &model(), device, CANDLE_VERSION, CREATED);
     let mut replay = ReplayProber::new(profile);
-    let fresh = SearchDriver::new(space, budget).unwrap();
+    let fresh = SearchDriver::new(space, MachineFacts::default(), budget).unwrap();
     let replayed = run_search(
         &fresh,
         &mut |r: &TrialRequest| Ok(replay.answer(r)),

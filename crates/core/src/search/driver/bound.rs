@@ -62,7 +62,7 @@ impl SearchDriver {
         // Step time does not fall as the batch grows.
         let by_step_time = lo_tokens_per_s * reach as f64 / lo as f64;
         let by_secant = self.secant_bound(trials, reach);
-        let floor = self.space.offload_host_floor_s.unwrap_or(0.0);
+        let floor = self.facts.offload_host_floor_s.unwrap_or(0.0);
         let by_host_time = offload_twin.and_then(|twin| {
             host_time_bound(trials, &self.feasible_timed(twin), twin, floor, reach)
         });
@@ -73,8 +73,8 @@ impl SearchDriver {
     }
 
     /// The bound on an offloaded regime that has not run a trial yet, from its offload twin
-    /// and the host work floor measured before the search ([`SearchSpace::offload_host_floor_s`]
-    /// (crate::search::SearchSpace::offload_host_floor_s)): `tokens · b / (c·b + h)` as in
+    /// and the host work floor measured before the search ([`MachineFacts::offload_host_floor_s`]
+    /// (crate::search::MachineFacts::offload_host_floor_s)): `tokens · b / (c·b + h)` as in
     /// [`host_time_bound`], with `h` the floor and `b` the most the regime could reach.
     ///
     /// Reach: the twin's memory model (the secant through its two largest feasible trials, with
@@ -94,7 +94,7 @@ impl SearchDriver {
     ///
     /// `None` without a floor, a twin with a memory model, or a twin trial that ran.
     pub(super) fn unprobed_offload_bound(&self, related: &RelativeTrials<'_, '_>) -> Option<f64> {
-        let host_s = self.space.offload_host_floor_s.filter(|h| *h > 0.0)?;
+        let host_s = self.facts.offload_host_floor_s.filter(|h| *h > 0.0)?;
         let twin = related.offload_twin?;
         let model = secant_memory_model(self.feasible(twin).iter())?;
         let per_sample = self.peers_per_sample(&related.activation_peers, &model);

@@ -15,7 +15,7 @@ fn picks_the_highest_measured_throughput_across_regimes() {
     fast.step_time_s.quadratic = 0.00002;
     let slow = laws(ckpt(), (1024.0, 10.0, 0.0), (0.012, 0.0013));
     let sim = Simulator::with_budget(&b, 1024, vec![fast, slow]);
-    let driver = SearchDriver::new(space(regimes, 1024), b).unwrap();
+    let driver = SearchDriver::new(space(regimes, 1024), MachineFacts::default(), b).unwrap();
     let outcome = search(&driver, &sim);
     let chosen = outcome.chosen().unwrap();
     // Measured throughput of every feasible search trial; the chosen one is the maximum.
@@ -46,7 +46,7 @@ fn honours_global_batch_divisibility_and_verifies_with_accumulation() {
         global_batch: Some(1536),
         ..space(vec![bf16()], 1024)
     };
-    let driver = SearchDriver::new(s, b).unwrap();
+    let driver = SearchDriver::new(s, MachineFacts::default(), b).unwrap();
     let sim = Simulator::with_budget(
         &b,
         1024,
@@ -69,7 +69,7 @@ fn a_failed_verification_excludes_the_setting_and_the_search_goes_on() {
         global_batch: Some(1536),
         ..space(vec![bf16()], 1024)
     };
-    let driver = SearchDriver::new(s, b).unwrap();
+    let driver = SearchDriver::new(s, MachineFacts::default(), b).unwrap();
     let mut sim = Simulator::with_budget(
         &b,
         1024,
@@ -98,7 +98,7 @@ fn no_feasible_setting_gets_a_hint() {
     let b = budget(10 * GIB, 0.05);
     let too_big = |r| laws(r, (12.0 * 1024.0, 37.0, 0.0), (0.01, 0.002));
     let sim = Simulator::with_budget(&b, 1024, vec![too_big(bf16())]);
-    let driver = SearchDriver::new(space(vec![bf16()], 1024), b).unwrap();
+    let driver = SearchDriver::new(space(vec![bf16()], 1024), MachineFacts::default(), b).unwrap();
     let outcome = search(&driver, &sim);
     let Decision::NoFeasible { hint } = &outcome.decision else {
         panic!("{:?}", outcome.decision)
@@ -118,7 +118,12 @@ fn no_feasible_setting_gets_a_hint() {
     host_bound.gpu_bytes = Law::affine(GIB as f64, MIB as f64);
     host_bound.host_bytes = Law::affine(40.0 * GIB as f64, 0.0);
     let sim = Simulator::with_budget(&b, 1024, vec![too_big(bf16()), host_bound]);
-    let driver = SearchDriver::new(space(vec![bf16(), offload(), ckpt()], 1024), b).unwrap();
+    let driver = SearchDriver::new(
+        space(vec![bf16(), offload(), ckpt()], 1024),
+        MachineFacts::default(),
+        b,
+    )
+    .unwrap();
     let outcome = search(&driver, &sim);
     let Decision::NoFeasible { hint } = &outcome.decision else {
         panic!("{:?}", outcome.decision)
@@ -143,7 +148,8 @@ fn crashed_and_timed_out_trials_are_infeasible_micro_batches() {
     ];
     for failure in failures {
         let b = budget(10 * GIB, 0.05);
-        let driver = SearchDriver::new(space(vec![bf16()], 1024), b).unwrap();
+        let driver =
+            SearchDriver::new(space(vec![bf16()], 1024), MachineFacts::default(), b).unwrap();
         let sim = Simulator::with_budget(
             &b,
             1024,
@@ -171,7 +177,8 @@ fn prunes_a_regime_that_cannot_win() {
     let fp32 = regime(Precision::Fp32, Checkpointing::None, Offload::None);
     let slow = laws(fp32, (1024.0, 37.0, 0.0), (0.001, 0.008));
     let sim = Simulator::with_budget(&b, 1024, vec![fast, slow]);
-    let driver = SearchDriver::new(space(vec![bf16(), fp32], 1024), b).unwrap();
+    let driver =
+        SearchDriver::new(space(vec![bf16(), fp32], 1024), MachineFacts::default(), b).unwrap();
     let outcome = search(&driver, &sim);
     let states = driver.regime_states(&outcome.history);
     assert!(
@@ -193,7 +200,7 @@ fn the_probe_limit_stops_exploration() {
         max_trials: Some(5),
         ..space(vec![bf16(), ckpt()], 1024)
     };
-    let driver = SearchDriver::new(s, b).unwrap();
+    let driver = SearchDriver::new(s, MachineFacts::default(), b).unwrap();
     let sim = Simulator::with_budget(
         &b,
         1024,
@@ -214,7 +221,12 @@ fn the_probe_limit_stops_exploration() {
 #[test]
 fn events_follow_the_search() {
     let b = budget(10 * GIB, 0.05);
-    let driver = SearchDriver::new(space(vec![bf16(), ckpt()], 1024), b).unwrap();
+    let driver = SearchDriver::new(
+        space(vec![bf16(), ckpt()], 1024),
+        MachineFacts::default(),
+        b,
+    )
+    .unwrap();
     let sim = Simulator::with_budget(
         &b,
         1024,
@@ -273,7 +285,7 @@ fn stops_growing_once_throughput_saturates() {
         max_micro_batch: 8192,
         ..SearchSpace::new(vec![bf16()])
     };
-    let driver = SearchDriver::new(s, b).unwrap();
+    let driver = SearchDriver::new(s, MachineFacts::default(), b).unwrap();
     let outcome = search(&driver, &sim);
     let states = driver.regime_states(&outcome.history);
     let RegimeProgress::Finished(RegimeEnd::Saturated { largest, gain }) = states[0].progress
@@ -315,7 +327,7 @@ fn a_bracket_whose_gains_are_noise_is_left_open() {
             saturation_gain,
             ..space(vec![bf16()], 64)
         };
-        let driver = SearchDriver::new(s, b).unwrap();
+        let driver = SearchDriver::new(s, MachineFacts::default(), b).unwrap();
         let outcome = search(&driver, &sim);
         let state = driver.regime_states(&outcome.history)[0];
         (state, outcome.chosen().unwrap().micro_batch)
@@ -354,7 +366,12 @@ fn a_regime_whose_step_time_caps_its_throughput_is_pruned_before_its_boundary() 
     let fast = laws(bf16(), (1024.0, 300.0, 0.0), (0.02, 0.001));
     let slow = laws(ckpt(), (1024.0, 10.0, 0.0), (0.02, 0.004));
     let sim = Simulator::with_budget(&b, 128, vec![fast, slow]);
-    let driver = SearchDriver::new(space(vec![bf16(), ckpt()], 4096), b).unwrap();
+    let driver = SearchDriver::new(
+        space(vec![bf16(), ckpt()], 4096),
+        MachineFacts::default(),
+        b,
+    )
+    .unwrap();
     let outcome = search(&driver, &sim);
     let states = driver.regime_states(&outcome.history);
     assert!(
@@ -386,7 +403,12 @@ fn memory_saving_regimes_are_not_probed_when_the_plain_regime_never_ran_out() {
             laws(offload(), (512.0, 37.0, 0.0), (0.2, 0.002)),
         ],
     );
-    let driver = SearchDriver::new(space(vec![bf16(), ckpt(), offload()], 64), b).unwrap();
+    let driver = SearchDriver::new(
+        space(vec![bf16(), ckpt(), offload()], 64),
+        MachineFacts::default(),
+        b,
+    )
+    .unwrap();
     let outcome = search(&driver, &sim);
     let states = driver.regime_states(&outcome.history);
     assert!(matches!(
@@ -421,7 +443,7 @@ fn memory_saving_regimes_are_probed_when_the_plain_regime_hits_memory() {
         saturation_gain: 0.03,
         ..space(vec![bf16(), ckpt()], 1024)
     };
-    let driver = SearchDriver::new(s, b).unwrap();
+    let driver = SearchDriver::new(s, MachineFacts::default(), b).unwrap();
     let outcome = search(&driver, &sim);
     let states = driver.regime_states(&outcome.history);
     assert!(
@@ -453,7 +475,7 @@ fn a_saturated_plain_regime_dominates_only_its_own_precision() {
         saturation_gain: 0.03,
         ..space(vec![bf16(), ckpt(), fp32_ckpt], 1024)
     };
-    let driver = SearchDriver::new(s, b).unwrap();
+    let driver = SearchDriver::new(s, MachineFacts::default(), b).unwrap();
     let outcome = search(&driver, &sim);
     let states = driver.regime_states(&outcome.history);
     assert!(
@@ -492,7 +514,7 @@ fn a_slow_regime_is_pruned_long_before_its_memory_boundary() {
         saturation_gain: 0.03,
         ..space(vec![bf16(), offload()], 1024)
     };
-    let driver = SearchDriver::new(s, b).unwrap();
+    let driver = SearchDriver::new(s, MachineFacts::default(), b).unwrap();
     let outcome = search(&driver, &sim);
     let states = driver.regime_states(&outcome.history);
     assert!(
@@ -520,11 +542,11 @@ fn a_memory_prior_starts_a_regime_near_its_boundary() {
     );
     let mib = MIB as f64;
     let run = |prior: Vec<MemoryLaw>| {
-        let s = SearchSpace {
+        let facts = MachineFacts {
             memory_prior: prior,
-            ..space(vec![bf16()], 1024)
+            ..MachineFacts::default()
         };
-        let driver = SearchDriver::new(s, b).unwrap();
+        let driver = SearchDriver::new(space(vec![bf16()], 1024), facts, b).unwrap();
         let outcome = search(&driver, &sim);
         let first = outcome.history[0].request.knobs.micro_batch;
         (
@@ -565,14 +587,14 @@ fn a_memory_prior_that_overshoots_still_finds_the_boundary() {
         1024,
         vec![laws(bf16(), (1024.0, 37.0, 0.0), (0.01, 0.002))],
     );
-    let s = SearchSpace {
+    let facts = MachineFacts {
         memory_prior: vec![MemoryLaw {
             fixed_bytes: 0.0,
             per_sequence_bytes: (2 * MIB) as f64,
         }],
-        ..space(vec![bf16()], 1024)
+        ..MachineFacts::default()
     };
-    let driver = SearchDriver::new(s, b).unwrap();
+    let driver = SearchDriver::new(space(vec![bf16()], 1024), facts, b).unwrap();
     let outcome = search(&driver, &sim);
     assert!(
         !driver.is_feasible(&outcome.history[0]),
@@ -590,14 +612,17 @@ fn a_failed_verification_reopens_its_regime_below_it() {
     let b = budget(10 * GIB, 0.05);
     let s = SearchSpace {
         global_batch: Some(1536),
-        // The prior starts the regime at 128: nothing below it was tried.
+        ..space(vec![bf16()], 1024)
+    };
+    // The prior starts the regime at 128: nothing below it was tried.
+    let facts = MachineFacts {
         memory_prior: vec![MemoryLaw {
             fixed_bytes: 1024.0 * MIB as f64,
             per_sequence_bytes: 30.0 * MIB as f64,
         }],
-        ..space(vec![bf16()], 1024)
+        ..MachineFacts::default()
     };
-    let driver = SearchDriver::new(s, b).unwrap();
+    let driver = SearchDriver::new(s, facts, b).unwrap();
     let mut sim = Simulator::with_budget(
         &b,
         1024,

@@ -243,7 +243,7 @@ fn finds_the_exact_boundary_within_the_stated_probe_count() {
             start_micro_batch: c.start,
             ..space(vec![bf16()], c.max_micro_batch)
         };
-        let driver = SearchDriver::new(s, b).unwrap();
+        let driver = SearchDriver::new(s, MachineFacts::default(), b).unwrap();
         let sim = Simulator::with_budget(&b, 1024, vec![laws(bf16(), c.gpu_mib, (0.01, 0.002))]);
         let outcome = search(&driver, &sim);
         let expected = true_boundary(&sim, &b, bf16(), &driver.space().candidates());
@@ -294,7 +294,7 @@ fn the_documented_example_takes_eleven_probes_and_one_verification() {
     // 1 GiB + 37 MiB·b against 10 GiB with 5 % headroom: 1..128 fit, 256 runs out of memory,
     // the model jumps to 235 (fits), 236 fits only inside the headroom: boundary 235.
     let b = budget(10 * GIB, 0.05);
-    let driver = SearchDriver::new(space(vec![bf16()], 1024), b).unwrap();
+    let driver = SearchDriver::new(space(vec![bf16()], 1024), MachineFacts::default(), b).unwrap();
     let sim = Simulator::with_budget(
         &b,
         1024,
@@ -338,7 +338,7 @@ fn next_actions_from_hand_written_histories() {
         max_micro_batch: 64,
         ..SearchSpace::new(vec![bf16(), ckpt()])
     };
-    let driver = SearchDriver::new(s.clone(), b).unwrap();
+    let driver = SearchDriver::new(s.clone(), MachineFacts::default(), b).unwrap();
     let fits = |gpu_mib: u64| {
         Outcome::Fits(Measurement {
             peak_gpu_bytes: gpu_mib * MIB,
@@ -448,7 +448,7 @@ fn next_actions_from_hand_written_histories() {
 fn bisects_when_the_model_keeps_missing() {
     // The law turns sharply upward after 8, so the affine fit through 1..8 is optimistic.
     let b = budget(10 * GIB, 0.0);
-    let driver = SearchDriver::new(space(vec![bf16()], 1024), b).unwrap();
+    let driver = SearchDriver::new(space(vec![bf16()], 1024), MachineFacts::default(), b).unwrap();
     let mut sim = Simulator::with_budget(
         &b,
         1024,

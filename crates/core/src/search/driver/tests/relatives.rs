@@ -68,7 +68,7 @@ fn trials(
 fn next_actions_of_regimes_that_add_memory_savings() {
     let b = budget(24 * GIB, 0.05);
     let s = SearchSpace::new(vec![bf16(), ckpt(), offload(), both()]);
-    let driver = SearchDriver::new(s.clone(), b).unwrap();
+    let driver = SearchDriver::new(s.clone(), MachineFacts::default(), b).unwrap();
     let probe =
         |regime: Regime, micro_batch: usize| Next::Probe(s.search_request(regime, micro_batch));
     let plain = trials(
@@ -185,6 +185,14 @@ fn offload_table_sim(budget: &Budget) -> Simulator {
     )
 }
 
+/// Facts that know only the host update's floor.
+fn host_floor(floor: Option<f64>) -> MachineFacts {
+    MachineFacts {
+        offload_host_floor_s: floor,
+        ..MachineFacts::default()
+    }
+}
+
 #[test]
 fn offloaded_regimes_are_pruned_after_one_trial_each_or_none_with_a_host_floor() {
     // The table's laws, searched end to end, with and without the host update measured before
@@ -204,10 +212,9 @@ fn offloaded_regimes_are_pruned_after_one_trial_each_or_none_with_a_host_floor()
     for (floor, trials) in table {
         let s = SearchSpace {
             saturation_gain: 0.03,
-            offload_host_floor_s: floor,
             ..space(vec![bf16(), ckpt(), offload(), both()], 1024)
         };
-        let driver = SearchDriver::new(s, b).unwrap();
+        let driver = SearchDriver::new(s, host_floor(floor), b).unwrap();
         let outcome = search(&driver, &sim);
         let states = driver.regime_states(&outcome.history);
         for (state, trials) in states[2..].iter().zip(trials) {
@@ -242,11 +249,8 @@ fn an_offloaded_regime_that_can_win_is_searched_to_its_boundary() {
         ],
     );
     for floor in [None, Some(0.01)] {
-        let s = SearchSpace {
-            offload_host_floor_s: floor,
-            ..space(vec![bf16(), offload()], 1024)
-        };
-        let driver = SearchDriver::new(s, b).unwrap();
+        let s = space(vec![bf16(), offload()], 1024);
+        let driver = SearchDriver::new(s, host_floor(floor), b).unwrap();
         let outcome = search(&driver, &sim);
         let states = driver.regime_states(&outcome.history);
         assert!(
@@ -268,11 +272,9 @@ fn an_offloaded_regime_that_can_win_is_searched_to_its_boundary() {
 #[test]
 fn an_invalid_host_floor_is_refused_by_name() {
     for floor in [-1.0, f64::NAN, f64::INFINITY] {
-        let s = SearchSpace {
-            offload_host_floor_s: Some(floor),
-            ..space(vec![bf16(), offload()], 64)
-        };
-        let err = SearchDriver::new(s, budget(24 * GIB, 0.05)).unwrap_err();
+        let s = space(vec![bf16(), offload()], 64);
+        let err =
+            SearchDriver::new(s, host_floor(Some(floor)), budget(24 * GIB, 0.05)).unwrap_err();
         assert!(err.to_string().contains("offload_host_floor_s"), "{err}");
     }
 }
@@ -305,10 +307,9 @@ fn an_offloaded_regime_is_bounded_by_its_twins_own_secant() {
     );
     let s = SearchSpace {
         saturation_gain: 0.03,
-        offload_host_floor_s: Some(0.07),
         ..space(vec![bf16(), ckpt(), both()], 1024)
     };
-    let driver = SearchDriver::new(s, b).unwrap();
+    let driver = SearchDriver::new(s, host_floor(Some(0.07)), b).unwrap();
     let outcome = search(&driver, &sim);
     let states = driver.regime_states(&outcome.history);
     let ckpt_timed: Vec<usize> = outcome

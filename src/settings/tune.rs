@@ -1,0 +1,488 @@
+//! `tune`: its flags ([`TuneArgs`]) resolved once into what the search needs
+//! ([`TuneSettings`]): where the trials' answers come from, and for a search on this machine
+//! the model, the target, its budget, the search space and the machine's facts, and how trials
+//! are isolated. Everything a flag can get wrong is refused here, before a trial runs.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::knobs::Update;
+use crate::ops::FLASH_HEAD_DIMS;
+use crate::probe::host_work::adam_update_floor_s;
+use crate::probe::runner::RunnerCommand;
+use crate::probe::timeout::TrialTimeout;
+use crate::profile::record::Profile;
+use crate::search::setup::{Runtime, SearchSetup};
+use crate::search::space::{SearchSpace, SpaceRequest};
+use crate::search::MachineFacts;
+use crate::spec::budget::Budget;
+use crate::spec::device::{DeviceKind, DeviceSpec};
+use crate::spec::model::ModelSpec;
+
+use super::flags::{self, as_flag};
+
+/// `tune`'s flags (also the tuning half of `run`'s).
+#[derive(Debug, Args)]
+pub struct TuneArgs {
+    /// Model preset (tiny, seed, gpt-124m, gpt-350m, gpt-1.3b, gpt-2b) or a JSON spec file.
+    #[arg(long, default_value = "tiny")]
+    pub model: String,
+    /// Target machine: auto (this machine's GPU, else the CPU), a built-in profile
+    /// (rtx4090-32g, h200, cpu) or a JSON profile file. A smaller GPU is emulated on a larger one.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
+    /// Sequences per optimizer step; the plan's micro-batch × accumulation equals it.
+    #[arg(long)]
+    pub global_batch: Option<usize>,
+    /// Largest micro-batch to try.
+    #[arg(long, default_value_t = 1024)]
+    pub max_micro_batch: usize,
+    /// Precisions to consider (repeatable); default bf16 on a GPU, fp32 on a CPU.
+    #[arg(long)]
+    pub precision: Vec<crate::Precision>,
+    /// Activation checkpointing settings to consider (repeatable: none, all, every-K); default
+    /// none and all.
+    #[arg(long)]
+    pub checkpointing: Vec<crate::Checkpointing>,
+    /// Optimizer offload settings to consider (repeatable: none, optimizer); default both on a
+    /// GPU, none on a CPU.
+    #[arg(long)]
+    pub offload: Vec<crate::Offload>,
+    /// When the optimizer updates (repeatable: after-backward, in-backward); default both where
+    /// the update in backward is exactly the normal step (no gradient clipping, no
+    /// --global-batch, no fp16 or offload, one GPU).
+    #[arg(long)]
+    pub update: Vec<Update>,
+    /// Data-parallel degrees to consider (repeatable, each at most the profile's gpu_count);
+    /// default every GPU of the profile and the powers of two below. `--global-batch` is then
+    /// the batch over all GPUs.
+    #[arg(long, value_name = "N")]
+    pub data_parallel: Vec<usize>,
+    /// Fraction of each memory budget kept free (default 0.05).
+    #[arg(long)]
+    pub headroom: Option<f64>,
+    /// Stop after this many search trials and choose among what was measured.
+    #[arg(long, alias = "max-probes")]
+    pub max_trials: Option<usize>,
+    /// Stop growing a micro-batch once doubling it gains less than this fraction of throughput
+    /// (0 = grow to the memory boundary).
+    #[arg(long, default_value_t = crate::search::space::SearchSpace::DEFAULT_SATURATION_GAIN)]
+    pub saturation_gain: f64,
+    /// Also consider compact optimizer state: 8-bit block-wise moments with bf16 masters
+    /// rounded stochastically, the moments on the GPU or streamed from host memory. Not exactly
+    /// AdamW; the plan says so. What makes models past ~1.5B parameters trainable on a 24 GB
+    /// card without offloading the update to the CPU.
+    #[arg(long)]
+    pub allow_compact_state: bool,
+    /// Untimed steps per trial (default 1).
+    #[arg(long)]
+    pub warmup_steps: Option<usize>,
+    /// Timed steps per trial (default 3).
+    #[arg(long)]
+    pub timed_steps: Option<usize>,
+    /// How trials are isolated (default: a worker process on a GPU, in-process on the CPU).
+    /// With `--backend exec`: `worker` (the default) lets a runner that says it can serve
+    /// again run the next trial too, `child` starts a new runner for every trial.
+    #[arg(long, value_enum)]
+    pub isolation: Option<ProbeIsolation>,
+    /// Seconds a child, worker or data-parallel trial may run before it is stopped as timed
+    /// out (an infeasible setting; a worker is then replaced). Default: 900 s until a trial
+    /// fits, then ten times what the slowest trial so far predicts, at least 120 s. In-process
+    /// trials cannot be stopped.
+    #[arg(long, value_name = "SECONDS")]
+    pub trial_timeout: Option<f64>,
+    /// Where trials run: `live` (this machine, autotune's engine), `exec` (this machine, each
+    /// trial asked of the trial runner given after `--`, e.g. a PyTorch script built on
+    /// harness/autotune_harness; see docs/trial-protocol.md) or `replay:PROFILE` (answered from
+    /// a recorded profile, offline and deterministic; the profile's model, device and space
+    /// are used).
+    #[arg(long, default_value = "live")]
+    pub backend: Backend,
+    /// The trial runner of `--backend exec` and its arguments, after `--`.
+    #[arg(last = true, value_name = "RUNNER")]
+    pub runner: Vec<String>,
+    /// Record every trial into a profile file (for `autotune check` and replays).
+    #[arg(long)]
+    pub record: Option<PathBuf>,
+    /// Write the plan here (atomically).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Write an HTML report of the search here (see `autotune report`).
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
+    /// Print the plan as one JSON document on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// How search trials are isolated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProbeIsolation {
+    /// In this process: fastest; an out-of-memory is caught and the device reused.
+    InProcess,
+    /// One child process per trial: survives sticky device errors and host allocation aborts,
+    /// and every trial meets the device as training will, in a fresh process.
+    Child,
+    /// One child process serves trial after trial, and is replaced after any trial that
+    /// crashed or left device memory behind: each trial starts from an empty memory pool,
+    /// without paying a process start and a CUDA context.
+    Worker,
+}
+
+impl ProbeIsolation {
+    /// The default for a target: a worker process on a GPU, in-process on the CPU.
+    ///
+    /// Measured on an H200 (`benches/results/2026-12-03-h200-stream-order-pool/`): a worker's
+    /// trials peak to the byte where fresh processes do (the pool reuses memory in stream order
+    /// only, see `crate::backend`) and cost what their own steps cost, where a fresh child
+    /// per trial adds process start and CUDA context to each (gpt-124m tune: 7.8 s in a worker,
+    /// 15.8 s with children, 7.4 s in-process, the same plan each). Against in-process trials a
+    /// worker confines a crash or a sticky device error to a process that is replaced. The
+    /// parent opens no device either way. On the CPU the heap is counted exactly in any process.
+    pub fn default_for(kind: DeviceKind) -> Self {
+        match kind {
+            DeviceKind::Cuda => ProbeIsolation::Worker,
+            DeviceKind::Cpu => ProbeIsolation::InProcess,
+        }
+    }
+}
+
+/// Where trials are answered: `live`, `exec` or `replay:PATH`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// Real trials on this machine, on autotune's engine.
+    Live,
+    /// Real trials on this machine, each asked of the trial runner given after `--` (any
+    /// program that speaks the trial protocol, docs/trial-protocol.md).
+    Exec,
+    /// Answers from a recorded profile.
+    Replay(PathBuf),
+}
+
+impl std::str::FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split_once(':') {
+            None if s == "live" => Ok(Self::Live),
+            None if s == "exec" => Ok(Self::Exec),
+            Some(("replay", path)) if !path.is_empty() => Ok(Self::Replay(path.into())),
+            _ => Err(format!(
+                "unknown backend `{s}`; expected live, exec (then `-- RUNNER ARGS...`) or \
+                 replay:PATH (a recorded profile)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Live => f.write_str("live"),
+            Self::Exec => f.write_str("exec"),
+            Self::Replay(path) => write!(f, "replay:{}", path.display()),
+        }
+    }
+}
+
+/// `tune`'s validated settings.
+pub struct TuneSettings {
+    /// Where the trials' answers come from.
+    pub source: Source,
+    /// Record every trial into this profile.
+    pub record: Option<PathBuf>,
+    /// Write the plan here.
+    pub out: Option<PathBuf>,
+    /// Write the search's HTML report here.
+    pub report: Option<PathBuf>,
+}
+
+/// Where a search's trials are answered.
+pub enum Source {
+    /// Real trials on this machine.
+    Live(Box<LiveSettings>),
+    /// A recorded profile: its model, target and space, every trial answered from it.
+    Replay {
+        /// The profile's file, for messages.
+        path: PathBuf,
+        /// The profile.
+        profile: Box<Profile>,
+    },
+}
+
+/// A search run on this machine, on autotune's engine or through a trial runner.
+pub struct LiveSettings {
+    /// The model.
+    pub spec: ModelSpec,
+    /// The machine planned for (a smaller GPU is emulated on a larger one).
+    pub target: DeviceSpec,
+    /// The target's limits, with the requested headroom.
+    pub budget: Budget,
+    /// The settings to search.
+    pub space: SearchSpace,
+    /// What the search assumes of this machine and the target.
+    pub facts: MachineFacts,
+    /// How trials are isolated from this process and from each other.
+    pub isolation: ProbeIsolation,
+    /// How long a trial in another process may run.
+    pub trial_timeout: TrialTimeout,
+    /// The trial runner that measures every trial (`--backend exec -- RUNNER`); `None` for
+    /// autotune's own engine.
+    pub runner: Option<RunnerCommand>,
+}
+
+impl TuneSettings {
+    /// Resolves and checks `args`.
+    pub fn from_args(args: &TuneArgs) -> anyhow::Result<Self> {
+        // Where the results go is checked first: a search can take long, and its plan must not
+        // be lost to a typo in a path.
+        for (flag, path) in [
+            ("--out", &args.out),
+            ("--record", &args.record),
+            ("--report", &args.report),
+        ] {
+            if let Some(path) = path {
+                crate::atomic_file::check_writable(path).map_err(|e| {
+                    anyhow::anyhow!("`{flag} {}` cannot be written: {e}", path.display())
+                })?;
+            }
+        }
+        let runner = runner_command(&args.backend, &args.runner)?;
+        let source = match &args.backend {
+            Backend::Replay(path) => Source::Replay {
+                path: path.clone(),
+                profile: Box::new(Profile::load(path)?),
+            },
+            Backend::Live | Backend::Exec => {
+                Source::Live(Box::new(LiveSettings::from_args(args, runner)?))
+            }
+        };
+        Ok(Self {
+            source,
+            record: args.record.clone(),
+            out: args.out.clone(),
+            report: args.report.clone(),
+        })
+    }
+}
+
+/// The trial runner `--backend exec` runs (the words after `--`), checked against the
+/// backend: exec needs one, the others take none.
+pub fn runner_command(backend: &Backend, argv: &[String]) -> anyhow::Result<Option<RunnerCommand>> {
+    match (backend, RunnerCommand::new(argv)) {
+        (Backend::Exec, Some(runner)) => Ok(Some(runner)),
+        (Backend::Exec, None) => Err(autotune_core::Error::InvalidFlag {
+            flag: "--backend exec".into(),
+            problem: "needs the trial runner after `--`, e.g. `--backend exec -- python3 \
+                      harness/examples/gpt_runner.py` (docs/trial-protocol.md)"
+                .into(),
+        }
+        .into()),
+        (_, None) => Ok(None),
+        (other, Some(runner)) => Err(autotune_core::Error::InvalidFlag {
+            flag: format!("-- {}", runner.display()),
+            problem: format!(
+                "a trial runner is only run by `--backend exec`, not by `--backend {other}`; \
+                 add --backend exec, or drop what follows `--`"
+            ),
+        }
+        .into()),
+    }
+}
+
+impl LiveSettings {
+    fn from_args(args: &TuneArgs, runner: Option<RunnerCommand>) -> anyhow::Result<Self> {
+        let spec = ModelSpec::resolve(&args.model)?;
+        let target = target_profile(&args.device)?;
+        let mut budget = Budget::from_device(&target);
+        if let Some(h) = args.headroom {
+            budget.headroom = h;
+        }
+        budget.validate().map_err(|e| as_flag(e, flags::TUNE))?;
+        let mut request = space_request(args);
+        if runner.is_some() {
+            exec_space(&mut request)?;
+        }
+        let isolation_asked = runner_isolation(&runner, args.isolation);
+        let trial_timeout = trial_timeout(args.trial_timeout);
+        // A refused flag costs no measurement: the host floor is measured only when every flag
+        // is valid, and the space's errors are still the first reported.
+        let measure = isolation_asked.is_ok() && trial_timeout.is_ok();
+        let SearchSetup { space, facts, .. } =
+            search_setup(&spec, &target, &budget, &request, measure)?;
+        let isolation = match isolation_asked? {
+            Some(isolation) => isolation,
+            None => isolation(args.isolation, &target, &space),
+        };
+        let trial_timeout = trial_timeout?;
+        Ok(Self {
+            spec,
+            target,
+            budget,
+            space,
+            facts,
+            isolation,
+            trial_timeout,
+            runner,
+        })
+    }
+}
+
+/// The search's space and facts, with this build's flash-attention kernels and, when
+/// `measure` and an offloaded regime is searched, this machine's host update floor; what the
+/// budget ruled out is logged.
+fn search_setup(
+    spec: &ModelSpec,
+    target: &DeviceSpec,
+    budget: &Budget,
+    request: &SpaceRequest,
+    measure: bool,
+) -> anyhow::Result<SearchSetup> {
+    let floor = |parameters| measure.then(|| adam_update_floor_s(parameters)).flatten();
+    let runtime = Runtime {
+        flash_head_dims: &FLASH_HEAD_DIMS,
+        host_adam_floor_s: &floor,
+    };
+    let setup = SearchSetup::resolve(spec, target, budget, request, &runtime)
+        .map_err(|e| as_flag(e, flags::TUNE))?;
+    if setup.space.max_micro_batch < request.max_micro_batch {
+        tracing::debug!(
+            asked = request.max_micro_batch,
+            reach = setup.space.max_micro_batch,
+            "largest micro-batch capped at what the budget can hold"
+        );
+    }
+    for regime in &setup.dropped {
+        tracing::info!(%regime, "not tried: its training state alone exceeds the budget");
+    }
+    if setup.facts.target_link_gbps.is_some() {
+        tracing::debug!(
+            floor_s = setup.facts.offload_host_floor_s,
+            target_link_gbps = setup.facts.target_link_gbps,
+            "host update floor for offloaded regimes"
+        );
+    }
+    Ok(setup)
+}
+
+/// The space a trial runner searches: one GPU (a runner trains in one process), and the
+/// optimizer step after backward unless `--update` asks for more (the tools a runner's plan
+/// is exported to have no update in backward).
+fn exec_space(request: &mut SpaceRequest) -> anyhow::Result<()> {
+    if let Some(&degree) = request.data_parallel.iter().find(|&&d| d > 1) {
+        return Err(autotune_core::Error::InvalidFlag {
+            flag: format!("--data-parallel {degree}"),
+            problem: "a trial runner trains in one process on one GPU; data-parallel trials \
+                      run on autotune's own engine (--backend live)"
+                .into(),
+        }
+        .into());
+    }
+    request.data_parallel = vec![1];
+    if request.updates.is_empty() {
+        request.updates = vec![Update::AfterBackward];
+    }
+    Ok(())
+}
+
+/// The isolation a trial runner runs with, when one does: the one asked, a worker by
+/// default; in-process is refused. `None` without a runner.
+fn runner_isolation(
+    runner: &Option<RunnerCommand>,
+    asked: Option<ProbeIsolation>,
+) -> anyhow::Result<Option<ProbeIsolation>> {
+    match (runner, asked) {
+        (Some(_), Some(ProbeIsolation::InProcess)) => Err(autotune_core::Error::InvalidFlag {
+            flag: "--isolation in-process".into(),
+            problem: "a trial runner always runs in its own process; use worker (a runner that \
+                      says it can serve again runs the next trial too) or child (a new runner \
+                      for every trial)"
+                .into(),
+        }
+        .into()),
+        (Some(_), asked) => Ok(Some(asked.unwrap_or(ProbeIsolation::Worker))),
+        (None, _) => Ok(None),
+    }
+}
+
+/// The trial time limit `--trial-timeout` sets, or the scaled default.
+fn trial_timeout(seconds: Option<f64>) -> anyhow::Result<TrialTimeout> {
+    match seconds {
+        None => Ok(TrialTimeout::scaled()),
+        Some(s) if s.is_finite() && s > 0.0 && s <= crate::trial::MAX_STEP_TIME_S => {
+            Ok(TrialTimeout::fixed(std::time::Duration::from_secs_f64(s)))
+        }
+        Some(s) => Err(autotune_core::Error::InvalidFlag {
+            flag: "--trial-timeout".into(),
+            problem: format!(
+                "({s}) must be a number of seconds above 0 and at most {:e}",
+                crate::trial::MAX_STEP_TIME_S
+            ),
+        }
+        .into()),
+    }
+}
+
+/// `auto` (the local GPU, or the built-in CPU profile), a built-in name, or a JSON file.
+pub fn target_profile(name: &str) -> anyhow::Result<DeviceSpec> {
+    if name != "auto" {
+        return Ok(DeviceSpec::resolve(name)?);
+    }
+    match crate::backend::detect_gpu_profile()? {
+        Some(profile) => Ok(profile),
+        None => Ok(DeviceSpec::builtin("cpu")?),
+    }
+}
+
+fn space_request(args: &TuneArgs) -> SpaceRequest {
+    SpaceRequest {
+        precisions: args.precision.clone(),
+        checkpointing: args.checkpointing.clone(),
+        offload: args.offload.clone(),
+        updates: args.update.clone(),
+        data_parallel: args.data_parallel.clone(),
+        max_micro_batch: args.max_micro_batch,
+        global_batch: args.global_batch,
+        warmup_steps: args.warmup_steps,
+        timed_steps: args.timed_steps,
+        max_trials: args.max_trials,
+        saturation_gain: args.saturation_gain,
+        compact_state: args.allow_compact_state,
+    }
+}
+
+/// The isolation asked for, or the target's default; a space with data-parallel regimes
+/// always uses child processes: an in-process trial keeps its memory pool on GPU 0, where
+/// rank 0 of the next data-parallel trial would find it missing.
+fn isolation(
+    asked: Option<ProbeIsolation>,
+    target: &DeviceSpec,
+    space: &SearchSpace,
+) -> ProbeIsolation {
+    if space.regimes.iter().any(|r| r.data_parallel.degree > 1) {
+        return ProbeIsolation::Child;
+    }
+    asked.unwrap_or_else(|| ProbeIsolation::default_for(target.kind))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Backend;
+
+    #[test]
+    fn backends_parse() {
+        assert_eq!("live".parse::<Backend>(), Ok(Backend::Live));
+        assert_eq!("exec".parse::<Backend>(), Ok(Backend::Exec));
+        assert!("exec:python3".parse::<Backend>().is_err());
+        assert_eq!(
+            "replay:p/x.json".parse::<Backend>(),
+            Ok(Backend::Replay("p/x.json".into()))
+        );
+        assert!("replay:".parse::<Backend>().is_err());
+        assert!("sim".parse::<Backend>().is_err());
+        assert_eq!(
+            Backend::Replay("p/x.json".into()).to_string(),
+            "replay:p/x.json"
+        );
+    }
+}
