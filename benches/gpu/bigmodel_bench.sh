@@ -9,7 +9,7 @@
 #            backward: peak − activations per parameter (the law's fixed part, 2·peak(1) −
 #            peak(2)), from the reported peak and from the pool's allocated high-water mark
 #            (what PyTorch's max_memory_allocated counts) → OUTDIR/state.jsonl, state-*.log
-#   tune     `autotune tune --model gpt-1.3b --device rtx4090-32g` (wall clock timed, -v, with
+#   tune     `autotune tune --model gpt-1.3b --target rtx4090-32g` (wall clock timed, -v, with
 #            the recording) → OUTDIR/gpt-1.3b.{plan,profile}.json, tune.log, tune.time
 #   train    20 steps with that plan (`autotune train --plan`) → OUTDIR/train.json
 #   torch    PyTorch eager (fused AdamW, SDPA, autocast bf16, the same cap) on gpt-1.3b at
@@ -60,7 +60,7 @@ fi
 if wants tune; then
   say "tune: $MODEL on rtx4090-32g"
   t0="$(date +%s.%N)"
-  timeout --kill-after=10 "$TUNE_TIMEOUT" "$BIN" tune --model "$MODEL" --device rtx4090-32g -v \
+  timeout --kill-after=10 "$TUNE_TIMEOUT" "$BIN" tune --model "$MODEL" --target rtx4090-32g -v \
     --record "$OUTDIR/$MODEL.profile.json" --out "$OUTDIR/$MODEL.plan.json" \
     > "$OUTDIR/tune.stdout" 2> "$OUTDIR/tune.log"
   rc=$?

@@ -13,7 +13,7 @@
 #              under a 24564 MiB cap, at micro-batches $MBS → OUTDIR/ours.jsonl (+ host peak)
 #   torchtune  benches/gpu/torchtune_ref.py at batches $TT_BATCHES, same sequence and cap
 #              → OUTDIR/torchtune.json
-#   tune       `autotune tune --model llama-3.1-8b --device rtx4090-32g --allow-compact-state`
+#   tune       `autotune tune --model llama-3.1-8b --target rtx4090-32g --allow-compact-state`
 #              (timed, recorded), then $TRAIN_STEPS training steps with the plan on learnable
 #              data → OUTDIR/llama-3.1-8b.{plan,profile}.json, tune.time, train.json
 #
@@ -95,7 +95,7 @@ if wants tune; then
   model=llama-3.1-8b
   say "tune: $model on rtx4090-32g with compact state"
   t0="$(date +%s.%N)"
-  timeout --kill-after=10 "$TUNE_TIMEOUT" "$BIN" tune --model "$model" --device rtx4090-32g \
+  timeout --kill-after=10 "$TUNE_TIMEOUT" "$BIN" tune --model "$model" --target rtx4090-32g \
     --allow-compact-state -v --record "$OUTDIR/$model.profile.json" \
     --out "$OUTDIR/$model.plan.json" > "$OUTDIR/tune.stdout" 2> "$OUTDIR/tune.log"
   rc=$?

@@ -173,7 +173,7 @@ done
 if [[ "$TUNE" == 1 ]]; then
   say "tune: data-parallel search at global batch $GLOBAL"
   set +e
-  timeout "$(( TIMEOUT * 3 ))" "$BIN" tune --model "$MODEL" --device auto --precision "$PRECISION" \
+  timeout "$(( TIMEOUT * 3 ))" "$BIN" tune --model "$MODEL" --target auto --precision "$PRECISION" \
     --global-batch "$GLOBAL" --json --out "$OUTDIR/tune.plan.json" > /dev/null 2> "$OUTDIR/tune.log"
   echo "tune 0 0 $?" >> "$STATUS"
   "$BIN" export --plan "$OUTDIR/tune.plan.json" --format deepspeed > "$OUTDIR/tune.deepspeed.json" 2>> "$LOG"

@@ -6,7 +6,7 @@
 #   benches/gpu/estimate_recordings.sh benches/results/$(date +%Y-%m-%d)-h200-estimate seed gpt-124m gpt-350m
 #
 # For each model (default: seed gpt-124m gpt-350m), each command under `timeout`:
-#   tune      `autotune tune --model MODEL --device $DEVICE --record OUTDIR/MODEL.json
+#   tune      `autotune tune --model MODEL --target $DEVICE --record OUTDIR/MODEL.json
 #             --out OUTDIR/MODEL.plan.json` (the default search space: bf16 with and without
 #             checkpointing and offload, the update in backward where it applies)
 #   estimate  `autotune estimate --profile OUTDIR/MODEL.json`: OUTDIR/MODEL.estimate.json (every
@@ -64,7 +64,7 @@ for model in "${MODELS[@]}"; do
   profile="$OUTDIR/$model.json"
   echo "$SCRIPT: tuning $model on $DEVICE" >&2
   rc=0
-  timeout --kill-after=10 "$TUNE_TIMEOUT" "$BIN" tune --model "$model" --device "$DEVICE" \
+  timeout --kill-after=10 "$TUNE_TIMEOUT" "$BIN" tune --model "$model" --target "$DEVICE" \
     --record "$profile" --out "$OUTDIR/$model.plan.json" "${EXTRA[@]}" \
     > "$OUTDIR/$model.tune.txt" 2>> "$LOG" || rc=$?
   # tune exits 1 when nothing is feasible: its recording still holds every trial.

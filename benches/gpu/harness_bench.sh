@@ -6,7 +6,7 @@
 #   benches/gpu/harness_bench.sh OUTDIR
 #
 # Per model (gpt-124m first: both headline metrics are its), each stage within the time left:
-#   tune     `autotune tune --model M --device rtx4090-32g --backend exec -v --record ... -- python3
+#   tune     `autotune tune --model M --target rtx4090-32g --backend exec -v --record ... -- python3
 #            harness/examples/{gpt,seed}_runner.py`, wall clock timed → M.plan.json, M.profile.json,
 #            M.tune.{log,time}; then its four exports, without --allow-engine-mismatch →
 #            M.{deepspeed,trainer,lightning}.json, M.accelerate.yaml, M.exports.json (exit codes)
@@ -155,7 +155,7 @@ bench_model() {
   if (( limit == 0 )); then say "$model: no time left"; return 0; fi
   say "$model: tune (limit ${limit}s)"
   t0="$(date +%s.%N)"
-  timeout --kill-after=10 "$limit" "$BIN" tune --model "$model" --device "$DEVICE" --backend exec -v \
+  timeout --kill-after=10 "$limit" "$BIN" tune --model "$model" --target "$DEVICE" --backend exec -v \
     --record "$OUTDIR/$model.profile.json" --out "$OUTDIR/$model.plan.json" "${EXTRA[@]}" \
     -- "${TORCH_ENV[@]}" "$PYTHON" "$runner" > "$OUTDIR/$model.tune.stdout" 2> "$OUTDIR/$model.tune.log"
   rc=$?

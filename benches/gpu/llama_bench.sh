@@ -8,7 +8,7 @@
 #   probe      `autotune probe` of llama-3.2-1b (mb 1, 2) and qwen2.5-0.5b (mb 2, 4), bf16, seq
 #              2048, no memory cap (the same batches PyTorch runs) → OUTDIR/ours.jsonl
 #   torch      benches/gpu/llama_ref.py at the same batches → OUTDIR/torch.jsonl
-#   tune       `autotune tune --model llama-3.2-1b --device rtx4090-32g` (timed, recorded), then
+#   tune       `autotune tune --model llama-3.2-1b --target rtx4090-32g` (timed, recorded), then
 #              20 training steps with the plan → OUTDIR/llama-3.2-1b.{plan,profile}.json,
 #              tune.time, train.json
 #   roundtrip  benches/hf/roundtrip.py on the GPU: a tiny Llama from transformers trains 10
@@ -66,7 +66,7 @@ if wants tune; then
   model=llama-3.2-1b
   say "tune: $model on rtx4090-32g"
   t0="$(date +%s.%N)"
-  timeout --kill-after=10 "$TUNE_TIMEOUT" "$BIN" tune --model "$model" --device rtx4090-32g -v \
+  timeout --kill-after=10 "$TUNE_TIMEOUT" "$BIN" tune --model "$model" --target rtx4090-32g -v \
     --record "$OUTDIR/$model.profile.json" --out "$OUTDIR/$model.plan.json" \
     > "$OUTDIR/tune.stdout" 2> "$OUTDIR/tune.log"
   rc=$?

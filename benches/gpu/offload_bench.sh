@@ -11,7 +11,7 @@
 #              micro-batches on the device alone, uncapped → OUTDIR/ours-device.jsonl
 #   deepspeed  DeepSpeed 0.19.8 (installed from the wheels in WHEELS, default .whl) on the same
 #              model and micro-batches → OUTDIR/deepspeed.jsonl, deepspeed.log
-#   big        `autotune tune --model gpt-2b --device rtx4090-32g` (wall clock timed) and 20
+#   big        `autotune tune --model gpt-2b --target rtx4090-32g` (wall clock timed) and 20
 #              training steps with its plan → OUTDIR/gpt-2b.{plan,profile}.json, tune-2b.*,
 #              train-2b.json
 # then OUTDIR/summary.md (offload_report.py).
@@ -85,7 +85,7 @@ fi
 if wants big; then
   say "big: tune gpt-2b on rtx4090-32g"
   t0="$(date +%s.%N)"
-  timeout --kill-after=10 "${TUNE_TIMEOUT:-300}" "$BIN" tune --model gpt-2b --device rtx4090-32g -v \
+  timeout --kill-after=10 "${TUNE_TIMEOUT:-300}" "$BIN" tune --model gpt-2b --target rtx4090-32g -v \
     --record "$OUTDIR/gpt-2b.profile.json" --out "$OUTDIR/gpt-2b.plan.json" \
     > "$OUTDIR/tune-2b.stdout" 2> "$OUTDIR/tune-2b.log"
   rc=$?

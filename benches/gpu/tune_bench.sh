@@ -5,7 +5,7 @@
 #   benches/gpu/tune_bench.sh /tmp/tb seed
 #
 # Stages (each command under `timeout`; a failure is recorded and the next stage runs):
-#   tune     `autotune tune --device $DEVICE --json --out OUTDIR/MODEL.plan.json`, wall clock timed
+#   tune     `autotune tune --target $DEVICE --json --out OUTDIR/MODEL.plan.json`, wall clock timed
 #            (after an untimed tiny warm-up probe that fills the driver's PTX JIT cache)
 #   finders  finders.py: Lightning's binsearch finder and Accelerate's find_executable_batch_size
 #            under the same cap, then 6 timed steps at the batch each found
@@ -243,11 +243,11 @@ done
 say "warm-up done"
 
 # ---- (a) tune ---------------------------------------------------------------------------
-say "tune: $BIN tune --model $MODEL --device $DEVICE --json --out $PLAN ${TUNE_EXTRA[*]}"
+say "tune: $BIN tune --model $MODEL --target $DEVICE --json --out $PLAN ${TUNE_EXTRA[*]}"
 echo "== tune" >> "$LOG"
 t0="$(now)"
 TUNE_RC=0
-timeout --kill-after=10 "$(limit "$TUNE_TIMEOUT")" "$BIN" tune --model "$MODEL" --device "$DEVICE" --json \
+timeout --kill-after=10 "$(limit "$TUNE_TIMEOUT")" "$BIN" tune --model "$MODEL" --target "$DEVICE" --json \
   --out "$PLAN" "${TUNE_EXTRA[@]}" > "$TMP/tune.out" 2>> "$LOG" || TUNE_RC=$?
 TUNE_WALL="$(elapsed "$t0")"
 if [[ ! -s "$PLAN" && -s "$TMP/tune.out" ]]; then
@@ -295,7 +295,7 @@ if [[ "$RUN" == 1 ]]; then
   if [[ "$RUN_MODE" == train ]]; then
     cmd=("$BIN" train --plan "$PLAN" --steps "$RUN_STEPS" --data pattern --json)
   else
-    cmd=("$BIN" run --model "$MODEL" --device "$DEVICE" --steps "$RUN_STEPS" --run-dir "$TMP/run-$MODEL" --json
+    cmd=("$BIN" run --model "$MODEL" --target "$DEVICE" --steps "$RUN_STEPS" --run-dir "$TMP/run-$MODEL" --json
          "${TUNE_EXTRA[@]}")
   fi
   say "run: ${cmd[*]}"

@@ -18,7 +18,7 @@ A runner script wraps a model factory and a batch function::
 
 and is run by autotune::
 
-    autotune tune --model gpt-124m --device rtx4090-32g --backend exec -- python3 runner.py
+    autotune tune --model gpt-124m --target rtx4090-32g --backend exec -- python3 runner.py
 
 ``serve`` reads trial requests from stdin and answers each with one JSON line on stdout, until
 its input ends. Each trial builds a fresh model and optimizer and trains ``warmup_steps +

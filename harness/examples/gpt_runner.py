@@ -3,7 +3,7 @@
 PyTorch: the decoder of benches/gpu/torch_ref.py (SDPA attention, pre-norm blocks), its blocks
 checkpointed when asked.
 
-    autotune tune --model gpt-124m --device rtx4090-32g --backend exec -- \\
+    autotune tune --model gpt-124m --target rtx4090-32g --backend exec -- \\
         python3 harness/examples/gpt_runner.py
 """
 

@@ -3,7 +3,7 @@
 benches/gpu/torch_ref.py (nn.Embedding, 6 x nn.TransformerEncoderLayer(512, 8), nn.Linear), its
 encoder layers checkpointed when asked.
 
-    autotune tune --model seed --device rtx4090-32g --backend exec -- \\
+    autotune tune --model seed --target rtx4090-32g --backend exec -- \\
         python3 harness/examples/seed_runner.py
 """
 

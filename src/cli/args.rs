@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use autotune::settings::estimate::EstimateArgs;
 use autotune::settings::export::ExportArgs;
 use autotune::settings::export_weights::ExportWeightsArgs;
 use autotune::settings::knobs::{KnobArgs, ModelArgs};
@@ -70,7 +71,7 @@ pub enum Command {
     Check(super::check::CheckArgs),
     /// Estimate a setting's peak GPU and host memory without running anything (exit 1 when
     /// it does not fit the target).
-    Estimate(super::estimate::EstimateArgs),
+    Estimate(EstimateArgs),
     /// Show this machine's GPUs (memory, driver, CUDA, PCIe link), host memory and build.
     Device(DeviceArgs),
     /// Write a plan or a recorded profile as an HTML report: memory and throughput against

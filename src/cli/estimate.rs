@@ -2,50 +2,20 @@
 //! without running anything; or, with `--profile`, the model against a recording's peaks.
 //! Exit 1 when the setting is estimated not to fit the target.
 
-use std::path::PathBuf;
-
 use serde::Serialize;
 
-use autotune::estimate::{self, Attention, Breakdown, Estimate, Phase, RecordedError};
+use autotune::estimate::{Attention, Breakdown, Estimate, Phase, RecordedError};
 use autotune::profile::record::Profile;
+use autotune::session;
+use autotune::session::estimate::Comparison;
+use autotune::settings::estimate::{EstimateArgs, EstimateSettings};
 use autotune::spec::budget::Budget;
 use autotune::spec::device::{DeviceKind, DeviceSpec};
-use autotune::spec::limits;
-use autotune::{Knobs, ModelSpec, Precision};
+use autotune::{Knobs, ModelSpec};
 
 use super::printer::Printer;
 use super::reporters::bytes;
 use super::Status;
-use autotune::settings::flags::{self, as_flag};
-use autotune::settings::knobs::KnobArgs;
-
-/// Arguments of `autotune estimate`.
-#[derive(Debug, clap::Args)]
-pub struct EstimateArgs {
-    /// Model preset (tiny, seed, gpt-124m, gpt-350m, gpt-1.3b, gpt-2b) or a JSON spec file.
-    #[arg(long, default_value = "tiny")]
-    pub model: String,
-    /// Target machine: auto (this machine's GPU, else the CPU), a built-in profile
-    /// (rtx4090-32g, h200, cpu) or a JSON profile file.
-    #[arg(long, default_value = "auto")]
-    pub device: String,
-    #[command(flatten)]
-    pub knobs: KnobArgs,
-    /// The engine to estimate: explicit (flash attention where the GPU has kernels for it) or
-    /// explicit-materialized (attention probabilities kept).
-    #[arg(long, default_value = "explicit")]
-    pub engine: autotune::model::Engine,
-    /// Fraction of each memory kept free when saying whether the setting fits (default 0.05).
-    #[arg(long)]
-    pub headroom: Option<f64>,
-    /// Compare the estimate with every fitted trial of this recorded profile instead (its
-    /// model and device; the knob flags are not used).
-    #[arg(long)]
-    pub profile: Option<PathBuf>,
-    /// Print one JSON document on stdout.
-    #[arg(long)]
-    pub json: bool,
-}
 
 /// Bytes by component, with their total, as JSON.
 #[derive(Serialize)]
@@ -93,27 +63,27 @@ struct ComparisonOutput<'a> {
 }
 
 pub fn run(args: EstimateArgs, printer: &Printer) -> anyhow::Result<Status> {
-    if let Some(path) = &args.profile {
-        return compare(&args, path, printer);
+    let mut notes = Vec::new();
+    let settings = EstimateSettings::from_args(&args, &mut notes)?;
+    for note in &notes {
+        printer.note(note);
     }
-    let model = ModelSpec::resolve(&args.model)?;
-    let target = autotune::settings::tune::target_profile(&args.device)?;
-    let knobs = args.knobs.knobs();
-    knobs
-        .validate("knobs", "")
-        .and_then(|()| limits::check_knobs(&model, &knobs, "knobs", ""))
-        .map_err(|e| as_flag(e, flags::TRAIN))?;
-    let mut budget = Budget::from_device(&target);
-    if let Some(h) = args.headroom {
-        budget.headroom = h;
-    }
-    budget
-        .validate()
-        .map_err(|e| as_flag(e, &[("headroom", "--headroom")]))?;
-    let attention = attention(args.engine, &model, &target, knobs.precision)?;
-    let est = estimate::estimate(&model, &knobs, target.kind, attention);
-    let fits = est.fits(&budget);
-    let largest = estimate::largest_micro_batch(&model, &knobs, target.kind, attention, &budget);
+    let (model, target, knobs, attention, budget) = match settings {
+        EstimateSettings::Recording {
+            path,
+            profile,
+            engine,
+        } => return compare(&path, &profile, engine, printer),
+        EstimateSettings::Setting {
+            model,
+            target,
+            knobs,
+            attention,
+            budget,
+        } => (model, target, knobs, attention, budget),
+    };
+    let found = session::estimate::setting(&model, &target, &knobs, attention, &budget);
+    let est = &found.estimate;
     printer.data_json(&EstimateOutput {
         model: &model.name,
         parameters: model.parameter_count(),
@@ -124,44 +94,16 @@ pub fn run(args: EstimateArgs, printer: &Printer) -> anyhow::Result<Status> {
         host: est.host.into(),
         peak_phase: est.peak_phase,
         budget,
-        fits,
-        largest_micro_batch: largest,
+        fits: found.fits,
+        largest_micro_batch: found.largest_micro_batch,
     });
-    printer.data_text(table(&model, &target, &knobs, attention, &est));
-    printer.data_text(verdict(&est, &budget, fits, largest));
-    Ok(if fits {
+    printer.data_text(table(&model, &target, &knobs, attention, est));
+    printer.data_text(verdict(est, &budget, found.fits, found.largest_micro_batch));
+    Ok(if found.fits {
         Status::Success
     } else {
         Status::Negative
     })
-}
-
-/// Whether the engine keeps attention probabilities on `target` at `precision`: the explicit
-/// engine runs flash attention on the CPU, and on a GPU in half precision for the head widths
-/// its kernels cover.
-fn attention(
-    engine: autotune::model::Engine,
-    model: &ModelSpec,
-    target: &DeviceSpec,
-    precision: Precision,
-) -> anyhow::Result<Attention> {
-    use autotune::model::Engine;
-    match engine {
-        Engine::Explicit => {
-            let flash = target.kind == DeviceKind::Cpu
-                || (precision != Precision::Fp32
-                    && autotune::ops::FLASH_HEAD_DIMS.contains(&model.head_dim()));
-            Ok(if flash {
-                Attention::Flash
-            } else {
-                Attention::Materialized
-            })
-        }
-        Engine::ExplicitMaterialized => Ok(Attention::Materialized),
-        Engine::Fused | Engine::Composite => anyhow::bail!(
-            "`--engine`: the estimate describes the explicit engine; use explicit or explicit-materialized"
-        ),
-    }
 }
 
 fn table(
@@ -224,27 +166,17 @@ fn verdict(est: &Estimate, budget: &Budget, fits: bool, largest: Option<usize>) 
 }
 
 fn compare(
-    args: &EstimateArgs,
     path: &std::path::Path,
+    profile: &Profile,
+    engine: autotune::model::Engine,
     printer: &Printer,
 ) -> anyhow::Result<Status> {
-    let profile = Profile::load(path)?;
     let target = &profile.device.target;
-    // Each trial's precision decides whether its attention ran flash.
-    let mut trials = Vec::new();
-    for trial in &profile.trials {
-        let precision = trial.request.knobs.precision;
-        let at = attention(args.engine, &profile.model, target, precision)?;
-        trials.extend(estimate::compare(
-            &profile.model,
-            target.kind,
-            at,
-            std::slice::from_ref(trial),
-        ));
-    }
-    let errors: Vec<f64> = trials.iter().map(|t| t.relative_error.abs()).collect();
-    let worst = errors.iter().copied().reduce(f64::max);
-    let mean = (!errors.is_empty()).then(|| errors.iter().sum::<f64>() / errors.len() as f64);
+    let Comparison {
+        trials,
+        worst,
+        mean,
+    } = session::estimate::against_recording(profile, engine)?;
     let memory = match target.kind {
         DeviceKind::Cuda => "GPU",
         DeviceKind::Cpu => "host",

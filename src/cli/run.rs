@@ -58,6 +58,9 @@ pub fn run(args: RunArgs, printer: &Printer) -> anyhow::Result<Status> {
     } else {
         run_dir.check_fresh(training.overwrite)?;
         let settings = TuneSettings::from_args(&args.tune)?;
+        for note in &settings.notes {
+            printer.note(note);
+        }
         let tuned = search_only(&settings, printer)?;
         // JSON output belongs to the combined report below, not to the tuning half.
         let quiet_json = Printer::new(false, false, false);

@@ -5,6 +5,7 @@
 //! through an observer ([`observer::SessionObserver`], [`tune::TuneObserver`]), and the binary
 //! decides what people see.
 
+pub mod estimate;
 pub mod launch;
 pub mod observer;
 pub mod prober;

@@ -1,7 +1,6 @@
 //! The one prober a live search runs its trials with, chosen from the target, the isolation
 //! and the backend: autotune's engine, or a trial runner; and who measured its trials.
 
-use anyhow::Context;
 use candle_core::Device;
 
 use crate::backend;
@@ -81,7 +80,7 @@ impl Trials {
 ///
 /// Only in-process trials open a device here: with child or worker trials, or a runner, this
 /// process opens none, so its CUDA context takes no memory from the trials' (emulated) card.
-pub fn live_prober(settings: &LiveSettings) -> anyhow::Result<Trials> {
+pub fn live_prober(settings: &LiveSettings) -> crate::Result<Trials> {
     let target = &settings.target;
     let gpu_capacity = target.gpu_memory_bytes;
     let host_budget = Some(target.host_memory_bytes);
@@ -98,7 +97,8 @@ pub fn live_prober(settings: &LiveSettings) -> anyhow::Result<Trials> {
             ExecProber::new(trials).fresh_per_trial(settings.isolation == ProbeIsolation::Child);
         return Ok(Trials::Runner(Box::new(exec)));
     }
-    let exe = std::env::current_exe().context("cannot locate the autotune executable")?;
+    let exe = std::env::current_exe()
+        .map_err(|e| crate::Error::Usage(format!("cannot locate the autotune executable: {e}")))?;
     if target.kind == DeviceKind::Cuda && settings.isolation != ProbeIsolation::InProcess {
         backend::require_cuda_build()?;
     }

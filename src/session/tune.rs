@@ -76,7 +76,7 @@ pub trait TuneObserver {
 }
 
 /// Runs the search `settings` describe: a replay of their recording, or trials here.
-pub fn tune(settings: &TuneSettings, observer: &dyn TuneObserver) -> anyhow::Result<Tuned> {
+pub fn tune(settings: &TuneSettings, observer: &dyn TuneObserver) -> crate::Result<Tuned> {
     match &settings.source {
         Source::Replay { path, profile } => replay(path, profile, observer),
         Source::Live(live_settings) => live(live_settings, observer),
@@ -85,7 +85,7 @@ pub fn tune(settings: &TuneSettings, observer: &dyn TuneObserver) -> anyhow::Res
 
 /// Plans offline from a recorded profile: the recorded model, target, space and facts, with
 /// every trial answered from the recording.
-fn replay(path: &Path, profile: &Profile, observer: &dyn TuneObserver) -> anyhow::Result<Tuned> {
+fn replay(path: &Path, profile: &Profile, observer: &dyn TuneObserver) -> crate::Result<Tuned> {
     let driver = profile.driver()?;
     let device = profile.device.clone();
     observer.replaying(path, profile);
@@ -119,7 +119,7 @@ fn replay(path: &Path, profile: &Profile, observer: &dyn TuneObserver) -> anyhow
 }
 
 /// Searches on this machine.
-fn live(settings: &LiveSettings, observer: &dyn TuneObserver) -> anyhow::Result<Tuned> {
+fn live(settings: &LiveSettings, observer: &dyn TuneObserver) -> crate::Result<Tuned> {
     let LiveSettings {
         spec,
         target,
@@ -171,7 +171,7 @@ fn search(
     driver: &SearchDriver,
     prober: &mut dyn Prober,
     observer: &dyn TuneObserver,
-) -> anyhow::Result<SearchOutcome> {
+) -> crate::Result<SearchOutcome> {
     let progress = observer.search_progress();
     let outcome = run_search(driver, prober, progress.as_ref());
     drop(progress);

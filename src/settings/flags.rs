@@ -35,7 +35,7 @@ pub const TUNE: FlagNames = &[
     ("max_micro_batch", "--max-micro-batch"),
     ("start_micro_batch", "--max-micro-batch"),
     ("global_batch", "--global-batch"),
-    ("warmup_steps", "--warmup-steps"),
+    ("warmup_steps", "--trial-warmup-steps"),
     ("timed_steps", "--timed-steps"),
     ("max_probes", "--max-trials"),
     ("saturation_gain", "--saturation-gain"),

@@ -4,6 +4,7 @@
 //! settings, never the raw flags. [`flags`] maps the core's field names back to the flags that
 //! set them.
 
+pub mod estimate;
 pub mod export;
 pub mod export_weights;
 pub mod flags;

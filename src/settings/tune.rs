@@ -21,17 +21,22 @@ use crate::spec::device::{DeviceKind, DeviceSpec};
 use crate::spec::model::ModelSpec;
 
 use super::flags::{self, as_flag};
+use super::model::ModelName;
 
 /// `tune`'s flags (also the tuning half of `run`'s).
 #[derive(Debug, Args)]
 pub struct TuneArgs {
-    /// Model preset (tiny, seed, gpt-124m, gpt-350m, gpt-1.3b, gpt-2b) or a JSON spec file.
-    #[arg(long, default_value = "tiny")]
+    /// Model: a preset, a JSON spec file or a Hugging Face `config.json`.
+    #[arg(long, default_value = "tiny", value_parser = ModelName)]
     pub model: String,
     /// Target machine: auto (this machine's GPU, else the CPU), a built-in profile
     /// (rtx4090-32g, h200, cpu) or a JSON profile file. A smaller GPU is emulated on a larger one.
     #[arg(long, default_value = "auto")]
-    pub device: String,
+    pub target: String,
+    /// The target machine, by its earlier name (now `--target`; `--device` names the device
+    /// to run on in `train`, `probe` and `check`).
+    #[arg(long, hide = true, conflicts_with = "target")]
+    pub device: Option<String>,
     /// Sequences per optimizer step; the plan's micro-batch × accumulation equals it.
     #[arg(long)]
     pub global_batch: Option<usize>,
@@ -75,11 +80,20 @@ pub struct TuneArgs {
     /// card without offloading the update to the CPU.
     #[arg(long)]
     pub allow_compact_state: bool,
-    /// Untimed steps per trial (default 1).
-    #[arg(long)]
+    /// Untimed steps at the start of each trial (default 1).
+    #[arg(long, value_name = "N")]
+    pub trial_warmup_steps: Option<usize>,
+    /// The trials' untimed steps, by their earlier name (now `--trial-warmup-steps`;
+    /// `--lr-warmup-steps` warms up the learning rate).
+    #[arg(
+        long,
+        value_name = "N",
+        hide = true,
+        conflicts_with = "trial_warmup_steps"
+    )]
     pub warmup_steps: Option<usize>,
-    /// Timed steps per trial (default 3).
-    #[arg(long)]
+    /// Timed steps of each trial (default 3).
+    #[arg(long, value_name = "N")]
     pub timed_steps: Option<usize>,
     /// How trials are isolated (default: a worker process on a GPU, in-process on the CPU).
     /// With `--backend exec`: `worker` (the default) lets a runner that says it can serve
@@ -195,6 +209,8 @@ pub struct TuneSettings {
     pub out: Option<PathBuf>,
     /// Write the search's HTML report here.
     pub report: Option<PathBuf>,
+    /// What people should know about the flags as given (a renamed flag's old name).
+    pub notes: Vec<String>,
 }
 
 /// Where a search's trials are answered.
@@ -233,7 +249,7 @@ pub struct LiveSettings {
 
 impl TuneSettings {
     /// Resolves and checks `args`.
-    pub fn from_args(args: &TuneArgs) -> anyhow::Result<Self> {
+    pub fn from_args(args: &TuneArgs) -> crate::Result<Self> {
         // Where the results go is checked first: a search can take long, and its plan must not
         // be lost to a typo in a path.
         for (flag, path) in [
@@ -243,7 +259,10 @@ impl TuneSettings {
         ] {
             if let Some(path) = path {
                 crate::atomic_file::check_writable(path).map_err(|e| {
-                    anyhow::anyhow!("`{flag} {}` cannot be written: {e}", path.display())
+                    crate::Error::Usage(format!(
+                        "`{flag} {}` cannot be written: {e}",
+                        path.display()
+                    ))
                 })?;
             }
         }
@@ -262,13 +281,38 @@ impl TuneSettings {
             record: args.record.clone(),
             out: args.out.clone(),
             report: args.report.clone(),
+            notes: renamed_flags(args),
         })
+    }
+}
+
+/// The notes the renamed flags' old names leave, when they were used.
+fn renamed_flags(args: &TuneArgs) -> Vec<String> {
+    let mut notes = Vec::new();
+    if args.device.is_some() {
+        notes.push(flags::renamed("--device", "--target"));
+    }
+    if args.warmup_steps.is_some() {
+        notes.push(flags::renamed("--warmup-steps", "--trial-warmup-steps"));
+    }
+    notes
+}
+
+impl TuneArgs {
+    /// The target machine, under its new name or its old one.
+    pub fn target(&self) -> &str {
+        self.device.as_deref().unwrap_or(&self.target)
+    }
+
+    /// Untimed steps per trial, under their new name or their old one.
+    pub fn trial_warmup_steps(&self) -> Option<usize> {
+        self.trial_warmup_steps.or(self.warmup_steps)
     }
 }
 
 /// The trial runner `--backend exec` runs (the words after `--`), checked against the
 /// backend: exec needs one, the others take none.
-pub fn runner_command(backend: &Backend, argv: &[String]) -> anyhow::Result<Option<RunnerCommand>> {
+pub fn runner_command(backend: &Backend, argv: &[String]) -> crate::Result<Option<RunnerCommand>> {
     match (backend, RunnerCommand::new(argv)) {
         (Backend::Exec, Some(runner)) => Ok(Some(runner)),
         (Backend::Exec, None) => Err(autotune_core::Error::InvalidFlag {
@@ -291,9 +335,9 @@ pub fn runner_command(backend: &Backend, argv: &[String]) -> anyhow::Result<Opti
 }
 
 impl LiveSettings {
-    fn from_args(args: &TuneArgs, runner: Option<RunnerCommand>) -> anyhow::Result<Self> {
+    fn from_args(args: &TuneArgs, runner: Option<RunnerCommand>) -> crate::Result<Self> {
         let spec = ModelSpec::resolve(&args.model)?;
-        let target = target_profile(&args.device)?;
+        let target = target_profile(args.target())?;
         let mut budget = Budget::from_device(&target);
         if let Some(h) = args.headroom {
             budget.headroom = h;
@@ -337,7 +381,7 @@ fn search_setup(
     budget: &Budget,
     request: &SpaceRequest,
     measure: bool,
-) -> anyhow::Result<SearchSetup> {
+) -> crate::Result<SearchSetup> {
     let floor = |parameters| measure.then(|| adam_update_floor_s(parameters)).flatten();
     let runtime = Runtime {
         flash_head_dims: &FLASH_HEAD_DIMS,
@@ -368,7 +412,7 @@ fn search_setup(
 /// The space a trial runner searches: one GPU (a runner trains in one process), and the
 /// optimizer step after backward unless `--update` asks for more (the tools a runner's plan
 /// is exported to have no update in backward).
-fn exec_space(request: &mut SpaceRequest) -> anyhow::Result<()> {
+fn exec_space(request: &mut SpaceRequest) -> crate::Result<()> {
     if let Some(&degree) = request.data_parallel.iter().find(|&&d| d > 1) {
         return Err(autotune_core::Error::InvalidFlag {
             flag: format!("--data-parallel {degree}"),
@@ -390,7 +434,7 @@ fn exec_space(request: &mut SpaceRequest) -> anyhow::Result<()> {
 fn runner_isolation(
     runner: &Option<RunnerCommand>,
     asked: Option<ProbeIsolation>,
-) -> anyhow::Result<Option<ProbeIsolation>> {
+) -> crate::Result<Option<ProbeIsolation>> {
     match (runner, asked) {
         (Some(_), Some(ProbeIsolation::InProcess)) => Err(autotune_core::Error::InvalidFlag {
             flag: "--isolation in-process".into(),
@@ -406,7 +450,7 @@ fn runner_isolation(
 }
 
 /// The trial time limit `--trial-timeout` sets, or the scaled default.
-fn trial_timeout(seconds: Option<f64>) -> anyhow::Result<TrialTimeout> {
+fn trial_timeout(seconds: Option<f64>) -> crate::Result<TrialTimeout> {
     match seconds {
         None => Ok(TrialTimeout::scaled()),
         Some(s) if s.is_finite() && s > 0.0 && s <= crate::trial::MAX_STEP_TIME_S => {
@@ -424,7 +468,7 @@ fn trial_timeout(seconds: Option<f64>) -> anyhow::Result<TrialTimeout> {
 }
 
 /// `auto` (the local GPU, or the built-in CPU profile), a built-in name, or a JSON file.
-pub fn target_profile(name: &str) -> anyhow::Result<DeviceSpec> {
+pub fn target_profile(name: &str) -> crate::Result<DeviceSpec> {
     if name != "auto" {
         return Ok(DeviceSpec::resolve(name)?);
     }
@@ -443,7 +487,7 @@ fn space_request(args: &TuneArgs) -> SpaceRequest {
         data_parallel: args.data_parallel.clone(),
         max_micro_batch: args.max_micro_batch,
         global_batch: args.global_batch,
-        warmup_steps: args.warmup_steps,
+        warmup_steps: args.trial_warmup_steps(),
         timed_steps: args.timed_steps,
         max_trials: args.max_trials,
         saturation_gain: args.saturation_gain,

@@ -104,7 +104,7 @@ fn a_model_whose_state_exceeds_the_budget_has_no_feasible_plan() {
     std::fs::write(dir.path().join("big.json"), spec).unwrap();
     let out = autotune_in(
         dir.path(),
-        &["tune", "--model", "big.json", "--device", "cpu"],
+        &["tune", "--model", "big.json", "--target", "cpu"],
     );
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let text = stdout(&out);

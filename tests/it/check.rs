@@ -26,7 +26,7 @@ fn record(dir: &Path) -> Profile {
             "tune",
             "--model",
             "micro.json",
-            "--device",
+            "--target",
             "cpu",
             "--precision",
             "fp32",

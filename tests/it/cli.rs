@@ -207,3 +207,54 @@ fn completions_cover_every_command_and_parse_in_bash() {
     }
     assert_eq!(autotune(&["completions", "tcsh"]).status.code(), Some(2));
 }
+
+#[test]
+fn renamed_flags_keep_working_under_their_old_names_and_say_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let tune = |names: [&str; 2]| {
+        autotune_in(
+            dir.path(),
+            &[
+                "tune",
+                "--model",
+                "tiny",
+                names[0],
+                "cpu",
+                names[1],
+                "0",
+                "--timed-steps",
+                "1",
+                "--max-trials",
+                "1",
+                "--json",
+            ],
+        )
+    };
+    let old = tune(["--device", "--warmup-steps"]);
+    let new = tune(["--target", "--trial-warmup-steps"]);
+    assert_eq!(old.status.code(), Some(0), "{}", stderr(&old));
+    assert_eq!(new.status.code(), Some(0), "{}", stderr(&new));
+    let (old_err, new_err) = (stderr(&old), stderr(&new));
+    for note in [
+        "`--device` is now `--target`",
+        "`--warmup-steps` is now `--trial-warmup-steps`",
+    ] {
+        assert!(old_err.contains(note), "{old_err}");
+        assert!(!new_err.contains(note), "{new_err}");
+    }
+    let plan = |out: &std::process::Output| -> serde_json::Value {
+        let mut plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        plan["knobs"].take()
+    };
+    assert_eq!(plan(&old), plan(&new), "both names mean the same search");
+    let train = autotune_in(
+        dir.path(),
+        &["train", "--steps", "1", "--warmup-steps", "1", "--json"],
+    );
+    assert_eq!(train.status.code(), Some(0), "{}", stderr(&train));
+    assert!(
+        stderr(&train).contains("`--warmup-steps` is now `--lr-warmup-steps`"),
+        "{}",
+        stderr(&train)
+    );
+}

@@ -265,7 +265,7 @@ fn launched_ranks_leave_the_checkpoint_one_process_leaves() {
         &[
             &common[..],
             &["--data-parallel", "2", "--checkpoint-dir", "dp"],
-            &["--warmup-steps", "2", "--metrics", "dp.jsonl"],
+            &["--lr-warmup-steps", "2", "--metrics", "dp.jsonl"],
         ]
         .concat(),
     );
@@ -274,7 +274,7 @@ fn launched_ranks_leave_the_checkpoint_one_process_leaves() {
         &[
             &common[..],
             &["--grad-accum", "2", "--checkpoint-dir", "one"],
-            &["--warmup-steps", "2", "--metrics", "one.jsonl"],
+            &["--lr-warmup-steps", "2", "--metrics", "one.jsonl"],
         ]
         .concat(),
     );
@@ -307,7 +307,7 @@ fn launched_ranks_leave_the_checkpoint_one_process_leaves() {
             &common[..3],
             &["--steps", "5", "--micro-batch", "4", "--data-parallel", "2"],
             &["--checkpoint-dir", "dp", "--resume"],
-            &["--warmup-steps", "2", "--metrics", "dp.jsonl"],
+            &["--lr-warmup-steps", "2", "--metrics", "dp.jsonl"],
         ]
         .concat(),
     );
@@ -316,7 +316,7 @@ fn launched_ranks_leave_the_checkpoint_one_process_leaves() {
         &[
             &common[..3],
             &["--steps", "5", "--micro-batch", "4", "--grad-accum", "2"],
-            &["--warmup-steps", "2"],
+            &["--lr-warmup-steps", "2"],
         ]
         .concat(),
     );
@@ -448,11 +448,11 @@ fn bad_data_parallel_flags_exit_2_naming_the_flag_and_the_fix() {
             &["--data-parallel", "asks for 2 GPUs but 0 are visible"],
         ),
         (
-            &["tune", "--device", "two-gpus.json", "--data-parallel", "4"],
+            &["tune", "--target", "two-gpus.json", "--data-parallel", "4"],
             &["--data-parallel", "gpu_count (2)"],
         ),
         (
-            &["tune", "--device", "two-gpus.json", "--global-batch", "7"],
+            &["tune", "--target", "two-gpus.json", "--global-batch", "7"],
             &["--global-batch", "multiple of 2"],
         ),
     ];

@@ -320,7 +320,7 @@ fn the_command_prints_the_breakdown_and_exits_one_when_the_setting_does_not_fit(
             "estimate",
             "--model",
             "gpt-1.3b",
-            "--device",
+            "--target",
             "rtx4090-32g",
             "--precision",
             "bf16",
@@ -368,7 +368,7 @@ fn the_command_prints_the_breakdown_and_exits_one_when_the_setting_does_not_fit(
         (Some(1), &serde_json::json!(false))
     );
 
-    let out = autotune(&["estimate", "--engine", "fused", "--device", "cpu"]);
+    let out = autotune(&["estimate", "--engine", "fused", "--target", "cpu"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("explicit"), "{}", stderr(&out));
 }

@@ -51,7 +51,7 @@ const SHORT_TUNE: [(&str, &str); 6] = [
     ("--max-trials", "2"),
     ("--max-micro-batch", "2"),
     ("--timed-steps", "1"),
-    ("--warmup-steps", "0"),
+    ("--trial-warmup-steps", "0"),
 ];
 
 /// Valid documents of every kind, and a checkpoint to resume, made once.
@@ -68,7 +68,7 @@ impl Fixtures {
         let d = dir.path();
         std::fs::write(d.join("small.json"), SMALL).unwrap();
         std::fs::write(d.join("device.json"), DEVICE).unwrap();
-        let mut tune = vec!["tune", "--model", "small.json", "--device", "device.json"];
+        let mut tune = vec!["tune", "--model", "small.json", "--target", "device.json"];
         for (flag, value) in SHORT_TUNE {
             tune.extend([flag, value]);
         }
@@ -135,12 +135,12 @@ const FLAGS: [(&str, &str, FlagKind); 30] = [
     ("train", "--seed", FlagKind::Any),
     ("train", "--keep-last", FlagKind::Any),
     ("train", "--data-parallel", FlagKind::Ranks),
-    ("train", "--warmup-steps", FlagKind::Any),
+    ("train", "--lr-warmup-steps", FlagKind::Any),
     ("train", "--min-lr", FlagKind::Any),
     ("tune", "--max-micro-batch", FlagKind::Any),
     ("tune", "--global-batch", FlagKind::Any),
     ("tune", "--max-trials", FlagKind::Any),
-    ("tune", "--warmup-steps", FlagKind::Any),
+    ("tune", "--trial-warmup-steps", FlagKind::Any),
     ("tune", "--timed-steps", FlagKind::Any),
     ("tune", "--saturation-gain", FlagKind::Any),
     ("tune", "--headroom", FlagKind::Any),
@@ -211,13 +211,13 @@ impl Case {
                 match reader {
                     Reader::ModelSpec => {
                         std::fs::write(dir.join("doc.json"), text).unwrap();
-                        let mut a = args(&["tune", "--model", "doc.json", "--device", &device]);
+                        let mut a = args(&["tune", "--model", "doc.json", "--target", &device]);
                         a.extend(short_tune());
                         a
                     }
                     Reader::DeviceSpec => {
                         std::fs::write(dir.join("doc.json"), text).unwrap();
-                        let mut a = args(&["tune", "--model", &small, "--device", "doc.json"]);
+                        let mut a = args(&["tune", "--model", &small, "--target", "doc.json"]);
                         a.extend(short_tune());
                         a
                     }
@@ -301,7 +301,7 @@ impl Case {
                         a
                     }
                     "tune" => {
-                        let mut a = args(&["tune", "--model", &small, "--device", &device]);
+                        let mut a = args(&["tune", "--model", &small, "--target", &device]);
                         for (f, v) in SHORT_TUNE {
                             if f != flag {
                                 a.extend(args(&[f, v]));
@@ -319,7 +319,7 @@ impl Case {
                         a
                     }
                     "export" => args(&["export", "--plan", &plan, "--format", "deepspeed"]),
-                    "estimate" => args(&["estimate", "--model", &small, "--device", &device]),
+                    "estimate" => args(&["estimate", "--model", &small, "--target", &device]),
                     _ => args(&[
                         "check",
                         "--profile",

@@ -101,7 +101,7 @@ fn tune_with_a_worker_finds_the_same_host_boundary_as_in_process() {
             "tune",
             "--model",
             model.to_str().unwrap(),
-            "--device",
+            "--target",
             device.to_str().unwrap(),
             "--checkpointing",
             "none",

@@ -34,7 +34,7 @@ fn train_args<'a>(steps: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
         "2",
         "--steps",
         steps,
-        "--warmup-steps",
+        "--lr-warmup-steps",
         "4",
         "--lr-schedule",
         "cosine",

@@ -28,7 +28,7 @@ fn tune_micro(dir: &Path, args: &[&str]) -> Value {
 
 /// [`tune_micro`] for the device spec file `device` in `dir`.
 fn tune_micro_on(dir: &Path, device: &str, args: &[&str]) -> Value {
-    let mut argv = vec!["tune", "--model", "micro.json", "--device", device];
+    let mut argv = vec!["tune", "--model", "micro.json", "--target", device];
     argv.extend_from_slice(args);
     argv.push("--json");
     let out = autotune_in(dir, &argv);
@@ -192,7 +192,7 @@ fn run_tunes_then_trains_and_leaves_plan_and_checkpoint() {
             "run",
             "--model",
             "micro.json",
-            "--device",
+            "--target",
             "cpu",
             "--steps",
             "6",
@@ -272,7 +272,7 @@ fn no_feasible_plan_is_an_answer_with_a_hint() {
             "tune",
             "--model",
             "micro.json",
-            "--device",
+            "--target",
             "tiny-host.json",
         ],
     );
@@ -303,7 +303,7 @@ fn malformed_plans_profiles_and_budgets_exit_2_with_the_problem_named() {
         (
             "gpu-cpu.json",
             r#"{"name": "x", "kind": "cpu", "gpu_memory_bytes": 100, "host_memory_bytes": 1000000000}"#,
-            &["tune", "--model", "micro.json", "--device", "gpu-cpu.json"],
+            &["tune", "--model", "micro.json", "--target", "gpu-cpu.json"],
             &["gpu-cpu.json", "gpu_memory_bytes"],
         ),
         (
@@ -313,7 +313,7 @@ fn malformed_plans_profiles_and_budgets_exit_2_with_the_problem_named() {
                 "tune",
                 "--model",
                 "micro.json",
-                "--device",
+                "--target",
                 "zero-host.json",
             ],
             &["zero-host.json", "host_memory_bytes"],
@@ -325,7 +325,7 @@ fn malformed_plans_profiles_and_budgets_exit_2_with_the_problem_named() {
                 "tune",
                 "--model",
                 "micro.json",
-                "--device",
+                "--target",
                 "cpu",
                 "--headroom",
                 "1.5",
@@ -356,7 +356,7 @@ fn a_recorded_search_replays_offline_to_the_same_plan() {
             "tune",
             "--model",
             "micro.json",
-            "--device",
+            "--target",
             "small-cpu.json",
             "--record",
             "rec/micro.json",

@@ -27,6 +27,9 @@ pub fn run(args: TuneArgs, printer: &Printer) -> anyhow::Result<Status> {
 
 /// Searches, writes the plan, then the recording.
 fn run_settings(settings: &TuneSettings, printer: &Printer) -> anyhow::Result<Status> {
+    for note in &settings.notes {
+        printer.note(note);
+    }
     let tuned = search_only(settings, printer)?;
     // The plan first: a recording that cannot be written must not cost the plan.
     let status = emit(&tuned, settings.out.as_ref(), printer)?;
@@ -37,7 +40,7 @@ fn run_settings(settings: &TuneSettings, printer: &Printer) -> anyhow::Result<St
 
 /// Runs the search `settings` describe, telling people on stderr what it does.
 pub fn search_only(settings: &TuneSettings, printer: &Printer) -> anyhow::Result<Tuned> {
-    tune(settings, &OnStderr(*printer))
+    Ok(tune(settings, &OnStderr(*printer))?)
 }
 
 /// The session's news as status lines and progress on stderr.

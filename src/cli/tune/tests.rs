@@ -19,6 +19,7 @@ fn a_recording_that_cannot_be_written_does_not_cost_the_plan() {
         record: Some(blocker.join("profile.json")),
         out: Some(plan.clone()),
         report: None,
+        notes: Vec::new(),
     };
     let quiet = Printer::new(true, false, false);
     let Err(err) = run_settings(&settings, &quiet) else {

@@ -56,6 +56,7 @@ fn a_replay_tells_what_it_replays_then_each_trial_and_records_its_facts_whole() 
         record: None,
         out: None,
         report: None,
+        notes: Vec::new(),
     };
     let told = Told::default();
     let tuned = tune(&settings, &told).unwrap();

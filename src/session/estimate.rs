@@ -1,0 +1,80 @@
+//! What `estimate` computes from its settings: one setting's peaks, whether they fit and the
+//! largest micro-batch that does; or every fitted trial of a recording against its estimate.
+
+use crate::estimate::{self, Estimate, RecordedError};
+use crate::model::Engine;
+use crate::profile::record::Profile;
+use crate::settings::estimate::attention;
+use crate::spec::budget::Budget;
+use crate::spec::device::DeviceSpec;
+use crate::spec::model::ModelSpec;
+use crate::{Knobs, Result};
+
+/// One setting's estimate and its verdict.
+#[derive(Debug)]
+pub struct Estimated {
+    /// The peaks by component.
+    pub estimate: Estimate,
+    /// Whether they fit the budget.
+    pub fits: bool,
+    /// The largest micro-batch at these knobs that fits, if any.
+    pub largest_micro_batch: Option<usize>,
+}
+
+/// The estimate of `knobs` for `model` on `target`, judged by `budget`.
+pub fn setting(
+    model: &ModelSpec,
+    target: &DeviceSpec,
+    knobs: &Knobs,
+    attention: estimate::Attention,
+    budget: &Budget,
+) -> Estimated {
+    let est = estimate::estimate(model, knobs, target.kind, attention);
+    Estimated {
+        fits: est.fits(budget),
+        largest_micro_batch: estimate::largest_micro_batch(
+            model,
+            knobs,
+            target.kind,
+            attention,
+            budget,
+        ),
+        estimate: est,
+    }
+}
+
+/// A recording's fitted trials against their estimates.
+#[derive(Debug)]
+pub struct Comparison {
+    /// Each fitted trial's measured and estimated peak.
+    pub trials: Vec<RecordedError>,
+    /// The largest relative error, if any trial fitted.
+    pub worst: Option<f64>,
+    /// The mean relative error, if any trial fitted.
+    pub mean: Option<f64>,
+}
+
+/// Every fitted trial of `profile` against the estimate of `engine`; each trial's precision
+/// decides whether its attention ran flash.
+pub fn against_recording(profile: &Profile, engine: Engine) -> Result<Comparison> {
+    let target = &profile.device.target;
+    let mut trials = Vec::new();
+    for trial in &profile.trials {
+        let precision = trial.request.knobs.precision;
+        let at = attention(engine, &profile.model, target, precision)?;
+        trials.extend(estimate::compare(
+            &profile.model,
+            target.kind,
+            at,
+            std::slice::from_ref(trial),
+        ));
+    }
+    let errors: Vec<f64> = trials.iter().map(|t| t.relative_error.abs()).collect();
+    let worst = errors.iter().copied().reduce(f64::max);
+    let mean = (!errors.is_empty()).then(|| errors.iter().sum::<f64>() / errors.len() as f64);
+    Ok(Comparison {
+        trials,
+        worst,
+        mean,
+    })
+}
