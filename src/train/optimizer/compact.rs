@@ -139,6 +139,348 @@ fn tensor_bytes(t: &Tensor) -> u64 {
     (t.elem_count() * t.dtype().size_in_bytes()) as u64
 }
 
+/// The maps on the device, for 8-bit moments on a GPU.
+fn device_maps(
+    maps: &Maps,
+    layout: StateLayout,
+    device: &Device,
+) -> Result<Option<(Tensor, Tensor)>> {
+    if device.is_cuda() && layout.moments == MomentFormat::Int8Blockwise {
+        Ok(Some((
+            Tensor::from_slice(&maps.signed, quantile::CODES, device)?,
+            Tensor::from_slice(&maps.unsigned, quantile::CODES, device)?,
+        )))
+    } else {
+        Ok(None)
+    }
+}
+
+/// One parameter's tensors in a checkpoint's optimizer state.
+struct SavedParam<'a> {
+    tensors: &'a HashMap<String, Tensor>,
+    name: &'a str,
+}
+
+impl SavedParam<'_> {
+    /// The tensor `key` of the parameter, flat, checked to be `len` elements of `dtype`.
+    fn get(&self, key: &str, dtype: DType, len: usize) -> std::result::Result<Tensor, String> {
+        let full = format!("{key}.{}", self.name);
+        let t = self
+            .tensors
+            .get(&full)
+            .ok_or_else(|| format!("optimizer state `{full}` is missing"))?;
+        if t.dtype() != dtype || t.elem_count() != len {
+            return Err(format!(
+                "optimizer state `{full}` is {:?} of {} elements, expected {dtype:?} of {len} (a checkpoint of another state layout?)",
+                t.dtype(),
+                t.elem_count()
+            ));
+        }
+        t.flatten_all().map_err(|e| e.to_string())
+    }
+}
+
+/// A checkpoint's error text for a candle error.
+fn text(e: candle_core::Error) -> String {
+    e.to_string()
+}
+
+impl ParamState {
+    /// Zero state in `layout` for `var` on `device`; `link` is there when the matrices'
+    /// moments go to page-locked host memory.
+    fn zeros(var: &Var, layout: StateLayout, device: &Device, link: Option<&Link>) -> Result<Self> {
+        let n = var.elem_count();
+        let want = if var.rank() >= 2 && layout.masters.is_half() {
+            DType::BF16
+        } else {
+            DType::F32
+        };
+        if var.dtype() != want {
+            return Err(crate::Error::internal(format!(
+                "compact state: a {:?} parameter where {want:?} was expected",
+                var.dtype()
+            )));
+        }
+        Ok(if var.rank() < 2 {
+            ParamState::Exact {
+                m: Tensor::zeros(n, DType::F32, device)?,
+                v: Tensor::zeros(n, DType::F32, device)?,
+            }
+        } else if device.is_cpu() {
+            ParamState::Cpu(Box::new(CpuState::zeros(layout, n)))
+        } else if let Some(link) = link {
+            host_state(layout, n, device, link)?
+        } else {
+            ParamState::Device(device_state(layout, n, device)?)
+        })
+    }
+
+    /// The state of a parameter of `n` elements as `(key, tensor)` pairs for a checkpoint
+    /// (see [`CompactAdam::state_tensors`]).
+    fn tensors(&self, layout: StateLayout, n: usize) -> Result<Vec<(&'static str, Tensor)>> {
+        Ok(match self {
+            ParamState::Exact { m, v } => vec![("m", m.clone()), ("v", v.clone())],
+            ParamState::Cpu(s) => s.tensors()?,
+            ParamState::Device(s) => s.tensors(),
+            ParamState::Host { buffer, at, comp } => {
+                let mut out = host_tensors(buffer, at, layout, n)?;
+                if let Some(c) = comp {
+                    out.push(("kahan", c.clone()));
+                }
+                out
+            }
+        })
+    }
+
+    /// Restores the state of a parameter of `n` elements from `saved`.
+    fn load(
+        &mut self,
+        saved: &SavedParam<'_>,
+        layout: StateLayout,
+        n: usize,
+    ) -> std::result::Result<(), String> {
+        match self {
+            ParamState::Exact { m, v } => {
+                *m = saved
+                    .get("m", DType::F32, n)?
+                    .to_device(m.device())
+                    .map_err(text)?;
+                *v = saved
+                    .get("v", DType::F32, n)?
+                    .to_device(v.device())
+                    .map_err(text)?;
+                Ok(())
+            }
+            ParamState::Cpu(s) => s.load(saved, layout, n),
+            ParamState::Device(s) => s.load(saved, layout, n),
+            ParamState::Host { buffer, at, comp } => {
+                load_host(saved, buffer, at, layout, n)?;
+                if let (MasterFormat::Bf16Kahan, Some(c)) = (layout.masters, comp.as_mut()) {
+                    *c = saved
+                        .get("kahan", DType::BF16, n)?
+                        .to_device(c.device())
+                        .map_err(text)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl CpuState {
+    /// Zero moments (and compensation) for `n` elements in `layout`.
+    fn zeros(layout: StateLayout, n: usize) -> Self {
+        Self {
+            moments: match layout.moments {
+                MomentFormat::F32 => CpuMoments::F32(vec![0.0; n], vec![0.0; n]),
+                MomentFormat::Bf16 => CpuMoments::Bf16(vec![bf16::ZERO; n], vec![bf16::ZERO; n]),
+                MomentFormat::Int8Blockwise => CpuMoments::Int8 {
+                    m: vec![0; n],
+                    v: vec![0; n],
+                    m_scale: vec![0.0; n.div_ceil(BLOCK)],
+                    v_scale: vec![0.0; n.div_ceil(BLOCK)],
+                },
+            },
+            comp: (layout.masters == MasterFormat::Bf16Kahan).then(|| vec![bf16::ZERO; n]),
+        }
+    }
+
+    /// The state as `(key, tensor)` pairs, on the CPU.
+    fn tensors(&self) -> Result<Vec<(&'static str, Tensor)>> {
+        let cpu = &Device::Cpu;
+        let mut out = match &self.moments {
+            CpuMoments::F32(m, v) => vec![
+                ("m", Tensor::new(m.as_slice(), cpu)?),
+                ("v", Tensor::new(v.as_slice(), cpu)?),
+            ],
+            CpuMoments::Bf16(m, v) => vec![
+                ("m", Tensor::new(m.as_slice(), cpu)?),
+                ("v", Tensor::new(v.as_slice(), cpu)?),
+            ],
+            CpuMoments::Int8 {
+                m,
+                v,
+                m_scale,
+                v_scale,
+            } => vec![
+                ("m", Tensor::new(m.as_slice(), cpu)?),
+                ("v", Tensor::new(v.as_slice(), cpu)?),
+                ("m_scale", Tensor::new(m_scale.as_slice(), cpu)?),
+                ("v_scale", Tensor::new(v_scale.as_slice(), cpu)?),
+            ],
+        };
+        if let Some(c) = &self.comp {
+            out.push(("kahan", Tensor::new(c.as_slice(), cpu)?));
+        }
+        Ok(out)
+    }
+
+    /// Restores the state of `n` elements in `layout` from `saved`.
+    fn load(
+        &mut self,
+        saved: &SavedParam<'_>,
+        layout: StateLayout,
+        n: usize,
+    ) -> std::result::Result<(), String> {
+        let dtype = moment_dtype(layout);
+        let blocks = n.div_ceil(BLOCK);
+        self.moments = match layout.moments {
+            MomentFormat::F32 => CpuMoments::F32(
+                saved.get("m", dtype, n)?.to_vec1().map_err(text)?,
+                saved.get("v", dtype, n)?.to_vec1().map_err(text)?,
+            ),
+            MomentFormat::Bf16 => CpuMoments::Bf16(
+                saved.get("m", dtype, n)?.to_vec1().map_err(text)?,
+                saved.get("v", dtype, n)?.to_vec1().map_err(text)?,
+            ),
+            MomentFormat::Int8Blockwise => CpuMoments::Int8 {
+                m: saved.get("m", dtype, n)?.to_vec1().map_err(text)?,
+                v: saved.get("v", dtype, n)?.to_vec1().map_err(text)?,
+                m_scale: saved
+                    .get("m_scale", DType::F32, blocks)?
+                    .to_vec1()
+                    .map_err(text)?,
+                v_scale: saved
+                    .get("v_scale", DType::F32, blocks)?
+                    .to_vec1()
+                    .map_err(text)?,
+            },
+        };
+        if layout.masters == MasterFormat::Bf16Kahan {
+            self.comp = Some(
+                saved
+                    .get("kahan", DType::BF16, n)?
+                    .to_vec1()
+                    .map_err(text)?,
+            );
+        }
+        Ok(())
+    }
+}
+
+impl DeviceState {
+    /// The state as `(key, tensor)` pairs, where it is.
+    fn tensors(&self) -> Vec<(&'static str, Tensor)> {
+        let mut out = vec![("m", self.m.clone()), ("v", self.v.clone())];
+        if let Some((a, b)) = &self.scales {
+            out.push(("m_scale", a.clone()));
+            out.push(("v_scale", b.clone()));
+        }
+        if let Some(c) = &self.comp {
+            out.push(("kahan", c.clone()));
+        }
+        out
+    }
+
+    /// Restores the state of `n` elements in `layout` from `saved`, onto the device it is on.
+    fn load(
+        &mut self,
+        saved: &SavedParam<'_>,
+        layout: StateLayout,
+        n: usize,
+    ) -> std::result::Result<(), String> {
+        let dtype = moment_dtype(layout);
+        let blocks = n.div_ceil(BLOCK);
+        let dev = self.m.device().clone();
+        self.m = saved.get("m", dtype, n)?.to_device(&dev).map_err(text)?;
+        self.v = saved.get("v", dtype, n)?.to_device(&dev).map_err(text)?;
+        if layout.moments == MomentFormat::Int8Blockwise {
+            self.scales = Some((
+                saved
+                    .get("m_scale", DType::F32, blocks)?
+                    .to_device(&dev)
+                    .map_err(text)?,
+                saved
+                    .get("v_scale", DType::F32, blocks)?
+                    .to_device(&dev)
+                    .map_err(text)?,
+            ));
+        }
+        if layout.masters == MasterFormat::Bf16Kahan {
+            self.comp = Some(
+                saved
+                    .get("kahan", DType::BF16, n)?
+                    .to_device(&dev)
+                    .map_err(text)?,
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Zero moments of `n` elements in a fresh page-locked buffer, and the compensation on
+/// `device`.
+fn host_state(layout: StateLayout, n: usize, device: &Device, link: &Link) -> Result<ParamState> {
+    let sizes = moment_sizes(layout, n);
+    let (offsets, total) = transfer::layout(sizes);
+    let mut buffer = HostBuffer::new(link);
+    buffer.reserve(total)?;
+    let bytes = buffer.bytes()?;
+    bytes.fill(0);
+    Ok(ParamState::Host {
+        buffer: Mutex::new(buffer),
+        at: [offsets[0], offsets[1], offsets[2], offsets[3]],
+        comp: compensation(layout, n, device)?,
+    })
+}
+
+/// The moments of `n` elements in the page-locked `buffer` (at offsets `at`) as `(key,
+/// tensor)` pairs, copied to the CPU.
+fn host_tensors(
+    buffer: &Mutex<HostBuffer>,
+    at: &[usize; 4],
+    layout: StateLayout,
+    n: usize,
+) -> Result<Vec<(&'static str, Tensor)>> {
+    let sizes = moment_sizes(layout, n);
+    let mut buffer = buffer.lock().map_err(|_| poisoned())?;
+    let bytes = buffer.bytes()?;
+    let dtype = moment_dtype(layout);
+    let read = |i: usize, dtype: DType, len: usize| -> Result<Tensor> {
+        let raw = &bytes[at[i]..at[i] + sizes[i]];
+        Ok(match dtype {
+            DType::U8 => Tensor::from_slice(raw, len, &Device::Cpu)?,
+            DType::BF16 => Tensor::from_slice(transfer::typed::<bf16>(raw)?, len, &Device::Cpu)?,
+            _ => Tensor::from_slice(transfer::typed::<f32>(raw)?, len, &Device::Cpu)?,
+        })
+    };
+    let mut out = vec![("m", read(0, dtype, n)?), ("v", read(1, dtype, n)?)];
+    if layout.moments == MomentFormat::Int8Blockwise {
+        out.push(("m_scale", read(2, DType::F32, n.div_ceil(BLOCK))?));
+        out.push(("v_scale", read(3, DType::F32, n.div_ceil(BLOCK))?));
+    }
+    Ok(out)
+}
+
+/// Writes the saved moments of `n` elements into the page-locked `buffer` (at offsets `at`).
+fn load_host(
+    saved: &SavedParam<'_>,
+    buffer: &mut Mutex<HostBuffer>,
+    at: &[usize; 4],
+    layout: StateLayout,
+    n: usize,
+) -> std::result::Result<(), String> {
+    let dtype = moment_dtype(layout);
+    let blocks = n.div_ceil(BLOCK);
+    let sizes = moment_sizes(layout, n);
+    let mut parts = vec![saved.get("m", dtype, n)?, saved.get("v", dtype, n)?];
+    if layout.moments == MomentFormat::Int8Blockwise {
+        parts.push(saved.get("m_scale", DType::F32, blocks)?);
+        parts.push(saved.get("v_scale", DType::F32, blocks)?);
+    }
+    let buffer = buffer.get_mut().map_err(|_| poisoned().to_string())?;
+    let bytes = buffer.bytes().map_err(|e| e.to_string())?;
+    for (i, t) in parts.iter().enumerate() {
+        let raw: Vec<u8> = match t.dtype() {
+            DType::U8 => t.to_vec1::<u8>().map_err(text)?,
+            DType::BF16 => bytemuck::cast_slice(&t.to_vec1::<bf16>().map_err(text)?).to_vec(),
+            _ => bytemuck::cast_slice(&t.to_vec1::<f32>().map_err(text)?).to_vec(),
+        };
+        bytes[at[i]..at[i] + sizes[i]].copy_from_slice(&raw);
+    }
+    Ok(())
+}
+
 impl CompactAdam {
     /// Zero state in `layout` for `vars` (matrices in f32, or bf16 with bf16 masters);
     /// `seed` drives the stochastic rounding. Fresh 8-bit moments are all-zero bytes: every
@@ -154,70 +496,15 @@ impl CompactAdam {
         } else {
             None
         };
-        let mut states = Vec::with_capacity(vars.len());
-        for var in vars {
-            let n = var.elem_count();
-            let want = if var.rank() >= 2 && layout.masters.is_half() {
-                DType::BF16
-            } else {
-                DType::F32
-            };
-            if var.dtype() != want {
-                return Err(crate::Error::internal(format!(
-                    "compact state: a {:?} parameter where {want:?} was expected",
-                    var.dtype()
-                )));
-            }
-            let state = if var.rank() < 2 {
-                ParamState::Exact {
-                    m: Tensor::zeros(n, DType::F32, &device)?,
-                    v: Tensor::zeros(n, DType::F32, &device)?,
-                }
-            } else if device.is_cpu() {
-                ParamState::Cpu(Box::new(CpuState {
-                    moments: match layout.moments {
-                        MomentFormat::F32 => CpuMoments::F32(vec![0.0; n], vec![0.0; n]),
-                        MomentFormat::Bf16 => {
-                            CpuMoments::Bf16(vec![bf16::ZERO; n], vec![bf16::ZERO; n])
-                        }
-                        MomentFormat::Int8Blockwise => CpuMoments::Int8 {
-                            m: vec![0; n],
-                            v: vec![0; n],
-                            m_scale: vec![0.0; n.div_ceil(BLOCK)],
-                            v_scale: vec![0.0; n.div_ceil(BLOCK)],
-                        },
-                    },
-                    comp: (layout.masters == MasterFormat::Bf16Kahan).then(|| vec![bf16::ZERO; n]),
-                }))
-            } else if let Some(link) = &link {
-                let sizes = moment_sizes(layout, n);
-                let (offsets, total) = transfer::layout(sizes);
-                let mut buffer = HostBuffer::new(link);
-                buffer.reserve(total)?;
-                let bytes = buffer.bytes()?;
-                bytes.fill(0);
-                ParamState::Host {
-                    buffer: Mutex::new(buffer),
-                    at: [offsets[0], offsets[1], offsets[2], offsets[3]],
-                    comp: compensation(layout, n, &device)?,
-                }
-            } else {
-                ParamState::Device(device_state(layout, n, &device)?)
-            };
-            states.push(state);
-        }
+        let states = vars
+            .iter()
+            .map(|var| ParamState::zeros(var, layout, &device, link.as_ref()))
+            .collect::<Result<Vec<_>>>()?;
         let maps = Maps {
             signed: quantile::dynamic_map(true),
             unsigned: quantile::dynamic_map(false),
         };
-        let device_maps = if device.is_cuda() && layout.moments == MomentFormat::Int8Blockwise {
-            Some((
-                Tensor::from_slice(&maps.signed, quantile::CODES, &device)?,
-                Tensor::from_slice(&maps.unsigned, quantile::CODES, &device)?,
-            ))
-        } else {
-            None
-        };
+        let device_maps = device_maps(&maps, layout, &device)?;
         Ok(Self {
             progress: AdamProgress::new(spec),
             layout,
@@ -403,81 +690,8 @@ impl CompactAdam {
         }
         let mut out = HashMap::new();
         for ((name, var), state) in names.iter().zip(&self.vars).zip(&self.states) {
-            let n = var.elem_count();
-            let mut put = |key: &str, t: Tensor| {
+            for (key, t) in state.tensors(self.layout, var.elem_count())? {
                 out.insert(format!("{key}.{name}"), t);
-            };
-            match state {
-                ParamState::Exact { m, v } => {
-                    put("m", m.clone());
-                    put("v", v.clone());
-                }
-                ParamState::Cpu(s) => {
-                    match &s.moments {
-                        CpuMoments::F32(m, v) => {
-                            put("m", Tensor::new(m.as_slice(), &Device::Cpu)?);
-                            put("v", Tensor::new(v.as_slice(), &Device::Cpu)?);
-                        }
-                        CpuMoments::Bf16(m, v) => {
-                            put("m", Tensor::new(m.as_slice(), &Device::Cpu)?);
-                            put("v", Tensor::new(v.as_slice(), &Device::Cpu)?);
-                        }
-                        CpuMoments::Int8 {
-                            m,
-                            v,
-                            m_scale,
-                            v_scale,
-                        } => {
-                            put("m", Tensor::new(m.as_slice(), &Device::Cpu)?);
-                            put("v", Tensor::new(v.as_slice(), &Device::Cpu)?);
-                            put("m_scale", Tensor::new(m_scale.as_slice(), &Device::Cpu)?);
-                            put("v_scale", Tensor::new(v_scale.as_slice(), &Device::Cpu)?);
-                        }
-                    }
-                    if let Some(c) = &s.comp {
-                        put("kahan", Tensor::new(c.as_slice(), &Device::Cpu)?);
-                    }
-                }
-                ParamState::Device(s) => {
-                    put("m", s.m.clone());
-                    put("v", s.v.clone());
-                    if let Some((a, b)) = &s.scales {
-                        put("m_scale", a.clone());
-                        put("v_scale", b.clone());
-                    }
-                    if let Some(c) = &s.comp {
-                        put("kahan", c.clone());
-                    }
-                }
-                ParamState::Host { buffer, at, comp } => {
-                    let sizes = moment_sizes(self.layout, n);
-                    let mut buffer = buffer.lock().map_err(|_| poisoned())?;
-                    let bytes = buffer.bytes()?;
-                    let dtype = moment_dtype(self.layout);
-                    let read = |i: usize, dtype: DType, len: usize| -> Result<Tensor> {
-                        let raw = &bytes[at[i]..at[i] + sizes[i]];
-                        Ok(match dtype {
-                            DType::U8 => Tensor::from_slice(raw, len, &Device::Cpu)?,
-                            DType::BF16 => Tensor::from_slice(
-                                transfer::typed::<bf16>(raw)?,
-                                len,
-                                &Device::Cpu,
-                            )?,
-                            _ => {
-                                Tensor::from_slice(transfer::typed::<f32>(raw)?, len, &Device::Cpu)?
-                            }
-                        })
-                    };
-                    put("m", read(0, dtype, n)?);
-                    put("v", read(1, dtype, n)?);
-                    if self.layout.moments == MomentFormat::Int8Blockwise {
-                        put("m_scale", read(2, DType::F32, n.div_ceil(BLOCK))?);
-                        put("v_scale", read(3, DType::F32, n.div_ceil(BLOCK))?);
-                    }
-                    if let Some(c) = comp {
-                        put("kahan", c.clone());
-                    }
-                }
             }
         }
         Ok(out)
@@ -489,119 +703,13 @@ impl CompactAdam {
         names: &[String],
         tensors: &HashMap<String, Tensor>,
     ) -> std::result::Result<(), String> {
-        let get = |key: &str,
-                   name: &str,
-                   dtype: DType,
-                   len: usize|
-         -> std::result::Result<Tensor, String> {
-            let full = format!("{key}.{name}");
-            let t = tensors
-                .get(&full)
-                .ok_or_else(|| format!("optimizer state `{full}` is missing"))?;
-            if t.dtype() != dtype || t.elem_count() != len {
-                return Err(format!(
-                    "optimizer state `{full}` is {:?} of {} elements, expected {dtype:?} of {len} (a checkpoint of another state layout?)",
-                    t.dtype(),
-                    t.elem_count()
-                ));
-            }
-            t.flatten_all().map_err(|e| e.to_string())
-        };
         #[cfg(feature = "cuda")]
         if let Some(o) = &self.overlap {
             o.synchronize().map_err(|e| e.to_string())?;
         }
-        let layout = self.layout;
-        let dtype = moment_dtype(layout);
-        let e = |e: candle_core::Error| e.to_string();
-        let e2 = |e: crate::Error| e.to_string();
         for ((name, var), state) in names.iter().zip(&self.vars).zip(&mut self.states) {
-            let n = var.elem_count();
-            let blocks = n.div_ceil(BLOCK);
-            let int8 = layout.moments == MomentFormat::Int8Blockwise;
-            let kahan = layout.masters == MasterFormat::Bf16Kahan;
-            match state {
-                ParamState::Exact { m, v } => {
-                    *m = get("m", name, DType::F32, n)?
-                        .to_device(m.device())
-                        .map_err(e)?;
-                    *v = get("v", name, DType::F32, n)?
-                        .to_device(v.device())
-                        .map_err(e)?;
-                }
-                ParamState::Cpu(s) => {
-                    s.moments = match layout.moments {
-                        MomentFormat::F32 => CpuMoments::F32(
-                            get("m", name, dtype, n)?.to_vec1().map_err(e)?,
-                            get("v", name, dtype, n)?.to_vec1().map_err(e)?,
-                        ),
-                        MomentFormat::Bf16 => CpuMoments::Bf16(
-                            get("m", name, dtype, n)?.to_vec1().map_err(e)?,
-                            get("v", name, dtype, n)?.to_vec1().map_err(e)?,
-                        ),
-                        MomentFormat::Int8Blockwise => CpuMoments::Int8 {
-                            m: get("m", name, dtype, n)?.to_vec1().map_err(e)?,
-                            v: get("v", name, dtype, n)?.to_vec1().map_err(e)?,
-                            m_scale: get("m_scale", name, DType::F32, blocks)?
-                                .to_vec1()
-                                .map_err(e)?,
-                            v_scale: get("v_scale", name, DType::F32, blocks)?
-                                .to_vec1()
-                                .map_err(e)?,
-                        },
-                    };
-                    if kahan {
-                        s.comp = Some(get("kahan", name, DType::BF16, n)?.to_vec1().map_err(e)?);
-                    }
-                }
-                ParamState::Device(s) => {
-                    let dev = s.m.device().clone();
-                    s.m = get("m", name, dtype, n)?.to_device(&dev).map_err(e)?;
-                    s.v = get("v", name, dtype, n)?.to_device(&dev).map_err(e)?;
-                    if int8 {
-                        s.scales = Some((
-                            get("m_scale", name, DType::F32, blocks)?
-                                .to_device(&dev)
-                                .map_err(e)?,
-                            get("v_scale", name, DType::F32, blocks)?
-                                .to_device(&dev)
-                                .map_err(e)?,
-                        ));
-                    }
-                    if kahan {
-                        s.comp = Some(
-                            get("kahan", name, DType::BF16, n)?
-                                .to_device(&dev)
-                                .map_err(e)?,
-                        );
-                    }
-                }
-                ParamState::Host { buffer, at, comp } => {
-                    let sizes = moment_sizes(layout, n);
-                    let mut parts = vec![get("m", name, dtype, n)?, get("v", name, dtype, n)?];
-                    if int8 {
-                        parts.push(get("m_scale", name, DType::F32, blocks)?);
-                        parts.push(get("v_scale", name, DType::F32, blocks)?);
-                    }
-                    let buffer = buffer.get_mut().map_err(|_| poisoned().to_string())?;
-                    let bytes = buffer.bytes().map_err(e2)?;
-                    for (i, t) in parts.iter().enumerate() {
-                        let raw: Vec<u8> = match t.dtype() {
-                            DType::U8 => t.to_vec1::<u8>().map_err(e)?,
-                            DType::BF16 => {
-                                bytemuck::cast_slice(&t.to_vec1::<bf16>().map_err(e)?).to_vec()
-                            }
-                            _ => bytemuck::cast_slice(&t.to_vec1::<f32>().map_err(e)?).to_vec(),
-                        };
-                        bytes[at[i]..at[i] + sizes[i]].copy_from_slice(&raw);
-                    }
-                    if let (true, Some(c)) = (kahan, comp.as_mut()) {
-                        *c = get("kahan", name, DType::BF16, n)?
-                            .to_device(c.device())
-                            .map_err(e)?;
-                    }
-                }
-            }
+            let saved = SavedParam { tensors, name };
+            state.load(&saved, self.layout, var.elem_count())?;
         }
         Ok(())
     }
