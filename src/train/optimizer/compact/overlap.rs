@@ -23,7 +23,8 @@
 
 use candle_core::{Tensor, Var};
 
-use super::{cuda_update, device_state, moment_sizes, poisoned, tensor_bytes, ParamState};
+use super::state::{device_state, moment_sizes, poisoned, DeviceState, ParamState};
+use super::{cuda_update, tensor_bytes};
 use crate::knobs::{MasterFormat, StateLayout};
 use crate::ops::compact_adam::{rounding_seed, Mark, Stager};
 use crate::ops::host_optim::AdamConsts;
@@ -208,7 +209,7 @@ impl Overlap {
             };
             let var = &vars[*index];
             let g = super::kernel_gradient(g, var)?;
-            let s = super::DeviceState {
+            let s = DeviceState {
                 m: st.tensors[0].clone(),
                 v: st.tensors[1].clone(),
                 scales: (st.tensors.len() == 4)
