@@ -31,11 +31,13 @@ pub(super) enum ParamState {
     },
 }
 
+/// A matrix's state on a CPU device: its moments and, with Kahan masters, the compensation.
 pub(super) struct CpuState {
     pub(super) moments: CpuMoments,
     pub(super) comp: Option<Vec<bf16>>,
 }
 
+/// A matrix's moments in host vectors, in the layout's format.
 pub(super) enum CpuMoments {
     F32(Vec<f32>, Vec<f32>),
     Bf16(Vec<bf16>, Vec<bf16>),
@@ -47,6 +49,8 @@ pub(super) enum CpuMoments {
     },
 }
 
+/// A matrix's state in device tensors: m, v, the block scales of 8-bit moments and the Kahan
+/// compensation.
 pub(super) struct DeviceState {
     pub(super) m: Tensor,
     pub(super) v: Tensor,
