@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Tensor};
 
-use super::layout::{canonical_name, is_buffer, layout, ParamLayout};
+use super::layout::{canonical_name, is_buffer, layout, HfTensor, ParamLayout};
 use super::safetensors::{Checkpoint, SafetensorsFile, Writer};
 use crate::spec::model::hf::to_hf_config;
 use crate::spec::model::ModelSpec;
@@ -129,17 +129,7 @@ pub fn import_weights(path: &Path, trainer: &mut Trainer) -> Result<Imported> {
             ),
         )
     })?;
-    let config = path.join("config.json");
-    if path.is_dir() && config.is_file() {
-        // Read as `--model` reads it, so that its errors name the file and field the same way.
-        let theirs = ModelSpec::from_file(&config)?;
-        if let Some(difference) = architecture_difference(&spec, &theirs) {
-            return Err(mismatch(
-                path,
-                format!("{difference}: it holds another model"),
-            ));
-        }
-    }
+    check_config(path, &spec)?;
     let checkpoint = Checkpoint::open(path)?;
     // Our name for each of the checkpoint's tensors (GPT-2's prefix made uniform).
     let names: HashMap<String, String> = checkpoint
@@ -160,23 +150,7 @@ pub fn import_weights(path: &Path, trainer: &mut Trainer) -> Result<Imported> {
                 let stored = names
                     .get(&part.name)
                     .ok_or_else(|| format!("tensor `{}` is missing", part.name))?;
-                let t = checkpoint.read(stored).map_err(|e| e.to_string())?;
-                let t = t.to_dtype(DType::F32).map_err(|e| e.to_string())?;
-                let t = if part.transposed {
-                    t.t()
-                        .and_then(|t| t.contiguous())
-                        .map_err(|e| e.to_string())?
-                } else {
-                    t
-                };
-                if t.dim(0).ok() != Some(part.rows) {
-                    return Err(format!(
-                        "tensor `{}` has shape {:?}; the model needs {} rows there",
-                        part.name,
-                        checkpoint.shape(stored).unwrap_or(&[]),
-                        part.rows
-                    ));
-                }
+                let t = read_part(&checkpoint, stored, part)?;
                 elements += t.elem_count();
                 used.insert(stored.clone());
                 parts.push(t);
@@ -187,6 +161,65 @@ pub fn import_weights(path: &Path, trainer: &mut Trainer) -> Result<Imported> {
             }
         })
         .map_err(|problem| mismatch(path, problem))?;
+    check_all_used(path, &checkpoint, &used, &spec)?;
+    Ok(Imported {
+        tensors: used.len(),
+        elements,
+    })
+}
+
+/// Checks that the `config.json` beside a checkpoint folder at `path`, if there is one,
+/// describes `spec`'s architecture.
+fn check_config(path: &Path, spec: &ModelSpec) -> Result<()> {
+    let config = path.join("config.json");
+    if path.is_dir() && config.is_file() {
+        // Read as `--model` reads it, so that its errors name the file and field the same way.
+        let theirs = ModelSpec::from_file(&config)?;
+        if let Some(difference) = architecture_difference(spec, &theirs) {
+            return Err(mismatch(
+                path,
+                format!("{difference}: it holds another model"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The checkpoint's tensor `stored` as `part` of one of our parameters: in f32, in our
+/// orientation, checked to have the part's rows.
+fn read_part(
+    checkpoint: &Checkpoint,
+    stored: &str,
+    part: &HfTensor,
+) -> std::result::Result<Tensor, String> {
+    let t = checkpoint.read(stored).map_err(|e| e.to_string())?;
+    let t = t.to_dtype(DType::F32).map_err(|e| e.to_string())?;
+    let t = if part.transposed {
+        t.t()
+            .and_then(|t| t.contiguous())
+            .map_err(|e| e.to_string())?
+    } else {
+        t
+    };
+    if t.dim(0).ok() != Some(part.rows) {
+        return Err(format!(
+            "tensor `{}` has shape {:?}; the model needs {} rows there",
+            part.name,
+            checkpoint.shape(stored).unwrap_or(&[]),
+            part.rows
+        ));
+    }
+    Ok(t)
+}
+
+/// Checks that every tensor of `checkpoint` at `path` was `used`, buffers and a tied head's
+/// copy of the embeddings aside.
+fn check_all_used(
+    path: &Path,
+    checkpoint: &Checkpoint,
+    used: &HashSet<String>,
+    spec: &ModelSpec,
+) -> Result<()> {
     let tied_copy = |n: &str| spec.tied_embeddings && n == "lm_head.weight";
     let mut unused: Vec<&str> = checkpoint
         .names()
@@ -204,10 +237,7 @@ pub fn import_weights(path: &Path, trainer: &mut Trainer) -> Result<Imported> {
             ),
         ));
     }
-    Ok(Imported {
-        tensors: used.len(),
-        elements,
-    })
+    Ok(())
 }
 
 /// What [`export_weights`] wrote.

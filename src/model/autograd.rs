@@ -24,6 +24,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor, Var};
 
 use crate::model::batch::Batch;
+use crate::model::block::RopeTables;
 use crate::model::gradients::GradientSink;
 use crate::model::layers::cross_entropy;
 use crate::model::recompute::RecomputedBlocks;
@@ -55,8 +56,7 @@ pub fn forward_backward(
 ) -> Result<f64> {
     let vars = model.params().vars();
     let mut received = vec![false; vars.len()];
-    let mask = model.attention_mask(batch.inputs.dim(1)?, dtype, batch.inputs.device())?;
-    let rope = model.rope_tables(batch.inputs.dim(1)?, dtype, batch.inputs.device())?;
+    let inputs = BlockInputs::new(model, &batch.inputs, dtype)?;
     // A tied head's weight is the embedding table: its gradient has a part from each end of
     // the model, summed before the sink hears of it.
     let mut tied = model.is_tied().then(|| TiedGradient {
@@ -66,37 +66,8 @@ pub fn forward_backward(
             .unwrap_or(usize::MAX),
         sum: None,
     });
-    let mut boundaries = Vec::with_capacity(plan.count());
-    // The scope ends the last segment's graph (logits and all) as soon as its backward is done.
-    let (loss, mut grads) = {
-        let mut x = model.embed(&batch.inputs, dtype, ctx)?;
-        for (i, block) in model.blocks().iter().enumerate() {
-            let block_ctx = ctx.block(i)?;
-            if plan.recomputes(i) {
-                // `y` and the block's whole graph die at the end of this statement; only the
-                // copy in `output` remains.
-                let output = Var::from_tensor(&block.forward(
-                    &x.detach(),
-                    mask.as_ref(),
-                    rope.as_ref(),
-                    &block_ctx,
-                )?)?;
-                let next = output.as_tensor().clone();
-                boundaries.push(Boundary {
-                    block: i,
-                    input: x,
-                    output,
-                });
-                x = next;
-            } else {
-                x = block.forward(&x, mask.as_ref(), rope.as_ref(), &block_ctx)?;
-            }
-        }
-        let logits = model.head(&x, ctx)?;
-        let loss = cross_entropy(&logits, &batch.targets, ctx.engine)?;
-        let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-        (value, (loss * loss_factor)?.backward()?)
-    };
+    let (loss, mut grads, mut boundaries) =
+        forward_segments(model, plan, batch, dtype, ctx, &inputs, loss_factor)?;
     harvest(&mut grads, vars, &mut received, tied.as_mut(), sink)?;
     while let Some(boundary) = boundaries.pop() {
         let dy = grads.remove(boundary.output.as_tensor()).ok_or_else(|| {
@@ -107,14 +78,7 @@ pub fn forward_backward(
         })?;
         // Free the previous segment's gradients before the recomputation allocates.
         drop(grads);
-        let block_ctx = ctx.block(boundary.block)?;
-        let y = model.blocks()[boundary.block].forward(
-            &boundary.input,
-            mask.as_ref(),
-            rope.as_ref(),
-            &block_ctx,
-        )?;
-        grads = y.apply_op1(SeedGradient { dy })?.backward()?;
+        grads = backward_segment(model, &boundary, dy, ctx, &inputs)?;
         harvest(&mut grads, vars, &mut received, tied.as_mut(), sink)?;
     }
     if let Some(TiedGradient {
@@ -134,6 +98,80 @@ pub fn forward_backward(
     drop(grads);
     sink.settled()?;
     Ok(loss)
+}
+
+/// What the blocks read beside their input: the attention mask and the rotary tables.
+struct BlockInputs {
+    mask: Option<Tensor>,
+    rope: Option<RopeTables>,
+}
+
+impl BlockInputs {
+    /// Those of a batch of `tokens` computed in `dtype`.
+    fn new(model: &Transformer, tokens: &Tensor, dtype: DType) -> Result<Self> {
+        Ok(Self {
+            mask: model.attention_mask(tokens.dim(1)?, dtype, tokens.device())?,
+            rope: model.rope_tables(tokens.dim(1)?, dtype, tokens.device())?,
+        })
+    }
+}
+
+/// The forward pass, segmented by `plan`, and the loss's backward pass through the last
+/// segment: the (unscaled) loss, the last segment's gradients, and the boundaries of the
+/// recomputed blocks, first block first. The last segment's graph (logits and all) ends with
+/// this function, as soon as its backward pass is done.
+fn forward_segments(
+    model: &Transformer,
+    plan: &RecomputedBlocks,
+    batch: &Batch,
+    dtype: DType,
+    ctx: &Ctx,
+    inputs: &BlockInputs,
+    loss_factor: f64,
+) -> Result<(f64, GradStore, Vec<Boundary>)> {
+    let (mask, rope) = (inputs.mask.as_ref(), inputs.rope.as_ref());
+    let mut boundaries = Vec::with_capacity(plan.count());
+    let mut x = model.embed(&batch.inputs, dtype, ctx)?;
+    for (i, block) in model.blocks().iter().enumerate() {
+        let block_ctx = ctx.block(i)?;
+        if plan.recomputes(i) {
+            // `y` and the block's whole graph die at the end of this statement; only the
+            // copy in `output` remains.
+            let output = Var::from_tensor(&block.forward(&x.detach(), mask, rope, &block_ctx)?)?;
+            let next = output.as_tensor().clone();
+            boundaries.push(Boundary {
+                block: i,
+                input: x,
+                output,
+            });
+            x = next;
+        } else {
+            x = block.forward(&x, mask, rope, &block_ctx)?;
+        }
+    }
+    let logits = model.head(&x, ctx)?;
+    let loss = cross_entropy(&logits, &batch.targets, ctx.engine)?;
+    let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+    Ok((value, (loss * loss_factor)?.backward()?, boundaries))
+}
+
+/// The backward pass of a recomputed block and the segment before it: the block runs again on
+/// its attached input and its output's gradient `dy` seeds the pass.
+fn backward_segment(
+    model: &Transformer,
+    boundary: &Boundary,
+    dy: Tensor,
+    ctx: &Ctx,
+    inputs: &BlockInputs,
+) -> Result<GradStore> {
+    let block_ctx = ctx.block(boundary.block)?;
+    let y = model.blocks()[boundary.block].forward(
+        &boundary.input,
+        inputs.mask.as_ref(),
+        inputs.rope.as_ref(),
+        &block_ctx,
+    )?;
+    Ok(y.apply_op1(SeedGradient { dy })?.backward()?)
 }
 
 /// The gradient of a tied embedding table, summed over the segments that read it.

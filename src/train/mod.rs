@@ -1,5 +1,5 @@
 //! Training: data, the optimizer's state ([`optimizer`]: on the device, offloaded to the host,
-//! or compact), how a step updates the weights ([`update`]), the passes over a step's
+//! or compact), how a step updates the weights (`update`), the passes over a step's
 //! micro-batches, loss scaling, the step that honours the knobs, checkpoints and the run loop.
 
 pub mod checkpoint;

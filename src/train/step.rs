@@ -8,7 +8,7 @@
 //! the backward pass ([`crate::model::recompute`]). How the gradients become new weights (after
 //! the backward pass or during it, on the device, offloaded to the host, in a compact layout)
 //! is the knobs' [`UpdateStrategy`], which the trainer picks once when it is built
-//! ([`crate::train::update`]).
+//! (`train::update`).
 //!
 //! Data parallel: each rank of a [`Collective`] runs micro-batches `rank·grad_accum ..
 //! (rank+1)·grad_accum` of the step (data and dropout are functions of the global micro index),

@@ -205,30 +205,7 @@ impl<'a> BlockWeights<'a> {
             _ => dout.clone(),
         };
         drop(last);
-        // Feed-forward: recompute its dropped activation (cheaper than keeping it).
-        let act = self.activate(&hidden, m(FF_HIDDEN))?;
-        let dact = self
-            .ff_out
-            .backward_through(&dsum, &dsum, &act, None, m(FF_OUT), grads)?;
-        drop(act);
-        grads.layer_settled()?;
-        let dff_x = match self.activation {
-            Activation::Swiglu => {
-                let dhidden =
-                    ops::swiglu_backward(&dact, &hidden, self.ff_in.bias(), m(FF_HIDDEN))?;
-                self.ff_in.backward(&dhidden, &ff_x, grads)?
-            }
-            act => self.ff_in.backward_through(
-                &dact,
-                &hidden,
-                &ff_x,
-                Some(act),
-                m(FF_HIDDEN),
-                grads,
-            )?,
-        };
-        drop((dact, hidden));
-        grads.layer_settled()?;
+        let dff_x = self.feed_forward_backward(&dsum, hidden, &ff_x, dropout, part, grads)?;
         // Gradient of `mid` (the attention residual sum).
         let dmid = match self.placement {
             NormPlacement::Pre => (&dsum + self.norm2.backward(&mid, &dff_x, grads)?)?,
@@ -256,5 +233,40 @@ impl<'a> BlockWeights<'a> {
             NormPlacement::Post => dattn_in,
         };
         Ok((dmid + dx)?)
+    }
+
+    /// Gradient of the feed-forward's input `ff_x` from the gradient `dsum` of its residual
+    /// sum; hands over its layers' gradients. `hidden` is its saved product.
+    fn feed_forward_backward(
+        &self,
+        dsum: &Tensor,
+        hidden: Tensor,
+        ff_x: &Tensor,
+        dropout: &Dropout,
+        part: u64,
+        grads: &mut Grads,
+    ) -> Result<Tensor> {
+        let m = |site| dropout.mask(part, site);
+        // The dropped activation is recomputed (cheaper than keeping it).
+        let act = self.activate(&hidden, m(FF_HIDDEN))?;
+        let dact = self
+            .ff_out
+            .backward_through(dsum, dsum, &act, None, m(FF_OUT), grads)?;
+        drop(act);
+        grads.layer_settled()?;
+        let dff_x = match self.activation {
+            Activation::Swiglu => {
+                let dhidden =
+                    ops::swiglu_backward(&dact, &hidden, self.ff_in.bias(), m(FF_HIDDEN))?;
+                self.ff_in.backward(&dhidden, ff_x, grads)?
+            }
+            act => {
+                self.ff_in
+                    .backward_through(&dact, &hidden, ff_x, Some(act), m(FF_HIDDEN), grads)?
+            }
+        };
+        drop((dact, hidden));
+        grads.layer_settled()?;
+        Ok(dff_x)
     }
 }

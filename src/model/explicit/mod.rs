@@ -73,64 +73,13 @@ pub fn forward_backward(
     let mut grads = Grads::new(model, sink);
     let (b, s) = batch.inputs.dims2()?;
     let weights = BlockCaster::new(model, dtype, attention, batch.inputs.device())?;
-
-    // Forward: keep each block's saved activations, or only its input where it is recomputed.
     let embed_mask = embed_mask(model, dropout);
-    let mut x = embed(model, &batch.inputs, dtype, embed_mask)?;
-    let mut saved: Vec<LeftForBackward> = Vec::with_capacity(model.blocks().len());
-    for i in 0..model.blocks().len() {
-        let keep = !plan.recomputes(i);
-        let (out, kept) = weights
-            .block(i)?
-            .forward(&x, b, s, dropout, i as u64, keep)?;
-        saved.push(match kept {
-            Some(kept) => LeftForBackward::Kept(kept),
-            None => LeftForBackward::Input(x),
-        });
-        x = out;
-    }
-
-    // Head and loss, in chunks of rows; the loss is read at the very end: a read now would
-    // stall the device until the forward pass is done, leaving it idle while the backward pass
-    // is being queued. A tied head's weight gradient waits for the embeddings' part; by rows,
-    // the whole weight gradient waits.
-    let row_multiple = head_row_multiple(x.device());
-    let (loss, mut dx, rest) = match head {
-        HeadGradient::ByRows => {
-            let slice = slice_rows(model.spec().d_model, dtype, row_multiple);
-            let head = SlicedHead::new(model, dtype, row_multiple, slice)?;
-            let chunk = head.chunk_rows(&x);
-            let (loss, dx, deferred) =
-                head.loss_and_backward(&x, &batch.targets, loss_factor, chunk, &mut grads)?;
-            (loss, dx, HeadRest::Rows(head, deferred))
-        }
-        HeadGradient::Whole => {
-            let head = Head::new(model, dtype, row_multiple)?;
-            let chunk = head.chunk_rows(&x)?;
-            let (loss, dx, tied) =
-                head.loss_and_backward(&x, &batch.targets, loss_factor, chunk, &mut grads)?;
-            (loss, dx, HeadRest::Tied(tied))
-        }
-    };
-    drop(x);
+    let x = embed(model, &batch.inputs, dtype, embed_mask)?;
+    let (x, saved) = forward_blocks(&weights, plan, x, b, s, dropout)?;
+    let (loss, dx, rest) =
+        head_loss_and_backward(model, x, batch, dtype, head, loss_factor, &mut grads)?;
     grads.settled()?;
-
-    // Backward through the blocks, last first, recomputing where only the input was kept.
-    while let Some(stash) = saved.pop() {
-        let i = saved.len();
-        let w = weights.block(i)?;
-        let kept = match stash {
-            LeftForBackward::Kept(kept) => kept,
-            LeftForBackward::Input(input) => w
-                .forward(&input, b, s, dropout, i as u64, true)?
-                .1
-                .ok_or_else(|| Error::internal(format!("block {i} kept nothing when asked to")))?,
-        };
-        dx = w.backward(&dx, kept, b, s, dropout, i as u64, &mut grads)?;
-        // The block's weights (and their half-precision copies) are done with.
-        drop(w);
-        grads.settled()?;
-    }
+    let dx = backward_blocks(&weights, saved, dx, b, s, dropout, &mut grads)?;
     match rest {
         HeadRest::Rows(head, deferred) => {
             let dropped = embed_backward(
@@ -175,6 +124,98 @@ pub fn forward_backward(
         "forward and backward queued, then waited for"
     );
     Ok(loss)
+}
+
+/// The forward pass through the blocks from the embeddings `x`: the last block's output, and
+/// for each block its saved activations, or only its input where `plan` recomputes it.
+fn forward_blocks(
+    weights: &BlockCaster,
+    plan: &RecomputedBlocks,
+    mut x: Tensor,
+    b: usize,
+    s: usize,
+    dropout: &Dropout,
+) -> Result<(Tensor, Vec<LeftForBackward>)> {
+    let blocks = weights.model.blocks().len();
+    let mut saved: Vec<LeftForBackward> = Vec::with_capacity(blocks);
+    for i in 0..blocks {
+        let keep = !plan.recomputes(i);
+        let (out, kept) = weights
+            .block(i)?
+            .forward(&x, b, s, dropout, i as u64, keep)?;
+        saved.push(match kept {
+            Some(kept) => LeftForBackward::Kept(kept),
+            None => LeftForBackward::Input(x),
+        });
+        x = out;
+    }
+    Ok((x, saved))
+}
+
+/// Head and loss of the last block's output `x`, in chunks of rows, and the head's backward:
+/// the loss (still on the device), the gradient of `x`, and what the head leaves for the end
+/// of the backward pass.
+///
+/// The loss is read at the very end: a read now would stall the device until the forward pass
+/// is done, leaving it idle while the backward pass is being queued. A tied head's weight
+/// gradient waits for the embeddings' part; by rows, the whole weight gradient waits.
+fn head_loss_and_backward<'a>(
+    model: &'a Transformer,
+    x: Tensor,
+    batch: &Batch,
+    dtype: DType,
+    head: HeadGradient,
+    loss_factor: f64,
+    grads: &mut Grads,
+) -> Result<(Tensor, Tensor, HeadRest<'a>)> {
+    let row_multiple = head_row_multiple(x.device());
+    match head {
+        HeadGradient::ByRows => {
+            let slice = slice_rows(model.spec().d_model, dtype, row_multiple);
+            let head = SlicedHead::new(model, dtype, row_multiple, slice)?;
+            let chunk = head.chunk_rows(&x);
+            let (loss, dx, deferred) =
+                head.loss_and_backward(&x, &batch.targets, loss_factor, chunk, grads)?;
+            Ok((loss, dx, HeadRest::Rows(head, deferred)))
+        }
+        HeadGradient::Whole => {
+            let head = Head::new(model, dtype, row_multiple)?;
+            let chunk = head.chunk_rows(&x)?;
+            let (loss, dx, tied) =
+                head.loss_and_backward(&x, &batch.targets, loss_factor, chunk, grads)?;
+            Ok((loss, dx, HeadRest::Tied(tied)))
+        }
+    }
+}
+
+/// The backward pass through the blocks, last first, from the gradient `dx` of the last
+/// block's output, recomputing where only the input was kept; returns the gradient of the
+/// embeddings' output.
+fn backward_blocks(
+    weights: &BlockCaster,
+    mut saved: Vec<LeftForBackward>,
+    mut dx: Tensor,
+    b: usize,
+    s: usize,
+    dropout: &Dropout,
+    grads: &mut Grads,
+) -> Result<Tensor> {
+    while let Some(stash) = saved.pop() {
+        let i = saved.len();
+        let w = weights.block(i)?;
+        let kept = match stash {
+            LeftForBackward::Kept(kept) => kept,
+            LeftForBackward::Input(input) => w
+                .forward(&input, b, s, dropout, i as u64, true)?
+                .1
+                .ok_or_else(|| Error::internal(format!("block {i} kept nothing when asked to")))?,
+        };
+        dx = w.backward(&dx, kept, b, s, dropout, i as u64, grads)?;
+        // The block's weights (and their half-precision copies) are done with.
+        drop(w);
+        grads.settled()?;
+    }
+    Ok(dx)
 }
 
 /// The mean loss of `batch` without dropout, keeping nothing.

@@ -102,19 +102,7 @@ pub fn update_in_blocks<W: Weight>(
     for (b, start) in (0..n).step_by(block).enumerate() {
         let end = (start + block).min(n);
         for i in start..end {
-            let (m0, v0) = match &moments {
-                MomentsMut::F32(m, v) => (m[i], v[i]),
-                MomentsMut::Bf16(m, v) => (m[i].to_f32(), v[i].to_f32()),
-                MomentsMut::Int8 {
-                    m,
-                    v,
-                    m_scale,
-                    v_scale,
-                } => (
-                    maps.signed[m[i] as usize] * m_scale[b],
-                    maps.unsigned[v[i] as usize] * v_scale[b],
-                ),
-            };
+            let (m0, v0) = moments.read(i, b, maps);
             let theta = w[i].to_f32();
             let gi = g[i];
             let m1 = k.first_moment(theta, m0, gi);
@@ -138,10 +126,38 @@ pub fn update_in_blocks<W: Weight>(
             v_new[i - start] = v1;
         }
         let len = end - start;
-        match &mut moments {
+        moments.store(b, start, &m_new[..len], &v_new[..len], maps);
+    }
+}
+
+impl MomentsMut<'_> {
+    /// Element `i`'s moments (of block `b`) in f32.
+    #[inline]
+    fn read(&self, i: usize, b: usize, maps: &Maps) -> (f32, f32) {
+        match self {
+            MomentsMut::F32(m, v) => (m[i], v[i]),
+            MomentsMut::Bf16(m, v) => (m[i].to_f32(), v[i].to_f32()),
+            MomentsMut::Int8 {
+                m,
+                v,
+                m_scale,
+                v_scale,
+            } => (
+                maps.signed[m[i] as usize] * m_scale[b],
+                maps.unsigned[v[i] as usize] * v_scale[b],
+            ),
+        }
+    }
+
+    /// Stores block `b`'s new moments `m_new`, `v_new` (its elements from `start` on) in
+    /// their format: 8-bit codes scaled by the block's largest magnitude.
+    fn store(&mut self, b: usize, start: usize, m_new: &[f32], v_new: &[f32], maps: &Maps) {
+        let len = m_new.len();
+        let end = start + len;
+        match self {
             MomentsMut::F32(m, v) => {
-                m[start..end].copy_from_slice(&m_new[..len]);
-                v[start..end].copy_from_slice(&v_new[..len]);
+                m[start..end].copy_from_slice(m_new);
+                v[start..end].copy_from_slice(v_new);
             }
             MomentsMut::Bf16(m, v) => {
                 for j in 0..len {
@@ -155,8 +171,8 @@ pub fn update_in_blocks<W: Weight>(
                 m_scale,
                 v_scale,
             } => {
-                let sm = m_new[..len].iter().fold(0f32, |a, x| a.max(x.abs()));
-                let sv = v_new[..len].iter().fold(0f32, |a, x| a.max(x.abs()));
+                let sm = m_new.iter().fold(0f32, |a, x| a.max(x.abs()));
+                let sv = v_new.iter().fold(0f32, |a, x| a.max(x.abs()));
                 m_scale[b] = sm;
                 v_scale[b] = sv;
                 for j in 0..len {

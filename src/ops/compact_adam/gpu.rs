@@ -55,68 +55,15 @@ pub fn update_cuda(
     if n == 0 {
         return Ok(());
     }
-    let same = g.dtype() == w.dtype();
-    if !(same || g.dtype() == DType::F32) || g.elem_count() != n {
-        bail!(
-            "compact adam: a {:?} gradient of {} elements for {:?} weights of {n}",
-            g.dtype(),
-            g.elem_count(),
-            w.dtype()
-        );
-    }
-    let (wn, master) = match (w.dtype(), layout.masters, same) {
-        (DType::F32, MasterFormat::F32, _) => ("f32", "f32"),
-        (DType::BF16, MasterFormat::Bf16Kahan, true) => ("bf16", "kahan"),
-        (DType::BF16, MasterFormat::Bf16Stochastic, true) => ("bf16", "sr"),
-        (DType::BF16, MasterFormat::Bf16Kahan, false) => ("bf16_g32", "kahan"),
-        (DType::BF16, MasterFormat::Bf16Stochastic, false) => ("bf16_g32", "sr"),
-        (dtype, masters, _) => bail!("compact adam: {dtype:?} weights with {masters:?} masters"),
-    };
-    let (mn, moment_dtype) = match layout.moments {
-        MomentFormat::F32 => ("mf32", DType::F32),
-        MomentFormat::Bf16 => ("mbf16", DType::BF16),
-        MomentFormat::Int8Blockwise => ("mi8", DType::U8),
-    };
-    let blocks = n.div_ceil(BLOCK);
-    for (name, t, dtype, len) in [
-        ("m", state.m, moment_dtype, n),
-        ("v", state.v, moment_dtype, n),
-    ] {
-        if t.dtype() != dtype || t.elem_count() != len {
-            bail!(
-                "compact adam: {name} is {:?} of {}, expected {dtype:?} of {len}",
-                t.dtype(),
-                t.elem_count()
-            );
-        }
-    }
-    let null = 0u64;
-    let (sm, sv) = match (layout.moments, state.scales) {
-        (MomentFormat::Int8Blockwise, Some((a, b))) => {
-            for t in [a, b] {
-                if t.dtype() != DType::F32 || t.elem_count() != blocks {
-                    bail!("compact adam: block scales must be f32 of {blocks}");
-                }
-            }
-            (address(a)?, address(b)?)
-        }
-        (MomentFormat::Int8Blockwise, None) => bail!("compact adam: 8-bit moments need scales"),
-        _ => (null, null),
-    };
-    let comp = match (layout.masters, state.comp) {
-        (MasterFormat::Bf16Kahan, Some(c)) if c.dtype() == DType::BF16 && c.elem_count() == n => {
-            address(c)?
-        }
-        (MasterFormat::Bf16Kahan, _) => {
-            bail!("compact adam: Kahan masters need a bf16 compensation")
-        }
-        _ => null,
-    };
+    let (wn, master) = weight_variant(w, g, layout.masters)?;
+    let mn = moment_variant(&state, layout.moments, n)?;
+    let (sm, sv, comp) = optional_addresses(&state, layout, n)?;
     let func = cuda::kernel_untyped(
         dev,
         &cuda::COMPACT_ADAM,
         &format!("compact_adam_{wn}_{mn}_{master}"),
     )?;
+    let blocks = n.div_ceil(BLOCK);
     let args_k = AdamArgs(consts.packed());
     let (wp, gp, mp, vp) = (
         address(w)?,
@@ -158,6 +105,90 @@ pub fn update_cuda(
     // readers; nothing else writes the weights or the state while the optimizer steps.
     unsafe { args.launch(cfg) }.w()?;
     Ok(())
+}
+
+/// The kernel's weight and master parts of its name for weights `w`, gradient `g` (checked to
+/// be the weights' dtype or f32, and as long) and `masters`.
+fn weight_variant(
+    w: &Tensor,
+    g: &Tensor,
+    masters: MasterFormat,
+) -> Result<(&'static str, &'static str)> {
+    let same = g.dtype() == w.dtype();
+    if !(same || g.dtype() == DType::F32) || g.elem_count() != w.elem_count() {
+        bail!(
+            "compact adam: a {:?} gradient of {} elements for {:?} weights of {}",
+            g.dtype(),
+            g.elem_count(),
+            w.dtype(),
+            w.elem_count()
+        );
+    }
+    Ok(match (w.dtype(), masters, same) {
+        (DType::F32, MasterFormat::F32, _) => ("f32", "f32"),
+        (DType::BF16, MasterFormat::Bf16Kahan, true) => ("bf16", "kahan"),
+        (DType::BF16, MasterFormat::Bf16Stochastic, true) => ("bf16", "sr"),
+        (DType::BF16, MasterFormat::Bf16Kahan, false) => ("bf16_g32", "kahan"),
+        (DType::BF16, MasterFormat::Bf16Stochastic, false) => ("bf16_g32", "sr"),
+        (dtype, masters, _) => bail!("compact adam: {dtype:?} weights with {masters:?} masters"),
+    })
+}
+
+/// The kernel's moment part of its name for `moments`, with `state`'s m and v checked to be
+/// `n` elements of their dtype.
+fn moment_variant(
+    state: &DeviceState<'_>,
+    moments: MomentFormat,
+    n: usize,
+) -> Result<&'static str> {
+    let (mn, moment_dtype) = match moments {
+        MomentFormat::F32 => ("mf32", DType::F32),
+        MomentFormat::Bf16 => ("mbf16", DType::BF16),
+        MomentFormat::Int8Blockwise => ("mi8", DType::U8),
+    };
+    for (name, t) in [("m", state.m), ("v", state.v)] {
+        if t.dtype() != moment_dtype || t.elem_count() != n {
+            bail!(
+                "compact adam: {name} is {:?} of {}, expected {moment_dtype:?} of {n}",
+                t.dtype(),
+                t.elem_count()
+            );
+        }
+    }
+    Ok(mn)
+}
+
+/// The addresses of `state`'s block scales and compensation, checked against `layout` for
+/// `n` elements; null where the layout has none.
+fn optional_addresses(
+    state: &DeviceState<'_>,
+    layout: StateLayout,
+    n: usize,
+) -> Result<(u64, u64, u64)> {
+    let null = 0u64;
+    let blocks = n.div_ceil(BLOCK);
+    let (sm, sv) = match (layout.moments, state.scales) {
+        (MomentFormat::Int8Blockwise, Some((a, b))) => {
+            for t in [a, b] {
+                if t.dtype() != DType::F32 || t.elem_count() != blocks {
+                    bail!("compact adam: block scales must be f32 of {blocks}");
+                }
+            }
+            (address(a)?, address(b)?)
+        }
+        (MomentFormat::Int8Blockwise, None) => bail!("compact adam: 8-bit moments need scales"),
+        _ => (null, null),
+    };
+    let comp = match (layout.masters, state.comp) {
+        (MasterFormat::Bf16Kahan, Some(c)) if c.dtype() == DType::BF16 && c.elem_count() == n => {
+            address(c)?
+        }
+        (MasterFormat::Bf16Kahan, _) => {
+            bail!("compact adam: Kahan masters need a bf16 compensation")
+        }
+        _ => null,
+    };
+    Ok((sm, sv, comp))
 }
 
 /// A copy stream beside candle's, for moments that live in host memory: their uploads and

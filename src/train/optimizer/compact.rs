@@ -14,17 +14,15 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::Mutex;
 
 use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Tensor, Var};
-use half::bf16;
 
 use super::AdamProgress;
 use crate::knobs::{MasterFormat, MomentFormat, MomentPlace, StateLayout};
 use crate::ops::compact_adam::cpu::{self, Maps, MomentsMut, Weight};
-use crate::ops::compact_adam::{quantile, rounding_seed, BLOCK};
+use crate::ops::compact_adam::{quantile, rounding_seed};
 use crate::ops::host_optim::AdamConsts;
-use crate::ops::transfer::{self, HostBuffer, Link};
+use crate::ops::transfer::Link;
 use crate::spec::model::OptimizerSpec;
 use crate::spec::state::Components;
 use crate::Result;
@@ -49,94 +47,28 @@ pub struct CompactAdam {
 
 #[cfg(feature = "cuda")]
 mod overlap;
+mod state;
 
-/// One parameter's state.
-enum ParamState {
-    /// Exact f32 moments on the device (vectors).
-    Exact { m: Tensor, v: Tensor },
-    /// A matrix's state in host vectors (CPU devices).
-    Cpu(Box<CpuState>),
-    /// A matrix's state in device tensors.
-    Device(DeviceState),
-    /// A matrix's moments in a page-locked buffer; its compensation on the device.
-    Host {
-        /// Locked to read it for a checkpoint through a shared borrow.
-        buffer: Mutex<HostBuffer>,
-        /// Offsets of m, v and (8-bit) the two scale vectors.
-        at: [usize; 4],
-        comp: Option<Tensor>,
-    },
-}
-
-struct CpuState {
-    moments: CpuMoments,
-    comp: Option<Vec<bf16>>,
-}
-
-enum CpuMoments {
-    F32(Vec<f32>, Vec<f32>),
-    Bf16(Vec<bf16>, Vec<bf16>),
-    Int8 {
-        m: Vec<u8>,
-        v: Vec<u8>,
-        m_scale: Vec<f32>,
-        v_scale: Vec<f32>,
-    },
-}
-
-struct DeviceState {
-    m: Tensor,
-    v: Tensor,
-    scales: Option<(Tensor, Tensor)>,
-    comp: Option<Tensor>,
-}
-
-/// The moments' dtype in `layout`.
-fn moment_dtype(layout: StateLayout) -> DType {
-    match layout.moments {
-        MomentFormat::F32 => DType::F32,
-        MomentFormat::Bf16 => DType::BF16,
-        MomentFormat::Int8Blockwise => DType::U8,
-    }
-}
-
-/// Zero moments (and scales, compensation) for `n` elements on `device`.
-fn device_state(layout: StateLayout, n: usize, device: &Device) -> Result<DeviceState> {
-    let dtype = moment_dtype(layout);
-    let scales = match layout.moments {
-        MomentFormat::Int8Blockwise => Some((
-            Tensor::zeros(n.div_ceil(BLOCK), DType::F32, device)?,
-            Tensor::zeros(n.div_ceil(BLOCK), DType::F32, device)?,
-        )),
-        _ => None,
-    };
-    Ok(DeviceState {
-        m: Tensor::zeros(n, dtype, device)?,
-        v: Tensor::zeros(n, dtype, device)?,
-        scales,
-        comp: compensation(layout, n, device)?,
-    })
-}
-
-fn compensation(layout: StateLayout, n: usize, device: &Device) -> Result<Option<Tensor>> {
-    Ok(match layout.masters {
-        MasterFormat::Bf16Kahan => Some(Tensor::zeros(n, DType::BF16, device)?),
-        _ => None,
-    })
-}
-
-/// The byte sizes of a matrix's m, v and scale vectors in `layout`.
-fn moment_sizes(layout: StateLayout, n: usize) -> [usize; 4] {
-    let e = moment_dtype(layout).size_in_bytes();
-    let s = match layout.moments {
-        MomentFormat::Int8Blockwise => 4 * n.div_ceil(BLOCK),
-        _ => 0,
-    };
-    [e * n, e * n, s, s]
-}
+use state::{moment_sizes, CpuMoments, CpuState, ParamState, SavedParam};
 
 fn tensor_bytes(t: &Tensor) -> u64 {
     (t.elem_count() * t.dtype().size_in_bytes()) as u64
+}
+
+/// The maps on the device, for 8-bit moments on a GPU.
+fn device_maps(
+    maps: &Maps,
+    layout: StateLayout,
+    device: &Device,
+) -> Result<Option<(Tensor, Tensor)>> {
+    if device.is_cuda() && layout.moments == MomentFormat::Int8Blockwise {
+        Ok(Some((
+            Tensor::from_slice(&maps.signed, quantile::CODES, device)?,
+            Tensor::from_slice(&maps.unsigned, quantile::CODES, device)?,
+        )))
+    } else {
+        Ok(None)
+    }
 }
 
 impl CompactAdam {
@@ -154,70 +86,15 @@ impl CompactAdam {
         } else {
             None
         };
-        let mut states = Vec::with_capacity(vars.len());
-        for var in vars {
-            let n = var.elem_count();
-            let want = if var.rank() >= 2 && layout.masters.is_half() {
-                DType::BF16
-            } else {
-                DType::F32
-            };
-            if var.dtype() != want {
-                return Err(crate::Error::internal(format!(
-                    "compact state: a {:?} parameter where {want:?} was expected",
-                    var.dtype()
-                )));
-            }
-            let state = if var.rank() < 2 {
-                ParamState::Exact {
-                    m: Tensor::zeros(n, DType::F32, &device)?,
-                    v: Tensor::zeros(n, DType::F32, &device)?,
-                }
-            } else if device.is_cpu() {
-                ParamState::Cpu(Box::new(CpuState {
-                    moments: match layout.moments {
-                        MomentFormat::F32 => CpuMoments::F32(vec![0.0; n], vec![0.0; n]),
-                        MomentFormat::Bf16 => {
-                            CpuMoments::Bf16(vec![bf16::ZERO; n], vec![bf16::ZERO; n])
-                        }
-                        MomentFormat::Int8Blockwise => CpuMoments::Int8 {
-                            m: vec![0; n],
-                            v: vec![0; n],
-                            m_scale: vec![0.0; n.div_ceil(BLOCK)],
-                            v_scale: vec![0.0; n.div_ceil(BLOCK)],
-                        },
-                    },
-                    comp: (layout.masters == MasterFormat::Bf16Kahan).then(|| vec![bf16::ZERO; n]),
-                }))
-            } else if let Some(link) = &link {
-                let sizes = moment_sizes(layout, n);
-                let (offsets, total) = transfer::layout(sizes);
-                let mut buffer = HostBuffer::new(link);
-                buffer.reserve(total)?;
-                let bytes = buffer.bytes()?;
-                bytes.fill(0);
-                ParamState::Host {
-                    buffer: Mutex::new(buffer),
-                    at: [offsets[0], offsets[1], offsets[2], offsets[3]],
-                    comp: compensation(layout, n, &device)?,
-                }
-            } else {
-                ParamState::Device(device_state(layout, n, &device)?)
-            };
-            states.push(state);
-        }
+        let states = vars
+            .iter()
+            .map(|var| ParamState::zeros(var, layout, &device, link.as_ref()))
+            .collect::<Result<Vec<_>>>()?;
         let maps = Maps {
             signed: quantile::dynamic_map(true),
             unsigned: quantile::dynamic_map(false),
         };
-        let device_maps = if device.is_cuda() && layout.moments == MomentFormat::Int8Blockwise {
-            Some((
-                Tensor::from_slice(&maps.signed, quantile::CODES, &device)?,
-                Tensor::from_slice(&maps.unsigned, quantile::CODES, &device)?,
-            ))
-        } else {
-            None
-        };
+        let device_maps = device_maps(&maps, layout, &device)?;
         Ok(Self {
             progress: AdamProgress::new(spec),
             layout,
@@ -403,81 +280,8 @@ impl CompactAdam {
         }
         let mut out = HashMap::new();
         for ((name, var), state) in names.iter().zip(&self.vars).zip(&self.states) {
-            let n = var.elem_count();
-            let mut put = |key: &str, t: Tensor| {
+            for (key, t) in state.tensors(self.layout, var.elem_count())? {
                 out.insert(format!("{key}.{name}"), t);
-            };
-            match state {
-                ParamState::Exact { m, v } => {
-                    put("m", m.clone());
-                    put("v", v.clone());
-                }
-                ParamState::Cpu(s) => {
-                    match &s.moments {
-                        CpuMoments::F32(m, v) => {
-                            put("m", Tensor::new(m.as_slice(), &Device::Cpu)?);
-                            put("v", Tensor::new(v.as_slice(), &Device::Cpu)?);
-                        }
-                        CpuMoments::Bf16(m, v) => {
-                            put("m", Tensor::new(m.as_slice(), &Device::Cpu)?);
-                            put("v", Tensor::new(v.as_slice(), &Device::Cpu)?);
-                        }
-                        CpuMoments::Int8 {
-                            m,
-                            v,
-                            m_scale,
-                            v_scale,
-                        } => {
-                            put("m", Tensor::new(m.as_slice(), &Device::Cpu)?);
-                            put("v", Tensor::new(v.as_slice(), &Device::Cpu)?);
-                            put("m_scale", Tensor::new(m_scale.as_slice(), &Device::Cpu)?);
-                            put("v_scale", Tensor::new(v_scale.as_slice(), &Device::Cpu)?);
-                        }
-                    }
-                    if let Some(c) = &s.comp {
-                        put("kahan", Tensor::new(c.as_slice(), &Device::Cpu)?);
-                    }
-                }
-                ParamState::Device(s) => {
-                    put("m", s.m.clone());
-                    put("v", s.v.clone());
-                    if let Some((a, b)) = &s.scales {
-                        put("m_scale", a.clone());
-                        put("v_scale", b.clone());
-                    }
-                    if let Some(c) = &s.comp {
-                        put("kahan", c.clone());
-                    }
-                }
-                ParamState::Host { buffer, at, comp } => {
-                    let sizes = moment_sizes(self.layout, n);
-                    let mut buffer = buffer.lock().map_err(|_| poisoned())?;
-                    let bytes = buffer.bytes()?;
-                    let dtype = moment_dtype(self.layout);
-                    let read = |i: usize, dtype: DType, len: usize| -> Result<Tensor> {
-                        let raw = &bytes[at[i]..at[i] + sizes[i]];
-                        Ok(match dtype {
-                            DType::U8 => Tensor::from_slice(raw, len, &Device::Cpu)?,
-                            DType::BF16 => Tensor::from_slice(
-                                transfer::typed::<bf16>(raw)?,
-                                len,
-                                &Device::Cpu,
-                            )?,
-                            _ => {
-                                Tensor::from_slice(transfer::typed::<f32>(raw)?, len, &Device::Cpu)?
-                            }
-                        })
-                    };
-                    put("m", read(0, dtype, n)?);
-                    put("v", read(1, dtype, n)?);
-                    if self.layout.moments == MomentFormat::Int8Blockwise {
-                        put("m_scale", read(2, DType::F32, n.div_ceil(BLOCK))?);
-                        put("v_scale", read(3, DType::F32, n.div_ceil(BLOCK))?);
-                    }
-                    if let Some(c) = comp {
-                        put("kahan", c.clone());
-                    }
-                }
             }
         }
         Ok(out)
@@ -489,133 +293,23 @@ impl CompactAdam {
         names: &[String],
         tensors: &HashMap<String, Tensor>,
     ) -> std::result::Result<(), String> {
-        let get = |key: &str,
-                   name: &str,
-                   dtype: DType,
-                   len: usize|
-         -> std::result::Result<Tensor, String> {
-            let full = format!("{key}.{name}");
-            let t = tensors
-                .get(&full)
-                .ok_or_else(|| format!("optimizer state `{full}` is missing"))?;
-            if t.dtype() != dtype || t.elem_count() != len {
-                return Err(format!(
-                    "optimizer state `{full}` is {:?} of {} elements, expected {dtype:?} of {len} (a checkpoint of another state layout?)",
-                    t.dtype(),
-                    t.elem_count()
-                ));
-            }
-            t.flatten_all().map_err(|e| e.to_string())
-        };
         #[cfg(feature = "cuda")]
         if let Some(o) = &self.overlap {
             o.synchronize().map_err(|e| e.to_string())?;
         }
-        let layout = self.layout;
-        let dtype = moment_dtype(layout);
-        let e = |e: candle_core::Error| e.to_string();
-        let e2 = |e: crate::Error| e.to_string();
         for ((name, var), state) in names.iter().zip(&self.vars).zip(&mut self.states) {
-            let n = var.elem_count();
-            let blocks = n.div_ceil(BLOCK);
-            let int8 = layout.moments == MomentFormat::Int8Blockwise;
-            let kahan = layout.masters == MasterFormat::Bf16Kahan;
-            match state {
-                ParamState::Exact { m, v } => {
-                    *m = get("m", name, DType::F32, n)?
-                        .to_device(m.device())
-                        .map_err(e)?;
-                    *v = get("v", name, DType::F32, n)?
-                        .to_device(v.device())
-                        .map_err(e)?;
-                }
-                ParamState::Cpu(s) => {
-                    s.moments = match layout.moments {
-                        MomentFormat::F32 => CpuMoments::F32(
-                            get("m", name, dtype, n)?.to_vec1().map_err(e)?,
-                            get("v", name, dtype, n)?.to_vec1().map_err(e)?,
-                        ),
-                        MomentFormat::Bf16 => CpuMoments::Bf16(
-                            get("m", name, dtype, n)?.to_vec1().map_err(e)?,
-                            get("v", name, dtype, n)?.to_vec1().map_err(e)?,
-                        ),
-                        MomentFormat::Int8Blockwise => CpuMoments::Int8 {
-                            m: get("m", name, dtype, n)?.to_vec1().map_err(e)?,
-                            v: get("v", name, dtype, n)?.to_vec1().map_err(e)?,
-                            m_scale: get("m_scale", name, DType::F32, blocks)?
-                                .to_vec1()
-                                .map_err(e)?,
-                            v_scale: get("v_scale", name, DType::F32, blocks)?
-                                .to_vec1()
-                                .map_err(e)?,
-                        },
-                    };
-                    if kahan {
-                        s.comp = Some(get("kahan", name, DType::BF16, n)?.to_vec1().map_err(e)?);
-                    }
-                }
-                ParamState::Device(s) => {
-                    let dev = s.m.device().clone();
-                    s.m = get("m", name, dtype, n)?.to_device(&dev).map_err(e)?;
-                    s.v = get("v", name, dtype, n)?.to_device(&dev).map_err(e)?;
-                    if int8 {
-                        s.scales = Some((
-                            get("m_scale", name, DType::F32, blocks)?
-                                .to_device(&dev)
-                                .map_err(e)?,
-                            get("v_scale", name, DType::F32, blocks)?
-                                .to_device(&dev)
-                                .map_err(e)?,
-                        ));
-                    }
-                    if kahan {
-                        s.comp = Some(
-                            get("kahan", name, DType::BF16, n)?
-                                .to_device(&dev)
-                                .map_err(e)?,
-                        );
-                    }
-                }
-                ParamState::Host { buffer, at, comp } => {
-                    let sizes = moment_sizes(layout, n);
-                    let mut parts = vec![get("m", name, dtype, n)?, get("v", name, dtype, n)?];
-                    if int8 {
-                        parts.push(get("m_scale", name, DType::F32, blocks)?);
-                        parts.push(get("v_scale", name, DType::F32, blocks)?);
-                    }
-                    let buffer = buffer.get_mut().map_err(|_| poisoned().to_string())?;
-                    let bytes = buffer.bytes().map_err(e2)?;
-                    for (i, t) in parts.iter().enumerate() {
-                        let raw: Vec<u8> = match t.dtype() {
-                            DType::U8 => t.to_vec1::<u8>().map_err(e)?,
-                            DType::BF16 => {
-                                bytemuck::cast_slice(&t.to_vec1::<bf16>().map_err(e)?).to_vec()
-                            }
-                            _ => bytemuck::cast_slice(&t.to_vec1::<f32>().map_err(e)?).to_vec(),
-                        };
-                        bytes[at[i]..at[i] + sizes[i]].copy_from_slice(&raw);
-                    }
-                    if let (true, Some(c)) = (kahan, comp.as_mut()) {
-                        *c = get("kahan", name, DType::BF16, n)?
-                            .to_device(c.device())
-                            .map_err(e)?;
-                    }
-                }
-            }
+            let saved = SavedParam { tensors, name };
+            state.load(&saved, self.layout, var.elem_count())?;
         }
         Ok(())
     }
-}
-
-fn poisoned() -> crate::Error {
-    crate::Error::internal("a host moment buffer's lock was poisoned by a panic")
 }
 
 #[cfg(feature = "cuda")]
 fn cuda_update(
     var: &Var,
     g: &Tensor,
-    s: &DeviceState,
+    s: &state::DeviceState,
     maps: Option<&(Tensor, Tensor)>,
     layout: StateLayout,
     consts: &AdamConsts,

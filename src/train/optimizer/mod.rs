@@ -4,7 +4,7 @@
 //! [`OptimizerState`] and [`OptimizerStateMut`] whatever the layout.
 //!
 //! How a step drives a state (after the backward pass, during it, streamed through the host)
-//! is [`crate::train::update`]'s; this module only keeps and updates the numbers.
+//! is `train::update`'s; this module only keeps and updates the numbers.
 
 use std::collections::HashMap;
 

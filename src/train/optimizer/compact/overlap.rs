@@ -23,7 +23,8 @@
 
 use candle_core::{Tensor, Var};
 
-use super::{cuda_update, device_state, moment_sizes, poisoned, tensor_bytes, ParamState};
+use super::state::{device_state, moment_sizes, poisoned, DeviceState, ParamState};
+use super::{cuda_update, tensor_bytes};
 use crate::knobs::{MasterFormat, StateLayout};
 use crate::ops::compact_adam::{rounding_seed, Mark, Stager};
 use crate::ops::host_optim::AdamConsts;
@@ -34,6 +35,19 @@ struct Staged {
     index: usize,
     /// m, v and, with 8-bit moments, the two scale vectors.
     tensors: Vec<Tensor>,
+}
+
+impl Staged {
+    /// The staged moments as the update kernel takes them, with the parameter's compensation.
+    fn device_state(&self, comp: Option<Tensor>) -> DeviceState {
+        let t = &self.tensors;
+        DeviceState {
+            m: t[0].clone(),
+            v: t[1].clone(),
+            scales: (t.len() == 4).then(|| (t[2].clone(), t[3].clone())),
+            comp,
+        }
+    }
 }
 
 type Part = (Vec<Staged>, Mark);
@@ -99,11 +113,7 @@ impl Overlap {
         if let Some((_, part)) = self.prefetched.take() {
             self.release(part)?;
         }
-        let draining = std::mem::take(&mut self.draining);
-        for part in draining {
-            self.release(part)?;
-        }
-        Ok(())
+        self.release_draining()
     }
 
     pub(super) fn synchronize(&self) -> Result<()> {
@@ -180,15 +190,7 @@ impl Overlap {
         if indices.is_empty() {
             return Ok(0);
         }
-        let (staged, uploaded) = match self.prefetched.take() {
-            Some((at, part)) if at == position && self.order.get(at) == Some(&indices) => part,
-            other => {
-                if let Some((_, part)) = other {
-                    self.release(part)?;
-                }
-                self.stage(states, vars, &indices, layout)?
-            }
-        };
+        let (staged, uploaded) = self.uploaded(position, states, vars, &indices, layout)?;
         let mut peak = part_bytes(&staged)
             + self
                 .draining
@@ -208,19 +210,60 @@ impl Overlap {
             };
             let var = &vars[*index];
             let g = super::kernel_gradient(g, var)?;
-            let s = super::DeviceState {
-                m: st.tensors[0].clone(),
-                v: st.tensors[1].clone(),
-                scales: (st.tensors.len() == 4)
-                    .then(|| (st.tensors[2].clone(), st.tensors[3].clone())),
-                comp: comp.clone(),
-            };
+            let s = st.device_state(comp.clone());
             let rounding = rounding_seed(seed, step, *index);
             cuda_update(var, &g, &s, maps, layout, consts, rounding)?;
         }
+        let downloaded = self.download(states, vars, &staged, layout)?;
+        self.release_draining()?;
+        let current = part_bytes(&staged);
+        self.draining.push((staged, downloaded));
+        if self.recorded {
+            if let Some(part) = self.prefetch(states, vars, layout)? {
+                peak = peak.max(current + part_bytes(&part.0));
+                self.prefetched = Some((self.position, part));
+            }
+        }
+        Ok(peak)
+    }
+
+    /// The part at `position` of the step, `indices`, with its moments' upload queued: the
+    /// prefetched one if it is that part, else staged now (and a wrong prefetch freed).
+    fn uploaded(
+        &mut self,
+        position: usize,
+        states: &mut [ParamState],
+        vars: &[Var],
+        indices: &[usize],
+        layout: StateLayout,
+    ) -> Result<Part> {
+        match self.prefetched.take() {
+            Some((at, part))
+                if at == position && self.order.get(at).map(Vec::as_slice) == Some(indices) =>
+            {
+                Ok(part)
+            }
+            other => {
+                if let Some((_, part)) = other {
+                    self.release(part)?;
+                }
+                self.stage(states, vars, indices, layout)
+            }
+        }
+    }
+
+    /// Queues the download of a part's updated moments into their page-locked buffers, after
+    /// the kernels queued so far; returns the mark after it.
+    fn download(
+        &self,
+        states: &mut [ParamState],
+        vars: &[Var],
+        staged: &[Staged],
+        layout: StateLayout,
+    ) -> Result<Mark> {
         let updated = self.stager.compute_mark()?;
         self.stager.copies_wait(&updated)?;
-        for st in &staged {
+        for st in staged {
             let (bytes, ranges) = host_bytes(states, vars, st.index, layout)?;
             for (t, range) in st.tensors.iter().zip(ranges) {
                 // SAFETY: as in `stage`; the copy stream waits for the kernels that wrote the
@@ -229,25 +272,33 @@ impl Overlap {
                 unsafe { self.stager.download(t, &mut bytes[range])? };
             }
         }
-        let downloaded = self.stager.copies_mark()?;
+        Ok(self.stager.copies_mark()?)
+    }
+
+    /// Frees the parts whose download was queued before.
+    fn release_draining(&mut self) -> Result<()> {
         let draining = std::mem::take(&mut self.draining);
         for part in draining {
             self.release(part)?;
         }
-        let current = part_bytes(&staged);
-        self.draining.push((staged, downloaded));
-        if self.recorded {
-            let next = self
-                .order
-                .get(self.position)
-                .filter(|n| !n.is_empty())
-                .cloned();
-            if let Some(next) = next {
-                let part = self.stage(states, vars, &next, layout)?;
-                peak = peak.max(current + part_bytes(&part.0));
-                self.prefetched = Some((self.position, part));
-            }
+        Ok(())
+    }
+
+    /// Stages the next part of the recorded order, if it has host-placed parameters.
+    fn prefetch(
+        &self,
+        states: &mut [ParamState],
+        vars: &[Var],
+        layout: StateLayout,
+    ) -> Result<Option<Part>> {
+        let next = self
+            .order
+            .get(self.position)
+            .filter(|n| !n.is_empty())
+            .cloned();
+        match next {
+            Some(next) => Ok(Some(self.stage(states, vars, &next, layout)?)),
+            None => Ok(None),
         }
-        Ok(peak)
     }
 }

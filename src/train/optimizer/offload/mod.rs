@@ -432,7 +432,7 @@ fn copy_tensor_into(
 /// With P parameters, L elements in the largest parameter tensor and b bytes per element of
 /// the compute dtype (2 for bf16/f16, 4 for fp32):
 ///
-/// - **`Offload::Optimizer`, streamed** ([`streams`]). Allocated once: the f32 master (4 B)
+/// - **`Offload::Optimizer`, streamed** ([`offload_streams`]). Allocated once: the f32 master (4 B)
 ///   and the moments (4 + 4 B), 12 B per parameter, and the step's host buffers, kept from
 ///   step to step (page-locked on a GPU): `DOWNLOAD_BUFFERS + UPLOAD_BUFFERS` of at most G
 ///   elements (the largest part, see `ModelSpec::parameter_groups`) at b bytes. Total

@@ -100,6 +100,22 @@ struct UpdateTimes {
     adam: Duration,
 }
 
+impl UpdateTimes {
+    /// Traces where step `step`'s host time went, with the training thread's wait for a free
+    /// download buffer.
+    fn trace(&self, step: u64, waited_for_buffer: Duration) {
+        tracing::debug!(
+            target: "autotune::offload",
+            step,
+            waited_for_buffer_s = waited_for_buffer.as_secs_f64(),
+            waited_for_download_s = self.waited_for_download.as_secs_f64(),
+            waited_for_upload_s = self.waited_for_upload.as_secs_f64(),
+            adam_s = self.adam.as_secs_f64(),
+            "streamed step"
+        );
+    }
+}
+
 /// What the update thread reads and writes: the optimizer's host state.
 struct HostSide<'a> {
     consts: AdamConsts,
@@ -121,13 +137,7 @@ impl OffloadAdam {
         passes: &mut dyn FnMut(&mut dyn GradientSink) -> Result<f64>,
     ) -> Result<f64> {
         let consts = self.progress.begin_step();
-        let mut transfers = match self.transfers.take() {
-            Some(t) => t,
-            None => match self.vars.first() {
-                Some(v) => Transfers::new(v.device())?,
-                None => return Err(Error::internal("an offloaded optimizer without parameters")),
-            },
-        };
+        let mut transfers = self.take_transfers()?;
         let host = HostSide {
             consts,
             ranges: &self.ranges,
@@ -186,16 +196,19 @@ impl OffloadAdam {
         if result.is_ok() && whole {
             self.transfers = Some(transfers);
         }
-        tracing::debug!(
-            target: "autotune::offload",
-            step = self.progress.steps(),
-            waited_for_buffer_s = waited_for_buffer.as_secs_f64(),
-            waited_for_download_s = times.waited_for_download.as_secs_f64(),
-            waited_for_upload_s = times.waited_for_upload.as_secs_f64(),
-            adam_s = times.adam.as_secs_f64(),
-            "streamed step"
-        );
+        times.trace(self.progress.steps(), waited_for_buffer);
         result
+    }
+
+    /// The link and host buffers of the last step, or new ones for the first.
+    fn take_transfers(&mut self) -> Result<Transfers> {
+        match self.transfers.take() {
+            Some(t) => Ok(t),
+            None => match self.vars.first() {
+                Some(v) => Transfers::new(v.device()),
+                None => Err(Error::internal("an offloaded optimizer without parameters")),
+            },
+        }
     }
 }
 
