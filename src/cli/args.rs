@@ -5,10 +5,11 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use autotune::settings::check::CheckArgs;
 use autotune::settings::estimate::EstimateArgs;
 use autotune::settings::export::ExportArgs;
 use autotune::settings::export_weights::ExportWeightsArgs;
-use autotune::settings::knobs::{KnobArgs, ModelArgs};
+use autotune::settings::probe::ProbeArgs;
 use autotune::settings::show::{CompletionsArgs, DeviceArgs, ReportArgs};
 use autotune::settings::train::TrainArgs;
 use autotune::settings::training::TrainingArgs;
@@ -68,7 +69,7 @@ pub enum Command {
     /// model.safetensors) that `transformers` loads.
     ExportWeights(ExportWeightsArgs),
     /// Re-measure a recorded profile's settings and report regressions (exit 1 on any).
-    Check(super::check::CheckArgs),
+    Check(CheckArgs),
     /// Estimate a setting's peak GPU and host memory without running anything (exit 1 when
     /// it does not fit the target).
     Estimate(EstimateArgs),
@@ -121,30 +122,6 @@ pub struct RunArgs {
     pub run_dir: PathBuf,
     #[command(flatten)]
     pub training: TrainingArgs,
-}
-
-#[derive(Debug, Args)]
-pub struct ProbeArgs {
-    #[command(flatten)]
-    pub model: ModelArgs,
-    #[command(flatten)]
-    pub knobs: KnobArgs,
-    /// Untimed steps before measuring.
-    #[arg(long, default_value_t = 2)]
-    pub warmup: usize,
-    /// Timed steps.
-    #[arg(long, default_value_t = 5)]
-    pub steps: usize,
-    /// Host heap budget (e.g. 8GiB); exceeding it is an out-of-memory outcome.
-    #[arg(long)]
-    pub host_budget: Option<String>,
-    /// Make the GPU behave as one of this size (e.g. 24564MiB for an RTX 4090) by holding back
-    /// the rest, so out-of-memory happens where it would on the smaller card.
-    #[arg(long)]
-    pub gpu_capacity: Option<String>,
-    /// Print one JSON object on stdout.
-    #[arg(long)]
-    pub json: bool,
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ mod export_weights;
 mod interrupt;
 mod printer;
 mod probe;
-mod progress;
+
 mod report;
 mod reporters;
 mod run;

@@ -18,7 +18,7 @@ use autotune::settings::tune::{Backend, TuneSettings};
 
 use super::args::RunArgs;
 use super::printer::Printer;
-use super::progress::{self, TrainProgress};
+use super::reporters::train::{self as progress, TrainProgress};
 use super::train::{interrupt_flag, status_of, TrainReport};
 use super::tune::{emit, record, report, search_only};
 use super::Status;

@@ -16,7 +16,7 @@ use autotune::train::run::{RunSummary, TrainEvent, TrainObserver};
 use autotune::{Knobs, ModelSpec};
 
 use super::printer::Printer;
-use super::progress::{self, TrainProgress};
+use super::reporters::train::{self as progress, TrainProgress};
 use super::Status;
 
 pub fn run(args: TrainArgs, printer: &Printer) -> anyhow::Result<Status> {

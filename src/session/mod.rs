@@ -5,9 +5,11 @@
 //! through an observer ([`observer::SessionObserver`], [`tune::TuneObserver`]), and the binary
 //! decides what people see.
 
+pub mod check;
 pub mod estimate;
 pub mod launch;
 pub mod observer;
+pub mod probe;
 pub mod prober;
 pub mod run_dir;
 pub mod train;

@@ -4,12 +4,14 @@
 //! settings, never the raw flags. [`flags`] maps the core's field names back to the flags that
 //! set them.
 
+pub mod check;
 pub mod estimate;
 pub mod export;
 pub mod export_weights;
 pub mod flags;
 pub mod knobs;
 pub mod model;
+pub mod probe;
 pub mod show;
 pub mod train;
 pub mod training;

@@ -196,41 +196,18 @@ pub fn run(
             summary.interrupted = true;
             break;
         }
-        let t0 = Instant::now();
-        let report = trainer.step(data)?;
-        trainer.device().synchronize()?;
-        let dt = t0.elapsed().as_secs_f64();
+        let report = timed_step(trainer, data, memory, observer)?;
         tokens_seen = tokens_seen.saturating_add(report.tokens as u64);
         tokens_this_run = tokens_this_run.saturating_add(report.tokens as u64);
         summary.last_loss = Some(report.loss);
-        let step = trainer.steps();
-        observer.on_event(&TrainEvent::Step {
-            step,
-            report,
-            tokens_per_s: report.tokens as f64 / dt,
-            memory: MemorySample::read(memory)?,
-        });
-        if !report.loss.is_finite() {
-            summary.diverged = Some(Divergence {
-                step,
-                what: format!("the loss ({})", report.loss),
-            });
+        let run = Run {
+            data,
+            data_spec,
+            config,
+            observer,
+        };
+        if !run.after_step(trainer, &report, tokens_seen, &mut summary)? {
             break;
-        }
-        if config.eval_every > 0 && step % config.eval_every == 0 {
-            let loss = eval(trainer, data)?;
-            summary.last_eval_loss = Some(loss);
-            observer.on_event(&TrainEvent::Eval { step, loss });
-        }
-        let due = config.checkpoint_every > 0 && step % config.checkpoint_every == 0;
-        if due && step < config.total_steps {
-            match save(trainer, data_spec, config, tokens_seen, observer)? {
-                Saved::To(path) => summary.checkpoint = path.or(summary.checkpoint),
-                Saved::NotFinite(divergence) => {
-                    summary.diverged = Some(divergence);
-                    break;
-                }
-            }
         }
     }
     summary.steps = trainer.steps();
@@ -245,6 +222,72 @@ pub fn run(
         Saved::NotFinite(divergence) => summary.diverged = Some(divergence),
     }
     Ok(summary)
+}
+
+/// One step, timed to its end on the device, told to `observer` with the memory after it.
+fn timed_step(
+    trainer: &mut Trainer,
+    data: &Data,
+    memory: &mut dyn DeviceMemory,
+    observer: &dyn TrainObserver,
+) -> Result<StepReport> {
+    let t0 = Instant::now();
+    let report = trainer.step(data)?;
+    trainer.device().synchronize()?;
+    let dt = t0.elapsed().as_secs_f64();
+    observer.on_event(&TrainEvent::Step {
+        step: trainer.steps(),
+        report,
+        tokens_per_s: report.tokens as f64 / dt,
+        memory: MemorySample::read(memory)?,
+    });
+    Ok(report)
+}
+
+/// What a run does between its steps.
+struct Run<'a> {
+    data: &'a Data,
+    data_spec: &'a DataSpec,
+    config: &'a RunConfig,
+    observer: &'a dyn TrainObserver,
+}
+
+impl Run<'_> {
+    /// After a step: stop on a loss that is not finite, evaluate and checkpoint when due.
+    /// Whether the run goes on.
+    fn after_step(
+        &self,
+        trainer: &mut Trainer,
+        report: &StepReport,
+        tokens_seen: u64,
+        summary: &mut RunSummary,
+    ) -> Result<bool> {
+        let step = trainer.steps();
+        if !report.loss.is_finite() {
+            summary.diverged = Some(Divergence {
+                step,
+                what: format!("the loss ({})", report.loss),
+            });
+            return Ok(false);
+        }
+        let config = self.config;
+        if config.eval_every > 0 && step % config.eval_every == 0 {
+            let loss = eval(trainer, self.data)?;
+            summary.last_eval_loss = Some(loss);
+            self.observer.on_event(&TrainEvent::Eval { step, loss });
+        }
+        let due = config.checkpoint_every > 0 && step % config.checkpoint_every == 0;
+        if due && step < config.total_steps {
+            match save(trainer, self.data_spec, config, tokens_seen, self.observer)? {
+                Saved::To(path) => summary.checkpoint = path.or(summary.checkpoint.take()),
+                Saved::NotFinite(divergence) => {
+                    summary.diverged = Some(divergence);
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
+    }
 }
 
 /// Held-out loss on a batch no training step draws (step index `u64::MAX`).

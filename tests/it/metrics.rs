@@ -131,9 +131,16 @@ fn a_resumed_run_continues_the_log_and_the_schedule_where_the_checkpoint_left_th
 
     // Another schedule is refused on resume, naming the flags to pass.
     let mut other = resumed_args.clone();
-    let at = other.iter().position(|a| *a == "--lr-warmup-steps").unwrap();
+    let at = other
+        .iter()
+        .position(|a| *a == "--lr-warmup-steps")
+        .unwrap();
     other[at + 1] = "5";
     let out = autotune_in(split.path(), &other);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("--lr-warmup-steps"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--lr-warmup-steps"),
+        "{}",
+        stderr(&out)
+    );
 }

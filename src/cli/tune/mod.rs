@@ -18,7 +18,7 @@ use autotune::trial::TrialResult;
 
 use super::interrupt::stop_runner_on_interrupt;
 use super::printer::Printer;
-use super::reporters::{self, SearchProgress};
+use super::reporters::search::{self, SearchProgress};
 use super::Status;
 
 pub fn run(args: TuneArgs, printer: &Printer) -> anyhow::Result<Status> {
@@ -58,7 +58,7 @@ impl TuneObserver for OnStderr {
     }
 
     fn tuning(&self, settings: &LiveSettings) {
-        self.0.status(reporters::tuning(settings));
+        self.0.status(search::tuning(settings));
     }
 
     fn runner_starting(&self, group: RunningGroup) {
@@ -130,8 +130,8 @@ fn summary(plan: &Plan) -> String {
         plan.knobs,
         m.tokens_per_s,
         m.step_time_median_s * 1e3,
-        reporters::bytes(m.peak_gpu_bytes),
-        reporters::bytes(m.peak_host_bytes),
+        super::reporters::bytes(m.peak_gpu_bytes),
+        super::reporters::bytes(m.peak_host_bytes),
         plan.evidence.len(),
     );
     if let Some(e) = plan.model_error.memory_loo_rel_error {

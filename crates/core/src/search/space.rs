@@ -19,6 +19,11 @@ use crate::{Error, Result};
 
 const WHAT: &str = "search space";
 
+/// The error of a space whose `field` has `problem`.
+fn invalid(field: &str, problem: String) -> Result<()> {
+    Err(Error::invalid(WHAT, field, problem))
+}
+
 /// What a user asks of a search, beside the target's defaults: the settings to consider (an
 /// empty list keeps the defaults) and the trials' lengths and limits.
 #[derive(Debug, Clone, PartialEq)]
@@ -453,24 +458,46 @@ impl SearchSpace {
 
     /// Checks the space can be searched; errors name the field.
     pub fn validate(&self) -> Result<()> {
-        let bad = |field: &str, problem: String| Err(Error::invalid(WHAT, field, problem));
+        self.validate_regimes()?;
+        self.validate_bounds()?;
+        self.validate_batches()?;
+        if self.timed_steps == 0 || self.verify_timed_steps == 0 {
+            return invalid(
+                "timed_steps",
+                "timed_steps and verify_timed_steps must be at least 1".into(),
+            );
+        }
+        if self.max_trials == Some(0) {
+            return invalid("max_probes", "must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// At least one regime, none twice, each valid knobs on its own.
+    fn validate_regimes(&self) -> Result<()> {
         if self.regimes.is_empty() {
-            return bad("regimes", "must list at least one regime".into());
+            return invalid("regimes", "must list at least one regime".into());
         }
         let mut seen = HashSet::new();
         for (i, regime) in self.regimes.iter().enumerate() {
             if !seen.insert(*regime) {
-                return bad(
+                return invalid(
                     &format!("regimes[{i}]"),
                     format!("({regime}) is listed twice"),
                 );
             }
             Knobs::with_batch(*regime, 1, 1).validate(WHAT, &format!("regimes[{i}]."))?;
         }
+        Ok(())
+    }
+
+    /// Every size and count within its bound, so that the candidates (up to `max_micro_batch`
+    /// of them) stay a small list and trials a bounded length; the saturation gain a fraction.
+    fn validate_bounds(&self) -> Result<()> {
         if self.max_micro_batch == 0 {
-            return bad("max_micro_batch", "must be at least 1".into());
+            return invalid("max_micro_batch", "must be at least 1".into());
         }
-        // Bounded so that the candidates (up to `max_micro_batch` of them) stay a small list.
+        let steps = crate::trial::MAX_TRIAL_STEPS;
         let bounds = [
             (
                 "max_micro_batch",
@@ -482,35 +509,29 @@ impl SearchSpace {
                 self.global_batch.unwrap_or(0),
                 crate::spec::limits::MAX_GLOBAL_BATCH,
             ),
-            (
-                "warmup_steps",
-                self.warmup_steps,
-                crate::trial::MAX_TRIAL_STEPS,
-            ),
-            (
-                "timed_steps",
-                self.timed_steps,
-                crate::trial::MAX_TRIAL_STEPS,
-            ),
-            (
-                "verify_timed_steps",
-                self.verify_timed_steps,
-                crate::trial::MAX_TRIAL_STEPS,
-            ),
+            ("warmup_steps", self.warmup_steps, steps),
+            ("timed_steps", self.timed_steps, steps),
+            ("verify_timed_steps", self.verify_timed_steps, steps),
         ];
         for (field, value, max) in bounds {
             if value > max {
-                return bad(field, format!("({value}) must be at most {max}"));
+                return invalid(field, format!("({value}) must be at most {max}"));
             }
         }
         if !(self.saturation_gain.is_finite() && self.saturation_gain >= 0.0) {
-            return bad(
+            return invalid(
                 "saturation_gain",
                 format!("({}) must be a fraction, at least 0", self.saturation_gain),
             );
         }
+        Ok(())
+    }
+
+    /// The first micro-batch within the range, and a global batch that every regime's degree
+    /// divides and that leaves a candidate at or above the first micro-batch.
+    fn validate_batches(&self) -> Result<()> {
         if !(1..=self.max_micro_batch).contains(&self.start_micro_batch) {
-            return bad(
+            return invalid(
                 "start_micro_batch",
                 format!(
                     "must be between 1 and max_micro_batch ({})",
@@ -518,48 +539,38 @@ impl SearchSpace {
                 ),
             );
         }
-        if self.global_batch == Some(0) {
-            return bad("global_batch", "must be at least 1".into());
+        let Some(n) = self.global_batch else {
+            return Ok(());
+        };
+        if n == 0 {
+            return invalid("global_batch", "must be at least 1".into());
         }
-        if let Some(n) = self.global_batch {
-            if let Some((i, r)) = self
-                .regimes
-                .iter()
-                .enumerate()
-                .find(|(_, r)| n % r.data_parallel.degree.max(1) != 0)
-            {
-                return bad(
-                    "global_batch",
-                    format!(
-                        "({n}) is not divisible by regimes[{i}]'s data-parallel degree {}",
-                        r.data_parallel.degree
-                    ),
-                );
-            }
-        }
-        if let Some(n) = self.global_batch {
-            if self
-                .candidates()
-                .iter()
-                .all(|&b| b < self.start_micro_batch)
-            {
-                return bad(
-                    "start_micro_batch",
-                    format!(
-                        "({}) is above every divisor of global_batch ({n})",
-                        self.start_micro_batch
-                    ),
-                );
-            }
-        }
-        if self.timed_steps == 0 || self.verify_timed_steps == 0 {
-            return bad(
-                "timed_steps",
-                "timed_steps and verify_timed_steps must be at least 1".into(),
+        if let Some((i, r)) = self
+            .regimes
+            .iter()
+            .enumerate()
+            .find(|(_, r)| n % r.data_parallel.degree.max(1) != 0)
+        {
+            return invalid(
+                "global_batch",
+                format!(
+                    "({n}) is not divisible by regimes[{i}]'s data-parallel degree {}",
+                    r.data_parallel.degree
+                ),
             );
         }
-        if self.max_trials == Some(0) {
-            return bad("max_probes", "must be at least 1".into());
+        if self
+            .candidates()
+            .iter()
+            .all(|&b| b < self.start_micro_batch)
+        {
+            return invalid(
+                "start_micro_batch",
+                format!(
+                    "({}) is above every divisor of global_batch ({n})",
+                    self.start_micro_batch
+                ),
+            );
         }
         Ok(())
     }

@@ -5,8 +5,8 @@
 use autotune::session::observer::{Notice, SessionObserver};
 use autotune::train::run::{MemorySample, RunSummary, TrainEvent, TrainObserver};
 
-use super::printer::Printer;
-use super::reporters::bytes;
+use super::bytes;
+use crate::cli::printer::Printer;
 
 /// A training run's progress on stderr.
 pub struct TrainProgress {
