@@ -9,7 +9,7 @@ use autotune::settings::probe::{ProbeArgs, ProbeSettings};
 use autotune::trial::{Outcome, TrialResult};
 
 use super::printer::Printer;
-use super::reporters::{bytes, memory_name};
+use super::reporters::{bytes, failure};
 use super::Status;
 
 /// The JSON line the GPU benchmark scripts read (one object, `impl` = "autotune").
@@ -60,11 +60,7 @@ fn outcome_line(outcome: &Outcome) -> String {
             bytes(m.peak_gpu_bytes),
             bytes(m.peak_host_bytes)
         ),
-        Outcome::OutOfMemory { memory, phase } => {
-            format!("out of {} memory during {phase:?}", memory_name(*memory))
-        }
-        Outcome::Crashed { reason } => format!("crashed: {reason}"),
-        Outcome::TimedOut { after_s } => format!("timed out after {after_s:.0} s"),
+        other => failure(other),
     }
 }
 

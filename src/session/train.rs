@@ -333,15 +333,22 @@ impl Job<'_> {
             schedule: self.schedule,
         });
         let recorder = MetricsRecorder::new(metrics, observer);
+        self.run_loop(&mut trainer, &data, &data_spec, interrupt, &recorder)
+    }
+
+    /// The training loop over `data`, to the run's last step or an interrupt.
+    fn run_loop(
+        &mut self,
+        trainer: &mut Trainer,
+        data: &Data,
+        data_spec: &DataSpec,
+        interrupt: &AtomicBool,
+        observer: &dyn TrainObserver,
+    ) -> Result<RunSummary> {
         let config = self.config();
+        let meter = &mut *self.meter;
         run::run(
-            &mut trainer,
-            &data,
-            &data_spec,
-            &config,
-            interrupt,
-            &mut *self.meter,
-            &recorder,
+            trainer, data, data_spec, &config, interrupt, meter, observer,
         )
     }
 
@@ -365,16 +372,7 @@ impl Job<'_> {
         crate::dist::launch::watch_launcher(interrupt.clone());
         let quiet = run::NoObserver;
         let events: &dyn TrainObserver = if env.rank == 0 { observer } else { &quiet };
-        let config = self.config();
-        let summary = run::run(
-            &mut trainer,
-            &data,
-            &data_spec,
-            &config,
-            interrupt,
-            &mut *self.meter,
-            events,
-        )?;
+        let summary = self.run_loop(&mut trainer, &data, &data_spec, interrupt, events)?;
         if let Some(limit) = self.host_limit {
             if host_memory::is_counting() && host_memory::limit_exceeded() {
                 return Err(Error::Usage(format!(

@@ -8,7 +8,7 @@ use clap::Args;
 
 use super::flags::{self, as_flag};
 use super::knobs::KnobArgs;
-use super::model::ModelName;
+use super::target::TargetArgs;
 use crate::estimate::Attention;
 use crate::model::Engine;
 use crate::profile::record::Profile;
@@ -21,16 +21,9 @@ use crate::{Knobs, Precision, Result};
 /// The flags of `autotune estimate`.
 #[derive(Debug, Args)]
 pub struct EstimateArgs {
-    /// Model: a preset, a JSON spec file or a Hugging Face `config.json`.
-    #[arg(long, default_value = "tiny", value_parser = ModelName)]
-    pub model: String,
-    /// Target machine: auto (this machine's GPU, else the CPU), a built-in profile
-    /// (rtx4090-32g, h200, cpu) or a JSON profile file.
-    #[arg(long, default_value = "auto")]
-    pub target: String,
-    /// The target machine, by its earlier name (now `--target`).
-    #[arg(long, hide = true, conflicts_with = "target")]
-    pub device: Option<String>,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub planned: TargetArgs,
     #[command(flatten)]
     #[allow(missing_docs)]
     pub knobs: KnobArgs,
@@ -87,11 +80,9 @@ impl EstimateSettings {
                 engine: args.engine,
             });
         }
-        if args.device.is_some() {
-            notes.push(flags::renamed("--device", "--target"));
-        }
-        let model = ModelSpec::resolve(&args.model)?;
-        let target = super::tune::target_profile(args.device.as_deref().unwrap_or(&args.target))?;
+        notes.extend(args.planned.note());
+        let model = ModelSpec::resolve(&args.planned.model)?;
+        let target = args.planned.spec()?;
         let knobs = args.knobs.knobs();
         knobs
             .validate("knobs", "")

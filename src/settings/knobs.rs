@@ -22,6 +22,17 @@ pub struct ModelArgs {
     pub engine: crate::model::Engine,
 }
 
+/// A model and its knobs given by hand, on a device: the flags `train` and `probe` share.
+#[derive(Debug, Args)]
+pub struct ByHandArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub knobs: KnobArgs,
+}
+
 /// The knobs a plan would choose, given by hand.
 #[derive(Debug, Args)]
 pub struct KnobArgs {

@@ -13,6 +13,7 @@ pub mod knobs;
 pub mod model;
 pub mod probe;
 pub mod show;
+pub mod target;
 pub mod train;
 pub mod training;
 pub mod tune;

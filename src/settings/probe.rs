@@ -4,7 +4,7 @@
 use clap::Args;
 
 use super::flags::{self, as_flag};
-use super::knobs::{KnobArgs, ModelArgs};
+use super::knobs::ByHandArgs;
 use crate::model::Engine;
 use crate::spec::budget::parse_bytes;
 use crate::spec::limits;
@@ -17,10 +17,7 @@ use crate::{Error, Result};
 pub struct ProbeArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
-    pub model: ModelArgs,
-    #[command(flatten)]
-    #[allow(missing_docs)]
-    pub knobs: KnobArgs,
+    pub by_hand: ByHandArgs,
     /// Untimed steps before measuring.
     #[arg(long, default_value_t = 2)]
     pub warmup: usize,
@@ -59,8 +56,8 @@ pub struct ProbeSettings {
 impl ProbeSettings {
     /// Resolves and checks `args`.
     pub fn from_args(args: &ProbeArgs) -> Result<Self> {
-        let spec = ModelSpec::resolve(&args.model.model)?;
-        let knobs = args.knobs.knobs();
+        let spec = ModelSpec::resolve(&args.by_hand.model.model)?;
+        let knobs = args.by_hand.knobs.knobs();
         let host_budget = args.host_budget.as_deref().map(bytes).transpose()?;
         let request = TrialRequest {
             knobs,
@@ -72,7 +69,7 @@ impl ProbeSettings {
             .and_then(|()| limits::check_knobs(&spec, &knobs, "knobs", ""))
             .map_err(|e| as_flag(e, flags::PROBE))?;
         let gpu_capacity = args.gpu_capacity.as_deref().map(bytes).transpose()?;
-        if knobs.data_parallel.degree > 1 && args.model.engine != Engine::default() {
+        if knobs.data_parallel.degree > 1 && args.by_hand.model.engine != Engine::default() {
             return Err(Error::Usage(
                 "`--engine` applies to single-GPU trials; drop it or --data-parallel".into(),
             ));
@@ -80,8 +77,8 @@ impl ProbeSettings {
         Ok(Self {
             spec,
             request,
-            device: args.model.device.clone(),
-            engine: args.model.engine,
+            device: args.by_hand.model.device.clone(),
+            engine: args.by_hand.model.engine,
             gpu_capacity,
             host_budget,
         })

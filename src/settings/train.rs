@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::flags::{self, as_flag};
-use super::knobs::{KnobArgs, ModelArgs};
+use super::knobs::ByHandArgs;
 use super::training::{Training, TrainingArgs, TrainingDefaults};
 use crate::model::Engine;
 use crate::plan::schema::Plan;
@@ -20,10 +20,7 @@ use crate::{Knobs, Result};
 pub struct TrainArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
-    pub model: ModelArgs,
-    #[command(flatten)]
-    #[allow(missing_docs)]
-    pub knobs: KnobArgs,
+    pub by_hand: ByHandArgs,
     /// Train with a plan from `autotune tune`: its model, knobs and device limits (knob and
     /// model flags are then ignored).
     #[arg(long)]
@@ -115,8 +112,8 @@ impl TrainSettings {
 
 /// The model and knobs the flags give, checked against each other and this machine.
 fn by_hand(args: &TrainArgs, training: &Training) -> Result<TrainSource> {
-    let spec = ModelSpec::resolve(&args.model.model)?;
-    let knobs = args.knobs.knobs();
+    let spec = ModelSpec::resolve(&args.by_hand.model.model)?;
+    let knobs = args.by_hand.knobs.knobs();
     check_data_parallel_flags(args)?;
     knobs
         .validate("knobs", "")
@@ -126,14 +123,14 @@ fn by_hand(args: &TrainArgs, training: &Training) -> Result<TrainSource> {
     Ok(TrainSource::Knobs {
         spec: Box::new(spec),
         knobs,
-        device: args.model.device.clone(),
-        engine: args.model.engine,
+        device: args.by_hand.model.device.clone(),
+        engine: args.by_hand.model.engine,
     })
 }
 
 /// The data-parallel flags against each other and this machine, with the flag to change.
 fn check_data_parallel_flags(args: &TrainArgs) -> Result<()> {
-    let degree = args.knobs.data_parallel;
+    let degree = args.by_hand.knobs.data_parallel;
     let refuse = |flag: &str, problem: &str| -> Result<()> {
         Err(autotune_core::Error::InvalidFlag {
             flag: flag.into(),
@@ -147,18 +144,19 @@ fn check_data_parallel_flags(args: &TrainArgs) -> Result<()> {
             "it is the number of GPUs to train on; use 1 or more",
         );
     }
-    if args.knobs.shard_optimizer && degree < 2 {
+    if args.by_hand.knobs.shard_optimizer && degree < 2 {
         return refuse(
             "--shard-optimizer",
             "splits the optimizer state between GPUs; add `--data-parallel N` with N of 2 or more",
         );
     }
-    if args.knobs.shard_optimizer && args.knobs.offload == crate::Offload::Optimizer {
+    if args.by_hand.knobs.shard_optimizer && args.by_hand.knobs.offload == crate::Offload::Optimizer
+    {
         return refuse(
             "--shard-optimizer",
             "cannot be combined with `--offload optimizer` yet; drop one of them",
         );
     }
-    crate::dist::probe::check_degree(degree, &args.model.device, "--data-parallel")?;
+    crate::dist::probe::check_degree(degree, &args.by_hand.model.device, "--data-parallel")?;
     Ok(())
 }

@@ -21,22 +21,14 @@ use crate::spec::device::{DeviceKind, DeviceSpec};
 use crate::spec::model::ModelSpec;
 
 use super::flags::{self, as_flag};
-use super::model::ModelName;
+use super::target::TargetArgs;
 
 /// `tune`'s flags (also the tuning half of `run`'s).
 #[derive(Debug, Args)]
 pub struct TuneArgs {
-    /// Model: a preset, a JSON spec file or a Hugging Face `config.json`.
-    #[arg(long, default_value = "tiny", value_parser = ModelName)]
-    pub model: String,
-    /// Target machine: auto (this machine's GPU, else the CPU), a built-in profile
-    /// (rtx4090-32g, h200, cpu) or a JSON profile file. A smaller GPU is emulated on a larger one.
-    #[arg(long, default_value = "auto")]
-    pub target: String,
-    /// The target machine, by its earlier name (now `--target`; `--device` names the device
-    /// to run on in `train`, `probe` and `check`).
-    #[arg(long, hide = true, conflicts_with = "target")]
-    pub device: Option<String>,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub planned: TargetArgs,
     /// Sequences per optimizer step; the plan's micro-batch × accumulation equals it.
     #[arg(long)]
     pub global_batch: Option<usize>,
@@ -289,9 +281,7 @@ impl TuneSettings {
 /// The notes the renamed flags' old names leave, when they were used.
 fn renamed_flags(args: &TuneArgs) -> Vec<String> {
     let mut notes = Vec::new();
-    if args.device.is_some() {
-        notes.push(flags::renamed("--device", "--target"));
-    }
+    notes.extend(args.planned.note());
     if args.warmup_steps.is_some() {
         notes.push(flags::renamed("--warmup-steps", "--trial-warmup-steps"));
     }
@@ -299,11 +289,6 @@ fn renamed_flags(args: &TuneArgs) -> Vec<String> {
 }
 
 impl TuneArgs {
-    /// The target machine, under its new name or its old one.
-    pub fn target(&self) -> &str {
-        self.device.as_deref().unwrap_or(&self.target)
-    }
-
     /// Untimed steps per trial, under their new name or their old one.
     pub fn trial_warmup_steps(&self) -> Option<usize> {
         self.trial_warmup_steps.or(self.warmup_steps)
@@ -336,8 +321,8 @@ pub fn runner_command(backend: &Backend, argv: &[String]) -> crate::Result<Optio
 
 impl LiveSettings {
     fn from_args(args: &TuneArgs, runner: Option<RunnerCommand>) -> crate::Result<Self> {
-        let spec = ModelSpec::resolve(&args.model)?;
-        let target = target_profile(args.target())?;
+        let spec = ModelSpec::resolve(&args.planned.model)?;
+        let target = args.planned.spec()?;
         let mut budget = Budget::from_device(&target);
         if let Some(h) = args.headroom {
             budget.headroom = h;
@@ -464,17 +449,6 @@ fn trial_timeout(seconds: Option<f64>) -> crate::Result<TrialTimeout> {
             ),
         }
         .into()),
-    }
-}
-
-/// `auto` (the local GPU, or the built-in CPU profile), a built-in name, or a JSON file.
-pub fn target_profile(name: &str) -> crate::Result<DeviceSpec> {
-    if name != "auto" {
-        return Ok(DeviceSpec::resolve(name)?);
-    }
-    match crate::backend::detect_gpu_profile()? {
-        Some(profile) => Ok(profile),
-        None => Ok(DeviceSpec::builtin("cpu")?),
     }
 }
 

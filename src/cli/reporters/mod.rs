@@ -48,6 +48,14 @@ pub fn trial_outcome(result: &TrialResult, feasible: bool) -> String {
             bytes(m.peak_gpu_bytes),
             bytes(m.peak_host_bytes)
         ),
+        other => failure(other),
+    }
+}
+
+/// What a trial that did not fit ran into.
+pub fn failure(outcome: &Outcome) -> String {
+    match outcome {
+        Outcome::Fits(_) => "fits".to_string(),
         Outcome::OutOfMemory { memory, phase } => {
             format!("out of {} memory during {phase:?}", memory_name(*memory))
         }

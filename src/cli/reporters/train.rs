@@ -109,14 +109,10 @@ impl TrainObserver for TrainProgress {
 
 impl SessionObserver for TrainProgress {
     fn notice(&self, notice: Notice) {
+        let line = notice_line(&notice);
         match notice {
-            Notice::MetricsDropped { path, problem } => self.bar.suspend(|| {
-                self.printer.warn(format!(
-                    "{problem}; training goes on without the metrics log `{}`",
-                    path.display()
-                ))
-            }),
-            other => self.status(notice_line(&other)),
+            Notice::MetricsDropped { .. } => self.bar.suspend(|| self.printer.warn(line)),
+            _ => self.status(line),
         }
     }
 }

@@ -1,0 +1,51 @@
+//! The model and the machine planned for: the flags `tune`, `run` and `estimate` share.
+
+use clap::Args;
+
+use super::flags;
+use super::model::ModelName;
+use crate::spec::device::DeviceSpec;
+use crate::Result;
+
+/// `--model` and `--target` (and `--target`'s earlier name).
+#[derive(Debug, Args)]
+pub struct TargetArgs {
+    /// Model: a preset, a JSON spec file or a Hugging Face `config.json`.
+    #[arg(long, default_value = "tiny", value_parser = ModelName)]
+    pub model: String,
+    /// Target machine: auto (this machine's GPU, else the CPU), a built-in profile
+    /// (rtx4090-32g, h200, cpu) or a JSON profile file. A smaller GPU is emulated on a larger one.
+    #[arg(long, default_value = "auto")]
+    pub target: String,
+    /// The target machine, by its earlier name (now `--target`; `--device` names the device
+    /// to run on in `train`, `probe` and `check`).
+    #[arg(long, hide = true, conflicts_with = "target")]
+    pub device: Option<String>,
+}
+
+impl TargetArgs {
+    /// The target machine, under its new name or its old one.
+    pub fn name(&self) -> &str {
+        self.device.as_deref().unwrap_or(&self.target)
+    }
+
+    /// The target machine's spec: `auto` (the local GPU, or the built-in CPU profile), a
+    /// built-in name, or a JSON file.
+    pub fn spec(&self) -> Result<DeviceSpec> {
+        let name = self.name();
+        if name != "auto" {
+            return Ok(DeviceSpec::resolve(name)?);
+        }
+        match crate::backend::detect_gpu_profile()? {
+            Some(profile) => Ok(profile),
+            None => Ok(DeviceSpec::builtin("cpu")?),
+        }
+    }
+
+    /// The note the old name leaves, when it was used.
+    pub fn note(&self) -> Option<String> {
+        self.device
+            .as_ref()
+            .map(|_| flags::renamed("--device", "--target"))
+    }
+}
