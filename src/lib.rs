@@ -24,6 +24,7 @@ pub use autotune_core::{
 
 pub mod backend;
 pub mod collective;
+pub mod data;
 pub mod dist;
 pub mod error;
 pub mod hash;

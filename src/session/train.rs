@@ -16,6 +16,7 @@ use super::run_dir::claim_checkpoint_dir;
 use crate::backend::host_memory;
 use crate::backend::memory::DeviceMemory;
 use crate::collective::{Collective, RankEnv};
+use crate::data::format::TextTokens;
 use crate::plan::schema::Plan;
 use crate::settings::train::{TrainSettings, TrainSource};
 use crate::settings::training::Training;
@@ -98,7 +99,7 @@ pub fn train_with_plan(
         crate::dist::probe::check_degree(degree, device, "knobs.data_parallel.degree")
             .map_err(|e| Error::Usage(format!("plan `{}`: {e}", plan_path.display())))?;
         let launched = Launched {
-            args: plan_rank_args(plan_path, training),
+            args: plan_rank_args(plan, plan_path, training),
             degree,
             device,
             total_steps: training.steps,
@@ -118,9 +119,12 @@ pub fn train_with_plan(
     Ok(summary)
 }
 
-/// The `autotune train` arguments a rank of a plan's data-parallel run gets.
-fn plan_rank_args(plan_path: &Path, training: &Training) -> Vec<OsString> {
+/// The `autotune train` arguments a rank of a plan's data-parallel run gets: the run's
+/// settings, and the optimizer's as this process resolved them (the ranks read the plan's
+/// file, which the flags may have overridden).
+fn plan_rank_args(plan: &Plan, plan_path: &Path, training: &Training) -> Vec<OsString> {
     let schedule = &training.schedule;
+    let optimizer = &plan.model.optimizer;
     let mut args: Vec<OsString> = vec!["train".into(), "--plan".into()];
     args.push(plan_path.as_os_str().to_owned());
     for (flag, value) in [
@@ -131,6 +135,10 @@ fn plan_rank_args(plan_path: &Path, training: &Training) -> Vec<OsString> {
         ("--seed", training.seed.to_string()),
         ("--lr-warmup-steps", schedule.lr_warmup_steps.to_string()),
         ("--lr-schedule", schedule.lr_schedule.as_str().to_string()),
+        ("--lr", optimizer.lr.to_string()),
+        ("--weight-decay", optimizer.weight_decay.to_string()),
+        ("--beta1", optimizer.beta1.to_string()),
+        ("--beta2", optimizer.beta2.to_string()),
     ] {
         args.push(flag.into());
         args.push(value.into());
@@ -155,6 +163,10 @@ fn plan_rank_args(plan_path: &Path, training: &Training) -> Vec<OsString> {
     }
     if training.resume {
         args.push("--resume".into());
+    }
+    if training.text_tokens == TextTokens::Bytes {
+        args.push("--tokenizer".into());
+        args.push("bytes".into());
     }
     args
 }
@@ -290,7 +302,7 @@ pub struct Job<'a> {
 impl Job<'_> {
     /// The data and a trainer in `group`, restored from the latest checkpoint when resuming.
     fn prepare(&self, group: Collective) -> Result<(DataSpec, Data, Trainer)> {
-        let data_spec = DataSpec::parse(&self.training.data);
+        let data_spec = self.training.data_spec.clone();
         let data = Data::open(&data_spec, self.spec)?;
         let seed = self.training.seed;
         let mut trainer = Trainer::in_group(self.spec, self.knobs, &self.device, seed, group)?;

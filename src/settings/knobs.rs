@@ -9,7 +9,8 @@ use crate::knobs::{Checkpointing, Offload, Precision, Update};
 /// The model and where to run it.
 #[derive(Debug, Args)]
 pub struct ModelArgs {
-    /// Model: a preset, a JSON spec file or a Hugging Face `config.json`.
+    /// Model: a preset, a JSON spec file, a Hugging Face `config.json`, or a Hugging Face model
+    /// folder (its config, and its weights to start from).
     #[arg(long, default_value = "tiny", value_parser = ModelName)]
     pub model: String,
     /// Where to run: cpu, cuda, or auto (cuda when built with it and a GPU is present).

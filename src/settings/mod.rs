@@ -11,6 +11,7 @@ pub mod export_weights;
 pub mod flags;
 pub mod knobs;
 pub mod model;
+pub mod optimizer;
 pub mod probe;
 pub mod show;
 pub mod target;

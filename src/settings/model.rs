@@ -30,6 +30,15 @@ impl TypedValueParser for ModelName {
     }
 }
 
+/// The Hugging Face model folder `model` names, when it is one that holds weights
+/// (`model.safetensors`, or the shards its index lists): a run from it starts from them, as
+/// `from_pretrained` does.
+pub fn weights_folder(model: &str) -> Option<std::path::PathBuf> {
+    let path = std::path::Path::new(model);
+    let weights = ["model.safetensors", "model.safetensors.index.json"];
+    (path.is_dir() && weights.iter().any(|w| path.join(w).is_file())).then(|| path.to_path_buf())
+}
+
 /// The presets as a Markdown table, one row each from the registry: the README's table of
 /// models is this text (a test holds it there).
 pub fn presets_table() -> String {

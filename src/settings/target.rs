@@ -10,7 +10,8 @@ use crate::Result;
 /// `--model` and `--target` (and `--target`'s earlier name).
 #[derive(Debug, Args)]
 pub struct TargetArgs {
-    /// Model: a preset, a JSON spec file or a Hugging Face `config.json`.
+    /// Model: a preset, a JSON spec file, a Hugging Face `config.json`, or a Hugging Face model
+    /// folder (its config, and its weights to start from).
     #[arg(long, default_value = "tiny", value_parser = ModelName)]
     pub model: String,
     /// Target machine: auto (this machine's GPU, else the CPU), a built-in profile

@@ -8,6 +8,7 @@ use clap::Args;
 
 use super::flags::{self, as_flag};
 use super::knobs::ByHandArgs;
+use super::optimizer::OptimizerArgs;
 use super::training::{Training, TrainingArgs, TrainingDefaults};
 use crate::model::Engine;
 use crate::plan::schema::Plan;
@@ -31,6 +32,9 @@ pub struct TrainArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub training: TrainingArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub optimizer: OptimizerArgs,
     /// The learning rate's warm-up, by its earlier name (now `--lr-warmup-steps`).
     #[arg(
         long,
@@ -87,12 +91,21 @@ impl TrainSettings {
             raw.schedule.lr_warmup_steps = steps;
             notes.push(flags::renamed("--warmup-steps", "--lr-warmup-steps"));
         }
-        let training =
-            Training::resolve(&raw, TrainingDefaults::TRAIN, args.checkpoint_dir.clone());
+        let weights = match args.plan {
+            None => super::model::weights_folder(&args.by_hand.model.model),
+            Some(_) => None,
+        };
+        let training = Training::resolve(
+            &raw,
+            TrainingDefaults::TRAIN,
+            args.checkpoint_dir.clone(),
+            weights,
+        )?;
         training.require_checkpoint_dir()?;
         let source = match &args.plan {
             Some(path) => {
-                let plan = Plan::load(path)?;
+                let mut plan = Plan::load(path)?;
+                args.optimizer.apply(&mut plan.model)?;
                 // The ranks build the schedule too; a bad flag is refused before they start.
                 training.lr_schedule(plan.model.optimizer.lr)?;
                 TrainSource::Plan {
@@ -112,7 +125,8 @@ impl TrainSettings {
 
 /// The model and knobs the flags give, checked against each other and this machine.
 fn by_hand(args: &TrainArgs, training: &Training) -> Result<TrainSource> {
-    let spec = ModelSpec::resolve(&args.by_hand.model.model)?;
+    let mut spec = ModelSpec::resolve(&args.by_hand.model.model)?;
+    args.optimizer.apply(&mut spec)?;
     let knobs = args.by_hand.knobs.knobs();
     check_data_parallel_flags(args)?;
     knobs

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use crate::data::format::TextTokens;
+use crate::train::data::DataSpec;
 use crate::train::schedule::{LrDecay, LrSchedule};
 use crate::{Error, Result};
 
@@ -53,11 +55,16 @@ pub struct TrainingArgs {
     /// for run).
     #[arg(long)]
     pub steps: Option<u64>,
-    /// Training data: `pattern` (learnable synthetic sequences), `random` (the seed's random
-    /// tokens: nothing to learn, for benchmarks), a text file (bytes), or a token file
-    /// (`.bin`/`.u16`: u16, `.u32`: u32; memory-mapped).
-    #[arg(long, default_value = "pattern")]
-    pub data: String,
+    /// Training data: `pattern` (learnable synthetic sequences, the default), `random` (the
+    /// seed's random tokens: nothing to learn, for benchmarks), a token file (`.bin`/`.u16`:
+    /// u16, `.u32`: u32; memory-mapped), or text (`.txt`) with `--tokenizer bytes`. Datasets of
+    /// records (JSONL, JSON, Parquet, Arrow) and model files are refused, never read as bytes.
+    #[arg(long)]
+    pub data: Option<String>,
+    /// How text becomes tokens: `bytes` trains on its raw bytes, one token a byte (the model's
+    /// vocabulary must hold 256). Without it, text is refused.
+    #[arg(long, value_name = "bytes")]
+    pub tokenizer: Option<String>,
     /// Save a checkpoint every N steps, and always at the end and on Ctrl-C (default: 50 for
     /// train, 100 for run).
     #[arg(long, value_name = "N")]
@@ -127,6 +134,10 @@ pub struct Training {
     pub steps: u64,
     /// The data, as given (`pattern`, `random` or a file).
     pub data: String,
+    /// The data, resolved (its file checked to be one autotune reads).
+    pub data_spec: DataSpec,
+    /// How text becomes tokens.
+    pub text_tokens: TextTokens,
     /// Where checkpoints go; `None` keeps none.
     pub checkpoint_dir: Option<PathBuf>,
     /// Steps between checkpoints.
@@ -151,15 +162,38 @@ pub struct Training {
 
 impl Training {
     /// The settings `args` give, with `defaults` for what they leave out and checkpoints in
-    /// `checkpoint_dir`.
+    /// `checkpoint_dir`; `weights` is the model folder whose weights a fresh run starts from
+    /// when `--init-from` names none.
     pub fn resolve(
         args: &TrainingArgs,
         defaults: TrainingDefaults,
         checkpoint_dir: Option<PathBuf>,
-    ) -> Self {
-        Self {
+        weights: Option<PathBuf>,
+    ) -> Result<Self> {
+        let text_tokens = match args.tokenizer.as_deref() {
+            None => TextTokens::NotGiven,
+            Some("bytes") => TextTokens::Bytes,
+            Some(other) => return Err(unread_tokenizer(other)),
+        };
+        let init_from = match (&args.init_from, args.resume) {
+            (Some(dir), _) => Some(dir.clone()),
+            (None, false) => weights,
+            (None, true) => None,
+        };
+        if let (Some(dir), None) = (&init_from, &args.data) {
+            return Err(Error::Usage(format!(
+                "`{}` holds pretrained weights, and without --data they would train on \
+                 synthetic `pattern` sequences; give --data FILE (or --data pattern to do that \
+                 on purpose)",
+                dir.display()
+            )));
+        }
+        let data = args.data.clone().unwrap_or_else(|| "pattern".to_string());
+        Ok(Self {
             steps: args.steps.unwrap_or(defaults.steps),
-            data: args.data.clone(),
+            data_spec: DataSpec::resolve(&data, text_tokens)?,
+            data,
+            text_tokens,
             checkpoint_dir,
             checkpoint_every: args.checkpoint_every.unwrap_or(defaults.checkpoint_every),
             eval_every: args.eval_every.unwrap_or(defaults.eval_every),
@@ -167,10 +201,10 @@ impl Training {
             resume: args.resume,
             overwrite: args.overwrite,
             keep_last: args.keep_last.map(|n| n as usize),
-            init_from: args.init_from.clone(),
+            init_from,
             schedule: args.schedule.clone(),
             metrics: args.metrics.clone(),
-        }
+        })
     }
 
     /// The learning-rate schedule for a model whose rate is `base_lr`, over `steps`.
@@ -192,4 +226,16 @@ impl Training {
         }
         Ok(())
     }
+}
+
+/// The refusal of a `--tokenizer` autotune cannot read yet.
+fn unread_tokenizer(given: &str) -> Error {
+    autotune_core::Error::InvalidFlag {
+        flag: format!("--tokenizer {given}"),
+        problem: "autotune does not read a tokenizer.json yet; give --data a token file of the \
+                  model's ids (.bin or .u16: u16, .u32: u32), or pass --tokenizer bytes to train \
+                  on raw text bytes"
+            .into(),
+    }
+    .into()
 }

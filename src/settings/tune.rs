@@ -21,6 +21,7 @@ use crate::spec::device::{DeviceKind, DeviceSpec};
 use crate::spec::model::ModelSpec;
 
 use super::flags::{self, as_flag};
+use super::optimizer::OptimizerArgs;
 use super::target::TargetArgs;
 
 /// `tune`'s flags (also the tuning half of `run`'s).
@@ -29,6 +30,9 @@ pub struct TuneArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub planned: TargetArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub optimizer: OptimizerArgs,
     /// Sequences per optimizer step; the plan's micro-batch × accumulation equals it.
     #[arg(long)]
     pub global_batch: Option<usize>,
@@ -321,7 +325,8 @@ pub fn runner_command(backend: &Backend, argv: &[String]) -> crate::Result<Optio
 
 impl LiveSettings {
     fn from_args(args: &TuneArgs, runner: Option<RunnerCommand>) -> crate::Result<Self> {
-        let spec = ModelSpec::resolve(&args.planned.model)?;
+        let mut spec = ModelSpec::resolve(&args.planned.model)?;
+        args.optimizer.apply(&mut spec)?;
         let target = args.planned.spec()?;
         let mut budget = Budget::from_device(&target);
         if let Some(h) = args.headroom {

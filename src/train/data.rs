@@ -12,6 +12,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+use crate::data::format::{refusal, DataFormat, TextTokens};
 use crate::model::batch::Batch;
 use crate::model::dropout::Dropout;
 use crate::spec::model::ModelSpec;
@@ -36,21 +37,29 @@ pub enum DataSpec {
 }
 
 impl DataSpec {
-    /// Parses `random`, `pattern`, or a path; the path's extension picks the format
-    /// (`.bin`/`.u16` → u16 tokens, `.u32` → u32 tokens, anything else → text bytes).
-    pub fn parse(s: &str) -> Self {
-        match s {
-            "random" | "synthetic" => DataSpec::Random,
-            "pattern" => DataSpec::Pattern,
-            path => {
-                let p = PathBuf::from(path);
-                match p.extension().and_then(|e| e.to_str()) {
-                    Some("bin") | Some("u16") => DataSpec::TokensU16(p),
-                    Some("u32") => DataSpec::TokensU32(p),
-                    _ => DataSpec::Text(p),
-                }
-            }
+    /// Reads `--data`: `random`, `pattern`, or a path whose format ([`DataFormat`]) autotune
+    /// reads as given: a token file (`.bin`/`.u16` → u16 ids, `.u32` → u32 ids), or text as
+    /// raw bytes when `tokens` is [`TextTokens::Bytes`]. Every other file is refused with the
+    /// fix, never read as bytes.
+    pub fn resolve(s: &str, tokens: TextTokens) -> Result<Self> {
+        let path = match s {
+            "random" | "synthetic" => return Ok(DataSpec::Random),
+            "pattern" => return Ok(DataSpec::Pattern),
+            path => PathBuf::from(path),
+        };
+        if !path.exists() {
+            let missing = std::io::Error::from(std::io::ErrorKind::NotFound);
+            return Err(Error::file("cannot read training data", &path, missing));
         }
+        let format = DataFormat::of(&path);
+        if let Some(problem) = refusal(&path, &format, tokens) {
+            return Err(Error::Usage(problem));
+        }
+        Ok(match format {
+            DataFormat::TokensU16 => DataSpec::TokensU16(path),
+            DataFormat::TokensU32 => DataSpec::TokensU32(path),
+            _ => DataSpec::Text(path),
+        })
     }
 }
 

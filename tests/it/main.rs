@@ -23,6 +23,9 @@ mod cli;
 /// The README against the code: the presets it lists.
 mod readme;
 
+/// What `--data` accepts and refuses; model folders; the optimizer's flags.
+mod data_formats;
+
 /// Big numbers in flags and specs: refused naming the field, or answered as not fitting.
 mod bounds;
 

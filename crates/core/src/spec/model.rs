@@ -413,11 +413,24 @@ impl ModelSpec {
         })
     }
 
-    /// A preset name, or else a path to a JSON spec file.
+    /// A preset name, a path to a JSON spec file, or a Hugging Face model folder (its
+    /// `config.json`, as `from_pretrained` reads it).
     pub fn resolve(name_or_path: &str) -> Result<Self> {
         let path = Path::new(name_or_path);
         if PRESETS.contains(&name_or_path) || !(path.exists() || name_or_path.ends_with(".json")) {
             return Self::preset(name_or_path);
+        }
+        if path.is_dir() {
+            let config = path.join("config.json");
+            if !config.is_file() {
+                return Err(Error::file(
+                    "no config.json in the model folder",
+                    path,
+                    "a model is a preset, a JSON spec file, or a Hugging Face model folder \
+                     holding config.json (and its weights, model.safetensors)",
+                ));
+            }
+            return Self::from_file(&config);
         }
         Self::from_file(path)
     }
