@@ -1,4 +1,4 @@
-//! Training data as the user has it: what a `--data` file is ([`format`]), and which formats
+//! Training data as the user has it: what a `--data` file is ([`mod@format`]), and which formats
 //! autotune reads, so that nothing is ever trained on as raw bytes by accident.
 
 pub mod format;
