@@ -150,7 +150,7 @@ fn forward_segments(
         }
     }
     let logits = model.head(&x, ctx)?;
-    let loss = cross_entropy(&logits, &batch.targets, ctx.engine)?;
+    let loss = cross_entropy(&logits, &batch.targets, batch.mask.as_ref(), ctx.engine)?;
     let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
     Ok((value, (loss * loss_factor)?.backward()?, boundaries))
 }

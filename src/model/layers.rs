@@ -9,6 +9,7 @@
 
 use candle_core::{DType, Tensor, D};
 
+use crate::model::batch::LossMask;
 use crate::model::params::{Init, ParamStore};
 use crate::model::Engine;
 use crate::spec::model::NormKind;
@@ -154,18 +155,30 @@ pub fn softmax_last_dim(x: &Tensor, engine: Engine) -> Result<Tensor> {
 }
 
 /// Mean cross-entropy of `logits` (`rows × classes`, any float dtype) against `targets` (`rows`,
-/// u32), computed in f32.
-pub fn cross_entropy(logits: &Tensor, targets: &Tensor, engine: Engine) -> Result<Tensor> {
-    if engine != Engine::Composite {
-        return Ok(crate::ops::cross_entropy(logits, targets)?);
-    }
-    let logits = cast(logits, DType::F32)?;
-    let max = logits.max_keepdim(D::Minus1)?.detach();
-    let shifted = logits.broadcast_sub(&max)?;
-    let log_sum_exp = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
-    let log_probs = shifted.broadcast_sub(&log_sum_exp)?;
-    let picked = log_probs.gather(&targets.unsqueeze(1)?, 1)?;
-    Ok(picked.mean_all()?.neg()?)
+/// u32), computed in f32, over the targets `mask` counts (every one without a mask).
+pub fn cross_entropy(
+    logits: &Tensor,
+    targets: &Tensor,
+    mask: Option<&LossMask>,
+    engine: Engine,
+) -> Result<Tensor> {
+    let per_row = if engine != Engine::Composite {
+        crate::ops::cross_entropy_rows(logits, targets)?
+    } else {
+        let logits = cast(logits, DType::F32)?;
+        let max = logits.max_keepdim(D::Minus1)?.detach();
+        let shifted = logits.broadcast_sub(&max)?;
+        let log_sum_exp = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
+        let log_probs = shifted.broadcast_sub(&log_sum_exp)?;
+        log_probs
+            .gather(&targets.unsqueeze(1)?, 1)?
+            .squeeze(1)?
+            .neg()?
+    };
+    Ok(match mask {
+        None => per_row.mean_all()?,
+        Some(mask) => ((per_row * &mask.weights)?.sum_all()? / mask.counted.max(1) as f64)?,
+    })
 }
 
 /// Casts only when needed (a same-dtype cast would still copy).

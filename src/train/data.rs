@@ -160,9 +160,9 @@ impl Data {
                 }
             }
         }
-        Ok(Batch {
-            inputs: Tensor::from_vec(inputs, (batch, s), device)?,
-            targets: Tensor::from_vec(targets, batch * s, device)?,
-        })
+        Ok(Batch::new(
+            Tensor::from_vec(inputs, (batch, s), device)?,
+            Tensor::from_vec(targets, batch * s, device)?,
+        ))
     }
 }

@@ -425,7 +425,12 @@ impl Trainer {
             .passes
             .model
             .forward_detached(&batch.inputs, dtype, &ctx)?;
-        let loss = cross_entropy(&logits, &batch.targets, self.passes.engine)?;
+        let loss = cross_entropy(
+            &logits,
+            &batch.targets,
+            batch.mask.as_ref(),
+            self.passes.engine,
+        )?;
         Ok(loss.to_dtype(DType::F64)?.to_scalar::<f64>()?)
     }
 }

@@ -106,10 +106,10 @@ fn reference(dir: &Path) -> Reference {
     let (inputs, targets) = (tokens("inputs"), tokens("targets"));
     let (b, s) = (inputs.len(), inputs[0].len());
     let flat = |v: Vec<Vec<u32>>| v.into_iter().flatten().collect::<Vec<u32>>();
-    let batch = Batch {
-        inputs: Tensor::from_vec(flat(inputs), (b, s), &Device::Cpu).unwrap(),
-        targets: Tensor::from_vec(flat(targets), b * s, &Device::Cpu).unwrap(),
-    };
+    let batch = Batch::new(
+        Tensor::from_vec(flat(inputs), (b, s), &Device::Cpu).unwrap(),
+        Tensor::from_vec(flat(targets), b * s, &Device::Cpu).unwrap(),
+    );
     let file = Checkpoint::open(&dir.join("reference.safetensors")).unwrap();
     let grads = file
         .names()

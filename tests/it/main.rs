@@ -26,6 +26,9 @@ mod readme;
 /// What `--data` accepts and refuses; model folders; the optimizer's flags.
 mod data_formats;
 
+/// The loss over the targets a batch's mask counts, in every engine.
+mod loss_mask;
+
 /// Big numbers in flags and specs: refused naming the field, or answered as not fitting.
 mod bounds;
 

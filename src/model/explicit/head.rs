@@ -14,6 +14,7 @@ use candle_core::{DType, Tensor};
 
 use super::linear::{Lin, Norm};
 use super::Grads;
+use crate::model::batch::Reduction;
 use crate::model::Transformer;
 use crate::ops;
 use crate::Result;
@@ -80,9 +81,15 @@ impl<'a> Head<'a> {
         }
     }
 
-    /// The mean loss of `x`'s rows against `targets` (a scalar f64 tensor, not read), without
-    /// gradients.
-    pub(crate) fn loss(&self, x: &Tensor, targets: &Tensor, chunk: usize) -> Result<Tensor> {
+    /// The mean loss of `x`'s rows against `targets` (a scalar f64 tensor, not read), reduced
+    /// as `reduction` says, without gradients.
+    pub(crate) fn loss(
+        &self,
+        x: &Tensor,
+        targets: &Tensor,
+        reduction: Reduction,
+        chunk: usize,
+    ) -> Result<Tensor> {
         let hidden = self.hidden(x)?;
         let rows = hidden.dim(0)?;
         let mut total: Option<Tensor> = None;
@@ -98,10 +105,10 @@ impl<'a> Head<'a> {
                 &targets.narrow(0, range.start, range.len())?,
                 self.classes(),
             )?;
-            total = Some(add(total, losses.to_dtype(DType::F64)?.sum_all()?)?);
+            total = Some(add(total, reduction.sum(&losses, range)?)?);
         }
         let total = total.ok_or_else(|| crate::Error::internal("a batch without rows"))?;
-        Ok((total / rows as f64)?)
+        Ok((total / reduction.divisor())?)
     }
 
     /// The mean loss (a scalar f64 tensor, not read: reading it would stall the device until
@@ -112,13 +119,13 @@ impl<'a> Head<'a> {
         &self,
         x: &Tensor,
         targets: &Tensor,
+        reduction: Reduction,
         loss_factor: f64,
         chunk: usize,
         grads: &mut Grads,
     ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
         let hidden = self.hidden(x)?;
         let rows = hidden.dim(0)?;
-        let row_grad = (loss_factor / rows as f64) as f32;
         let mut total: Option<Tensor> = None;
         let dw = self.lin.zero_weight_grad()?;
         let mut db: Option<Tensor> = None;
@@ -129,13 +136,13 @@ impl<'a> Head<'a> {
             let t = targets.narrow(0, range.start, len)?;
             let logits = self.lin.forward(&h, None, None, None)?;
             let losses = ops::cross_entropy_rows_padded(&logits, &t, self.classes())?;
-            let sum = losses.to_dtype(DType::F64)?.sum_all()?;
+            let sum = reduction.sum(&losses, range.clone())?;
             let dlogits = ops::cross_entropy_backward(
                 &logits,
                 &t,
                 self.classes(),
                 &losses,
-                &Tensor::full(row_grad, len, x.device())?,
+                &reduction.row_grads(range.clone(), loss_factor, x.device())?,
             )?;
             drop(logits);
             self.lin.accumulate_weight_grad(&dw, &dlogits, &h)?;
@@ -161,7 +168,7 @@ impl<'a> Head<'a> {
             None => dhidden,
         };
         let total = total.ok_or_else(|| crate::Error::internal("a batch without rows"))?;
-        Ok(((total / rows as f64)?, dx, tied_grad))
+        Ok(((total / reduction.divisor())?, dx, tied_grad))
     }
 }
 
@@ -199,6 +206,11 @@ pub(super) mod tests {
     use crate::model::gradients::GradientSink;
     use crate::spec::model::ModelSpec;
 
+    /// The reduction of `targets` that all count.
+    fn every(targets: &Tensor) -> Reduction<'static> {
+        Reduction::every(targets.elem_count())
+    }
+
     /// Mean loss, input gradient and parameter gradients of the head, `chunk` rows at a time,
     /// its rows padded to `row_multiple`; and the padded logits' width.
     fn head_pass(
@@ -218,12 +230,12 @@ pub(super) mod tests {
         let head = Head::new(model, DType::F32, row_multiple).unwrap();
         let columns = head.lin.padded_outputs().unwrap();
         let (loss, dx, _) = head
-            .loss_and_backward(x, targets, 1.0, chunk, &mut grads)
+            .loss_and_backward(x, targets, every(targets), 1.0, chunk, &mut grads)
             .unwrap();
         drop(grads);
         let loss = loss.to_scalar::<f64>().unwrap();
         let eval = head
-            .loss(x, targets, chunk)
+            .loss(x, targets, every(targets), chunk)
             .unwrap()
             .to_scalar::<f64>()
             .unwrap();

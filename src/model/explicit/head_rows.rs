@@ -20,6 +20,7 @@ use candle_core::{DType, Tensor, Var};
 use super::head::{add, cat_rows, chunk_rows, chunks};
 use super::linear::{column_sum, pad_rows, Norm};
 use super::Grads;
+use crate::model::batch::Reduction;
 use crate::model::Transformer;
 use crate::ops;
 use crate::Result;
@@ -62,7 +63,7 @@ pub(crate) struct Deferred {
     /// Each row's log-sum-exp over the classes (f32).
     lse: Tensor,
     /// Each row's upstream gradient.
-    row_grad: f32,
+    row_grads: Tensor,
     /// The bias's gradient: handed over after the slices, since the slices' logits read the
     /// bias, which an update in backward would change once it settles.
     bias_grad: Option<Tensor>,
@@ -154,6 +155,7 @@ impl<'a> SlicedHead<'a> {
         &self,
         x: &Tensor,
         targets: &Tensor,
+        reduction: Reduction,
         loss_factor: f64,
         chunk: usize,
         grads: &mut Grads,
@@ -163,7 +165,7 @@ impl<'a> SlicedHead<'a> {
             None => x.clone(),
         };
         let rows = hidden.dim(0)?;
-        let row_grad = (loss_factor / rows as f64) as f32;
+        let row_grads = reduction.row_grads(0..rows, loss_factor, x.device())?;
         let mut total: Option<Tensor> = None;
         let mut lse = Vec::new();
         let mut dhidden = Vec::new();
@@ -179,7 +181,7 @@ impl<'a> SlicedHead<'a> {
                 &t,
                 self.classes,
                 &losses,
-                &Tensor::full(row_grad, range.len(), x.device())?,
+                &row_grads.narrow(0, range.start, range.len())?,
             )?;
             drop(logits);
             if self.bias.is_some() {
@@ -191,7 +193,7 @@ impl<'a> SlicedHead<'a> {
             }
             drop(dlogits);
             dhidden.push(dh.to_dtype(x.dtype())?);
-            total = Some(add(total, losses.to_dtype(DType::F64)?.sum_all()?)?);
+            total = Some(add(total, reduction.sum(&losses, range)?)?);
         }
         let dhidden = cat_rows(dhidden)?;
         let dx = match &self.norm {
@@ -203,10 +205,10 @@ impl<'a> SlicedHead<'a> {
             hidden,
             targets: targets.clone(),
             lse: cat_rows(lse)?,
-            row_grad,
+            row_grads,
             bias_grad: db.map(|db| db.narrow(0, 0, self.classes)).transpose()?,
         };
-        Ok(((total / rows as f64)?, dx, deferred))
+        Ok(((total / reduction.divisor())?, dx, deferred))
     }
 
     /// Hands over the weight's gradient slice by slice, each settled alone
@@ -222,7 +224,7 @@ impl<'a> SlicedHead<'a> {
             hidden,
             targets,
             lse,
-            row_grad,
+            row_grads,
             bias_grad,
         } = deferred;
         let rows = hidden.dim(0)?;
@@ -239,7 +241,7 @@ impl<'a> SlicedHead<'a> {
                     s.first,
                     self.classes,
                     &lse.narrow(0, range.start, range.len())?,
-                    &Tensor::full(row_grad, range.len(), &device)?,
+                    &row_grads.narrow(0, range.start, range.len())?,
                 )?;
                 drop(logits);
                 ops::accumulate_product_tn(&dw, &dlogits, &h)?;
@@ -337,6 +339,11 @@ mod tests {
         }
     }
 
+    /// The reduction of `targets` that all count.
+    fn every_row(targets: &Tensor) -> Reduction<'static> {
+        Reduction::every(targets.elem_count())
+    }
+
     struct Case {
         model: Transformer,
         x: Tensor,
@@ -382,7 +389,7 @@ mod tests {
             let mut grads = Grads::new(&c.model, &mut sink);
             let head = Head::new(&c.model, DType::F32, 1).unwrap();
             let (loss, dx, tied) = head
-                .loss_and_backward(&c.x, &c.targets, 1.0, 4, &mut grads)
+                .loss_and_backward(&c.x, &c.targets, every_row(&c.targets), 1.0, 4, &mut grads)
                 .unwrap();
             if let Some(t) = &tied {
                 ops::embed_backward_into(&c.ids, &c.d_out, t).unwrap();
@@ -412,7 +419,14 @@ mod tests {
             let mut grads = Grads::new(&c.model, &mut sink);
             let head = SlicedHead::new(&c.model, DType::F32, multiple, slice).unwrap();
             let (loss, dx, deferred) = head
-                .loss_and_backward(&c.x, &c.targets, 1.0, chunk, &mut grads)
+                .loss_and_backward(
+                    &c.x,
+                    &c.targets,
+                    every_row(&c.targets),
+                    1.0,
+                    chunk,
+                    &mut grads,
+                )
                 .unwrap();
             let embedded = c.model.is_tied().then_some((&c.ids, &c.d_out));
             head.weight_grad(deferred, embedded, &mut grads).unwrap();

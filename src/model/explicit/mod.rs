@@ -169,20 +169,21 @@ fn head_loss_and_backward<'a>(
     grads: &mut Grads,
 ) -> Result<(Tensor, Tensor, HeadRest<'a>)> {
     let row_multiple = head_row_multiple(x.device());
+    let reduction = batch.reduction();
     match head {
         HeadGradient::ByRows => {
             let slice = slice_rows(model.spec().d_model, dtype, row_multiple);
             let head = SlicedHead::new(model, dtype, row_multiple, slice)?;
             let chunk = head.chunk_rows(&x);
             let (loss, dx, deferred) =
-                head.loss_and_backward(&x, &batch.targets, loss_factor, chunk, grads)?;
+                head.loss_and_backward(&x, &batch.targets, reduction, loss_factor, chunk, grads)?;
             Ok((loss, dx, HeadRest::Rows(head, deferred)))
         }
         HeadGradient::Whole => {
             let head = Head::new(model, dtype, row_multiple)?;
             let chunk = head.chunk_rows(&x)?;
             let (loss, dx, tied) =
-                head.loss_and_backward(&x, &batch.targets, loss_factor, chunk, grads)?;
+                head.loss_and_backward(&x, &batch.targets, reduction, loss_factor, chunk, grads)?;
             Ok((loss, dx, HeadRest::Tied(tied)))
         }
     }
@@ -238,7 +239,9 @@ pub fn eval_loss(
     }
     let head = Head::new(model, dtype, head_row_multiple(x.device()))?;
     let chunk = head.chunk_rows(&x)?;
-    Ok(head.loss(&x, &batch.targets, chunk)?.to_scalar::<f64>()?)
+    Ok(head
+        .loss(&x, &batch.targets, batch.reduction(), chunk)?
+        .to_scalar::<f64>()?)
 }
 
 /// Casts one block's weights for the pass at a time, with attention resolved for the device
