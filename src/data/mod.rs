@@ -2,3 +2,4 @@
 //! autotune reads, so that nothing is ever trained on as raw bytes by accident.
 
 pub mod format;
+pub mod records;
