@@ -1,0 +1,271 @@
+//! Tokenized examples as training takes them: each example's token ids and which of them the
+//! loss trains on, walked epoch after epoch in a seeded order, cut into micro-batches padded to
+//! their longest example, with the padding and the untrained tokens masked out of the loss.
+//!
+//! The micro-batch at `(step, micro)` is a pure function of the seed and its coordinates (the
+//! `p`-th example of the walk is example `order(epoch)[p mod n]`, epoch `p div n`), so a resumed
+//! run continues at the same example of the same epoch, and data-parallel ranks take disjoint
+//! micro-batches of each step as they do of synthetic data.
+
+use candle_core::{Device, Tensor};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::model::batch::{Batch, LossMask};
+use crate::model::dropout::Dropout;
+use crate::{Error, Result};
+
+/// One tokenized example: its ids, and for each whether the model is trained to predict it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Example {
+    /// Token ids, BOS first where the tokenizer has one, EOS (or the end of turn) last.
+    pub ids: Vec<u32>,
+    /// Whether `ids[i]` is a target the loss counts (the first id never is: nothing predicts
+    /// it).
+    pub trained: Vec<bool>,
+}
+
+/// What cutting examples to the sequence length did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Cut {
+    /// Examples kept.
+    pub kept: usize,
+    /// Of those, the examples cut to the sequence length (their first tokens kept).
+    pub truncated: usize,
+    /// Examples left without a trained token (after a cut, or before): dropped.
+    pub dropped: usize,
+    /// Tokens kept, and of those trained on.
+    pub tokens: usize,
+    /// Of the kept tokens, the ones the loss counts.
+    pub trained_tokens: usize,
+}
+
+/// Examples ready to batch: at most `seq_len + 1` tokens each (a sequence's inputs and its
+/// targets one further), each with a trained token.
+#[derive(Debug, Clone)]
+pub struct Dataset {
+    examples: Vec<Example>,
+    pad_id: u32,
+    /// Micro-batches per optimizer step over all ranks: the walk's stride.
+    micros_per_step: u64,
+}
+
+impl Dataset {
+    /// Cuts `examples` to `seq_len` and drops those with nothing to train on; padding takes
+    /// `pad_id`. An empty result (every label masked) is an error, not a silent zero loss.
+    pub fn new(examples: Vec<Example>, seq_len: usize, pad_id: u32) -> Result<(Self, Cut)> {
+        let mut cut = Cut::default();
+        let mut kept = Vec::with_capacity(examples.len());
+        for mut example in examples {
+            let long = example.ids.len() > seq_len + 1;
+            if long {
+                example.ids.truncate(seq_len + 1);
+                example.trained.truncate(seq_len + 1);
+            }
+            let trained = example.trained.iter().skip(1).filter(|&&t| t).count();
+            if trained == 0 || example.ids.len() < 2 {
+                cut.dropped += 1;
+                continue;
+            }
+            cut.kept += 1;
+            cut.truncated += usize::from(long);
+            cut.tokens += example.ids.len();
+            cut.trained_tokens += trained;
+            kept.push(example);
+        }
+        if kept.is_empty() {
+            return Err(Error::Usage(format!(
+                "no example has a token to train on ({} dropped, every label masked or cut off \
+                 at {seq_len} tokens); train on more of each example (--train-on all) or give \
+                 longer sequences",
+                cut.dropped
+            )));
+        }
+        Ok((
+            Self {
+                examples: kept,
+                pad_id,
+                micros_per_step: 1,
+            },
+            cut,
+        ))
+    }
+
+    /// The examples, in dataset order.
+    pub fn examples(&self) -> &[Example] {
+        &self.examples
+    }
+
+    /// Sets the micro-batches one optimizer step takes over all ranks (accumulation × ranks),
+    /// the stride of the walk.
+    pub fn set_micros_per_step(&mut self, micros: usize) {
+        self.micros_per_step = micros.max(1) as u64;
+    }
+
+    /// Optimizer steps one epoch takes at `micro_batch` sequences a micro-batch.
+    pub fn steps_per_epoch(&self, micro_batch: usize) -> u64 {
+        let per_step = self.micros_per_step * micro_batch.max(1) as u64;
+        (self.examples.len() as u64).div_ceil(per_step)
+    }
+
+    /// The examples of micro-batch `micro` of step `step`, in a run seeded with `seed`.
+    pub fn picks(&self, seed: u64, step: u64, micro: u64, micro_batch: usize) -> Vec<usize> {
+        let n = self.examples.len() as u64;
+        let first = (step * self.micros_per_step + micro) * micro_batch as u64;
+        let mut order: Option<(u64, Vec<usize>)> = None;
+        (first..first + micro_batch as u64)
+            .map(|p| {
+                let epoch = p / n;
+                if order.as_ref().map(|(e, _)| *e) != Some(epoch) {
+                    order = Some((epoch, self.order(seed, epoch)));
+                }
+                order.as_ref().map_or(0, |(_, o)| o[(p % n) as usize])
+            })
+            .collect()
+    }
+
+    /// Epoch `epoch`'s order of the examples: a shuffle seeded by the run and the epoch.
+    fn order(&self, seed: u64, epoch: u64) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.examples.len()).collect();
+        let mut rng = ChaCha8Rng::seed_from_u64(Dropout::key(seed ^ 0xE90C, epoch, 0));
+        order.shuffle(&mut rng);
+        order
+    }
+
+    /// The micro-batch of examples `picks`, padded to the longest of them: inputs, targets one
+    /// further, and a mask counting the trained targets.
+    pub fn batch_of(&self, picks: &[usize], device: &Device) -> Result<Batch> {
+        let width = picks
+            .iter()
+            .map(|&i| self.examples[i].ids.len() - 1)
+            .max()
+            .unwrap_or(1);
+        let rows = picks.len() * width;
+        let (mut inputs, mut targets) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
+        let mut weights = Vec::with_capacity(rows);
+        for &i in picks {
+            let example = &self.examples[i];
+            let n = example.ids.len() - 1;
+            inputs.extend_from_slice(&example.ids[..n]);
+            targets.extend_from_slice(&example.ids[1..]);
+            weights.extend(example.trained[1..].iter().map(|&t| f32::from(u8::from(t))));
+            // Padding on the right: causal attention keeps the example's positions from
+            // seeing it, and its targets weigh nothing.
+            inputs.extend(std::iter::repeat_n(self.pad_id, width - n));
+            targets.extend(std::iter::repeat_n(0, width - n));
+            weights.extend(std::iter::repeat_n(0.0, width - n));
+        }
+        let counted = weights.iter().filter(|&&w| w > 0.0).count();
+        let mut batch = Batch::new(
+            Tensor::from_vec(inputs, (picks.len(), width), device)?,
+            Tensor::from_vec(targets, rows, device)?,
+        );
+        batch.mask = Some(LossMask {
+            weights: Tensor::from_vec(weights, rows, device)?,
+            counted,
+        });
+        Ok(batch)
+    }
+
+    /// The micro-batch at `(step, micro)` of a run seeded with `seed`.
+    pub fn batch(
+        &self,
+        seed: u64,
+        step: u64,
+        micro: u64,
+        micro_batch: usize,
+        device: &Device,
+    ) -> Result<Batch> {
+        self.batch_of(&self.picks(seed, step, micro, micro_batch), device)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn example(len: usize, trained_from: usize) -> Example {
+        Example {
+            ids: (0..len as u32).map(|i| 10 + i).collect(),
+            trained: (0..len).map(|i| i >= trained_from).collect(),
+        }
+    }
+
+    #[test]
+    fn examples_are_cut_to_the_sequence_and_untrained_ones_dropped() {
+        let examples = vec![example(5, 1), example(12, 2), example(9, 9), example(4, 6)];
+        let (set, cut) = Dataset::new(examples, 8, 0).unwrap();
+        assert_eq!(set.examples().len(), 2);
+        assert_eq!(
+            set.examples()[1].ids.len(),
+            9,
+            "8 inputs and the target one further"
+        );
+        assert_eq!((cut.kept, cut.truncated, cut.dropped), (2, 1, 2));
+        assert_eq!(cut.trained_tokens, 4 + 7);
+        let none = Dataset::new(vec![example(4, 4)], 8, 0)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            none.contains("no example has a token to train on"),
+            "{none}"
+        );
+    }
+
+    #[test]
+    fn batches_pad_to_the_longest_and_mask_padding_and_untrained_targets() {
+        let (set, _) = Dataset::new(vec![example(3, 1), example(5, 3)], 16, 7).unwrap();
+        let batch = set.batch_of(&[0, 1], &Device::Cpu).unwrap();
+        assert_eq!(batch.inputs.dims(), &[2, 4]);
+        let inputs = batch
+            .inputs
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<u32>()
+            .unwrap();
+        assert_eq!(inputs, vec![10, 11, 7, 7, 10, 11, 12, 13]);
+        let targets = batch.targets.to_vec1::<u32>().unwrap();
+        assert_eq!(targets, vec![11, 12, 0, 0, 11, 12, 13, 14]);
+        let mask = batch.mask.unwrap();
+        let weights = mask.weights.to_vec1::<f32>().unwrap();
+        assert_eq!(weights, vec![1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0]);
+        assert_eq!(mask.counted, 4);
+    }
+
+    #[test]
+    fn the_walk_covers_each_epoch_once_in_a_seeded_order_and_resumes_exactly() {
+        let examples: Vec<Example> = (0..10).map(|i| example(3 + i % 3, 1)).collect();
+        let (mut set, _) = Dataset::new(examples, 16, 0).unwrap();
+        set.set_micros_per_step(2);
+        assert_eq!(set.steps_per_epoch(2), 3, "ten examples at four a step");
+        let walk = |seed| -> Vec<usize> {
+            (0..5)
+                .flat_map(|step| (0..2).map(move |m| (step, m)))
+                .flat_map(|(step, m)| set.picks(seed, step, m, 2))
+                .collect()
+        };
+        let run = walk(1);
+        for epoch in run.chunks(10) {
+            let mut seen = epoch.to_vec();
+            seen.sort_unstable();
+            assert_eq!(
+                seen,
+                (0..10).collect::<Vec<_>>(),
+                "each example once an epoch"
+            );
+        }
+        assert_ne!(run[..10], run[10..], "each epoch its own order");
+        assert_eq!(
+            run,
+            walk(1),
+            "a pure function of the seed and the coordinates"
+        );
+        assert_ne!(run, walk(2));
+        assert_eq!(
+            set.picks(1, 3, 1, 2),
+            run[14..16].to_vec(),
+            "a resumed step's examples"
+        );
+    }
+}
