@@ -14,7 +14,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use autotune::knobs::{Knobs, Precision};
 use autotune::model::Engine;
 use autotune::spec::model::ModelSpec;
-use autotune::train::data::{Data, DataSpec};
+use autotune::data::source::{Data, DataSpec};
 use autotune::train::step::Trainer;
 
 fn training_step(c: &mut Criterion) {

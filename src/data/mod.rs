@@ -1,6 +1,11 @@
-//! Training data as the user has it: what a `--data` file is ([`mod@format`]), and which formats
-//! autotune reads, so that nothing is ever trained on as raw bytes by accident.
+//! Training data: what a `--data` file is ([`mod@format`]) and which formats autotune reads, so
+//! that nothing is ever trained on as raw bytes by accident; the sources training draws
+//! batches from ([`source`]: synthetic sequences, memory-mapped token files, tokenized
+//! examples); a dataset's records as the user wrote them ([`records`]); and tokenized examples
+//! walked in epochs and cut into padded, masked micro-batches ([`dataset`]).
 
 pub mod dataset;
 pub mod format;
 pub mod records;
+pub mod source;
+pub mod token_file;

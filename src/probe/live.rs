@@ -17,7 +17,7 @@ use crate::collective::Collective;
 use crate::knobs::Knobs;
 use crate::model::Engine;
 use crate::spec::model::ModelSpec;
-use crate::train::data::{Data, DataSpec};
+use crate::data::source::{Data, DataSpec};
 use crate::train::optimizer::OptimizerState;
 use crate::train::step::Trainer;
 use crate::trial::{

@@ -24,7 +24,7 @@ use crate::spec::device::DeviceKind;
 use crate::spec::limits;
 use crate::spec::model::ModelSpec;
 use crate::train::checkpoint;
-use crate::train::data::{Data, DataSpec};
+use crate::data::source::{Data, DataSpec};
 use crate::train::run::{self, RunConfig, RunSummary, TrainObserver};
 use crate::train::schedule::LrSchedule;
 use crate::train::step::Trainer;

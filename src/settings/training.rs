@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::data::format::TextTokens;
-use crate::train::data::DataSpec;
+use crate::data::source::DataSpec;
 use crate::train::schedule::{LrDecay, LrSchedule};
 use crate::{Error, Result};
 

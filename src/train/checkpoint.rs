@@ -23,7 +23,7 @@ pub mod manifest;
 
 use crate::knobs::Knobs;
 use crate::spec::model::ModelSpec;
-use crate::train::data::DataSpec;
+use crate::data::source::DataSpec;
 use crate::train::optimizer::OptimizerState;
 use crate::train::scaler::LossScaler;
 use crate::train::schedule::LrSchedule;

@@ -1,10 +1,9 @@
-//! Training: data, the optimizer's state ([`optimizer`]: on the device, offloaded to the host,
+//! Training: the optimizer's state ([`optimizer`]: on the device, offloaded to the host,
 //! or compact), how a step updates the weights (`update`), the passes over a step's
 //! micro-batches, loss scaling, the step that honours the knobs, checkpoints and the run loop.
 
 pub mod checkpoint;
 pub mod checkpoint_dir;
-pub mod data;
 pub mod metrics;
 pub mod optimizer;
 pub(crate) mod passes;
@@ -13,5 +12,4 @@ pub mod scaler;
 pub mod schedule;
 pub mod step;
 pub mod tensor_file;
-pub mod token_file;
 pub(crate) mod update;

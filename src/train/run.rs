@@ -18,7 +18,7 @@ use std::time::Instant;
 use crate::backend::host_memory;
 use crate::backend::memory::DeviceMemory;
 use crate::train::checkpoint;
-use crate::train::data::{Data, DataSpec};
+use crate::data::source::{Data, DataSpec};
 use crate::train::schedule::LrSchedule;
 use crate::train::step::{StepReport, Trainer};
 use crate::Result;

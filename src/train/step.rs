@@ -35,7 +35,7 @@ use crate::model::recompute::RecomputedBlocks;
 use crate::model::{explicit, Ctx, Engine, HeadGradient, Transformer};
 use crate::spec::model::ModelSpec;
 use crate::spec::state::StateBytes;
-use crate::train::data::Data;
+use crate::data::source::Data;
 use crate::train::optimizer::{OptimizerState, OptimizerStateMut};
 use crate::train::passes::Passes;
 use crate::train::scaler::{LossScaler, ScaleDecision};

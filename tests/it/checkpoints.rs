@@ -7,7 +7,7 @@ use candle_core::Device;
 
 use autotune::knobs::{Knobs, Precision};
 use autotune::train::checkpoint::{self, manifest::Manifest};
-use autotune::train::data::DataSpec;
+use autotune::data::source::DataSpec;
 use autotune::train::step::Trainer;
 
 use crate::util::{autotune_in, exit_code, read_until, signal, spawn_in, stderr, stdout};

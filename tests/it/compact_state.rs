@@ -9,7 +9,7 @@ use autotune::knobs::{
 use autotune::spec::model::ModelSpec;
 use autotune::spec::state::StateBytes;
 use autotune::train::checkpoint;
-use autotune::train::data::{Data, DataSpec};
+use autotune::data::source::{Data, DataSpec};
 use autotune::train::step::Trainer;
 
 use crate::util::small_llama;

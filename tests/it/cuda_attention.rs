@@ -23,7 +23,7 @@ use autotune::knobs::{Knobs, Precision};
 use autotune::model::Engine;
 use autotune::ops::{self, AttentionShape, DropoutMask};
 use autotune::spec::model::ModelSpec;
-use autotune::train::data::{Data, DataSpec};
+use autotune::data::source::{Data, DataSpec};
 use autotune::train::step::Trainer;
 
 use crate::ops::{errors, random, tol};

@@ -12,7 +12,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use autotune::knobs::{Knobs, Precision};
 use autotune::model::Engine;
 use autotune::ops;
-use autotune::train::data::{Data, DataSpec};
+use autotune::data::source::{Data, DataSpec};
 use autotune::train::step::Trainer;
 
 use crate::ops::{causal_mask, ce_grad_tol, errors, random, targets, tol, DTYPES};

@@ -11,7 +11,7 @@ use autotune::collective::tcp::TcpGroup;
 use autotune::collective::Collective;
 use autotune::knobs::{DataParallel, Knobs, Precision};
 use autotune::spec::model::ModelSpec;
-use autotune::train::data::{Data, DataSpec};
+use autotune::data::source::{Data, DataSpec};
 use autotune::train::optimizer::OptimizerState;
 use autotune::train::step::Trainer;
 

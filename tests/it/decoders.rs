@@ -20,7 +20,7 @@ use autotune::model::batch::Batch;
 use autotune::model::dropout::Dropout;
 use autotune::model::{Ctx, Engine};
 use autotune::spec::model::ModelSpec;
-use autotune::train::data::DataSpec;
+use autotune::data::source::DataSpec;
 use autotune::train::step::Trainer;
 
 use crate::ops::assert_close;
@@ -232,7 +232,7 @@ fn weights_round_trip_through_a_checkpoint_and_an_export() {
         let mut trainer = loaded(&fixture(name));
         // A few steps, so that what goes out is no longer what came in.
         let spec = trainer.model().spec().clone();
-        let data = autotune::train::data::Data::open(&DataSpec::Pattern, &spec).unwrap();
+        let data = autotune::data::source::Data::open(&DataSpec::Pattern, &spec).unwrap();
         let before = parameters(&trainer);
         for _ in 0..2 {
             trainer.step(&data).unwrap();

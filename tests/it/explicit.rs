@@ -13,7 +13,7 @@ use autotune::model::batch::Batch;
 use autotune::model::Engine;
 use autotune::ops::{self, DropoutMask};
 use autotune::spec::model::{Activation, ModelSpec};
-use autotune::train::data::{Data, DataSpec};
+use autotune::data::source::{Data, DataSpec};
 use autotune::train::step::Trainer;
 
 use crate::ops::{assert_close, assert_nonzero_finite, random, tol, DTYPES};

@@ -19,7 +19,7 @@ use autotune::model::params::ParamStore;
 use autotune::model::Engine;
 use autotune::ops;
 use autotune::spec::model::NormKind;
-use autotune::train::data::{Data, DataSpec};
+use autotune::data::source::{Data, DataSpec};
 use autotune::train::step::Trainer;
 
 use crate::util::{small_gpt, small_seed};

@@ -3,7 +3,7 @@ use candle_core::{DType, Device, Tensor};
 use autotune::knobs::{Knobs, Precision};
 use autotune::spec::model::ModelSpec;
 use autotune::train::checkpoint;
-use autotune::train::data::{Data, DataSpec};
+use autotune::data::source::{Data, DataSpec};
 use autotune::train::step::Trainer;
 
 use crate::util::{small_gpt, small_seed};

@@ -16,7 +16,7 @@ use crate::data::format::{refusal, DataFormat, TextTokens};
 use crate::model::batch::Batch;
 use crate::model::dropout::Dropout;
 use crate::spec::model::ModelSpec;
-use crate::train::token_file::TokenFile;
+use crate::data::token_file::TokenFile;
 use crate::{Error, Result};
 
 /// Where tokens come from.
