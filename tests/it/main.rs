@@ -26,6 +26,9 @@ mod readme;
 /// What `--data` accepts and refuses; model folders; the optimizer's flags.
 mod data_formats;
 
+/// The model's tokenizer against `transformers`: ids, offsets, decoding, BOS and EOS, errors.
+mod tokenizer;
+
 /// Big numbers in flags and specs: refused naming the field, or answered as not fitting.
 mod bounds;
 
