@@ -2,10 +2,12 @@
 //! that nothing is ever trained on as raw bytes by accident; the sources training draws
 //! batches from ([`source`]: synthetic sequences, memory-mapped token files, tokenized
 //! examples); a dataset's records as the user wrote them ([`records`]); and tokenized examples
-//! walked in epochs and cut into padded, masked micro-batches ([`dataset`]).
+//! walked in epochs and cut into padded, masked micro-batches ([`dataset`]); the model's
+//! tokenizer ([`tokenizer`]).
 
 pub mod dataset;
 pub mod format;
 pub mod records;
 pub mod source;
 pub mod token_file;
+pub mod tokenizer;

@@ -29,6 +29,9 @@ mod data_formats;
 /// The loss over the targets a batch's mask counts, in every engine.
 mod loss_mask;
 
+/// The model's tokenizer against `transformers`: ids, offsets, decoding, BOS and EOS, errors.
+mod tokenizer;
+
 /// Big numbers in flags and specs: refused naming the field, or answered as not fitting.
 mod bounds;
 
