@@ -11,10 +11,10 @@
 use candle_core::Device;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 
+use autotune::data::source::{Data, DataSpec};
 use autotune::knobs::{Knobs, Precision};
 use autotune::model::Engine;
 use autotune::spec::model::ModelSpec;
-use autotune::data::source::{Data, DataSpec};
 use autotune::train::step::Trainer;
 
 fn training_step(c: &mut Criterion) {

@@ -6,6 +6,7 @@
 //! tokenizer ([`tokenizer`]).
 
 pub mod dataset;
+pub mod examples;
 pub mod format;
 pub mod records;
 pub mod source;

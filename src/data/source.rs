@@ -13,10 +13,10 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::data::format::{refusal, DataFormat, TextTokens};
+use crate::data::token_file::TokenFile;
 use crate::model::batch::Batch;
 use crate::model::dropout::Dropout;
 use crate::spec::model::ModelSpec;
-use crate::data::token_file::TokenFile;
 use crate::{Error, Result};
 
 /// Where tokens come from.

@@ -14,10 +14,10 @@ use candle_core::Device;
 use crate::backend::host_memory;
 use crate::backend::memory::DeviceMemory;
 use crate::collective::Collective;
+use crate::data::source::{Data, DataSpec};
 use crate::knobs::Knobs;
 use crate::model::Engine;
 use crate::spec::model::ModelSpec;
-use crate::data::source::{Data, DataSpec};
 use crate::train::optimizer::OptimizerState;
 use crate::train::step::Trainer;
 use crate::trial::{

@@ -21,9 +21,9 @@ use serde::{Deserialize, Serialize};
 
 pub mod manifest;
 
+use crate::data::source::DataSpec;
 use crate::knobs::Knobs;
 use crate::spec::model::ModelSpec;
-use crate::data::source::DataSpec;
 use crate::train::optimizer::OptimizerState;
 use crate::train::scaler::LossScaler;
 use crate::train::schedule::LrSchedule;

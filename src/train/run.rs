@@ -17,8 +17,8 @@ use std::time::Instant;
 
 use crate::backend::host_memory;
 use crate::backend::memory::DeviceMemory;
-use crate::train::checkpoint;
 use crate::data::source::{Data, DataSpec};
+use crate::train::checkpoint;
 use crate::train::schedule::LrSchedule;
 use crate::train::step::{StepReport, Trainer};
 use crate::Result;

@@ -26,6 +26,7 @@ use std::collections::HashMap;
 use candle_core::{DType, Device, Tensor};
 
 use crate::collective::Collective;
+use crate::data::source::Data;
 use crate::knobs::{Knobs, UpdateStrategy};
 use crate::model::batch::Batch;
 use crate::model::dropout::Dropout;
@@ -35,7 +36,6 @@ use crate::model::recompute::RecomputedBlocks;
 use crate::model::{explicit, Ctx, Engine, HeadGradient, Transformer};
 use crate::spec::model::ModelSpec;
 use crate::spec::state::StateBytes;
-use crate::data::source::Data;
 use crate::train::optimizer::{OptimizerState, OptimizerStateMut};
 use crate::train::passes::Passes;
 use crate::train::scaler::{LossScaler, ScaleDecision};

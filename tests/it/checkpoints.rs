@@ -5,9 +5,9 @@ use std::path::Path;
 
 use candle_core::Device;
 
+use autotune::data::source::DataSpec;
 use autotune::knobs::{Knobs, Precision};
 use autotune::train::checkpoint::{self, manifest::Manifest};
-use autotune::data::source::DataSpec;
 use autotune::train::step::Trainer;
 
 use crate::util::{autotune_in, exit_code, read_until, signal, spawn_in, stderr, stdout};

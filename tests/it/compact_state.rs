@@ -3,13 +3,13 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use autotune::data::source::{Data, DataSpec};
 use autotune::knobs::{
     Knobs, MasterFormat, MomentFormat, MomentPlace, Precision, StateLayout, Update,
 };
 use autotune::spec::model::ModelSpec;
 use autotune::spec::state::StateBytes;
 use autotune::train::checkpoint;
-use autotune::data::source::{Data, DataSpec};
 use autotune::train::step::Trainer;
 
 use crate::util::small_llama;

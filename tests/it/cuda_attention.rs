@@ -19,11 +19,11 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use autotune::data::source::{Data, DataSpec};
 use autotune::knobs::{Knobs, Precision};
 use autotune::model::Engine;
 use autotune::ops::{self, AttentionShape, DropoutMask};
 use autotune::spec::model::ModelSpec;
-use autotune::data::source::{Data, DataSpec};
 use autotune::train::step::Trainer;
 
 use crate::ops::{errors, random, tol};

@@ -9,10 +9,10 @@
 
 use candle_core::{DType, Device, Tensor, Var};
 
+use autotune::data::source::{Data, DataSpec};
 use autotune::knobs::{Knobs, Precision};
 use autotune::model::Engine;
 use autotune::ops;
-use autotune::data::source::{Data, DataSpec};
 use autotune::train::step::Trainer;
 
 use crate::ops::{causal_mask, ce_grad_tol, errors, random, targets, tol, DTYPES};

@@ -9,9 +9,9 @@ use serde_json::Value;
 
 use autotune::collective::tcp::TcpGroup;
 use autotune::collective::Collective;
+use autotune::data::source::{Data, DataSpec};
 use autotune::knobs::{DataParallel, Knobs, Precision};
 use autotune::spec::model::ModelSpec;
-use autotune::data::source::{Data, DataSpec};
 use autotune::train::optimizer::OptimizerState;
 use autotune::train::step::Trainer;
 

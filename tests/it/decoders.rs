@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 
+use autotune::data::source::DataSpec;
 use autotune::hf::layout::layout;
 use autotune::hf::safetensors::Checkpoint;
 use autotune::hf::{export_weights, import_weights, ExportDtype};
@@ -20,7 +21,6 @@ use autotune::model::batch::Batch;
 use autotune::model::dropout::Dropout;
 use autotune::model::{Ctx, Engine};
 use autotune::spec::model::ModelSpec;
-use autotune::data::source::DataSpec;
 use autotune::train::step::Trainer;
 
 use crate::ops::assert_close;

@@ -8,12 +8,12 @@
 
 use candle_core::{DType, Device, Tensor, Var};
 
+use autotune::data::source::{Data, DataSpec};
 use autotune::knobs::{Checkpointing, Knobs, Precision};
 use autotune::model::batch::Batch;
 use autotune::model::Engine;
 use autotune::ops::{self, DropoutMask};
 use autotune::spec::model::{Activation, ModelSpec};
-use autotune::data::source::{Data, DataSpec};
 use autotune::train::step::Trainer;
 
 use crate::ops::{assert_close, assert_nonzero_finite, random, tol, DTYPES};

@@ -13,13 +13,13 @@ use candle_core::{DType, Device, Tensor, Var, D};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use autotune::data::source::{Data, DataSpec};
 use autotune::knobs::{Knobs, Precision};
 use autotune::model::layers::{self, Norm};
 use autotune::model::params::ParamStore;
 use autotune::model::Engine;
 use autotune::ops;
 use autotune::spec::model::NormKind;
-use autotune::data::source::{Data, DataSpec};
 use autotune::train::step::Trainer;
 
 use crate::util::{small_gpt, small_seed};

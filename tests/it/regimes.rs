@@ -1,9 +1,9 @@
 use candle_core::{DType, Device, Tensor};
 
+use autotune::data::source::{Data, DataSpec};
 use autotune::knobs::{Checkpointing, Knobs, Offload, Precision};
 use autotune::spec::model::{ModelSpec, OptimizerSpec};
 use autotune::train::checkpoint;
-use autotune::data::source::{Data, DataSpec};
 use autotune::train::optimizer::offload::host_bytes_estimate;
 use autotune::train::step::Trainer;
 

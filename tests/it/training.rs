@@ -1,9 +1,9 @@
 use candle_core::{DType, Device, Tensor};
 
+use autotune::data::source::{Data, DataSpec};
 use autotune::knobs::{Knobs, Precision};
 use autotune::spec::model::ModelSpec;
 use autotune::train::checkpoint;
-use autotune::data::source::{Data, DataSpec};
 use autotune::train::step::Trainer;
 
 use crate::util::{small_gpt, small_seed};
