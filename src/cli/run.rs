@@ -12,7 +12,7 @@ use autotune::plan::schema::Plan;
 use autotune::session::observer::{Notice, SessionObserver};
 use autotune::session::run_dir::RunDir;
 use autotune::session::train::train_with_plan;
-use autotune::settings::model::weights_folder;
+use autotune::settings::model::model_folder;
 use autotune::settings::training::{Training, TrainingDefaults};
 
 use autotune::settings::tune::{Backend, TuneSettings};
@@ -48,7 +48,7 @@ pub fn run(args: RunArgs, printer: &Printer) -> anyhow::Result<Status> {
         &args.training,
         TrainingDefaults::RUN,
         Some(run_dir.checkpoints()),
-        weights_folder(&args.tune.planned.model),
+        model_folder(&args.tune.planned.model),
     )?;
     let progress = TrainProgress::new(printer, training.steps);
     let plan = if training.resume {

@@ -125,6 +125,13 @@ impl Dataset {
             .collect()
     }
 
+    /// The examples of the held-out batch: the first `micro_batch` of an order no training
+    /// epoch takes.
+    pub fn eval_picks(&self, seed: u64, micro_batch: usize) -> Vec<usize> {
+        let order = self.order(seed ^ 0x0E7A_1000, u64::MAX);
+        order.into_iter().cycle().take(micro_batch).collect()
+    }
+
     /// Epoch `epoch`'s order of the examples: a shuffle seeded by the run and the epoch.
     fn order(&self, seed: u64, epoch: u64) -> Vec<usize> {
         let mut order: Vec<usize> = (0..self.examples.len()).collect();

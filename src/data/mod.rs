@@ -8,6 +8,7 @@
 pub mod dataset;
 pub mod examples;
 pub mod format;
+pub mod load;
 pub mod records;
 pub mod source;
 pub mod token_file;

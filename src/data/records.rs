@@ -134,6 +134,16 @@ impl Columns {
         Ok(Self(map))
     }
 
+    /// The renames from pairs of `field → column`.
+    pub fn from_pairs(pairs: BTreeMap<String, String>) -> Self {
+        Self(pairs)
+    }
+
+    /// The renames as pairs of `field → column`.
+    pub fn pairs(&self) -> &BTreeMap<String, String> {
+        &self.0
+    }
+
     /// The column holding `field` in the user's data.
     fn column<'a>(&'a self, field: &'a str) -> &'a str {
         self.0.get(field).map_or(field, String::as_str)

@@ -1,8 +1,11 @@
-//! Training data: synthetic token streams or a file, cut into batches deterministically.
+//! Training data: synthetic token streams, a file of tokens, or a dataset of records made
+//! examples by the model's tokenizer ([`super::load`]), cut into batches deterministically.
 //!
 //! Batch `(step, micro)` is a pure function of the run seed and its coordinates, so a resumed
-//! run sees exactly the batches an uninterrupted run would have seen. Files are memory-mapped
-//! ([`TokenFile`]): a batch reads only the tokens it uses.
+//! run sees exactly the batches an uninterrupted run would have seen. Token files are
+//! memory-mapped ([`TokenFile`]): a batch reads only the tokens it uses. Examples are walked in
+//! seeded epochs and padded to the longest of each micro-batch, the padding and the untrained
+//! tokens masked out of the loss ([`Dataset`]).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -12,7 +15,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
+use crate::data::dataset::{Cut, Dataset};
 use crate::data::format::{refusal, DataFormat, TextTokens};
+use crate::data::load::RecordsSpec;
 use crate::data::token_file::TokenFile;
 use crate::model::batch::Batch;
 use crate::model::dropout::Dropout;
@@ -34,6 +39,8 @@ pub enum DataSpec {
     TokensU16(PathBuf),
     /// A flat file of little-endian u32 token ids.
     TokensU32(PathBuf),
+    /// Record files (documents, JSON lines, JSON) tokenized by the model's tokenizer.
+    Records(Box<RecordsSpec>),
 }
 
 impl DataSpec {
@@ -71,6 +78,14 @@ impl fmt::Display for DataSpec {
             DataSpec::Text(p) | DataSpec::TokensU16(p) | DataSpec::TokensU32(p) => {
                 write!(f, "{}", p.display())
             }
+            DataSpec::Records(records) => {
+                let files: Vec<String> = records
+                    .files
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect();
+                f.write_str(&files.join(", "))
+            }
         }
     }
 }
@@ -81,6 +96,8 @@ pub struct Data {
     vocab: usize,
     seq_len: usize,
     tokens: Option<TokenFile>,
+    /// A dataset's examples, and what cutting them to the sequence did.
+    examples: Option<(Dataset, Cut)>,
 }
 
 impl Data {
@@ -88,8 +105,13 @@ impl Data {
     pub fn open(spec: &DataSpec, model: &ModelSpec) -> Result<Self> {
         let need = model.seq_len + 1;
         let vocab = model.vocab_size;
+        let mut examples = None;
         let tokens = match spec {
             DataSpec::Random | DataSpec::Pattern => None,
+            DataSpec::Records(records) => {
+                examples = Some(records.load(model)?);
+                None
+            }
             DataSpec::Text(path) => {
                 if vocab < 256 {
                     return Err(Error::Data {
@@ -109,7 +131,33 @@ impl Data {
             vocab,
             seq_len: model.seq_len,
             tokens,
+            examples,
         })
+    }
+
+    /// A dataset's examples and what cutting them to the sequence did; `None` for other sources.
+    pub fn examples(&self) -> Option<&(Dataset, Cut)> {
+        self.examples.as_ref()
+    }
+
+    /// Sets the micro-batches one optimizer step takes over all ranks (accumulation × ranks):
+    /// how far a dataset's walk goes each step.
+    pub fn set_micros_per_step(&mut self, micros: usize) {
+        if let Some((dataset, _)) = &mut self.examples {
+            dataset.set_micros_per_step(micros);
+        }
+    }
+
+    /// A micro-batch no training step draws, for the held-out loss.
+    pub fn eval_batch(&self, seed: u64, batch: usize, device: &Device) -> Result<Batch> {
+        match &self.examples {
+            // The first examples of an order no epoch of training takes.
+            Some((dataset, _)) => {
+                let picks = dataset.eval_picks(seed, batch);
+                dataset.batch_of(&picks, device)
+            }
+            None => self.batch(seed, u64::MAX, 0, batch, device),
+        }
     }
 
     /// Number of tokens in a file source (`None` for synthetic sources, which never run out).
@@ -131,6 +179,9 @@ impl Data {
         batch: usize,
         device: &Device,
     ) -> Result<Batch> {
+        if let Some((dataset, _)) = &self.examples {
+            return dataset.batch(seed, step, micro, batch, device);
+        }
         let mut rng = ChaCha8Rng::seed_from_u64(Dropout::key(seed ^ 0xDA7A, step, micro));
         let s = self.seq_len;
         let mut inputs = Vec::with_capacity(batch * s);

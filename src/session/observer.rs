@@ -5,6 +5,7 @@
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 
+use crate::data::dataset::Cut;
 use crate::knobs::Knobs;
 use crate::train::metrics::{MetricsLog, StepLine};
 use crate::train::run::{TrainEvent, TrainObserver};
@@ -72,6 +73,8 @@ pub enum Notice {
         /// Why.
         problem: String,
     },
+    /// A dataset's examples are ready: how many were kept, cut and dropped, and their tokens.
+    Examples(Cut),
     /// A run directory is resumed with its own plan.
     ResumingRun {
         /// The run directory.

@@ -164,9 +164,36 @@ fn plan_rank_args(plan: &Plan, plan_path: &Path, training: &Training) -> Vec<OsS
     if training.resume {
         args.push("--resume".into());
     }
-    if training.text_tokens == TextTokens::Bytes {
-        args.push("--tokenizer".into());
-        args.push("bytes".into());
+    args.extend(data_flags(training));
+    args
+}
+
+/// The flags beside `--data` that say how the data is read, as the ranks must read it too.
+fn data_flags(training: &Training) -> Vec<OsString> {
+    let mut args: Vec<OsString> = Vec::new();
+    match &training.data_spec {
+        DataSpec::Records(records) => {
+            args.push("--tokenizer".into());
+            args.push(records.tokenizer.as_os_str().to_owned());
+            if let Some(train_on) = records.train_on {
+                args.push("--train-on".into());
+                args.push(format!("{train_on:?}").to_lowercase().into());
+            }
+            if !records.columns.is_empty() {
+                let pairs: Vec<String> = records
+                    .columns
+                    .iter()
+                    .map(|(f, c)| format!("{f}={c}"))
+                    .collect();
+                args.push("--columns".into());
+                args.push(pairs.join(",").into());
+            }
+        }
+        _ if training.text_tokens == TextTokens::Bytes => {
+            args.push("--tokenizer".into());
+            args.push("bytes".into());
+        }
+        _ => {}
     }
     args
 }
@@ -303,7 +330,8 @@ impl Job<'_> {
     /// The data and a trainer in `group`, restored from the latest checkpoint when resuming.
     fn prepare(&self, group: Collective) -> Result<(DataSpec, Data, Trainer)> {
         let data_spec = self.training.data_spec.clone();
-        let data = Data::open(&data_spec, self.spec)?;
+        let mut data = Data::open(&data_spec, self.spec)?;
+        data.set_micros_per_step(self.knobs.grad_accum * self.knobs.data_parallel.degree);
         let seed = self.training.seed;
         let mut trainer = Trainer::in_group(self.spec, self.knobs, &self.device, seed, group)?;
         trainer.set_engine(self.engine);
@@ -335,6 +363,9 @@ impl Job<'_> {
     fn run(mut self, observer: &dyn SessionObserver, interrupt: &AtomicBool) -> Result<RunSummary> {
         let metrics = MetricsRecorder::open(self.training.metrics.as_deref())?;
         let (data_spec, data, mut trainer) = self.prepare(Collective::Single)?;
+        if let Some((_, cut)) = data.examples() {
+            observer.notice(Notice::Examples(*cut));
+        }
         observer.notice(Notice::Training {
             model: self.spec.name.clone(),
             parameters: trainer.model().params().element_count(),

@@ -30,13 +30,18 @@ impl TypedValueParser for ModelName {
     }
 }
 
-/// The Hugging Face model folder `model` names, when it is one that holds weights
-/// (`model.safetensors`, or the shards its index lists): a run from it starts from them, as
-/// `from_pretrained` does.
-pub fn weights_folder(model: &str) -> Option<std::path::PathBuf> {
+/// The Hugging Face model folder `model` names, when it names a folder: its config is the
+/// model, its tokenizer the data's, and its weights (when it holds some) where a fresh run
+/// starts, as `from_pretrained` does.
+pub fn model_folder(model: &str) -> Option<std::path::PathBuf> {
     let path = std::path::Path::new(model);
+    path.is_dir().then(|| path.to_path_buf())
+}
+
+/// Whether `folder` holds weights (`model.safetensors`, or the shards its index lists).
+pub fn holds_weights(folder: &std::path::Path) -> bool {
     let weights = ["model.safetensors", "model.safetensors.index.json"];
-    (path.is_dir() && weights.iter().any(|w| path.join(w).is_file())).then(|| path.to_path_buf())
+    weights.iter().any(|w| folder.join(w).is_file())
 }
 
 /// The presets as a Markdown table, one row each from the registry: the README's table of

@@ -91,15 +91,15 @@ impl TrainSettings {
             raw.schedule.lr_warmup_steps = steps;
             notes.push(flags::renamed("--warmup-steps", "--lr-warmup-steps"));
         }
-        let weights = match args.plan {
-            None => super::model::weights_folder(&args.by_hand.model.model),
+        let folder = match args.plan {
+            None => super::model::model_folder(&args.by_hand.model.model),
             Some(_) => None,
         };
         let training = Training::resolve(
             &raw,
             TrainingDefaults::TRAIN,
             args.checkpoint_dir.clone(),
-            weights,
+            folder,
         )?;
         training.require_checkpoint_dir()?;
         let source = match &args.plan {

@@ -5,8 +5,12 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::data::format::TextTokens;
+use crate::data::examples::TrainOn;
+use crate::data::format::{DataFormat, TextTokens};
+use crate::data::load::RecordsSpec;
+use crate::data::records::Columns;
 use crate::data::source::DataSpec;
+use crate::settings::model::holds_weights;
 use crate::train::schedule::{LrDecay, LrSchedule};
 use crate::{Error, Result};
 
@@ -61,10 +65,21 @@ pub struct TrainingArgs {
     /// records (JSONL, JSON, Parquet, Arrow) and model files are refused, never read as bytes.
     #[arg(long)]
     pub data: Option<String>,
-    /// How text becomes tokens: `bytes` trains on its raw bytes, one token a byte (the model's
-    /// vocabulary must hold 256). Without it, text is refused.
-    #[arg(long, value_name = "bytes")]
+    /// The tokenizer of record data (text, JSON lines, JSON): a `tokenizer.json`, or the folder
+    /// holding it with its `tokenizer_config.json` (default: the --model or --init-from folder's);
+    /// or `bytes`, to train on a text's raw bytes, one token a byte.
+    #[arg(long, value_name = "PATH|bytes")]
     pub tokenizer: Option<String>,
+    /// What the loss trains on: all (every token), completion (a completion's or an
+    /// instruction's response, not the prompt) or assistant (a conversation's assistant turns).
+    /// Default: what each record's schema says (documents all, prompt/completion and
+    /// instructions completion, conversations assistant).
+    #[arg(long, value_enum)]
+    pub train_on: Option<TrainOn>,
+    /// The columns of record data that hold the fields autotune reads, when they are named
+    /// otherwise: `field=column` pairs, e.g. `prompt=question,completion=answer`.
+    #[arg(long, value_name = "FIELD=COLUMN,...")]
+    pub columns: Option<String>,
     /// Save a checkpoint every N steps, and always at the end and on Ctrl-C (default: 50 for
     /// train, 100 for run).
     #[arg(long, value_name = "N")]
@@ -162,24 +177,22 @@ pub struct Training {
 
 impl Training {
     /// The settings `args` give, with `defaults` for what they leave out and checkpoints in
-    /// `checkpoint_dir`; `weights` is the model folder whose weights a fresh run starts from
-    /// when `--init-from` names none.
+    /// `checkpoint_dir`; `folder` is the model's Hugging Face folder, if the model is one: its
+    /// tokenizer reads the data, and its weights are where a fresh run starts when
+    /// `--init-from` names none.
     pub fn resolve(
         args: &TrainingArgs,
         defaults: TrainingDefaults,
         checkpoint_dir: Option<PathBuf>,
-        weights: Option<PathBuf>,
+        folder: Option<PathBuf>,
     ) -> Result<Self> {
-        let text_tokens = match args.tokenizer.as_deref() {
-            None => TextTokens::NotGiven,
-            Some("bytes") => TextTokens::Bytes,
-            Some(other) => return Err(unread_tokenizer(other)),
-        };
+        let weights = folder.clone().filter(|f| holds_weights(f));
         let init_from = match (&args.init_from, args.resume) {
             (Some(dir), _) => Some(dir.clone()),
             (None, false) => weights,
             (None, true) => None,
         };
+        let tokenizer = tokenizer_source(args, folder.or_else(|| args.init_from.clone()))?;
         if let (Some(dir), None) = (&init_from, &args.data) {
             return Err(Error::Usage(format!(
                 "`{}` holds pretrained weights, and without --data they would train on \
@@ -189,11 +202,15 @@ impl Training {
             )));
         }
         let data = args.data.clone().unwrap_or_else(|| "pattern".to_string());
+        let columns = match &args.columns {
+            Some(text) => Columns::parse(text)?,
+            None => Columns::default(),
+        };
         Ok(Self {
             steps: args.steps.unwrap_or(defaults.steps),
-            data_spec: DataSpec::resolve(&data, text_tokens)?,
+            data_spec: data_spec(&data, &tokenizer, args.train_on, &columns)?,
             data,
-            text_tokens,
+            text_tokens: tokenizer.text_tokens(),
             checkpoint_dir,
             checkpoint_every: args.checkpoint_every.unwrap_or(defaults.checkpoint_every),
             eval_every: args.eval_every.unwrap_or(defaults.eval_every),
@@ -228,14 +245,78 @@ impl Training {
     }
 }
 
-/// The refusal of a `--tokenizer` autotune cannot read yet.
-fn unread_tokenizer(given: &str) -> Error {
-    autotune_core::Error::InvalidFlag {
-        flag: format!("--tokenizer {given}"),
-        problem: "autotune does not read a tokenizer.json yet; give --data a token file of the \
-                  model's ids (.bin or .u16: u16, .u32: u32), or pass --tokenizer bytes to train \
-                  on raw text bytes"
-            .into(),
+/// Where record data's tokens come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum TokenizerSource {
+    /// Nowhere: record data is refused.
+    NotGiven,
+    /// A text's raw bytes (`--tokenizer bytes`).
+    Bytes,
+    /// The model's tokenizer: a `tokenizer.json`, or the folder holding it.
+    Model(PathBuf),
+}
+
+impl TokenizerSource {
+    fn text_tokens(&self) -> TextTokens {
+        match self {
+            TokenizerSource::NotGiven => TextTokens::NotGiven,
+            TokenizerSource::Bytes => TextTokens::Bytes,
+            TokenizerSource::Model(_) => TextTokens::Model,
+        }
     }
-    .into()
+}
+
+/// `--tokenizer`, or else the tokenizer of the model's folder (`folder`) when it holds one.
+fn tokenizer_source(args: &TrainingArgs, folder: Option<PathBuf>) -> Result<TokenizerSource> {
+    Ok(match args.tokenizer.as_deref() {
+        Some("bytes") => TokenizerSource::Bytes,
+        Some(path) => {
+            let path = PathBuf::from(path);
+            let json = if path.is_dir() {
+                path.join("tokenizer.json")
+            } else {
+                path.clone()
+            };
+            if !json.is_file() {
+                return Err(autotune_core::Error::InvalidFlag {
+                    flag: format!("--tokenizer {}", path.display()),
+                    problem: "names no tokenizer.json, nor a folder holding one; give the \
+                              model's tokenizer.json or its folder, or `bytes`"
+                        .into(),
+                }
+                .into());
+            }
+            TokenizerSource::Model(path)
+        }
+        None => match folder.filter(|f| f.join("tokenizer.json").is_file()) {
+            Some(folder) => TokenizerSource::Model(folder),
+            None => TokenizerSource::NotGiven,
+        },
+    })
+}
+
+/// The data `data` names: a dataset of records for the model's tokenizer, or another source.
+fn data_spec(
+    data: &str,
+    tokenizer: &TokenizerSource,
+    train_on: Option<TrainOn>,
+    columns: &Columns,
+) -> Result<DataSpec> {
+    let path = std::path::Path::new(data);
+    let records = matches!(
+        DataFormat::of(path),
+        DataFormat::JsonLines | DataFormat::Json | DataFormat::Text
+    );
+    match tokenizer {
+        TokenizerSource::Model(tokenizer) if records && path.is_file() => {
+            let spec = RecordsSpec::new(
+                vec![path.to_path_buf()],
+                tokenizer.clone(),
+                train_on,
+                columns,
+            )?;
+            Ok(DataSpec::Records(Box::new(spec)))
+        }
+        other => DataSpec::resolve(data, other.text_tokens()),
+    }
 }

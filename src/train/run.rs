@@ -290,12 +290,10 @@ impl Run<'_> {
     }
 }
 
-/// Held-out loss on a batch no training step draws (step index `u64::MAX`).
+/// Held-out loss on a batch no training step draws.
 pub fn eval(trainer: &Trainer, data: &Data) -> Result<f64> {
-    let batch = data.batch(
+    let batch = data.eval_batch(
         trainer.seed(),
-        u64::MAX,
-        0,
         trainer.knobs().micro_batch,
         trainer.device(),
     )?;

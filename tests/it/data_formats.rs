@@ -70,11 +70,7 @@ fn text_trains_as_bytes_only_when_asked_and_token_files_as_they_are() {
     assert_eq!(ids.status.code(), Some(0), "{}", stderr(&ids));
     let other = train(dir.path(), "corpus.txt", &["--tokenizer", "tokenizer.json"]);
     assert_eq!(other.status.code(), Some(2));
-    assert!(
-        stderr(&other).contains("--tokenizer bytes"),
-        "{}",
-        stderr(&other)
-    );
+    assert!(stderr(&other).contains("names no tokenizer.json"), "{}", stderr(&other));
 }
 
 /// The tiny Llama that `transformers` saved (tests/fixtures/hf/generate.py).
@@ -176,4 +172,103 @@ fn optimizer_flags_reach_the_plan_and_bad_values_name_the_flag() {
     let out = autotune_in(dir.path(), &["train", "--steps", "1", "--lr", "0"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--lr"), "{}", stderr(&out));
+}
+
+/// A model folder without weights: the tiny Llama's config with the Llama-3-style fixture
+/// tokenizer's vocabulary and room for its examples, and that tokenizer.
+fn model_folder(dir: &Path) -> std::path::PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let folder = dir.join("model");
+    std::fs::create_dir_all(&folder).unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("tests/fixtures/hf/tiny-llama/config.json")).unwrap(),
+    )
+    .unwrap();
+    config["vocab_size"] = 384.into();
+    config["max_position_embeddings"] = 48.into();
+    std::fs::write(folder.join("config.json"), config.to_string()).unwrap();
+    for file in ["tokenizer.json", "tokenizer_config.json"] {
+        let from = root
+            .join("tests/fixtures/data/tokenizers/llama3")
+            .join(file);
+        std::fs::copy(from, folder.join(file)).unwrap();
+    }
+    folder
+}
+
+/// The losses of a run's metrics log, in order.
+fn losses(log: &Path) -> Vec<f64> {
+    std::fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn a_completion_dataset_trains_through_the_models_tokenizer_on_its_completions() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = model_folder(dir.path());
+    let colours = ["red", "blue", "green", "black"];
+    let lines: Vec<String> = (0..32)
+        .map(|i| {
+            let record = serde_json::json!({
+                "question": format!("The colour of thing {} is", i % 8),
+                "answer": format!(" {}", colours[i % 4]),
+            });
+            record.to_string()
+        })
+        .collect();
+    std::fs::write(dir.path().join("qa.jsonl"), lines.join("\n")).unwrap();
+    let folder = folder.to_string_lossy().into_owned();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--model",
+            &folder,
+            "--device",
+            "cpu",
+            "--data",
+            "qa.jsonl",
+            "--columns",
+            "prompt=question,completion=answer",
+            "--micro-batch",
+            "8",
+            "--steps",
+            "60",
+            "--lr",
+            "0.01",
+            "--metrics",
+            "m.jsonl",
+        ];
+        args.extend_from_slice(extra);
+        let out = autotune_in(dir.path(), &args);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        (stderr(&out), losses(&dir.path().join("m.jsonl")))
+    };
+    let (err, completion) = run(&[]);
+    assert!(
+        err.contains("32 examples"),
+        "the examples are counted: {err}"
+    );
+    let (first, last) = (completion[0], completion[completion.len() - 1]);
+    assert!(
+        last < first * 0.5,
+        "the completions are learnt: {first} to {last}"
+    );
+    let (_, all) = run(&["--train-on", "all"]);
+    assert!(
+        (all[0] - completion[0]).abs() > 1e-3,
+        "training on the prompts too is another loss: {} against {}",
+        all[0],
+        completion[0]
+    );
+    // Without the model's tokenizer the records are refused, never read as bytes.
+    let out = autotune_in(dir.path(), &["train", "--data", "qa.jsonl", "--steps", "1"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--tokenizer"), "{}", stderr(&out));
 }

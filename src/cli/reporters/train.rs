@@ -153,6 +153,16 @@ pub fn notice_line(notice: &Notice) -> String {
             "{problem}; training goes on without the metrics log `{}`",
             path.display()
         ),
+        Notice::Examples(cut) => format!(
+            "{} examples ({} cut to the sequence length, {} dropped with nothing to train on), \
+             {} tokens, {} of them trained on ({:.0}%)",
+            cut.kept,
+            cut.truncated,
+            cut.dropped,
+            cut.tokens,
+            cut.trained_tokens,
+            100.0 * cut.trained_tokens as f64 / cut.tokens.max(1) as f64
+        ),
         Notice::ResumingRun { dir } => format!(
             "resuming the run in {} with its plan (the tuning flags are not used)",
             dir.display()
