@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use autotune::settings::check::CheckArgs;
+use autotune::settings::data::DataArgs;
 use autotune::settings::estimate::EstimateArgs;
 use autotune::settings::export::ExportArgs;
 use autotune::settings::export_weights::ExportWeightsArgs;
@@ -80,6 +81,10 @@ pub enum Command {
     Report(ReportArgs),
     /// Print a completion script for a shell (bash, zsh, fish, powershell, elvish).
     Completions(CompletionsArgs),
+    /// Show what training would see of a dataset: examples as text with the trained spans
+    /// marked, the counts (examples, tokens, trained tokens, cut, dropped, padding), or with
+    /// --json one line per example with its input ids and labels.
+    Data(DataArgs),
     /// Train a model with explicit knobs, with progress, checkpoints and resume.
     Train(Box<TrainArgs>),
     /// Measure one setting with real training steps: step time, tokens/s, peak memory.
@@ -108,6 +113,7 @@ impl Command {
             Command::Estimate(a) => a.json,
             Command::Device(a) => a.json,
             Command::Completions(_) => true,
+            Command::Data(a) => a.json,
             Command::Report(_) => false,
         }
     }

@@ -6,6 +6,7 @@
 mod args;
 mod check;
 mod completions;
+mod data;
 mod device;
 mod estimate;
 mod export;
@@ -75,6 +76,7 @@ fn run(command: Command, printer: &Printer) -> anyhow::Result<Status> {
         Command::ProbeServe => probe::run_worker(),
         Command::Tune(args) => tune::run(*args, printer),
         Command::Run(args) => run::run(*args, printer),
+        Command::Data(args) => data::run(args, printer),
         Command::Export(args) => export::run(args, printer),
         Command::ExportWeights(args) => export_weights::run(args, printer),
         Command::Check(args) => check::run(args, printer),

@@ -6,6 +6,7 @@
 //! decides what people see.
 
 pub mod check;
+pub mod data;
 pub mod estimate;
 pub mod launch;
 pub mod observer;

@@ -5,6 +5,7 @@
 //! set them.
 
 pub mod check;
+pub mod data;
 pub mod estimate;
 pub mod export;
 pub mod export_weights;

@@ -70,7 +70,11 @@ fn text_trains_as_bytes_only_when_asked_and_token_files_as_they_are() {
     assert_eq!(ids.status.code(), Some(0), "{}", stderr(&ids));
     let other = train(dir.path(), "corpus.txt", &["--tokenizer", "tokenizer.json"]);
     assert_eq!(other.status.code(), Some(2));
-    assert!(stderr(&other).contains("names no tokenizer.json"), "{}", stderr(&other));
+    assert!(
+        stderr(&other).contains("names no tokenizer.json"),
+        "{}",
+        stderr(&other)
+    );
 }
 
 /// The tiny Llama that `transformers` saved (tests/fixtures/hf/generate.py).
@@ -271,4 +275,58 @@ fn a_completion_dataset_trains_through_the_models_tokenizer_on_its_completions()
     let out = autotune_in(dir.path(), &["train", "--data", "qa.jsonl", "--steps", "1"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--tokenizer"), "{}", stderr(&out));
+}
+
+#[test]
+fn data_shows_each_example_with_its_labels_and_the_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = model_folder(dir.path()).to_string_lossy().into_owned();
+    let records = [
+        serde_json::json!({"prompt": "Two and two make", "completion": " four"}),
+        serde_json::json!({"prompt": "The sky is", "completion": " blue"}),
+        serde_json::json!({"text": "a document"}),
+    ];
+    let lines: Vec<String> = records[..2].iter().map(|r| r.to_string()).collect();
+    std::fs::write(dir.path().join("qa.jsonl"), lines.join("\n")).unwrap();
+    let json = autotune_in(
+        dir.path(),
+        &["data", "--model", &folder, "--data", "qa.jsonl", "--json"],
+    );
+    assert_eq!(json.status.code(), Some(0), "{}", stderr(&json));
+    let tokenizer = autotune::data::tokenizer::Tokenizer::from_folder(Path::new(&folder)).unwrap();
+    let (bos, eos) = (tokenizer.bos().unwrap().id, tokenizer.eos().unwrap().id);
+    let lines: Vec<serde_json::Value> = String::from_utf8(json.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "one line per example, in dataset order");
+    for (line, record) in lines.iter().zip(&records) {
+        let ids: Vec<u32> = serde_json::from_value(line["input_ids"].clone()).unwrap();
+        let labels: Vec<i64> = serde_json::from_value(line["labels"].clone()).unwrap();
+        assert_eq!(
+            (ids[0], ids[ids.len() - 1]),
+            (bos, eos),
+            "BOS first, EOS last"
+        );
+        let prompt = tokenizer
+            .encode(record["prompt"].as_str().unwrap())
+            .unwrap()
+            .ids;
+        for (i, (&id, &label)) in ids.iter().zip(&labels).enumerate() {
+            let in_prompt = i <= prompt.len();
+            assert_eq!(
+                label,
+                if in_prompt { -100 } else { i64::from(id) },
+                "token {i}"
+            );
+        }
+    }
+    let text = autotune_in(
+        dir.path(),
+        &["data", "--model", &folder, "--data", "qa.jsonl"],
+    );
+    let out = String::from_utf8(text.stdout).unwrap();
+    assert!(out.contains("⟦ four"), "the trained span is marked: {out}");
+    assert!(out.contains("2 examples: 2 kept"), "{out}");
 }

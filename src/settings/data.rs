@@ -1,0 +1,95 @@
+//! `autotune data`'s flags and [`DataSettings`]: a dataset of records and the model whose
+//! tokenizer reads it, to show what training would see.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::model::{model_folder, ModelName};
+use crate::data::examples::TrainOn;
+use crate::data::load::RecordsSpec;
+use crate::data::records::Columns;
+use crate::spec::model::ModelSpec;
+use crate::{Error, Result};
+
+/// The flags of `autotune data`.
+#[derive(Debug, Args)]
+pub struct DataArgs {
+    /// The model: a Hugging Face folder (its tokenizer reads the data, its config gives the
+    /// sequence length), or a preset or spec file with --tokenizer.
+    #[arg(long, value_parser = ModelName)]
+    pub model: String,
+    /// The records: text (documents between blank lines), JSON lines or a JSON array.
+    #[arg(long)]
+    pub data: PathBuf,
+    /// The tokenizer, when the model is no folder holding one: a `tokenizer.json` or its folder.
+    #[arg(long, value_name = "PATH")]
+    pub tokenizer: Option<PathBuf>,
+    /// What the loss trains on (as `train --train-on`).
+    #[arg(long, value_enum)]
+    pub train_on: Option<TrainOn>,
+    /// The columns holding the fields autotune reads (as `train --columns`).
+    #[arg(long, value_name = "FIELD=COLUMN,...")]
+    pub columns: Option<String>,
+    /// Sequences per micro-batch, for the padding a batch of them wastes.
+    #[arg(long, default_value_t = 8)]
+    pub micro_batch: usize,
+    /// How many examples to show as text (the counts cover all of them).
+    #[arg(long, default_value_t = 3)]
+    pub show: usize,
+    /// One JSON line per example, in dataset order: `{"input_ids": [...], "labels": [...]}`,
+    /// with -100 where the loss is masked.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A validated `data`.
+#[derive(Debug)]
+pub struct DataSettings {
+    /// The dataset.
+    pub records: RecordsSpec,
+    /// The model (its sequence length cuts the examples).
+    pub model: ModelSpec,
+    /// Sequences per micro-batch.
+    pub micro_batch: usize,
+    /// Examples shown as text.
+    pub show: usize,
+}
+
+impl DataSettings {
+    /// Resolves and checks `args`.
+    pub fn from_args(args: &DataArgs) -> Result<Self> {
+        let model = ModelSpec::resolve(&args.model)?;
+        let tokenizer = match (&args.tokenizer, model_folder(&args.model)) {
+            (Some(path), _) => path.clone(),
+            (None, Some(folder)) if folder.join("tokenizer.json").is_file() => folder,
+            _ => {
+                return Err(Error::Usage(format!(
+                    "`{}` has no tokenizer to read the data with; give --model a Hugging Face \
+                     folder holding tokenizer.json, or --tokenizer PATH",
+                    args.model
+                )))
+            }
+        };
+        let columns = match &args.columns {
+            Some(text) => Columns::parse(text)?,
+            None => Columns::default(),
+        };
+        if !args.data.is_file() {
+            let missing = std::io::Error::from(std::io::ErrorKind::NotFound);
+            return Err(Error::file(
+                "cannot read training data",
+                &args.data,
+                missing,
+            ));
+        }
+        let records =
+            RecordsSpec::new(vec![args.data.clone()], tokenizer, args.train_on, &columns)?;
+        Ok(Self {
+            records,
+            model,
+            micro_batch: args.micro_batch.max(1),
+            show: args.show,
+        })
+    }
+}
