@@ -127,8 +127,12 @@ fn plan_rank_args(plan: &Plan, plan_path: &Path, training: &Training) -> Vec<OsS
     let optimizer = &plan.model.optimizer;
     let mut args: Vec<OsString> = vec!["train".into(), "--plan".into()];
     args.push(plan_path.as_os_str().to_owned());
+    let length = match training.epochs {
+        Some(epochs) => ("--epochs", epochs.to_string()),
+        None => ("--steps", training.steps.to_string()),
+    };
     for (flag, value) in [
-        ("--steps", training.steps.to_string()),
+        length,
         ("--data", training.data.clone()),
         ("--checkpoint-every", training.checkpoint_every.to_string()),
         ("--eval-every", training.eval_every.to_string()),
@@ -220,6 +224,7 @@ fn plan_job<'a>(plan: &'a Plan, training: &'a Training, rank: Option<&RankEnv>) 
         device,
         training,
         schedule,
+        total_steps: training.steps,
         // Plans are tuned with the default engine.
         engine: crate::model::Engine::default(),
         host_limit: Some(host_limit),
@@ -282,6 +287,7 @@ impl ByHand<'_> {
             device,
             training,
             schedule,
+            total_steps: training.steps,
             engine: self.engine,
             host_limit: None,
         };
@@ -318,6 +324,8 @@ pub struct Job<'a> {
     device: Device,
     training: &'a Training,
     schedule: LrSchedule,
+    /// The run's last step (known once the data is open, for a run of epochs).
+    total_steps: u64,
     engine: crate::model::Engine,
     /// The host heap limit in force (a plan's budget, or a rank's share of it).
     host_limit: Option<u64>,
@@ -328,10 +336,16 @@ pub struct Job<'a> {
 
 impl Job<'_> {
     /// The data and a trainer in `group`, restored from the latest checkpoint when resuming.
-    fn prepare(&self, group: Collective) -> Result<(DataSpec, Data, Trainer)> {
+    fn prepare(&mut self, group: Collective) -> Result<(DataSpec, Data, Trainer)> {
         let data_spec = self.training.data_spec.clone();
         let mut data = Data::open(&data_spec, self.spec)?;
         data.set_micros_per_step(self.knobs.grad_accum * self.knobs.data_parallel.degree);
+        // A run of epochs knows its steps, and the schedule its end, once the data is open.
+        self.total_steps = self.training.total_steps(&data, self.knobs.micro_batch)?;
+        self.schedule = self
+            .training
+            .schedule
+            .schedule(self.spec.optimizer.lr, self.total_steps)?;
         let seed = self.training.seed;
         let mut trainer = Trainer::in_group(self.spec, self.knobs, &self.device, seed, group)?;
         trainer.set_engine(self.engine);
@@ -350,7 +364,7 @@ impl Job<'_> {
 
     fn config(&self) -> RunConfig {
         RunConfig {
-            total_steps: self.training.steps,
+            total_steps: self.total_steps,
             checkpoint_dir: self.training.checkpoint_dir.clone(),
             checkpoint_every: self.training.checkpoint_every,
             eval_every: self.training.eval_every,

@@ -9,7 +9,7 @@ use crate::data::examples::TrainOn;
 use crate::data::format::{DataFormat, TextTokens};
 use crate::data::load::RecordsSpec;
 use crate::data::records::Columns;
-use crate::data::source::DataSpec;
+use crate::data::source::{Data, DataSpec};
 use crate::settings::model::holds_weights;
 use crate::train::schedule::{LrDecay, LrSchedule};
 use crate::{Error, Result};
@@ -59,6 +59,10 @@ pub struct TrainingArgs {
     /// for run).
     #[arg(long)]
     pub steps: Option<u64>,
+    /// Train for N passes over a dataset of records instead of a number of steps: each epoch
+    /// takes every example once, in its own seeded order.
+    #[arg(long, value_name = "N", conflicts_with = "steps", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub epochs: Option<u64>,
     /// Training data: `pattern` (learnable synthetic sequences, the default), `random` (the
     /// seed's random tokens: nothing to learn, for benchmarks), a token file (`.bin`/`.u16`:
     /// u16, `.u32`: u32; memory-mapped), or text (`.txt`) with `--tokenizer bytes`. Datasets of
@@ -145,8 +149,10 @@ impl TrainingDefaults {
 /// A training run's settings beside the model and its knobs.
 #[derive(Debug, Clone)]
 pub struct Training {
-    /// Train until this many optimizer steps in total (resumed steps count).
+    /// Train until this many optimizer steps in total (resumed steps count), unless `epochs`.
     pub steps: u64,
+    /// Train for this many passes over a dataset of records.
+    pub epochs: Option<u64>,
     /// The data, as given (`pattern`, `random` or a file).
     pub data: String,
     /// The data, resolved (its file checked to be one autotune reads).
@@ -206,9 +212,20 @@ impl Training {
             Some(text) => Columns::parse(text)?,
             None => Columns::default(),
         };
+        let data_spec = data_spec(&data, &tokenizer, args.train_on, &columns)?;
+        if args.epochs.is_some() && !matches!(data_spec, DataSpec::Records(_)) {
+            return Err(autotune_core::Error::InvalidFlag {
+                flag: "--epochs".into(),
+                problem: format!(
+                    "counts passes over a dataset of records, and `{data}` is none; give --steps"
+                ),
+            }
+            .into());
+        }
         Ok(Self {
             steps: args.steps.unwrap_or(defaults.steps),
-            data_spec: data_spec(&data, &tokenizer, args.train_on, &columns)?,
+            epochs: args.epochs,
+            data_spec,
             data,
             text_tokens: tokenizer.text_tokens(),
             checkpoint_dir,
@@ -227,6 +244,20 @@ impl Training {
     /// The learning-rate schedule for a model whose rate is `base_lr`, over `steps`.
     pub fn lr_schedule(&self, base_lr: f64) -> Result<LrSchedule> {
         self.schedule.schedule(base_lr, self.steps)
+    }
+
+    /// The optimizer steps of the run on `data` at `micro_batch` sequences a micro-batch: the
+    /// epochs' steps when it counts epochs, else `steps`.
+    pub fn total_steps(&self, data: &Data, micro_batch: usize) -> Result<u64> {
+        match (self.epochs, data.examples()) {
+            (None, _) => Ok(self.steps),
+            (Some(epochs), Some((dataset, _))) => {
+                Ok(epochs.saturating_mul(dataset.steps_per_epoch(micro_batch)))
+            }
+            (Some(_), None) => Err(Error::Usage(
+                "--epochs counts passes over a dataset of records".into(),
+            )),
+        }
     }
 
     /// Refuses a resume or an overwrite without a checkpoint directory (`train` keeps none

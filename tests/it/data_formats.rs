@@ -330,3 +330,106 @@ fn data_shows_each_example_with_its_labels_and_the_counts() {
     assert!(out.contains("⟦ four"), "the trained span is marked: {out}");
     assert!(out.contains("2 examples: 2 kept"), "{out}");
 }
+
+#[test]
+fn a_run_of_epochs_resumed_mid_epoch_continues_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = model_folder(dir.path()).to_string_lossy().into_owned();
+    let lines: Vec<String> = (0..30)
+        .map(|i| serde_json::json!({"prompt": format!("Item {i} is"), "completion": format!(" {}", i % 7)}).to_string())
+        .collect();
+    std::fs::write(dir.path().join("qa.jsonl"), lines.join("\n")).unwrap();
+    let train = |extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--model",
+            &folder,
+            "--device",
+            "cpu",
+            "--data",
+            "qa.jsonl",
+            "--micro-batch",
+            "4",
+            "--grad-accum",
+            "2",
+            "--lr",
+            "0.01",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let out = autotune_in(dir.path(), &args);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    // Thirty examples at eight a step: four steps an epoch, the last one short.
+    let whole = train(&[
+        "--epochs",
+        "3",
+        "--metrics",
+        "a.jsonl",
+        "--checkpoint-dir",
+        "a",
+    ]);
+    assert_eq!(whole["steps"], 12);
+    train(&[
+        "--steps",
+        "5",
+        "--metrics",
+        "b.jsonl",
+        "--checkpoint-dir",
+        "b",
+    ]);
+    let resumed = train(&[
+        "--epochs",
+        "3",
+        "--resume",
+        "--metrics",
+        "b.jsonl",
+        "--checkpoint-dir",
+        "b",
+    ]);
+    assert_eq!(resumed["steps"], 12);
+    let (a, b) = (
+        losses(&dir.path().join("a.jsonl")),
+        losses(&dir.path().join("b.jsonl")),
+    );
+    assert_eq!(a.len(), 12);
+    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(
+        bits(&a),
+        bits(&b),
+        "the resumed run takes the same examples in the same order"
+    );
+    // Another dataset is another run: refused on resume.
+    std::fs::write(dir.path().join("qa.jsonl"), lines[..20].join("\n")).unwrap();
+    let mut args = vec![
+        "train",
+        "--model",
+        &folder,
+        "--device",
+        "cpu",
+        "--data",
+        "qa.jsonl",
+        "--micro-batch",
+        "4",
+        "--grad-accum",
+        "2",
+        "--lr",
+        "0.01",
+        "--epochs",
+        "3",
+        "--resume",
+        "--checkpoint-dir",
+        "b",
+    ];
+    args.push("--json");
+    let out = autotune_in(dir.path(), &args);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--resume"), "{}", stderr(&out));
+    // Epochs count passes over records, not over a token stream.
+    let out = autotune_in(dir.path(), &["train", "--epochs", "2", "--steps", "1"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = autotune_in(dir.path(), &["train", "--epochs", "2", "--data", "pattern"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--epochs"), "{}", stderr(&out));
+}

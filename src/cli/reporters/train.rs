@@ -12,7 +12,8 @@ use crate::cli::printer::Printer;
 pub struct TrainProgress {
     bar: indicatif::ProgressBar,
     printer: Printer,
-    log_every: u64,
+    /// Steps between the lines logged when stderr is no terminal: a tenth of the run.
+    log_every: std::cell::Cell<u64>,
     /// The first step this run takes: its line is always logged, so a log shows at once that
     /// training started (and a watcher can wait for it).
     first_step: std::cell::Cell<u64>,
@@ -25,7 +26,7 @@ impl TrainProgress {
         Self {
             bar,
             printer: *printer,
-            log_every: (total / 10).max(1),
+            log_every: std::cell::Cell::new((total / 10).max(1)),
             first_step: std::cell::Cell::new(1),
         }
     }
@@ -59,7 +60,7 @@ impl TrainProgress {
         );
         self.bar.set_position(step);
         self.bar.set_message(msg.clone());
-        let due = step % self.log_every == 0 || step == self.first_step.get();
+        let due = step % self.log_every.get() == 0 || step == self.first_step.get();
         if self.printer.log_progress() && due {
             self.printer.status(format!("step {step}: {msg}"));
         }
@@ -83,7 +84,13 @@ fn memory_phrase(memory: &MemorySample) -> String {
 impl TrainObserver for TrainProgress {
     fn on_event(&self, event: &TrainEvent) {
         match event {
-            TrainEvent::Started { start_step, .. } => {
+            TrainEvent::Started {
+                start_step,
+                total_steps,
+            } => {
+                // A run of epochs knows its length only once its data is open.
+                self.bar.set_length(*total_steps);
+                self.log_every.set((total_steps / 10).max(1));
                 self.bar.set_position(*start_step);
                 self.first_step.set(start_step.saturating_add(1));
                 if *start_step > 0 {
