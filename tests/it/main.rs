@@ -26,6 +26,9 @@ mod readme;
 /// What `--data` accepts and refuses; model folders; the optimizer's flags.
 mod data_formats;
 
+/// Chat templates against `transformers`' renderings: real models' templates, spans, errors.
+mod chat_template;
+
 /// Big numbers in flags and specs: refused naming the field, or answered as not fitting.
 mod bounds;
 
