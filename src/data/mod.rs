@@ -3,7 +3,7 @@
 //! batches from ([`source`]: synthetic sequences, memory-mapped token files, tokenized
 //! examples); a dataset's records as the user wrote them ([`records`]); and tokenized examples
 //! walked in epochs and cut into padded, masked micro-batches ([`dataset`]); the model's
-//! tokenizer ([`tokenizer`]).
+//! tokenizer ([`tokenizer`]) and chat template ([`template`]).
 
 pub mod dataset;
 pub mod examples;
@@ -11,5 +11,6 @@ pub mod format;
 pub mod load;
 pub mod records;
 pub mod source;
+pub mod template;
 pub mod token_file;
 pub mod tokenizer;

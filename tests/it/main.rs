@@ -32,6 +32,9 @@ mod loss_mask;
 /// The model's tokenizer against `transformers`: ids, offsets, decoding, BOS and EOS, errors.
 mod tokenizer;
 
+/// Chat templates against `transformers`' renderings: real models' templates, spans, errors.
+mod chat_template;
+
 /// Big numbers in flags and specs: refused naming the field, or answered as not fitting.
 mod bounds;
 
