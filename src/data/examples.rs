@@ -8,7 +8,8 @@
 use std::ops::Range;
 
 use super::dataset::Example;
-use super::records::Record;
+use super::records::{Message, Record};
+use super::template::ChatTemplate;
 use super::tokenizer::{Encoding, Tokenizer};
 use crate::Result;
 
@@ -113,6 +114,43 @@ pub fn plain(tokenizer: &Tokenizer, record: &Record, train_on: TrainOn) -> Resul
         TrainOn::Completion | TrainOn::Assistant => prompt_len,
     };
     document(tokenizer, &text, &|at| at >= from).map(Some)
+}
+
+/// The example of a record rendered by the model's chat template: a conversation, or an
+/// instruction as a user's message and the assistant's reply; `None` for the others. The text is
+/// encoded as the template wrote it (its BOS, if any, and each turn's end-of-turn token), as
+/// `transformers` encodes a rendered chat; the trained tokens start in an assistant's turn.
+pub fn templated(
+    tokenizer: &Tokenizer,
+    template: &ChatTemplate,
+    record: &Record,
+    train_on: TrainOn,
+) -> Result<Option<Example>> {
+    let messages = match record {
+        Record::Chat(messages) => messages.clone(),
+        Record::Instruction {
+            instruction,
+            input,
+            output,
+        } => {
+            let asked = if input.is_empty() {
+                instruction.clone()
+            } else {
+                format!("{instruction}\n\n{input}")
+            };
+            vec![
+                Message::new("user", asked),
+                Message::new("assistant", output),
+            ]
+        }
+        Record::Text(_) | Record::Completion { .. } => return Ok(None),
+    };
+    let (text, spans) = template.render_with_assistant_spans(&messages)?;
+    let encoding = tokenizer.encode(&text)?;
+    Ok(Some(match train_on {
+        TrainOn::All => masked(encoding, &|_| true, text.len()),
+        TrainOn::Completion | TrainOn::Assistant => masked(encoding, &in_spans(&spans), text.len()),
+    }))
 }
 
 #[cfg(test)]

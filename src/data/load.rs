@@ -11,9 +11,10 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::dataset::{Cut, Dataset, Example};
-use super::examples::{plain, TrainOn};
+use super::examples::{plain, templated, TrainOn};
 use super::format::DataFormat;
 use super::records::{self, Columns, Record};
+use super::template::ChatTemplate;
 use super::tokenizer::Tokenizer;
 use crate::spec::model::ModelSpec;
 use crate::{Error, Result};
@@ -113,21 +114,45 @@ impl RecordsSpec {
         Dataset::new(examples, model.seq_len, pad)
     }
 
-    /// Every record as an example.
+    /// The folder holding the tokenizer's files (its chat template among them).
+    fn tokenizer_folder(&self) -> PathBuf {
+        if self.tokenizer.is_dir() {
+            self.tokenizer.clone()
+        } else {
+            self.tokenizer
+                .parent()
+                .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+        }
+    }
+
+    /// Every record as an example: conversations (and instructions, when there is one) through
+    /// the model's chat template, the rest as documents.
     pub fn examples(&self, tokenizer: &Tokenizer) -> Result<Vec<Example>> {
-        self.records()?
+        let records = self.records()?;
+        let chats = records.iter().any(|r| matches!(r, Record::Chat(_)));
+        let template = ChatTemplate::from_folder(&self.tokenizer_folder())?;
+        if chats && template.is_none() {
+            return Err(Error::Usage(format!(
+                "`{}` holds conversations, and `{}` has no chat template to render them \
+                 (chat_template.jinja, or chat_template in tokenizer_config.json); give the \
+                 model's folder with --tokenizer",
+                self.files.first().map_or(Path::new(""), |f| f).display(),
+                self.tokenizer_folder().display()
+            )));
+        }
+        records
             .iter()
             .map(|record| {
                 let train_on = self
                     .train_on
                     .unwrap_or_else(|| TrainOn::default_for(record));
-                plain(tokenizer, record, train_on)?.ok_or_else(|| {
-                    Error::Usage(format!(
-                        "`{}` holds conversations, which need the model's chat template; \
-                         autotune does not render chat templates yet",
-                        self.files.first().map_or(Path::new(""), |f| f).display()
-                    ))
-                })
+                if let Some(template) = &template {
+                    if let Some(example) = templated(tokenizer, template, record, train_on)? {
+                        return Ok(example);
+                    }
+                }
+                plain(tokenizer, record, train_on)?
+                    .ok_or_else(|| Error::internal("a conversation without a chat template"))
             })
             .collect()
     }
@@ -140,10 +165,12 @@ fn tokenizer_files(tokenizer: &Path) -> Vec<PathBuf> {
     } else {
         tokenizer.to_path_buf()
     };
-    let config = json.with_file_name("tokenizer_config.json");
-    let mut files = vec![json];
-    if config.is_file() {
-        files.push(config);
+    let mut files = vec![json.clone()];
+    for beside in ["tokenizer_config.json", "chat_template.jinja"] {
+        let file = json.with_file_name(beside);
+        if file.is_file() {
+            files.push(file);
+        }
     }
     files
 }

@@ -12,16 +12,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
+pub use super::template::Message;
 use crate::{Error, Result};
-
-/// One message of a conversation.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Message {
-    /// Who speaks: `system`, `user`, `assistant` (ShareGPT's `human`/`gpt` are read as these).
-    pub role: String,
-    /// What is said.
-    pub content: String,
-}
 
 /// One example, as its schema reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -29,6 +29,9 @@ mod data_formats;
 /// The loss over the targets a batch's mask counts, in every engine.
 mod loss_mask;
 
+/// A chat fine-tune from a model folder and a JSONL of conversations, then its export.
+mod fine_tune;
+
 /// The model's tokenizer against `transformers`: ids, offsets, decoding, BOS and EOS, errors.
 mod tokenizer;
 
