@@ -10,7 +10,12 @@ use super::Status;
 pub fn run(args: ExportWeightsArgs, printer: &Printer) -> anyhow::Result<Status> {
     let settings = ExportWeightsSettings::from_args(&args)?;
     let source = &settings.checkpoint;
-    let exported = export_weights(source, &settings.out, settings.dtype)?;
+    let exported = export_weights(
+        source,
+        &settings.out,
+        settings.dtype,
+        settings.tokenizer.as_deref(),
+    )?;
     printer.status(format!(
         "wrote {} tensors of `{}` for {} into {}",
         exported.tensors,
@@ -18,11 +23,23 @@ pub fn run(args: ExportWeightsArgs, printer: &Printer) -> anyhow::Result<Status>
         exported.architecture,
         exported.folder.display()
     ));
+    match &exported.tokenizer {
+        Some((from, files)) => printer.status(format!(
+            "with the tokenizer of `{}` ({}) and generation_config.json",
+            from.display(),
+            files.join(", ")
+        )),
+        None => printer.note(
+            "no tokenizer was known for this run, so the folder has none; give --tokenizer \
+             DIR to include the model's",
+        ),
+    }
     printer.data_json(&serde_json::json!({
         "checkpoint": source,
         "folder": exported.folder,
         "tensors": exported.tensors,
         "architecture": exported.architecture,
+        "tokenizer": exported.tokenizer.as_ref().map(|(from, _)| from),
     }));
     Ok(Status::Success)
 }

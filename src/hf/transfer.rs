@@ -249,12 +249,25 @@ pub struct Exported {
     pub tensors: usize,
     /// The `transformers` class that loads it.
     pub architecture: &'static str,
+    /// The tokenizer's folder its files were copied from, and the files; `None` when no
+    /// tokenizer was known.
+    pub tokenizer: Option<(PathBuf, Vec<String>)>,
 }
 
 /// Writes the f32 masters of our checkpoint `checkpoint` (a `step-NNNNNN` folder) as a
-/// `transformers` folder `out`: `config.json` and `model.safetensors` (metadata `format: pt`).
-pub fn export_weights(checkpoint: &Path, out: &Path, dtype: ExportDtype) -> Result<Exported> {
+/// `transformers` folder `out`: `config.json` and `model.safetensors` (metadata `format: pt`),
+/// and the tokenizer of `tokenizer` (a folder or its `tokenizer.json`; by default the one the
+/// run's data was read with) with its special tokens' ids and a `generation_config.json`.
+pub fn export_weights(
+    checkpoint: &Path,
+    out: &Path,
+    dtype: ExportDtype,
+    tokenizer: Option<&Path>,
+) -> Result<Exported> {
     let state = crate::train::checkpoint::read_state(checkpoint)?;
+    let tokenizer = tokenizer
+        .map(super::tokenizer_files::folder)
+        .or_else(|| super::tokenizer_files::used_by(&state.data));
     let spec = state.model;
     let (family, params) = layout(&spec).ok_or_else(|| {
         mismatch(
@@ -307,11 +320,19 @@ pub fn export_weights(checkpoint: &Path, out: &Path, dtype: ExportDtype) -> Resu
     if let (Some(c), ExportDtype::Bf16) = (config.as_object_mut(), dtype) {
         c.insert("torch_dtype".into(), "bfloat16".into());
     }
+    let tokenizer = match tokenizer {
+        Some(from) => {
+            let copied = super::tokenizer_files::export(&from, out, &mut config)?;
+            Some((from, copied))
+        }
+        None => None,
+    };
     let text = serde_json::to_string_pretty(&config).map_err(|e| Error::internal(e.to_string()))?;
     crate::train::checkpoint::write_atomic(&out.join("config.json"), text.as_bytes())?;
     Ok(Exported {
         folder: out.to_path_buf(),
         tensors: count,
         architecture: family.architecture(),
+        tokenizer,
     })
 }

@@ -21,6 +21,10 @@ pub struct ExportWeightsArgs {
     /// The weights' dtype in the file: f32 (the masters as they are) or bf16.
     #[arg(long, value_enum, default_value = "f32")]
     pub dtype: WeightsDtype,
+    /// The tokenizer to include (a folder or its `tokenizer.json`; default: the one the run's
+    /// data was read with, when it was record data).
+    #[arg(long, value_name = "PATH")]
+    pub tokenizer: Option<PathBuf>,
     /// Print what was written as JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -44,6 +48,8 @@ pub struct ExportWeightsSettings {
     pub out: PathBuf,
     /// The weights' dtype in the file.
     pub dtype: ExportDtype,
+    /// The tokenizer to include, when not the run's own.
+    pub tokenizer: Option<PathBuf>,
 }
 
 impl ExportWeightsSettings {
@@ -69,6 +75,7 @@ impl ExportWeightsSettings {
                 WeightsDtype::F32 => ExportDtype::F32,
                 WeightsDtype::Bf16 => ExportDtype::Bf16,
             },
+            tokenizer: args.tokenizer.clone(),
         })
     }
 }

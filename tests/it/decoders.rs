@@ -255,7 +255,7 @@ fn weights_round_trip_through_a_checkpoint_and_an_export() {
         )
         .unwrap();
         let out = dir.path().join("hf");
-        let exported = export_weights(&saved, &out, ExportDtype::F32).unwrap();
+        let exported = export_weights(&saved, &out, ExportDtype::F32, None).unwrap();
         assert!(out.join("config.json").is_file() && out.join("model.safetensors").is_file());
         // The exported config reads back to the same model, and the weights to the same values.
         let spec_back = ModelSpec::from_file(&out.join("config.json")).unwrap();
@@ -283,7 +283,7 @@ fn weights_round_trip_through_a_checkpoint_and_an_export() {
         assert_eq!(exported.tensors, header.as_object().unwrap().len() - 1);
         // bf16: half the bytes, the values rounded.
         let half = dir.path().join("hf-bf16");
-        export_weights(&saved, &half, ExportDtype::Bf16).unwrap();
+        export_weights(&saved, &half, ExportDtype::Bf16, None).unwrap();
         let size = |p: &Path| {
             std::fs::metadata(p.join("model.safetensors"))
                 .unwrap()

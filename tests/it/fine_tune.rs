@@ -122,15 +122,34 @@ fn a_chat_fine_tune_learns_the_assistants_turns_through_the_models_template() {
         &["export-weights", "--checkpoint", "ck", "--out", "exported"],
     );
     assert_eq!(export.status.code(), Some(0), "{}", stderr(&export));
-    // The export is a model folder again: it trains from its own weights.
+    // A complete folder: the tokenizer the data was read with, its ids in the config, and a
+    // generation config that stops at the end of a turn.
+    let exported = dir.path().join("exported");
+    for file in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
+        assert!(exported.join(file).is_file(), "{file}");
+    }
+    let read = |file: &str| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(exported.join(file)).unwrap()).unwrap()
+    };
+    let (config, generation) = (read("config.json"), read("generation_config.json"));
+    let tokenizer = autotune::data::tokenizer::Tokenizer::from_folder(&exported).unwrap();
+    let eot = tokenizer.eos().unwrap();
+    assert_eq!(eot.text, "<|eot_id|>");
+    assert_eq!(config["eos_token_id"], eot.id);
+    assert_eq!(generation["eos_token_id"], eot.id);
+    assert_eq!(config["bos_token_id"], tokenizer.bos().unwrap().id);
+    transformers_loads(&exported);
+    // The export is a model folder again: its config, tokenizer, template and weights.
     let again = autotune_in(
         dir.path(),
         &[
             "train",
             "--model",
             "exported",
-            "--tokenizer",
-            &folder,
             "--device",
             "cpu",
             "--data",
@@ -148,5 +167,41 @@ fn a_chat_fine_tune_learns_the_assistants_turns_through_the_models_template() {
     assert!(
         resumed_loss < 0.7,
         "the exported weights are the trained ones: {resumed_loss}"
+    );
+}
+
+/// Where Python's `transformers` is installed: it loads the folder's config and tokenizer and
+/// renders a conversation with its template (its model classes need torch, which the machines
+/// that run these tests may lack).
+fn transformers_loads(folder: &Path) {
+    let script = r#"
+import sys
+from transformers import AutoConfig, AutoTokenizer
+folder = sys.argv[1]
+config = AutoConfig.from_pretrained(folder)
+tokenizer = AutoTokenizer.from_pretrained(folder)
+out = tokenizer.apply_chat_template([{"role": "user", "content": "Colour of 1?"}], add_generation_prompt=True)
+ids = out["input_ids"] if hasattr(out, "keys") else out
+assert config.eos_token_id == tokenizer.eos_token_id, (config.eos_token_id, tokenizer.eos_token_id)
+assert ids[0] == config.bos_token_id, ids
+print("loaded", len(ids))
+"#;
+    let present = std::process::Command::new("python3")
+        .args(["-c", "import transformers"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !present {
+        eprintln!("transformers is not installed: the folder's Python load is not checked");
+        return;
+    }
+    let out = std::process::Command::new("python3")
+        .args(["-c", script])
+        .arg(folder)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "transformers loads the export: {}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }
