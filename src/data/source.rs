@@ -98,6 +98,8 @@ pub struct Data {
     tokens: Option<TokenFile>,
     /// A dataset's examples, and what cutting them to the sequence did.
     examples: Option<(Dataset, Cut)>,
+    /// Examples held out of training for its evaluation.
+    held_out: Option<Dataset>,
 }
 
 impl Data {
@@ -105,11 +107,13 @@ impl Data {
     pub fn open(spec: &DataSpec, model: &ModelSpec) -> Result<Self> {
         let need = model.seq_len + 1;
         let vocab = model.vocab_size;
-        let mut examples = None;
+        let (mut examples, mut held_out) = (None, None);
         let tokens = match spec {
             DataSpec::Random | DataSpec::Pattern => None,
             DataSpec::Records(records) => {
-                examples = Some(records.load(model)?);
+                let loaded = records.load(model)?;
+                examples = Some((loaded.train, loaded.cut));
+                held_out = loaded.held_out;
                 None
             }
             DataSpec::Text(path) => {
@@ -132,6 +136,7 @@ impl Data {
             seq_len: model.seq_len,
             tokens,
             examples,
+            held_out,
         })
     }
 
@@ -148,26 +153,27 @@ impl Data {
         }
     }
 
-    /// A micro-batch no training step draws, for the held-out loss.
-    pub fn eval_batch(&self, seed: u64, batch: usize, device: &Device) -> Result<Batch> {
-        match &self.examples {
-            // The first examples of an order no epoch of training takes.
-            Some((dataset, _)) => {
-                let picks = dataset.eval_picks(seed, batch);
-                dataset.batch_of(&picks, device)
-            }
-            None => self.batch(seed, u64::MAX, 0, batch, device),
+    /// The micro-batches of the held-out loss: a dataset's held-out examples in order, else one
+    /// micro-batch no training step draws.
+    pub fn eval_batches(&self, seed: u64, batch: usize, device: &Device) -> Result<Vec<Batch>> {
+        if let Some(held_out) = &self.held_out {
+            let n = held_out.examples().len();
+            let picks: Vec<usize> = (0..n).collect();
+            return picks
+                .chunks(batch.max(1))
+                .map(|chunk| held_out.batch_of(chunk, device))
+                .collect();
         }
+        Ok(vec![match &self.examples {
+            // The first examples of an order no epoch of training takes.
+            Some((dataset, _)) => dataset.batch_of(&dataset.eval_picks(seed, batch), device)?,
+            None => self.batch(seed, u64::MAX, 0, batch, device)?,
+        }])
     }
 
-    /// Number of tokens in a file source (`None` for synthetic sources, which never run out).
-    pub fn len(&self) -> Option<usize> {
-        self.tokens.as_ref().map(TokenFile::len)
-    }
-
-    /// Whether a file source holds no tokens (never true once opened).
-    pub fn is_empty(&self) -> bool {
-        self.len() == Some(0)
+    /// The examples held out for the evaluation, if the dataset holds some out.
+    pub fn held_out(&self) -> Option<&Dataset> {
+        self.held_out.as_ref()
     }
 
     /// The micro-batch at `(step, micro)` of a run seeded with `seed`.

@@ -54,6 +54,8 @@ mod tests {
                     host_bytes: 1 << 20,
                     host_peak_bytes: 2 << 20,
                 },
+
+                eval_loss: Some(2.5),
             }),
             RankMessage::Finished(RunSummary {
                 steps: 3,

@@ -122,13 +122,15 @@ impl<'a> MetricsRecorder<'a> {
                 report,
                 tokens_per_s,
                 memory,
+                eval_loss,
             } => {
                 let now = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0.0, |d| d.as_secs_f64());
-                metrics.write(&StepLine::new(*step, report, *tokens_per_s, memory, now))
+                let line = StepLine::new(*step, report, *tokens_per_s, memory, now);
+                metrics.write(&line.with_eval(*eval_loss))
             }
-            TrainEvent::Eval { .. } | TrainEvent::CheckpointSaved { .. } => Ok(()),
+            TrainEvent::CheckpointSaved { .. } => Ok(()),
         };
         if let Err(e) = written {
             let path = metrics.path().to_path_buf();

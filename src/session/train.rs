@@ -17,6 +17,7 @@ use crate::backend::host_memory;
 use crate::backend::memory::DeviceMemory;
 use crate::collective::{Collective, RankEnv};
 use crate::data::format::TextTokens;
+use crate::data::load::HeldOut;
 use crate::data::source::{Data, DataSpec};
 use crate::plan::schema::Plan;
 use crate::settings::train::{TrainSettings, TrainSource};
@@ -182,6 +183,19 @@ fn data_flags(training: &Training) -> Vec<OsString> {
             if let Some(train_on) = records.train_on {
                 args.push("--train-on".into());
                 args.push(format!("{train_on:?}").to_lowercase().into());
+            }
+            match &records.held_out {
+                HeldOut::None => {}
+                HeldOut::PerMillion(share) => {
+                    args.push("--eval-split".into());
+                    args.push((f64::from(*share) / 1e6).to_string().into());
+                }
+                HeldOut::Files(files) => {
+                    for file in files {
+                        args.push("--eval-data".into());
+                        args.push(file.as_os_str().to_owned());
+                    }
+                }
             }
             if !records.columns.is_empty() {
                 let pairs: Vec<String> = records

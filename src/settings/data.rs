@@ -7,7 +7,7 @@ use clap::Args;
 
 use super::model::{model_folder, ModelName};
 use crate::data::examples::TrainOn;
-use crate::data::load::RecordsSpec;
+use crate::data::load::{HeldOut, RecordsSpec};
 use crate::data::records::Columns;
 use crate::spec::model::ModelSpec;
 use crate::{Error, Result};
@@ -83,8 +83,13 @@ impl DataSettings {
                 missing,
             ));
         }
-        let records =
-            RecordsSpec::new(vec![args.data.clone()], tokenizer, args.train_on, &columns)?;
+        let records = RecordsSpec::new(
+            vec![args.data.clone()],
+            tokenizer,
+            args.train_on,
+            &columns,
+            HeldOut::None,
+        )?;
         Ok(Self {
             records,
             model,

@@ -7,7 +7,7 @@ use clap::Args;
 
 use crate::data::examples::TrainOn;
 use crate::data::format::{DataFormat, TextTokens};
-use crate::data::load::RecordsSpec;
+use crate::data::load::{HeldOut, RecordsSpec};
 use crate::data::records::Columns;
 use crate::data::source::{Data, DataSpec};
 use crate::settings::model::holds_weights;
@@ -84,6 +84,13 @@ pub struct TrainingArgs {
     /// otherwise: `field=column` pairs, e.g. `prompt=question,completion=answer`.
     #[arg(long, value_name = "FIELD=COLUMN,...")]
     pub columns: Option<String>,
+    /// Hold this share of a dataset's examples out of training (chosen by a draw the dataset
+    /// seeds, the same in every run on it) and evaluate on them, every --eval-every steps.
+    #[arg(long, value_name = "FRACTION")]
+    pub eval_split: Option<f64>,
+    /// Evaluate on the records of this file instead (read as the training data is).
+    #[arg(long, value_name = "FILE", conflicts_with = "eval_split")]
+    pub eval_data: Option<PathBuf>,
     /// Save a checkpoint every N steps, and always at the end and on Ctrl-C (default: 50 for
     /// train, 100 for run).
     #[arg(long, value_name = "N")]
@@ -212,7 +219,7 @@ impl Training {
             Some(text) => Columns::parse(text)?,
             None => Columns::default(),
         };
-        let data_spec = data_spec(&data, &tokenizer, args.train_on, &columns)?;
+        let data_spec = data_spec(&data, &tokenizer, args.train_on, &columns, held_out(args)?)?;
         if args.epochs.is_some() && !matches!(data_spec, DataSpec::Records(_)) {
             return Err(autotune_core::Error::InvalidFlag {
                 flag: "--epochs".into(),
@@ -326,12 +333,36 @@ fn tokenizer_source(args: &TrainingArgs, folder: Option<PathBuf>) -> Result<Toke
     })
 }
 
+/// What `--eval-split` or `--eval-data` hold out.
+fn held_out(args: &TrainingArgs) -> Result<HeldOut> {
+    if let Some(share) = args.eval_split {
+        if !(share > 0.0 && share < 1.0) {
+            return Err(autotune_core::Error::InvalidFlag {
+                flag: format!("--eval-split {share}"),
+                problem: "is the share of the examples held out: above 0 and below 1, e.g. 0.05"
+                    .into(),
+            }
+            .into());
+        }
+        return Ok(HeldOut::PerMillion((share * 1e6).round().max(1.0) as u32));
+    }
+    Ok(match &args.eval_data {
+        Some(file) if !file.is_file() => {
+            let missing = std::io::Error::from(std::io::ErrorKind::NotFound);
+            return Err(Error::file("cannot read evaluation data", file, missing));
+        }
+        Some(file) => HeldOut::Files(vec![file.clone()]),
+        None => HeldOut::None,
+    })
+}
+
 /// The data `data` names: a dataset of records for the model's tokenizer, or another source.
 fn data_spec(
     data: &str,
     tokenizer: &TokenizerSource,
     train_on: Option<TrainOn>,
     columns: &Columns,
+    held_out: HeldOut,
 ) -> Result<DataSpec> {
     let path = std::path::Path::new(data);
     let records = matches!(
@@ -345,9 +376,15 @@ fn data_spec(
                 tokenizer.clone(),
                 train_on,
                 columns,
+                held_out,
             )?;
             Ok(DataSpec::Records(Box::new(spec)))
         }
+        _ if !held_out.is_none() => Err(Error::Usage(
+            "--eval-split and --eval-data hold out examples of a dataset of records (text, JSON \
+             lines, JSON read by the model's tokenizer)"
+                .into(),
+        )),
         other => DataSpec::resolve(data, other.text_tokens()),
     }
 }

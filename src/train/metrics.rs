@@ -53,6 +53,12 @@ pub struct StepLine {
     pub host_peak_bytes: u64,
     /// When the step ended, seconds since the Unix epoch.
     pub unix_time_s: f64,
+    /// The held-out loss after the step, on the steps that evaluated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_loss: Option<f64>,
+    /// Its perplexity, `exp(eval_loss)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_ppl: Option<f64>,
 }
 
 impl StepLine {
@@ -77,7 +83,19 @@ impl StepLine {
             host_bytes: memory.host_bytes,
             host_peak_bytes: memory.host_peak_bytes,
             unix_time_s,
+            eval_loss: None,
+            eval_ppl: None,
         }
+    }
+
+    /// The line with the held-out loss `eval_loss` (and its perplexity) when the step evaluated;
+    /// a loss that is not finite is left out.
+    pub fn with_eval(mut self, eval_loss: Option<f64>) -> Self {
+        if let Some(loss) = eval_loss.filter(|l| l.is_finite()) {
+            self.eval_loss = Some(loss);
+            self.eval_ppl = Some(loss.exp());
+        }
+        self
     }
 }
 
@@ -163,6 +181,8 @@ mod tests {
             host_bytes: 10,
             host_peak_bytes: 20,
             unix_time_s: 1.7e9,
+            eval_loss: None,
+            eval_ppl: None,
         }
     }
 

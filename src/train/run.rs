@@ -94,13 +94,9 @@ pub enum TrainEvent {
         /// Memory after the step.
         #[serde(default)]
         memory: MemorySample,
-    },
-    /// Held-out loss.
-    Eval {
-        /// Steps completed.
-        step: u64,
-        /// Mean loss without dropout.
-        loss: f64,
+        /// The held-out loss after the step, when it was evaluated.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        eval_loss: Option<f64>,
     },
     /// A checkpoint was written.
     CheckpointSaved {
@@ -196,7 +192,7 @@ pub fn run(
             summary.interrupted = true;
             break;
         }
-        let report = timed_step(trainer, data, memory, observer)?;
+        let (report, tokens_per_s, memory_after) = timed_step(trainer, data, memory)?;
         tokens_seen = tokens_seen.saturating_add(report.tokens as u64);
         tokens_this_run = tokens_this_run.saturating_add(report.tokens as u64);
         summary.last_loss = Some(report.loss);
@@ -206,7 +202,8 @@ pub fn run(
             config,
             observer,
         };
-        if !run.after_step(trainer, &report, tokens_seen, &mut summary)? {
+        let measured = (tokens_per_s, memory_after);
+        if !run.after_step(trainer, &report, measured, tokens_seen, &mut summary)? {
             break;
         }
     }
@@ -224,24 +221,22 @@ pub fn run(
     Ok(summary)
 }
 
-/// One step, timed to its end on the device, told to `observer` with the memory after it.
+/// One step, timed to its end on the device: what it did, its throughput and the memory
+/// after it.
 fn timed_step(
     trainer: &mut Trainer,
     data: &Data,
     memory: &mut dyn DeviceMemory,
-    observer: &dyn TrainObserver,
-) -> Result<StepReport> {
+) -> Result<(StepReport, f64, MemorySample)> {
     let t0 = Instant::now();
     let report = trainer.step(data)?;
     trainer.device().synchronize()?;
     let dt = t0.elapsed().as_secs_f64();
-    observer.on_event(&TrainEvent::Step {
-        step: trainer.steps(),
+    Ok((
         report,
-        tokens_per_s: report.tokens as f64 / dt,
-        memory: MemorySample::read(memory)?,
-    });
-    Ok(report)
+        report.tokens as f64 / dt,
+        MemorySample::read(memory)?,
+    ))
 }
 
 /// What a run does between its steps.
@@ -253,28 +248,39 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
-    /// After a step: stop on a loss that is not finite, evaluate and checkpoint when due.
-    /// Whether the run goes on.
+    /// After a step: evaluate when due, tell the step (with its held-out loss), stop on a loss
+    /// that is not finite, checkpoint when due. Whether the run goes on.
     fn after_step(
         &self,
         trainer: &mut Trainer,
         report: &StepReport,
+        (tokens_per_s, memory): (f64, MemorySample),
         tokens_seen: u64,
         summary: &mut RunSummary,
     ) -> Result<bool> {
         let step = trainer.steps();
+        let config = self.config;
+        let due = config.eval_every > 0 && step % config.eval_every == 0;
+        let eval_loss = if due && report.loss.is_finite() {
+            let loss = eval(trainer, self.data)?;
+            summary.last_eval_loss = Some(loss);
+            Some(loss)
+        } else {
+            None
+        };
+        self.observer.on_event(&TrainEvent::Step {
+            step,
+            report: *report,
+            tokens_per_s,
+            memory,
+            eval_loss,
+        });
         if !report.loss.is_finite() {
             summary.diverged = Some(Divergence {
                 step,
                 what: format!("the loss ({})", report.loss),
             });
             return Ok(false);
-        }
-        let config = self.config;
-        if config.eval_every > 0 && step % config.eval_every == 0 {
-            let loss = eval(trainer, self.data)?;
-            summary.last_eval_loss = Some(loss);
-            self.observer.on_event(&TrainEvent::Eval { step, loss });
         }
         let due = config.checkpoint_every > 0 && step % config.checkpoint_every == 0;
         if due && step < config.total_steps {
@@ -290,14 +296,18 @@ impl Run<'_> {
     }
 }
 
-/// Held-out loss on a batch no training step draws.
+/// The held-out loss: the mean over the counted targets of the batches no training step draws
+/// (a dataset's held-out examples, else one batch of the source's).
 pub fn eval(trainer: &Trainer, data: &Data) -> Result<f64> {
-    let batch = data.eval_batch(
-        trainer.seed(),
-        trainer.knobs().micro_batch,
-        trainer.device(),
-    )?;
-    trainer.eval_loss(&batch)
+    let micro_batch = trainer.knobs().micro_batch;
+    let batches = data.eval_batches(trainer.seed(), micro_batch, trainer.device())?;
+    let (mut total, mut counted) = (0.0, 0.0);
+    for batch in &batches {
+        let weight = batch.reduction().divisor();
+        total += trainer.eval_loss(batch)? * weight;
+        counted += weight;
+    }
+    Ok(total / f64::max(counted, 1.0))
 }
 
 /// What a save did.

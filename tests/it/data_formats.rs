@@ -433,3 +433,79 @@ fn a_run_of_epochs_resumed_mid_epoch_continues_exactly() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--epochs"), "{}", stderr(&out));
 }
+
+#[test]
+fn held_out_examples_are_evaluated_into_the_metrics_and_never_trained_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = model_folder(dir.path()).to_string_lossy().into_owned();
+    let colours = ["red", "blue", "green", "black"];
+    let line = |i: usize| {
+        serde_json::json!({"prompt": format!("Colour of {} is", i % 4), "completion": format!(" {}", colours[i % 4])})
+            .to_string()
+    };
+    let lines: Vec<String> = (0..40).map(line).collect();
+    std::fs::write(dir.path().join("qa.jsonl"), lines.join("\n")).unwrap();
+    std::fs::write(dir.path().join("eval.jsonl"), lines[..4].join("\n")).unwrap();
+    let schema = crate::util::published_schema("metrics.schema.json");
+    for held in [["--eval-split", "0.25"], ["--eval-data", "eval.jsonl"]] {
+        let mut args = vec![
+            "train",
+            "--model",
+            &folder,
+            "--device",
+            "cpu",
+            "--data",
+            "qa.jsonl",
+            "--micro-batch",
+            "8",
+            "--steps",
+            "30",
+            "--lr",
+            "0.01",
+            "--eval-every",
+            "10",
+            "--metrics",
+            "m.jsonl",
+        ];
+        args.extend_from_slice(&held);
+        let out = autotune_in(dir.path(), &args);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let log: Vec<serde_json::Value> = std::fs::read_to_string(dir.path().join("m.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let evals: Vec<f64> = log.iter().filter_map(|l| l["eval_loss"].as_f64()).collect();
+        assert_eq!(evals.len(), 3, "steps 10, 20 and 30 evaluate");
+        for l in log.iter().filter(|l| l.get("eval_loss").is_some()) {
+            let (loss, ppl) = (
+                l["eval_loss"].as_f64().unwrap(),
+                l["eval_ppl"].as_f64().unwrap(),
+            );
+            assert!((ppl - loss.exp()).abs() < 1e-9 * ppl, "{l}");
+            assert_eq!(
+                crate::util::schema_violations(&schema, l),
+                Vec::<String>::new(),
+                "{l}"
+            );
+        }
+        assert!(
+            evals[2] < evals[0],
+            "{held:?}: the held-out loss falls: {evals:?}"
+        );
+    }
+    let out = autotune_in(
+        dir.path(),
+        &[
+            "train",
+            "--model",
+            &folder,
+            "--data",
+            "qa.jsonl",
+            "--eval-split",
+            "1.5",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--eval-split"), "{}", stderr(&out));
+}

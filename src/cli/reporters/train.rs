@@ -103,9 +103,15 @@ impl TrainObserver for TrainProgress {
                 report,
                 tokens_per_s,
                 memory,
-            } => self.step(*step, report, *tokens_per_s, memory),
-            TrainEvent::Eval { step, loss } => {
-                self.status(format!("step {step}: eval loss {loss:.4}"));
+                eval_loss,
+            } => {
+                self.step(*step, report, *tokens_per_s, memory);
+                if let Some(loss) = eval_loss {
+                    self.status(format!(
+                        "step {step}: eval loss {loss:.4}, perplexity {:.2}",
+                        loss.exp()
+                    ));
+                }
             }
             TrainEvent::CheckpointSaved { step, path } => {
                 tracing::debug!(step, path = %path.display(), "checkpoint saved");
