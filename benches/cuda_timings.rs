@@ -129,7 +129,8 @@ fn fused_ops(dev: &Device) {
                 &format!("cross-entropy 8192x10000 {name} {engine:?}"),
                 &|| {
                     let v = Var::from_tensor(&logits).expect("var");
-                    let loss = layers::cross_entropy(v.as_tensor(), &t, None, engine).expect("loss");
+                    let loss =
+                        layers::cross_entropy(v.as_tensor(), &t, None, engine).expect("loss");
                     loss.backward().expect("backward");
                 },
             );

@@ -4,12 +4,13 @@
 
 use serde::Serialize;
 
-use autotune::data::dataset::Example;
+use autotune::data::load::LoadEvent;
 use autotune::data::tokenizer::Tokenizer;
 use autotune::session::data::{inspect, Inspection};
 use autotune::settings::data::{DataArgs, DataSettings};
 
 use super::printer::Printer;
+use super::reporters::train::load_line;
 use super::Status;
 
 /// The label `transformers` ignores.
@@ -23,24 +24,35 @@ struct Line<'a> {
 
 pub fn run(args: DataArgs, printer: &Printer) -> anyhow::Result<Status> {
     let settings = DataSettings::from_args(&args)?;
-    let inspection = inspect(&settings)?;
-    for example in &inspection.examples {
-        let labels = example
-            .ids
+    let bar = printer.progress(0, "{bar:30} {pos}/{len} records tokenized  ETA {eta}");
+    let inspection = inspect(&settings, &|event| match &event {
+        LoadEvent::Tokenizing { total } => {
+            bar.set_length(*total as u64);
+            bar.suspend(|| printer.status(load_line(&event)));
+        }
+        LoadEvent::Tokenized { done } => bar.set_position(*done as u64),
+        _ => bar.suspend(|| printer.status(load_line(&event))),
+    });
+    bar.finish_and_clear();
+    let inspection = inspection?;
+    let table = &inspection.examples;
+    for i in 0..table.len() {
+        let (ids, trained) = table.get(i);
+        let labels = ids
             .iter()
-            .zip(&example.trained)
-            .map(|(&id, &t)| if t { i64::from(id) } else { IGNORED })
+            .zip(trained)
+            .map(|(&id, &t)| if t != 0 { i64::from(id) } else { IGNORED })
             .collect();
         printer.data_json_line(&Line {
-            input_ids: &example.ids,
+            input_ids: ids,
             labels,
         });
     }
-    for (i, example) in inspection.examples.iter().take(settings.show).enumerate() {
+    for i in 0..table.len().min(settings.show) {
         printer.data_text(format!(
             "example {}:\n{}\n",
             i + 1,
-            marked(&inspection.tokenizer, example)?
+            marked(&inspection.tokenizer, table.get(i))?
         ));
     }
     printer.data_text(counts(&inspection, settings.micro_batch));
@@ -48,16 +60,16 @@ pub fn run(args: DataArgs, printer: &Printer) -> anyhow::Result<Status> {
 }
 
 /// The example as text, the trained spans between `⟦` and `⟧`.
-fn marked(tokenizer: &Tokenizer, example: &Example) -> anyhow::Result<String> {
+fn marked(tokenizer: &Tokenizer, (ids, trained): (&[u32], &[u8])) -> anyhow::Result<String> {
     let mut text = String::new();
     let mut start = 0;
-    while start < example.ids.len() {
-        let trained = example.trained[start];
-        let end = (start..example.ids.len())
-            .find(|&i| example.trained[i] != trained)
-            .unwrap_or(example.ids.len());
-        let part = tokenizer.decode(&example.ids[start..end])?;
-        if trained {
+    while start < ids.len() {
+        let flag = trained[start];
+        let end = (start..ids.len())
+            .find(|&i| trained[i] != flag)
+            .unwrap_or(ids.len());
+        let part = tokenizer.decode(&ids[start..end])?;
+        if flag != 0 {
             text.push_str(&format!("⟦{part}⟧"));
         } else {
             text.push_str(&part);

@@ -119,9 +119,14 @@ impl Printer {
                 ProgressDrawTarget::hidden()
             },
         );
+        Self::restyle(&bar, template);
+        bar
+    }
+
+    /// Draws `bar` with `template` from now on.
+    pub fn restyle(bar: &ProgressBar, template: &str) {
         if let Ok(style) = ProgressStyle::with_template(template) {
             bar.set_style(style.progress_chars("=> "));
         }
-        bar
     }
 }

@@ -7,11 +7,14 @@
 //! run continues at the same example of the same epoch, and data-parallel ranks take disjoint
 //! micro-batches of each step as they do of synthetic data.
 
+use std::sync::{Arc, Mutex};
+
 use candle_core::{Device, Tensor};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
+use super::table::ExampleTable;
 use crate::model::batch::{Batch, LossMask};
 use crate::model::dropout::Dropout;
 use crate::{Error, Result};
@@ -42,37 +45,54 @@ pub struct Cut {
 }
 
 /// Examples ready to batch: at most `seq_len + 1` tokens each (a sequence's inputs and its
-/// targets one further), each with a trained token.
+/// targets one further), each with a trained token. They are a selection of a table's
+/// examples, cut by length, never a copy: a dataset and its held-out part share one table.
 #[derive(Debug, Clone)]
 pub struct Dataset {
-    examples: Vec<Example>,
+    table: Arc<ExampleTable>,
+    /// The examples kept: each one's index in the table and how many of its tokens are kept.
+    kept: Arc<Vec<(usize, usize)>>,
     pad_id: u32,
     /// Micro-batches per optimizer step over all ranks: the walk's stride.
     micros_per_step: u64,
+    /// The last epoch order drawn, by seed and epoch: every micro-batch of an epoch walks the
+    /// same order, drawn once.
+    last_order: Arc<Mutex<Option<EpochOrder>>>,
+}
+
+/// An epoch's order of the examples, by the run's seed and the epoch.
+#[derive(Debug)]
+struct EpochOrder {
+    seed: u64,
+    epoch: u64,
+    order: Arc<Vec<usize>>,
 }
 
 impl Dataset {
-    /// Cuts `examples` to `seq_len` and drops those with nothing to train on; padding takes
-    /// `pad_id`. An empty result (every label masked) is an error, not a silent zero loss.
-    pub fn new(examples: Vec<Example>, seq_len: usize, pad_id: u32) -> Result<(Self, Cut)> {
+    /// The examples `chosen` of `table`, cut to `seq_len`, without those with nothing to train
+    /// on; padding takes `pad_id`. An empty result (every label masked) is an error, not a
+    /// silent zero loss.
+    pub fn new(
+        table: Arc<ExampleTable>,
+        chosen: impl IntoIterator<Item = usize>,
+        seq_len: usize,
+        pad_id: u32,
+    ) -> Result<(Self, Cut)> {
         let mut cut = Cut::default();
-        let mut kept = Vec::with_capacity(examples.len());
-        for mut example in examples {
-            let long = example.ids.len() > seq_len + 1;
-            if long {
-                example.ids.truncate(seq_len + 1);
-                example.trained.truncate(seq_len + 1);
-            }
-            let trained = example.trained.iter().skip(1).filter(|&&t| t).count();
-            if trained == 0 || example.ids.len() < 2 {
+        let mut kept = Vec::new();
+        for i in chosen {
+            let (ids, trained) = table.get(i);
+            let len = ids.len().min(seq_len + 1);
+            let counted = trained[..len].iter().skip(1).filter(|&&t| t != 0).count();
+            if counted == 0 || len < 2 {
                 cut.dropped += 1;
                 continue;
             }
             cut.kept += 1;
-            cut.truncated += usize::from(long);
-            cut.tokens += example.ids.len();
-            cut.trained_tokens += trained;
-            kept.push(example);
+            cut.truncated += usize::from(ids.len() > len);
+            cut.tokens += len;
+            cut.trained_tokens += counted;
+            kept.push((i, len));
         }
         if kept.is_empty() {
             return Err(Error::Usage(format!(
@@ -82,19 +102,46 @@ impl Dataset {
                 cut.dropped
             )));
         }
-        Ok((
-            Self {
-                examples: kept,
-                pad_id,
-                micros_per_step: 1,
-            },
-            cut,
-        ))
+        let dataset = Self {
+            table,
+            kept: Arc::new(kept),
+            pad_id,
+            micros_per_step: 1,
+            last_order: Arc::default(),
+        };
+        Ok((dataset, cut))
     }
 
-    /// The examples, in dataset order.
-    pub fn examples(&self) -> &[Example] {
-        &self.examples
+    /// Every one of `examples`, held in a table of their own.
+    pub fn of_examples(examples: &[Example], seq_len: usize, pad_id: u32) -> Result<(Self, Cut)> {
+        let table = Arc::new(ExampleTable::new(examples));
+        Self::new(table, 0..examples.len(), seq_len, pad_id)
+    }
+
+    /// How many examples the dataset holds.
+    pub fn len(&self) -> usize {
+        self.kept.len()
+    }
+
+    /// Whether the dataset holds no example (never, once made).
+    pub fn is_empty(&self) -> bool {
+        self.kept.is_empty()
+    }
+
+    /// Example `i` as cut: its ids and trained flags.
+    pub fn get(&self, i: usize) -> (&[u32], &[u8]) {
+        let (at, len) = self.kept[i];
+        let (ids, trained) = self.table.get(at);
+        (&ids[..len], &trained[..len])
+    }
+
+    /// Example `i` as cut, copied out.
+    pub fn example(&self, i: usize) -> Example {
+        let (ids, trained) = self.get(i);
+        Example {
+            ids: ids.to_vec(),
+            trained: trained.iter().map(|&t| t != 0).collect(),
+        }
     }
 
     /// Sets the micro-batches one optimizer step takes over all ranks (accumulation × ranks),
@@ -106,14 +153,14 @@ impl Dataset {
     /// Optimizer steps one epoch takes at `micro_batch` sequences a micro-batch.
     pub fn steps_per_epoch(&self, micro_batch: usize) -> u64 {
         let per_step = self.micros_per_step * micro_batch.max(1) as u64;
-        (self.examples.len() as u64).div_ceil(per_step)
+        (self.len() as u64).div_ceil(per_step)
     }
 
     /// The examples of micro-batch `micro` of step `step`, in a run seeded with `seed`.
     pub fn picks(&self, seed: u64, step: u64, micro: u64, micro_batch: usize) -> Vec<usize> {
-        let n = self.examples.len() as u64;
+        let n = self.len() as u64;
         let first = (step * self.micros_per_step + micro) * micro_batch as u64;
-        let mut order: Option<(u64, Vec<usize>)> = None;
+        let mut order: Option<(u64, Arc<Vec<usize>>)> = None;
         (first..first + micro_batch as u64)
             .map(|p| {
                 let epoch = p / n;
@@ -129,50 +176,64 @@ impl Dataset {
     /// epoch takes.
     pub fn eval_picks(&self, seed: u64, micro_batch: usize) -> Vec<usize> {
         let order = self.order(seed ^ 0x0E7A_1000, u64::MAX);
-        order.into_iter().cycle().take(micro_batch).collect()
+        order.iter().copied().cycle().take(micro_batch).collect()
     }
 
     /// Epoch `epoch`'s order of the examples: a shuffle seeded by the run and the epoch.
-    fn order(&self, seed: u64, epoch: u64) -> Vec<usize> {
-        let mut order: Vec<usize> = (0..self.examples.len()).collect();
+    fn order(&self, seed: u64, epoch: u64) -> Arc<Vec<usize>> {
+        let mut last = self
+            .last_order
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(last) = last.as_ref().filter(|l| (l.seed, l.epoch) == (seed, epoch)) {
+            return last.order.clone();
+        }
+        let mut order: Vec<usize> = (0..self.len()).collect();
         let mut rng = ChaCha8Rng::seed_from_u64(Dropout::key(seed ^ 0xE90C, epoch, 0));
         order.shuffle(&mut rng);
+        let order = Arc::new(order);
+        *last = Some(EpochOrder {
+            seed,
+            epoch,
+            order: order.clone(),
+        });
         order
+    }
+
+    /// The micro-batch of examples `picks` in host memory, padded to the longest of them.
+    pub fn host_batch(&self, picks: &[usize]) -> HostBatch {
+        let width = picks.iter().map(|&i| self.kept[i].1 - 1).max().unwrap_or(1);
+        let rows = picks.len() * width;
+        let mut batch = HostBatch {
+            inputs: Vec::with_capacity(rows),
+            targets: Vec::with_capacity(rows),
+            weights: Vec::with_capacity(rows),
+            sequences: picks.len(),
+            width,
+        };
+        for &i in picks {
+            let (ids, trained) = self.get(i);
+            let n = ids.len() - 1;
+            batch.inputs.extend_from_slice(&ids[..n]);
+            batch.targets.extend_from_slice(&ids[1..]);
+            batch
+                .weights
+                .extend(trained[1..].iter().map(|&t| f32::from(t)));
+            // Padding on the right: causal attention keeps the example's positions from
+            // seeing it, and its targets weigh nothing.
+            batch
+                .inputs
+                .extend(std::iter::repeat_n(self.pad_id, width - n));
+            batch.targets.extend(std::iter::repeat_n(0, width - n));
+            batch.weights.extend(std::iter::repeat_n(0.0, width - n));
+        }
+        batch
     }
 
     /// The micro-batch of examples `picks`, padded to the longest of them: inputs, targets one
     /// further, and a mask counting the trained targets.
     pub fn batch_of(&self, picks: &[usize], device: &Device) -> Result<Batch> {
-        let width = picks
-            .iter()
-            .map(|&i| self.examples[i].ids.len() - 1)
-            .max()
-            .unwrap_or(1);
-        let rows = picks.len() * width;
-        let (mut inputs, mut targets) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
-        let mut weights = Vec::with_capacity(rows);
-        for &i in picks {
-            let example = &self.examples[i];
-            let n = example.ids.len() - 1;
-            inputs.extend_from_slice(&example.ids[..n]);
-            targets.extend_from_slice(&example.ids[1..]);
-            weights.extend(example.trained[1..].iter().map(|&t| f32::from(u8::from(t))));
-            // Padding on the right: causal attention keeps the example's positions from
-            // seeing it, and its targets weigh nothing.
-            inputs.extend(std::iter::repeat_n(self.pad_id, width - n));
-            targets.extend(std::iter::repeat_n(0, width - n));
-            weights.extend(std::iter::repeat_n(0.0, width - n));
-        }
-        let counted = weights.iter().filter(|&&w| w > 0.0).count();
-        let mut batch = Batch::new(
-            Tensor::from_vec(inputs, (picks.len(), width), device)?,
-            Tensor::from_vec(targets, rows, device)?,
-        );
-        batch.mask = Some(LossMask {
-            weights: Tensor::from_vec(weights, rows, device)?,
-            counted,
-        });
-        Ok(batch)
+        self.host_batch(picks).to_device(device)
     }
 
     /// The micro-batch at `(step, micro)` of a run seeded with `seed`.
@@ -185,6 +246,38 @@ impl Dataset {
         device: &Device,
     ) -> Result<Batch> {
         self.batch_of(&self.picks(seed, step, micro, micro_batch), device)
+    }
+}
+
+/// A micro-batch assembled in host memory, to be moved to the device.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostBatch {
+    /// `sequences × width` input ids, row by row.
+    pub inputs: Vec<u32>,
+    /// The target of each input.
+    pub targets: Vec<u32>,
+    /// 1 where the loss counts the target, 0 for padding and untrained tokens.
+    pub weights: Vec<f32>,
+    /// Rows.
+    pub sequences: usize,
+    /// Positions a row.
+    pub width: usize,
+}
+
+impl HostBatch {
+    /// The batch on `device`, with its loss mask.
+    pub fn to_device(self, device: &Device) -> Result<Batch> {
+        let counted = self.weights.iter().filter(|&&w| w > 0.0).count();
+        let rows = self.inputs.len();
+        let mut batch = Batch::new(
+            Tensor::from_vec(self.inputs, (self.sequences, self.width), device)?,
+            Tensor::from_vec(self.targets, rows, device)?,
+        );
+        batch.mask = Some(LossMask {
+            weights: Tensor::from_vec(self.weights, rows, device)?,
+            counted,
+        });
+        Ok(batch)
     }
 }
 
@@ -202,16 +295,12 @@ mod tests {
     #[test]
     fn examples_are_cut_to_the_sequence_and_untrained_ones_dropped() {
         let examples = vec![example(5, 1), example(12, 2), example(9, 9), example(4, 6)];
-        let (set, cut) = Dataset::new(examples, 8, 0).unwrap();
-        assert_eq!(set.examples().len(), 2);
-        assert_eq!(
-            set.examples()[1].ids.len(),
-            9,
-            "8 inputs and the target one further"
-        );
+        let (set, cut) = Dataset::of_examples(&examples, 8, 0).unwrap();
+        assert_eq!(set.len(), 2);
+        assert_eq!(set.get(1).0.len(), 9, "8 inputs and the target one further");
         assert_eq!((cut.kept, cut.truncated, cut.dropped), (2, 1, 2));
         assert_eq!(cut.trained_tokens, 4 + 7);
-        let none = Dataset::new(vec![example(4, 4)], 8, 0)
+        let none = Dataset::of_examples(&[example(4, 4)], 8, 0)
             .unwrap_err()
             .to_string();
         assert!(
@@ -222,7 +311,7 @@ mod tests {
 
     #[test]
     fn batches_pad_to_the_longest_and_mask_padding_and_untrained_targets() {
-        let (set, _) = Dataset::new(vec![example(3, 1), example(5, 3)], 16, 7).unwrap();
+        let (set, _) = Dataset::of_examples(&[example(3, 1), example(5, 3)], 16, 7).unwrap();
         let batch = set.batch_of(&[0, 1], &Device::Cpu).unwrap();
         assert_eq!(batch.inputs.dims(), &[2, 4]);
         let inputs = batch
@@ -243,7 +332,7 @@ mod tests {
     #[test]
     fn the_walk_covers_each_epoch_once_in_a_seeded_order_and_resumes_exactly() {
         let examples: Vec<Example> = (0..10).map(|i| example(3 + i % 3, 1)).collect();
-        let (mut set, _) = Dataset::new(examples, 16, 0).unwrap();
+        let (mut set, _) = Dataset::of_examples(&examples, 16, 0).unwrap();
         set.set_micros_per_step(2);
         assert_eq!(set.steps_per_epoch(2), 3, "ten examples at four a step");
         let walk = |seed| -> Vec<usize> {

@@ -2,20 +2,26 @@
 //! record made an example by the model's tokenizer (and, for conversations, its chat
 //! template), the examples cut to the sequence length. [`RecordsSpec`] is what a checkpoint
 //! records of it, with a fingerprint of every input, so a resumed run is refused a dataset that
-//! changed.
+//! changed. Records are tokenized in parallel, once: the examples go to the token cache
+//! ([`super::cache`]) under a key of the inputs, and a later run maps them from there.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::cache::{Lookup, TokenCache};
 use super::dataset::{Cut, Dataset, Example};
 use super::examples::{plain, templated, TrainOn};
 use super::format::DataFormat;
 use super::records::{self, Columns, Record};
+use super::table::ExampleTable;
 use super::template::ChatTemplate;
 use super::tokenizer::Tokenizer;
 use crate::spec::model::ModelSpec;
@@ -52,6 +58,56 @@ pub struct Loaded {
     pub held_out: Option<Dataset>,
 }
 
+/// What loading a dataset is doing, for whoever shows progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoadEvent {
+    /// Tokenizing `total` records has begun.
+    Tokenizing {
+        /// Records to tokenize.
+        total: usize,
+    },
+    /// Of the records being tokenized, `done` are.
+    Tokenized {
+        /// Records tokenized so far.
+        done: usize,
+    },
+    /// The examples were stored in the token cache.
+    Cached {
+        /// The cache file.
+        path: PathBuf,
+    },
+    /// The examples were mapped from the token cache, with nothing tokenized.
+    FromCache {
+        /// The cache file.
+        path: PathBuf,
+        /// Examples in it.
+        examples: usize,
+    },
+    /// The token cache could not be used, and the data was tokenized without it.
+    CacheSkipped {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// How a dataset is loaded: where its tokens are cached, and who hears how loading goes.
+pub struct Loading<'a> {
+    /// The token cache; `None` tokenizes every time.
+    pub cache: Option<TokenCache>,
+    /// Hears what loading is doing, on the thread that loads.
+    pub events: &'a dyn Fn(LoadEvent),
+}
+
+impl Loading<'_> {
+    /// Loading without a cache, telling no one.
+    pub fn quiet() -> Loading<'static> {
+        Loading {
+            cache: None,
+            events: &|_| {},
+        }
+    }
+}
+
 /// Record files tokenized by a model's tokenizer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RecordsSpec {
@@ -68,7 +124,16 @@ pub struct RecordsSpec {
     pub held_out: HeldOut,
     /// SHA-256 of the files', the tokenizer's and its config's bytes and of the settings above.
     pub fingerprint: String,
+    /// The token cache's key for the examples of `files`.
+    #[serde(default)]
+    pub examples_key: String,
+    /// The token cache's key for the examples of the held-out files, if there are any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_out_key: Option<String>,
 }
+
+/// A version of what turns records into examples: a change to it changes every cache key.
+const EXAMPLES_VERSION: &str = concat!("autotune ", env!("CARGO_PKG_VERSION"), " examples 1");
 
 impl RecordsSpec {
     /// The dataset of `files` for the tokenizer at `tokenizer`; reads every input once to take
@@ -81,19 +146,28 @@ impl RecordsSpec {
         held_out: HeldOut,
     ) -> Result<Self> {
         let columns = columns.pairs().clone();
-        let mut hash = Sha256::new();
-        let eval_files = match &held_out {
-            HeldOut::Files(files) => files.clone(),
-            _ => Vec::new(),
+        let digests = |files: &[PathBuf]| files.iter().map(|f| digest(f)).collect::<Result<_>>();
+        let data: Vec<String> = digests(&files)?;
+        let shaping: Vec<String> = digests(&tokenizer_files(&tokenizer))?;
+        let settings = format!("{train_on:?}{columns:?}");
+        let key = |data: &[String]| {
+            hex(&[
+                EXAMPLES_VERSION,
+                &data.join(","),
+                &shaping.join(","),
+                &settings,
+            ])
         };
-        let inputs = files.iter().chain(&eval_files).cloned();
-        for file in inputs.chain(tokenizer_files(&tokenizer)) {
-            let bytes = std::fs::read(&file).map_err(|e| Error::file("cannot read", &file, e))?;
-            hash.update((bytes.len() as u64).to_le_bytes());
-            hash.update(&bytes);
-        }
-        hash.update(format!("{train_on:?}{columns:?}{held_out:?}").as_bytes());
-        let fingerprint = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        let held_out_key = match &held_out {
+            HeldOut::Files(files) => Some(key(&digests(files)?)),
+            _ => None,
+        };
+        let examples_key = key(&data);
+        let fingerprint = hex(&[
+            &examples_key,
+            held_out_key.as_deref().unwrap_or(""),
+            &format!("{held_out:?}"),
+        ]);
         Ok(Self {
             files,
             tokenizer,
@@ -101,6 +175,8 @@ impl RecordsSpec {
             columns,
             held_out,
             fingerprint,
+            examples_key,
+            held_out_key,
         })
     }
 
@@ -113,14 +189,9 @@ impl RecordsSpec {
         }
     }
 
-    /// Every record of the files, in order.
-    pub fn records(&self) -> Result<Vec<Record>> {
-        read_records(&self.files, &Columns::from_pairs(self.columns.clone()))
-    }
-
     /// The examples of every record, tokenized for `model` (whose vocabulary must hold the
     /// tokenizer's), cut to its sequence length, and those held out for the evaluation.
-    pub fn load(&self, model: &ModelSpec) -> Result<Loaded> {
+    pub fn load(&self, model: &ModelSpec, loading: &Loading) -> Result<Loaded> {
         let tokenizer = self.open_tokenizer()?;
         if tokenizer.vocab_size() > model.vocab_size {
             return Err(Error::Usage(format!(
@@ -136,20 +207,23 @@ impl RecordsSpec {
             .pad()
             .or(tokenizer.eos())
             .map_or(0, |token| token.id);
-        let mut examples = self.examples(&tokenizer)?;
-        let held_out = match &self.held_out {
-            HeldOut::None => None,
-            HeldOut::PerMillion(share) => Some(self.split(&mut examples, *share)?),
-            HeldOut::Files(files) => {
-                let records = read_records(files, &Columns::from_pairs(self.columns.clone()))?;
-                Some(self.examples_of(&records, &tokenizer)?)
+        let table = self.table(&tokenizer, loading)?;
+        let (train, held) = match &self.held_out {
+            HeldOut::PerMillion(share) => self.split(table.len(), *share)?,
+            _ => ((0..table.len()).collect(), Vec::new()),
+        };
+        let held_out = match (&self.held_out, &self.held_out_key) {
+            (HeldOut::None, _) => None,
+            (HeldOut::PerMillion(_), _) => {
+                Some(Dataset::new(table.clone(), held, model.seq_len, pad)?.0)
+            }
+            (HeldOut::Files(files), key) => {
+                let key = key.as_deref().unwrap_or_default();
+                let held = self.table_of(files, key, &tokenizer, loading)?;
+                Some(Dataset::new(held.clone(), 0..held.len(), model.seq_len, pad)?.0)
             }
         };
-        let (train, cut) = Dataset::new(examples, model.seq_len, pad)?;
-        let held_out = match held_out {
-            Some(examples) => Some(Dataset::new(examples, model.seq_len, pad)?.0),
-            None => None,
-        };
+        let (train, cut) = Dataset::new(table, train, model.seq_len, pad)?;
         Ok(Loaded {
             train,
             cut,
@@ -157,10 +231,58 @@ impl RecordsSpec {
         })
     }
 
-    /// Takes `share` in a million of `examples` out (at least one, and never all), chosen by a
-    /// draw seeded by the dataset's fingerprint: the same examples in every run on it.
-    fn split(&self, examples: &mut Vec<Example>, share: u32) -> Result<Vec<Example>> {
-        let n = examples.len();
+    /// Every example of the files, in order, before any cut: from the token cache when it
+    /// holds them, else tokenized (and then cached).
+    pub fn table(&self, tokenizer: &Tokenizer, loading: &Loading) -> Result<Arc<ExampleTable>> {
+        self.table_of(&self.files, &self.examples_key, tokenizer, loading)
+    }
+
+    /// The examples of `files`, cached under `key`.
+    fn table_of(
+        &self,
+        files: &[PathBuf],
+        key: &str,
+        tokenizer: &Tokenizer,
+        loading: &Loading,
+    ) -> Result<Arc<ExampleTable>> {
+        let cache = loading.cache.as_ref().filter(|_| !key.is_empty());
+        if let Some(cache) = cache {
+            match cache.lookup(key)? {
+                Lookup::Hit(table) => {
+                    let path = cache.path(key);
+                    (loading.events)(LoadEvent::FromCache {
+                        path,
+                        examples: table.len(),
+                    });
+                    return Ok(Arc::new(table));
+                }
+                Lookup::Missing => {}
+                Lookup::Unreadable(reason) => (loading.events)(LoadEvent::CacheSkipped {
+                    reason: format!(
+                        "`{}`: {reason}; tokenizing again",
+                        cache.path(key).display()
+                    ),
+                }),
+            }
+        }
+        let records = read_records(files, &Columns::from_pairs(self.columns.clone()))?;
+        let table = ExampleTable::new(&self.examples_of(&records, tokenizer, loading)?);
+        if let Some(cache) = cache {
+            match cache.store(key, &table) {
+                Ok(path) => (loading.events)(LoadEvent::Cached { path }),
+                // A cache that cannot be written costs the next run time, not this run.
+                Err(e) => (loading.events)(LoadEvent::CacheSkipped {
+                    reason: e.to_string(),
+                }),
+            }
+        }
+        Ok(Arc::new(table))
+    }
+
+    /// Splits `n` examples into those trained on and the `share` in a million held out (at
+    /// least one, and never all), chosen by a draw seeded by the dataset's fingerprint: the
+    /// same examples in every run on it.
+    fn split(&self, n: usize, share: u32) -> Result<(Vec<usize>, Vec<usize>)> {
         let take = ((n as u64 * u64::from(share)).div_ceil(1_000_000) as usize).max(1);
         if take >= n {
             return Err(Error::Usage(format!(
@@ -171,15 +293,38 @@ impl RecordsSpec {
         let seed = u64::from_str_radix(&self.fingerprint[..16], 16).unwrap_or(0);
         let mut order: Vec<usize> = (0..n).collect();
         order.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(seed));
-        let mut out: Vec<usize> = order[..take].to_vec();
-        out.sort_unstable();
-        let mut held = Vec::with_capacity(take);
-        for i in out.into_iter().rev() {
-            held.push(examples.remove(i));
+        let mut held = order[..take].to_vec();
+        held.sort_unstable();
+        let mut is_held = vec![false; n];
+        for &i in &held {
+            is_held[i] = true;
         }
-        held.reverse();
-        Ok(held)
+        let train = (0..n).filter(|&i| !is_held[i]).collect();
+        Ok((train, held))
     }
+}
+
+/// The SHA-256 of `file`'s bytes, in hex, read a block at a time.
+fn digest(file: &Path) -> Result<String> {
+    let mut hash = Sha256::new();
+    std::fs::File::open(file)
+        .and_then(|mut f| std::io::copy(&mut f, &mut hash))
+        .map_err(|e| Error::file("cannot read", file, e))?;
+    Ok(hex_bytes(&hash.finalize()))
+}
+
+/// The SHA-256 of `parts`, each length-prefixed so that no two lists hash alike, in hex.
+fn hex(parts: &[&str]) -> String {
+    let mut hash = Sha256::new();
+    for part in parts {
+        hash.update((part.len() as u64).to_le_bytes());
+        hash.update(part.as_bytes());
+    }
+    hex_bytes(&hash.finalize())
+}
+
+fn hex_bytes(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Every record of `files`, in order.
@@ -215,14 +360,15 @@ impl RecordsSpec {
         }
     }
 
-    /// Every record as an example: conversations (and instructions, when there is one) through
-    /// the model's chat template, the rest as documents.
-    pub fn examples(&self, tokenizer: &Tokenizer) -> Result<Vec<Example>> {
-        self.examples_of(&self.records()?, tokenizer)
-    }
-
-    /// `records` as examples.
-    fn examples_of(&self, records: &[Record], tokenizer: &Tokenizer) -> Result<Vec<Example>> {
+    /// `records` as examples, in order, tokenized in parallel: conversations (and
+    /// instructions, when there is a template) through the model's chat template, the rest as
+    /// documents.
+    fn examples_of(
+        &self,
+        records: &[Record],
+        tokenizer: &Tokenizer,
+        loading: &Loading,
+    ) -> Result<Vec<Example>> {
         let chats = records.iter().any(|r| matches!(r, Record::Chat(_)));
         let template = ChatTemplate::from_folder(&self.tokenizer_folder())?;
         if chats && template.is_none() {
@@ -234,21 +380,58 @@ impl RecordsSpec {
                 self.tokenizer_folder().display()
             )));
         }
-        records
-            .iter()
-            .map(|record| {
-                let train_on = self
-                    .train_on
-                    .unwrap_or_else(|| TrainOn::default_for(record));
-                if let Some(template) = &template {
-                    if let Some(example) = templated(tokenizer, template, record, train_on)? {
-                        return Ok(example);
-                    }
-                }
-                plain(tokenizer, record, train_on)?
-                    .ok_or_else(|| Error::internal("a conversation without a chat template"))
-            })
-            .collect()
+        (loading.events)(LoadEvent::Tokenizing {
+            total: records.len(),
+        });
+        // Workers tokenize; this thread reports their count, so that whoever hears the
+        // progress needs to be reachable from this thread only.
+        let done = AtomicUsize::new(0);
+        let tokenize = || -> Result<Vec<Example>> {
+            records
+                .par_iter()
+                .map(|record| {
+                    let example = self.example(record, tokenizer, template.as_ref());
+                    done.fetch_add(1, Ordering::Relaxed);
+                    example
+                })
+                .collect()
+        };
+        let reporter = std::thread::current();
+        std::thread::scope(|scope| {
+            let workers = scope.spawn(|| {
+                let examples = tokenize();
+                reporter.unpark();
+                examples
+            });
+            while !workers.is_finished() {
+                std::thread::park_timeout(std::time::Duration::from_millis(100));
+                (loading.events)(LoadEvent::Tokenized {
+                    done: done.load(Ordering::Relaxed),
+                });
+            }
+            workers
+                .join()
+                .unwrap_or_else(|_| Err(Error::internal("a tokenizing thread panicked")))
+        })
+    }
+
+    /// The example of one record.
+    fn example(
+        &self,
+        record: &Record,
+        tokenizer: &Tokenizer,
+        template: Option<&ChatTemplate>,
+    ) -> Result<Example> {
+        let train_on = self
+            .train_on
+            .unwrap_or_else(|| TrainOn::default_for(record));
+        if let Some(template) = template {
+            if let Some(example) = templated(tokenizer, template, record, train_on)? {
+                return Ok(example);
+            }
+        }
+        plain(tokenizer, record, train_on)?
+            .ok_or_else(|| Error::internal("a conversation without a chat template"))
     }
 }
 
@@ -279,8 +462,8 @@ mod tests {
             .map(|i| serde_json::json!({"text": format!("document number {i}")}).to_string())
             .collect();
         std::fs::write(&file, lines.join("\n")).unwrap();
-        let tokenizer = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/data/tokenizers/llama3");
+        let tokenizer =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/data/tokenizers/llama3");
         RecordsSpec::new(vec![file], tokenizer, None, &Columns::default(), held_out).unwrap()
     }
 
@@ -292,17 +475,28 @@ mod tests {
             seq_len: 32,
             ..ModelSpec::tiny()
         };
-        let all = spec(dir.path(), HeldOut::None).load(&model).unwrap().train;
+        let quiet = Loading::quiet();
+        let all = spec(dir.path(), HeldOut::None)
+            .load(&model, &quiet)
+            .unwrap()
+            .train;
+        let all: Vec<Example> = (0..all.len()).map(|i| all.example(i)).collect();
         let split = spec(dir.path(), HeldOut::PerMillion(250_000));
-        let (a, b) = (split.load(&model).unwrap(), split.load(&model).unwrap());
+        let (a, b) = (
+            split.load(&model, &quiet).unwrap(),
+            split.load(&model, &quiet).unwrap(),
+        );
         let held = a.held_out.unwrap();
-        assert_eq!(held.examples().len(), 5, "a quarter of twenty");
-        assert_eq!(a.train.examples().len(), 15);
-        for example in held.examples() {
-            assert!(!a.train.examples().contains(example), "held out of training");
-            assert!(all.examples().contains(example));
+        assert_eq!(held.len(), 5, "a quarter of twenty");
+        assert_eq!(a.train.len(), 15);
+        let train: Vec<Example> = (0..15).map(|i| a.train.example(i)).collect();
+        let b_held = b.held_out.unwrap();
+        for i in 0..held.len() {
+            let example = held.example(i);
+            assert!(!train.contains(&example), "held out of training");
+            assert!(all.contains(&example));
+            assert_eq!(example, b_held.example(i), "the same in every run");
         }
-        assert_eq!(held.examples(), b.held_out.unwrap().examples(), "the same in every run");
         assert_ne!(
             spec(dir.path(), HeldOut::None).fingerprint,
             split.fingerprint,

@@ -3,14 +3,19 @@
 //! batches from ([`source`]: synthetic sequences, memory-mapped token files, tokenized
 //! examples); a dataset's records as the user wrote them ([`records`]); and tokenized examples
 //! walked in epochs and cut into padded, masked micro-batches ([`dataset`]); the model's
-//! tokenizer ([`tokenizer`]) and chat template ([`template`]).
+//! tokenizer ([`tokenizer`]) and chat template ([`template`]); examples stored flat
+//! ([`table`]) and cached once tokenized ([`cache`]); the loader, a step ahead of the device
+//! ([`loader`]).
 
+pub mod cache;
 pub mod dataset;
 pub mod examples;
 pub mod format;
 pub mod load;
+pub mod loader;
 pub mod records;
 pub mod source;
+pub mod table;
 pub mod template;
 pub mod token_file;
 pub mod tokenizer;

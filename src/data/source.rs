@@ -8,7 +8,9 @@
 //! tokens masked out of the loss ([`Dataset`]).
 
 use std::fmt;
+use std::ops::Range;
 use std::path::PathBuf;
+use std::sync::OnceLock;
 
 use candle_core::{Device, Tensor};
 use rand::{Rng, SeedableRng};
@@ -17,7 +19,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::dataset::{Cut, Dataset};
 use crate::data::format::{refusal, DataFormat, TextTokens};
-use crate::data::load::RecordsSpec;
+use crate::data::load::{Loading, RecordsSpec};
+use crate::data::loader::{Loader, StepBatches};
 use crate::data::token_file::TokenFile;
 use crate::model::batch::Batch;
 use crate::model::dropout::Dropout;
@@ -100,18 +103,26 @@ pub struct Data {
     examples: Option<(Dataset, Cut)>,
     /// Examples held out of training for its evaluation.
     held_out: Option<Dataset>,
+    /// The dataset's loader, made at the first step (once the walk's stride is set).
+    loader: OnceLock<Loader>,
 }
 
 impl Data {
-    /// Opens `spec` for `model`, checking that the data can feed it.
+    /// Opens `spec` for `model`, checking that the data can feed it; a dataset of records is
+    /// tokenized without a cache.
     pub fn open(spec: &DataSpec, model: &ModelSpec) -> Result<Self> {
+        Self::open_with(spec, model, &Loading::quiet())
+    }
+
+    /// [`Data::open`], loading a dataset of records as `loading` says.
+    pub fn open_with(spec: &DataSpec, model: &ModelSpec, loading: &Loading) -> Result<Self> {
         let need = model.seq_len + 1;
         let vocab = model.vocab_size;
         let (mut examples, mut held_out) = (None, None);
         let tokens = match spec {
             DataSpec::Random | DataSpec::Pattern => None,
             DataSpec::Records(records) => {
-                let loaded = records.load(model)?;
+                let loaded = records.load(model, loading)?;
                 examples = Some((loaded.train, loaded.cut));
                 held_out = loaded.held_out;
                 None
@@ -137,6 +148,7 @@ impl Data {
             tokens,
             examples,
             held_out,
+            loader: OnceLock::new(),
         })
     }
 
@@ -151,13 +163,43 @@ impl Data {
         if let Some((dataset, _)) = &mut self.examples {
             dataset.set_micros_per_step(micros);
         }
+        self.loader = OnceLock::new();
+    }
+
+    /// The micro-batches `micros` of step `step` (this rank's share of it) of a run seeded
+    /// with `seed`. A dataset's are assembled a step ahead, on the loader's thread.
+    pub fn step_batches(
+        &self,
+        seed: u64,
+        step: u64,
+        micros: Range<u64>,
+        batch: usize,
+        device: &Device,
+    ) -> Result<Vec<Batch>> {
+        let Some((dataset, _)) = &self.examples else {
+            return micros
+                .map(|micro| self.batch(seed, step, micro, batch, device))
+                .collect();
+        };
+        let loader = self.loader.get_or_init(|| Loader::new(dataset.clone()));
+        let wanted = StepBatches {
+            seed,
+            step,
+            micros,
+            micro_batch: batch,
+        };
+        loader
+            .step(&wanted)
+            .into_iter()
+            .map(|host| host.to_device(device))
+            .collect()
     }
 
     /// The micro-batches of the held-out loss: a dataset's held-out examples in order, else one
     /// micro-batch no training step draws.
     pub fn eval_batches(&self, seed: u64, batch: usize, device: &Device) -> Result<Vec<Batch>> {
         if let Some(held_out) = &self.held_out {
-            let n = held_out.examples().len();
+            let n = held_out.len();
             let picks: Vec<usize> = (0..n).collect();
             return picks
                 .chunks(batch.max(1))

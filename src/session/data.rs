@@ -1,7 +1,12 @@
 //! What `data` shows: a dataset's examples as training takes them, before they are cut and
 //! shuffled, and what cutting and batching them does.
 
-use crate::data::dataset::{Cut, Dataset, Example};
+use std::sync::Arc;
+
+use crate::data::cache::TokenCache;
+use crate::data::dataset::{Cut, Dataset};
+use crate::data::load::{LoadEvent, Loading};
+use crate::data::table::ExampleTable;
 use crate::data::tokenizer::Tokenizer;
 use crate::settings::data::DataSettings;
 use crate::Result;
@@ -9,7 +14,7 @@ use crate::Result;
 /// A dataset's examples and their counts.
 pub struct Inspection {
     /// Every example, in dataset order, before any cut.
-    pub examples: Vec<Example>,
+    pub examples: Arc<ExampleTable>,
     /// What cutting them to the model's sequence does.
     pub cut: Cut,
     /// Of the positions of epoch 0's micro-batches, the share that is padding.
@@ -18,12 +23,18 @@ pub struct Inspection {
     pub tokenizer: Tokenizer,
 }
 
-/// Reads and tokenizes the dataset `settings` describe.
-pub fn inspect(settings: &DataSettings) -> Result<Inspection> {
+/// Reads and tokenizes the dataset `settings` describe (or maps it from the token cache),
+/// telling `events` how loading goes.
+pub fn inspect(settings: &DataSettings, events: &dyn Fn(LoadEvent)) -> Result<Inspection> {
     let tokenizer = settings.records.open_tokenizer()?;
-    let examples = settings.records.examples(&tokenizer)?;
+    let loading = Loading {
+        cache: Some(TokenCache::new(settings.cache_dir.clone())),
+        events,
+    };
+    let examples = settings.records.table(&tokenizer, &loading)?;
     let pad = tokenizer.pad().or(tokenizer.eos()).map_or(0, |t| t.id);
-    let (dataset, cut) = Dataset::new(examples.clone(), settings.model.seq_len, pad)?;
+    let all = 0..examples.len();
+    let (dataset, cut) = Dataset::new(examples.clone(), all, settings.model.seq_len, pad)?;
     let padding = padding(&dataset, settings.micro_batch);
     Ok(Inspection {
         examples,
@@ -35,14 +46,11 @@ pub fn inspect(settings: &DataSettings) -> Result<Inspection> {
 
 /// The share of padding in epoch 0's micro-batches of `micro_batch` sequences.
 fn padding(dataset: &Dataset, micro_batch: usize) -> f64 {
-    let n = dataset.examples().len();
+    let n = dataset.len();
     let (mut positions, mut padded) = (0usize, 0usize);
     for micro in 0..n.div_ceil(micro_batch) as u64 {
         let picks = dataset.picks(0, 0, micro, micro_batch);
-        let lengths: Vec<usize> = picks
-            .iter()
-            .map(|&i| dataset.examples()[i].ids.len() - 1)
-            .collect();
+        let lengths: Vec<usize> = picks.iter().map(|&i| dataset.get(i).0.len() - 1).collect();
         let width = lengths.iter().copied().max().unwrap_or(0);
         positions += width * lengths.len();
         padded += lengths.iter().map(|l| width - l).sum::<usize>();

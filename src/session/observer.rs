@@ -6,6 +6,7 @@ use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 
 use crate::data::dataset::Cut;
+use crate::data::load::LoadEvent;
 use crate::knobs::Knobs;
 use crate::train::metrics::{MetricsLog, StepLine};
 use crate::train::run::{TrainEvent, TrainObserver};
@@ -73,6 +74,8 @@ pub enum Notice {
         /// Why.
         problem: String,
     },
+    /// Loading a dataset: tokenizing it, or mapping it from the token cache.
+    Loading(LoadEvent),
     /// A dataset's examples are ready: how many were kept, cut and dropped, and their tokens.
     Examples(Cut),
     /// A run directory is resumed with its own plan.

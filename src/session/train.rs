@@ -16,8 +16,10 @@ use super::run_dir::claim_checkpoint_dir;
 use crate::backend::host_memory;
 use crate::backend::memory::DeviceMemory;
 use crate::collective::{Collective, RankEnv};
+use crate::data::cache::TokenCache;
 use crate::data::format::TextTokens;
 use crate::data::load::HeldOut;
+use crate::data::load::{LoadEvent, Loading};
 use crate::data::source::{Data, DataSpec};
 use crate::plan::schema::Plan;
 use crate::settings::train::{TrainSettings, TrainSource};
@@ -350,9 +352,17 @@ pub struct Job<'a> {
 
 impl Job<'_> {
     /// The data and a trainer in `group`, restored from the latest checkpoint when resuming.
-    fn prepare(&mut self, group: Collective) -> Result<(DataSpec, Data, Trainer)> {
+    fn prepare(
+        &mut self,
+        group: Collective,
+        events: &dyn Fn(LoadEvent),
+    ) -> Result<(DataSpec, Data, Trainer)> {
         let data_spec = self.training.data_spec.clone();
-        let mut data = Data::open(&data_spec, self.spec)?;
+        let loading = Loading {
+            cache: Some(TokenCache::new(self.training.cache_dir.clone())),
+            events,
+        };
+        let mut data = Data::open_with(&data_spec, self.spec, &loading)?;
         data.set_micros_per_step(self.knobs.grad_accum * self.knobs.data_parallel.degree);
         // A run of epochs knows its steps, and the schedule its end, once the data is open.
         self.total_steps = self.training.total_steps(&data, self.knobs.micro_batch)?;
@@ -390,7 +400,8 @@ impl Job<'_> {
     /// Trains in this process to the end, recording the metrics log.
     fn run(mut self, observer: &dyn SessionObserver, interrupt: &AtomicBool) -> Result<RunSummary> {
         let metrics = MetricsRecorder::open(self.training.metrics.as_deref())?;
-        let (data_spec, data, mut trainer) = self.prepare(Collective::Single)?;
+        let loading = |event| observer.notice(Notice::Loading(event));
+        let (data_spec, data, mut trainer) = self.prepare(Collective::Single, &loading)?;
         if let Some((_, cut)) = data.examples() {
             observer.notice(Notice::Examples(*cut));
         }
@@ -438,7 +449,8 @@ impl Job<'_> {
             )));
         }
         let group = Collective::join(&env, &self.device)?;
-        let (data_spec, data, mut trainer) = self.prepare(group)?;
+        // Rank 0's launcher shows the progress; the ranks load quietly.
+        let (data_spec, data, mut trainer) = self.prepare(group, &|_| {})?;
         // A rank whose launcher is gone stops as if interrupted, saving its checkpoint.
         crate::dist::launch::watch_launcher(interrupt.clone());
         let quiet = run::NoObserver;

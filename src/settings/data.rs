@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::model::{model_folder, ModelName};
+use crate::data::cache::default_dir as default_cache_dir;
 use crate::data::examples::TrainOn;
 use crate::data::load::{HeldOut, RecordsSpec};
 use crate::data::records::Columns;
@@ -41,6 +42,9 @@ pub struct DataArgs {
     /// with -100 where the loss is masked.
     #[arg(long)]
     pub json: bool,
+    /// Where tokenized datasets are cached (as `train --cache-dir`).
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
 }
 
 /// A validated `data`.
@@ -54,6 +58,8 @@ pub struct DataSettings {
     pub micro_batch: usize,
     /// Examples shown as text.
     pub show: usize,
+    /// Where tokenized datasets are cached.
+    pub cache_dir: PathBuf,
 }
 
 impl DataSettings {
@@ -95,6 +101,7 @@ impl DataSettings {
             model,
             micro_batch: args.micro_batch.max(1),
             show: args.show,
+            cache_dir: args.cache_dir.clone().unwrap_or_else(default_cache_dir),
         })
     }
 }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use crate::data::cache::default_dir as default_cache_dir;
 use crate::data::examples::TrainOn;
 use crate::data::format::{DataFormat, TextTokens};
 use crate::data::load::{HeldOut, RecordsSpec};
@@ -91,6 +92,11 @@ pub struct TrainingArgs {
     /// Evaluate on the records of this file instead (read as the training data is).
     #[arg(long, value_name = "FILE", conflicts_with = "eval_split")]
     pub eval_data: Option<PathBuf>,
+    /// Where tokenized datasets are cached, so that a later run on the same files, tokenizer
+    /// and settings maps them at once (default: `$XDG_CACHE_HOME/autotune/tokens`, else
+    /// `~/.cache/autotune/tokens`).
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
     /// Save a checkpoint every N steps, and always at the end and on Ctrl-C (default: 50 for
     /// train, 100 for run).
     #[arg(long, value_name = "N")]
@@ -166,6 +172,8 @@ pub struct Training {
     pub data_spec: DataSpec,
     /// How text becomes tokens.
     pub text_tokens: TextTokens,
+    /// Where tokenized datasets are cached.
+    pub cache_dir: PathBuf,
     /// Where checkpoints go; `None` keeps none.
     pub checkpoint_dir: Option<PathBuf>,
     /// Steps between checkpoints.
@@ -235,6 +243,7 @@ impl Training {
             data_spec,
             data,
             text_tokens: tokenizer.text_tokens(),
+            cache_dir: args.cache_dir.clone().unwrap_or_else(default_cache_dir),
             checkpoint_dir,
             checkpoint_every: args.checkpoint_every.unwrap_or(defaults.checkpoint_every),
             eval_every: args.eval_every.unwrap_or(defaults.eval_every),

@@ -341,17 +341,14 @@ impl Trainer {
     pub fn step(&mut self, data: &Data) -> Result<StepReport> {
         let started = std::time::Instant::now();
         let knobs = self.passes.knobs;
-        let batches = (0..knobs.grad_accum as u64)
-            .map(|micro| {
-                data.batch(
-                    self.passes.seed,
-                    self.steps,
-                    self.passes.micro_offset + micro,
-                    knobs.micro_batch,
-                    &self.passes.device,
-                )
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let first = self.passes.micro_offset;
+        let batches = data.step_batches(
+            self.passes.seed,
+            self.steps,
+            first..first + knobs.grad_accum as u64,
+            knobs.micro_batch,
+            &self.passes.device,
+        )?;
         let prepared = started.elapsed();
         let report = self.step_on(&batches)?;
         tracing::trace!(

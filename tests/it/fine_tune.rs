@@ -10,7 +10,7 @@ use crate::util::{autotune_in, stderr};
 
 /// A tiny Llama folder with the Llama-3-style fixture tokenizer and Llama 3.1's chat template
 /// (its end of turn, `<|eot_id|>`, is the EOS as in the released instruct models).
-fn chat_model(dir: &Path) -> PathBuf {
+pub fn chat_model(dir: &Path) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
     let folder = dir.join("tiny-chat");
     std::fs::create_dir_all(&folder).unwrap();

@@ -376,7 +376,7 @@ impl Ended {
 /// Runs the binary in `dir` with `args`, killed after `limit`.
 fn run(dir: &Path, args: &[String], limit: Duration) -> Ended {
     let started = Instant::now();
-    let child = Command::new(env!("CARGO_BIN_EXE_autotune"))
+    let child = super::util::command()
         .current_dir(dir)
         .args(args)
         .stdin(Stdio::null())

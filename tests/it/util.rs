@@ -3,17 +3,24 @@ use std::process::{Command, Output};
 
 use autotune::spec::model::ModelSpec;
 
+/// The binary, with its token cache in the build's scratch folder rather than the user's.
+pub fn command() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_autotune"));
+    command.env(
+        "XDG_CACHE_HOME",
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join("cache"),
+    );
+    command
+}
+
 /// Runs the `autotune` binary with `args`.
 pub fn autotune(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_autotune"))
-        .args(args)
-        .output()
-        .expect("the test binary runs")
+    command().args(args).output().expect("the test binary runs")
 }
 
 /// Runs the binary in `dir`.
 pub fn autotune_in(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_autotune"))
+    command()
         .current_dir(dir)
         .args(args)
         .output()
@@ -78,7 +85,7 @@ pub fn spawn_in(
     args: &[&str],
 ) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
     use std::io::BufRead;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_autotune"))
+    let mut child = command()
         .current_dir(dir)
         .args(args)
         .stdout(std::process::Stdio::piped())

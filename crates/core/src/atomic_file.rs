@@ -9,6 +9,15 @@ use std::path::Path;
 
 /// Writes `bytes` to `path` atomically, creating the parent directory if needed.
 pub fn write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_with(path, |out| out.write_all(bytes))
+}
+
+/// Writes what `fill` writes to `path` atomically, creating the parent directory if needed:
+/// for files too large to assemble in memory first.
+pub fn write_with(
+    path: &Path,
+    fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     let name = path.file_name().ok_or_else(|| {
         std::io::Error::new(std::io::ErrorKind::InvalidInput, "the path names no file")
     })?;
@@ -23,8 +32,10 @@ pub fn write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         std::process::id()
     ));
     let written = (|| {
-        let mut file = std::fs::File::create(&tmp)?;
-        file.write_all(bytes)?;
+        let file = std::fs::File::create(&tmp)?;
+        let mut out = std::io::BufWriter::new(&file);
+        fill(&mut out)?;
+        out.into_inner().map_err(|e| e.into_error())?;
         file.sync_all()?;
         std::fs::rename(&tmp, path)
     })();

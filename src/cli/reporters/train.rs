@@ -2,15 +2,23 @@
 //! terminal, a line every tenth of the run), the session's notices, and the line that says how
 //! the run ended.
 
+use autotune::data::load::LoadEvent;
 use autotune::session::observer::{Notice, SessionObserver};
 use autotune::train::run::{MemorySample, RunSummary, TrainEvent, TrainObserver};
 
 use super::bytes;
 use crate::cli::printer::Printer;
 
+/// How the bar reads while training steps.
+const STEPS: &str = "{bar:30} {pos}/{len} steps  {msg}  ETA {eta}";
+/// How the bar reads while a dataset is tokenized.
+const RECORDS: &str = "{bar:30} {pos}/{len} records tokenized  ETA {eta}";
+
 /// A training run's progress on stderr.
 pub struct TrainProgress {
     bar: indicatif::ProgressBar,
+    /// When tokenizing began, while it goes on.
+    tokenizing: std::cell::Cell<Option<std::time::Instant>>,
     printer: Printer,
     /// Steps between the lines logged when stderr is no terminal: a tenth of the run.
     log_every: std::cell::Cell<u64>,
@@ -22,9 +30,10 @@ pub struct TrainProgress {
 impl TrainProgress {
     /// Progress of a run of `total` steps.
     pub fn new(printer: &Printer, total: u64) -> Self {
-        let bar = printer.progress(total, "{bar:30} {pos}/{len} steps  {msg}  ETA {eta}");
+        let bar = printer.progress(total, STEPS);
         Self {
             bar,
+            tokenizing: std::cell::Cell::new(None),
             printer: *printer,
             log_every: std::cell::Cell::new((total / 10).max(1)),
             first_step: std::cell::Cell::new(1),
@@ -89,6 +98,7 @@ impl TrainObserver for TrainProgress {
                 total_steps,
             } => {
                 // A run of epochs knows its length only once its data is open.
+                Printer::restyle(&self.bar, STEPS);
                 self.bar.set_length(*total_steps);
                 self.log_every.set((total_steps / 10).max(1));
                 self.bar.set_position(*start_step);
@@ -122,11 +132,65 @@ impl TrainObserver for TrainProgress {
 
 impl SessionObserver for TrainProgress {
     fn notice(&self, notice: Notice) {
-        let line = notice_line(&notice);
         match notice {
-            Notice::MetricsDropped { .. } => self.bar.suspend(|| self.printer.warn(line)),
-            _ => self.status(line),
+            Notice::Loading(event) => self.loading(event),
+            Notice::MetricsDropped { .. } => {
+                let line = notice_line(&notice);
+                self.bar.suspend(|| self.printer.warn(line))
+            }
+            _ => self.status(notice_line(&notice)),
         }
+    }
+}
+
+impl TrainProgress {
+    /// Shows a dataset's loading: the bar counts records while they are tokenized.
+    fn loading(&self, event: LoadEvent) {
+        match &event {
+            LoadEvent::Tokenizing { total } => {
+                self.tokenizing.set(Some(std::time::Instant::now()));
+                Printer::restyle(&self.bar, RECORDS);
+                self.bar.set_length(*total as u64);
+                self.bar.set_position(0);
+            }
+            LoadEvent::Tokenized { done } => {
+                self.bar.set_position(*done as u64);
+                return;
+            }
+            LoadEvent::Cached { .. } => {
+                if let Some(started) = self.tokenizing.take() {
+                    let took = started.elapsed().as_secs_f64();
+                    self.status(format!("tokenized in {took:.1} s"));
+                }
+            }
+            LoadEvent::CacheSkipped { .. } => {
+                let line = load_line(&event);
+                self.bar.suspend(|| self.printer.warn(line));
+                return;
+            }
+            LoadEvent::FromCache { .. } => {}
+        }
+        self.status(load_line(&event));
+    }
+}
+
+/// A dataset's loading as the line people read.
+pub fn load_line(event: &LoadEvent) -> String {
+    match event {
+        LoadEvent::Tokenizing { total } => format!(
+            "tokenizing {total} records on {} threads",
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        ),
+        LoadEvent::Tokenized { done } => format!("{done} records tokenized"),
+        LoadEvent::Cached { path } => format!(
+            "the examples are cached in {} for the next run",
+            path.display()
+        ),
+        LoadEvent::FromCache { path, examples } => format!(
+            "{examples} examples mapped from the token cache {}",
+            path.display()
+        ),
+        LoadEvent::CacheSkipped { reason } => format!("the token cache is not used: {reason}"),
     }
 }
 
@@ -176,6 +240,7 @@ pub fn notice_line(notice: &Notice) -> String {
             cut.trained_tokens,
             100.0 * cut.trained_tokens as f64 / cut.tokens.max(1) as f64
         ),
+        Notice::Loading(event) => load_line(event),
         Notice::ResumingRun { dir } => format!(
             "resuming the run in {} with its plan (the tuning flags are not used)",
             dir.display()
