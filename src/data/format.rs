@@ -3,7 +3,11 @@
 //! `--tokenizer bytes` asks for it; datasets of records and tokenizer files are refused with
 //! the fix, never read as bytes.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
 
 /// The kinds of file a `--data` path may be.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,6 +93,100 @@ impl DataFormat {
     }
 }
 
+/// The formats of record files (`--data-format`, which overrides what names say).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordFormat {
+    /// One JSON object a line.
+    Jsonl,
+    /// A JSON array of objects.
+    Json,
+    /// Plain text: documents between blank lines.
+    Text,
+    /// A Parquet table.
+    Parquet,
+    /// Arrow IPC files, or a `datasets` `save_to_disk` folder.
+    Arrow,
+}
+
+impl RecordFormat {
+    /// The record format of a file of `format`, if it is one.
+    pub fn of(format: &DataFormat) -> Option<Self> {
+        Some(match format {
+            DataFormat::JsonLines => RecordFormat::Jsonl,
+            DataFormat::Json => RecordFormat::Json,
+            DataFormat::Text => RecordFormat::Text,
+            DataFormat::Parquet => RecordFormat::Parquet,
+            DataFormat::Arrow => RecordFormat::Arrow,
+            _ => return None,
+        })
+    }
+}
+
+/// The record files of `paths`, in order: each file as it is, each folder's record files
+/// (searched through its subfolders, hidden ones skipped, in name order), a `datasets` folder
+/// whole. A folder that holds none, or a file that is no record file (unless `forced` names
+/// the format), is an error naming it.
+pub fn record_files(paths: &[PathBuf], forced: Option<RecordFormat>) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for path in paths {
+        match DataFormat::of(path) {
+            DataFormat::Folder => {
+                let found = folder_records(path)?;
+                if found.is_empty() {
+                    return Err(Error::Usage(format!(
+                        "the folder `{}` holds no record file (.jsonl, .json, .txt, .parquet, \
+                         .arrow); give the files, or a folder that holds them",
+                        path.display()
+                    )));
+                }
+                files.extend(found);
+            }
+            format if forced.is_some() || RecordFormat::of(&format).is_some() => {
+                files.push(path.clone())
+            }
+            other => {
+                return Err(Error::Usage(format!(
+                    "`{}` is {}, and a dataset of several files or folders takes record files \
+                     only (.jsonl, .json, .txt, .parquet, .arrow); name its format with \
+                     --data-format if its name hides it",
+                    path.display(),
+                    other.describe()
+                )))
+            }
+        }
+    }
+    Ok(files)
+}
+
+/// The record files under `dir`, in name order.
+fn folder_records(dir: &Path) -> Result<Vec<PathBuf>> {
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::file("cannot read", dir, e))?;
+    let mut paths: Vec<PathBuf> = entries
+        .map(|entry| entry.map(|e| e.path()))
+        .collect::<std::io::Result<_>>()
+        .map_err(|e| Error::file("cannot read", dir, e))?;
+    paths.sort();
+    let mut files = Vec::new();
+    for path in paths {
+        let hidden = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with('.'));
+        if hidden {
+            continue;
+        }
+        match DataFormat::of(&path) {
+            DataFormat::Folder => files.extend(folder_records(&path)?),
+            format if RecordFormat::of(&format).is_some() => files.push(path),
+            _ => {}
+        }
+    }
+    Ok(files)
+}
+
 /// How text becomes tokens (`--tokenizer`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TextTokens {
@@ -168,6 +266,53 @@ mod tests {
                 assert!(why.contains(name), "the refusal names the file: {why}");
             }
         }
+    }
+
+    #[test]
+    fn folders_give_their_record_files_in_name_order_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        for name in [
+            "b.jsonl",
+            "a.txt",
+            "sub/c.parquet",
+            "sub/.hidden.jsonl",
+            "notes.csv",
+            "tokens.bin",
+            "tokenizer.json",
+        ] {
+            std::fs::create_dir_all(root.join(name).parent().unwrap()).unwrap();
+            std::fs::write(root.join(name), "x").unwrap();
+        }
+        let files = record_files(&[root.to_path_buf()], None).unwrap();
+        let names: Vec<_> = files
+            .iter()
+            .map(|f| f.strip_prefix(root).unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                Path::new("a.txt"),
+                Path::new("b.jsonl"),
+                Path::new("sub/c.parquet")
+            ]
+        );
+        let empty = root.join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        let why = record_files(&[empty], None).unwrap_err().to_string();
+        assert!(why.contains("holds no record file"), "{why}");
+        let csv = root.join("notes.csv");
+        let why = record_files(std::slice::from_ref(&csv), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            why.contains("notes.csv") && why.contains("--data-format"),
+            "{why}"
+        );
+        assert_eq!(
+            record_files(std::slice::from_ref(&csv), Some(RecordFormat::Jsonl)).unwrap(),
+            [csv]
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 use super::cache::{Lookup, TokenCache};
 use super::dataset::{Cut, Dataset, Example};
 use super::examples::{plain, templated, TrainOn};
-use super::format::DataFormat;
+use super::format::{DataFormat, RecordFormat};
 use super::records::{self, Columns, Record};
 use super::table::ExampleTable;
 use super::template::ChatTemplate;
@@ -119,6 +119,9 @@ pub struct RecordsSpec {
     pub train_on: Option<TrainOn>,
     /// The user's column names for the schemas' fields.
     pub columns: BTreeMap<String, String>,
+    /// The files' format when `--data-format` names it; `None`: what each file's name says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<RecordFormat>,
     /// Which examples are held out of training for its evaluation.
     #[serde(default, skip_serializing_if = "HeldOut::is_none")]
     pub held_out: HeldOut,
@@ -144,12 +147,20 @@ impl RecordsSpec {
         train_on: Option<TrainOn>,
         columns: &Columns,
         held_out: HeldOut,
+        format: Option<RecordFormat>,
     ) -> Result<Self> {
+        let eval_files = match &held_out {
+            HeldOut::Files(files) => files.clone(),
+            _ => Vec::new(),
+        };
+        for file in files.iter().chain(&eval_files) {
+            format_of(file, format)?;
+        }
         let columns = columns.pairs().clone();
         let digests = |files: &[PathBuf]| files.iter().map(|f| digest(f)).collect::<Result<_>>();
         let data: Vec<String> = digests(&files)?;
         let shaping: Vec<String> = digests(&tokenizer_files(&tokenizer))?;
-        let settings = format!("{train_on:?}{columns:?}");
+        let settings = format!("{train_on:?}{columns:?}{format:?}");
         let key = |data: &[String]| {
             hex(&[
                 EXAMPLES_VERSION,
@@ -173,6 +184,7 @@ impl RecordsSpec {
             tokenizer,
             train_on,
             columns,
+            format,
             held_out,
             fingerprint,
             examples_key,
@@ -265,7 +277,8 @@ impl RecordsSpec {
                 }),
             }
         }
-        let records = read_records(files, &Columns::from_pairs(self.columns.clone()))?;
+        let columns = Columns::from_pairs(self.columns.clone());
+        let records = read_records(files, &columns, self.format)?;
         let table = ExampleTable::new(&self.examples_of(&records, tokenizer, loading)?);
         if let Some(cache) = cache {
             match cache.store(key, &table) {
@@ -327,20 +340,44 @@ fn hex_bytes(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The record format of `file`: `forced`, else what its name says; a format autotune does not
+/// read is an error naming the file.
+fn format_of(file: &Path, forced: Option<RecordFormat>) -> Result<RecordFormat> {
+    let detected = DataFormat::of(file);
+    match forced.or_else(|| RecordFormat::of(&detected)) {
+        Some(format @ (RecordFormat::Jsonl | RecordFormat::Json | RecordFormat::Text)) => {
+            Ok(format)
+        }
+        Some(other) => Err(Error::Usage(format!(
+            "`{}` is {other:?} records, which autotune does not read yet; write them as JSON \
+             lines",
+            file.display()
+        ))),
+        None => Err(Error::Usage(format!(
+            "`{}` is {}, which is no record format autotune reads; name its format with \
+             --data-format",
+            file.display(),
+            detected.describe()
+        ))),
+    }
+}
+
 /// Every record of `files`, in order.
-fn read_records(files: &[PathBuf], columns: &Columns) -> Result<Vec<Record>> {
+fn read_records(
+    files: &[PathBuf],
+    columns: &Columns,
+    forced: Option<RecordFormat>,
+) -> Result<Vec<Record>> {
     let mut all = Vec::new();
     for file in files {
-        let records = match DataFormat::of(file) {
-            DataFormat::JsonLines => records::json_lines(file, columns)?,
-            DataFormat::Json => records::json_array(file, columns)?,
-            DataFormat::Text => records::text_documents(file)?,
-            other => {
-                return Err(Error::Usage(format!(
-                    "`{}` is {}, which is no record format autotune reads",
-                    file.display(),
-                    other.describe()
-                )))
+        let records = match format_of(file, forced)? {
+            RecordFormat::Jsonl => records::json_lines(file, columns)?,
+            RecordFormat::Json => records::json_array(file, columns)?,
+            RecordFormat::Text => records::text_documents(file)?,
+            RecordFormat::Parquet | RecordFormat::Arrow => {
+                return Err(Error::internal(
+                    "a record format refused when the spec was made",
+                ))
             }
         };
         all.extend(records);
@@ -464,7 +501,8 @@ mod tests {
         std::fs::write(&file, lines.join("\n")).unwrap();
         let tokenizer =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/data/tokenizers/llama3");
-        RecordsSpec::new(vec![file], tokenizer, None, &Columns::default(), held_out).unwrap()
+        let columns = Columns::default();
+        RecordsSpec::new(vec![file], tokenizer, None, &columns, held_out, None).unwrap()
     }
 
     #[test]

@@ -136,7 +136,6 @@ fn plan_rank_args(plan: &Plan, plan_path: &Path, training: &Training) -> Vec<OsS
     };
     for (flag, value) in [
         length,
-        ("--data", training.data.clone()),
         ("--checkpoint-every", training.checkpoint_every.to_string()),
         ("--eval-every", training.eval_every.to_string()),
         ("--seed", training.seed.to_string()),
@@ -178,8 +177,18 @@ fn plan_rank_args(plan: &Plan, plan_path: &Path, training: &Training) -> Vec<OsS
 /// The flags beside `--data` that say how the data is read, as the ranks must read it too.
 fn data_flags(training: &Training) -> Vec<OsString> {
     let mut args: Vec<OsString> = Vec::new();
+    for data in &training.data {
+        args.push("--data".into());
+        args.push(data.into());
+    }
+    args.push("--cache-dir".into());
+    args.push(training.cache_dir.as_os_str().to_owned());
     match &training.data_spec {
         DataSpec::Records(records) => {
+            if let Some(format) = records.format {
+                args.push("--data-format".into());
+                args.push(format!("{format:?}").to_lowercase().into());
+            }
             args.push("--tokenizer".into());
             args.push(records.tokenizer.as_os_str().to_owned());
             if let Some(train_on) = records.train_on {

@@ -8,6 +8,7 @@ use clap::Args;
 use super::model::{model_folder, ModelName};
 use crate::data::cache::default_dir as default_cache_dir;
 use crate::data::examples::TrainOn;
+use crate::data::format::{record_files, RecordFormat};
 use crate::data::load::{HeldOut, RecordsSpec};
 use crate::data::records::Columns;
 use crate::spec::model::ModelSpec;
@@ -20,9 +21,13 @@ pub struct DataArgs {
     /// sequence length), or a preset or spec file with --tokenizer.
     #[arg(long, value_parser = ModelName)]
     pub model: String,
-    /// The records: text (documents between blank lines), JSON lines or a JSON array.
-    #[arg(long)]
-    pub data: PathBuf,
+    /// The records: text (documents between blank lines), JSON lines, a JSON array, or a folder
+    /// of them; repeat it for several.
+    #[arg(long, required = true)]
+    pub data: Vec<PathBuf>,
+    /// The format of the --data files, when their names do not say it.
+    #[arg(long, value_enum)]
+    pub data_format: Option<RecordFormat>,
     /// The tokenizer, when the model is no folder holding one: a `tokenizer.json` or its folder.
     #[arg(long, value_name = "PATH")]
     pub tokenizer: Option<PathBuf>,
@@ -81,20 +86,17 @@ impl DataSettings {
             Some(text) => Columns::parse(text)?,
             None => Columns::default(),
         };
-        if !args.data.is_file() {
-            let missing = std::io::Error::from(std::io::ErrorKind::NotFound);
-            return Err(Error::file(
-                "cannot read training data",
-                &args.data,
-                missing,
-            ));
+        if let Some(missing) = args.data.iter().find(|p| !p.exists()) {
+            let error = std::io::Error::from(std::io::ErrorKind::NotFound);
+            return Err(Error::file("cannot read training data", missing, error));
         }
         let records = RecordsSpec::new(
-            vec![args.data.clone()],
+            record_files(&args.data, args.data_format)?,
             tokenizer,
             args.train_on,
             &columns,
             HeldOut::None,
+            args.data_format,
         )?;
         Ok(Self {
             records,

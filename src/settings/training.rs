@@ -7,7 +7,7 @@ use clap::Args;
 
 use crate::data::cache::default_dir as default_cache_dir;
 use crate::data::examples::TrainOn;
-use crate::data::format::{DataFormat, TextTokens};
+use crate::data::format::{record_files, DataFormat, RecordFormat, TextTokens};
 use crate::data::load::{HeldOut, RecordsSpec};
 use crate::data::records::Columns;
 use crate::data::source::{Data, DataSpec};
@@ -66,10 +66,14 @@ pub struct TrainingArgs {
     pub epochs: Option<u64>,
     /// Training data: `pattern` (learnable synthetic sequences, the default), `random` (the
     /// seed's random tokens: nothing to learn, for benchmarks), a token file (`.bin`/`.u16`:
-    /// u16, `.u32`: u32; memory-mapped), or text (`.txt`) with `--tokenizer bytes`. Datasets of
-    /// records (JSONL, JSON, Parquet, Arrow) and model files are refused, never read as bytes.
-    #[arg(long)]
-    pub data: Option<String>,
+    /// u16, `.u32`: u32; memory-mapped), or records read by the model's tokenizer: text
+    /// (`.txt`), JSON lines, JSON, or a folder of them; repeat it for several files. Text is
+    /// read as raw bytes only with `--tokenizer bytes`, and model files never.
+    #[arg(long, value_name = "FILE|DIR|pattern|random")]
+    pub data: Vec<String>,
+    /// The format of the --data files, when their names do not say it.
+    #[arg(long, value_enum)]
+    pub data_format: Option<RecordFormat>,
     /// The tokenizer of record data (text, JSON lines, JSON): a `tokenizer.json`, or the folder
     /// holding it with its `tokenizer_config.json` (default: the --model or --init-from folder's);
     /// or `bytes`, to train on a text's raw bytes, one token a byte.
@@ -166,8 +170,8 @@ pub struct Training {
     pub steps: u64,
     /// Train for this many passes over a dataset of records.
     pub epochs: Option<u64>,
-    /// The data, as given (`pattern`, `random` or a file).
-    pub data: String,
+    /// The data, as given (`pattern`, `random`, files or folders).
+    pub data: Vec<String>,
     /// The data, resolved (its file checked to be one autotune reads).
     pub data_spec: DataSpec,
     /// How text becomes tokens.
@@ -214,7 +218,7 @@ impl Training {
             (None, true) => None,
         };
         let tokenizer = tokenizer_source(args, folder.or_else(|| args.init_from.clone()))?;
-        if let (Some(dir), None) = (&init_from, &args.data) {
+        if let (Some(dir), true) = (&init_from, args.data.is_empty()) {
             return Err(Error::Usage(format!(
                 "`{}` holds pretrained weights, and without --data they would train on \
                  synthetic `pattern` sequences; give --data FILE (or --data pattern to do that \
@@ -222,17 +226,27 @@ impl Training {
                 dir.display()
             )));
         }
-        let data = args.data.clone().unwrap_or_else(|| "pattern".to_string());
+        let data = match args.data.as_slice() {
+            [] => vec!["pattern".to_string()],
+            given => given.to_vec(),
+        };
         let columns = match &args.columns {
             Some(text) => Columns::parse(text)?,
             None => Columns::default(),
         };
-        let data_spec = data_spec(&data, &tokenizer, args.train_on, &columns, held_out(args)?)?;
+        let records = RecordsArgs {
+            train_on: args.train_on,
+            columns,
+            held_out: held_out(args)?,
+            format: args.data_format,
+        };
+        let data_spec = data_spec(&data, &tokenizer, records)?;
         if args.epochs.is_some() && !matches!(data_spec, DataSpec::Records(_)) {
             return Err(autotune_core::Error::InvalidFlag {
                 flag: "--epochs".into(),
                 problem: format!(
-                    "counts passes over a dataset of records, and `{data}` is none; give --steps"
+                    "counts passes over a dataset of records, and `{}` is none; give --steps",
+                    data.join(", ")
                 ),
             }
             .into());
@@ -365,35 +379,73 @@ fn held_out(args: &TrainingArgs) -> Result<HeldOut> {
     })
 }
 
+/// Whether `spec` is a file of records (text read as bytes counts: its name says records).
+fn is_record_kind(spec: &DataSpec) -> bool {
+    matches!(spec, DataSpec::Text(_) | DataSpec::Records(_))
+}
+
+/// How records become examples, as the flags say.
+struct RecordsArgs {
+    train_on: Option<TrainOn>,
+    columns: Columns,
+    held_out: HeldOut,
+    format: Option<RecordFormat>,
+}
+
 /// The data `data` names: a dataset of records for the model's tokenizer, or another source.
 fn data_spec(
-    data: &str,
+    data: &[String],
     tokenizer: &TokenizerSource,
-    train_on: Option<TrainOn>,
-    columns: &Columns,
-    held_out: HeldOut,
+    records: RecordsArgs,
 ) -> Result<DataSpec> {
-    let path = std::path::Path::new(data);
-    let records = matches!(
-        DataFormat::of(path),
-        DataFormat::JsonLines | DataFormat::Json | DataFormat::Text
-    );
+    let paths: Vec<PathBuf> = data.iter().map(PathBuf::from).collect();
+    let are_records = records.format.is_some()
+        || paths.iter().all(|p| {
+            let format = DataFormat::of(p);
+            format == DataFormat::Folder || RecordFormat::of(&format).is_some()
+        });
     match tokenizer {
-        TokenizerSource::Model(tokenizer) if records && path.is_file() => {
+        TokenizerSource::Model(tokenizer) if are_records => {
+            for path in &paths {
+                if !path.exists() {
+                    let missing = std::io::Error::from(std::io::ErrorKind::NotFound);
+                    return Err(Error::file("cannot read training data", path, missing));
+                }
+            }
             let spec = RecordsSpec::new(
-                vec![path.to_path_buf()],
+                record_files(&paths, records.format)?,
                 tokenizer.clone(),
-                train_on,
-                columns,
-                held_out,
+                records.train_on,
+                &records.columns,
+                records.held_out,
+                records.format,
             )?;
             Ok(DataSpec::Records(Box::new(spec)))
         }
-        _ if !held_out.is_none() => Err(Error::Usage(
+        _ if !records.held_out.is_none() => Err(Error::Usage(
             "--eval-split and --eval-data hold out examples of a dataset of records (text, JSON \
              lines, JSON read by the model's tokenizer)"
                 .into(),
         )),
-        other => DataSpec::resolve(data, other.text_tokens()),
+        other => {
+            let specs = data
+                .iter()
+                .map(|d| DataSpec::resolve(d, other.text_tokens()))
+                .collect::<Result<Vec<_>>>()?;
+            match (specs.as_slice(), specs.iter().find(|s| !is_record_kind(s))) {
+                ([one], _) => Ok(one.clone()),
+                (_, Some(odd)) => Err(Error::Usage(format!(
+                    "--data names {} sources, and `{odd}` is no record file: only records \
+                     (text, JSON lines, JSON read by the model's tokenizer) come as several \
+                     files; give a token file alone",
+                    specs.len()
+                ))),
+                _ => Err(Error::Usage(format!(
+                    "--data names {} sources of records, which need the model's tokenizer: \
+                     give --model DIR (a Hugging Face folder) or --tokenizer PATH",
+                    specs.len()
+                ))),
+            }
+        }
     }
 }

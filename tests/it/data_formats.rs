@@ -509,3 +509,83 @@ fn held_out_examples_are_evaluated_into_the_metrics_and_never_trained_on() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--eval-split"), "{}", stderr(&out));
 }
+
+#[test]
+fn several_files_and_folders_are_one_dataset_in_order_and_a_format_can_be_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = model_folder(dir.path()).to_string_lossy().into_owned();
+    let texts = |names: &[&str]| -> String {
+        names
+            .iter()
+            .map(|t| serde_json::json!({ "text": t }).to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    std::fs::write(dir.path().join("first.jsonl"), texts(&["one", "two"])).unwrap();
+    std::fs::create_dir_all(dir.path().join("more/deeper")).unwrap();
+    std::fs::write(dir.path().join("more/b.jsonl"), texts(&["four"])).unwrap();
+    std::fs::write(dir.path().join("more/a.txt"), "three").unwrap();
+    std::fs::write(dir.path().join("more/deeper/c.jsonl"), texts(&["five"])).unwrap();
+    std::fs::write(dir.path().join("more/notes.csv"), "not,records").unwrap();
+    // JSON lines under a name that hides them.
+    std::fs::write(dir.path().join("rows.log"), texts(&["six"])).unwrap();
+    let data = |args: &[&str]| {
+        let mut all = vec!["data", "--model", &folder, "--json"];
+        all.extend_from_slice(args);
+        autotune_in(dir.path(), &all)
+    };
+    let shown = data(&["--data", "first.jsonl", "--data", "more"]);
+    assert_eq!(shown.status.code(), Some(0), "{}", stderr(&shown));
+    let tokenizer = autotune::data::tokenizer::Tokenizer::from_folder(Path::new(&folder)).unwrap();
+    let decoded: Vec<String> = String::from_utf8(shown.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let line: serde_json::Value = serde_json::from_str(l).unwrap();
+            let ids: Vec<u32> = serde_json::from_value(line["input_ids"].clone()).unwrap();
+            tokenizer.decode(&ids[1..ids.len() - 1]).unwrap()
+        })
+        .collect();
+    assert_eq!(decoded, ["one", "two", "three", "four", "five"]);
+
+    let hidden = data(&["--data", "rows.log"]);
+    assert_eq!(hidden.status.code(), Some(2));
+    let why = stderr(&hidden);
+    assert!(
+        why.contains("rows.log") && why.contains("--data-format"),
+        "{why}"
+    );
+    let named = data(&["--data", "rows.log", "--data-format", "jsonl"]);
+    assert_eq!(named.status.code(), Some(0), "{}", stderr(&named));
+    assert_eq!(String::from_utf8(named.stdout).unwrap().lines().count(), 1);
+
+    std::fs::create_dir(dir.path().join("empty")).unwrap();
+    let empty = data(&["--data", "empty"]);
+    assert_eq!(empty.status.code(), Some(2));
+    assert!(
+        stderr(&empty).contains("holds no record file"),
+        "{}",
+        stderr(&empty)
+    );
+
+    // Training takes the same list, and refuses token files among several.
+    std::fs::write(dir.path().join("ids.u16"), [1u8, 0, 2, 0, 3, 0]).unwrap();
+    let mixed = train(
+        dir.path(),
+        "first.jsonl",
+        &["--data", "ids.u16", "--model", &folder],
+    );
+    assert_eq!(mixed.status.code(), Some(2), "{}", stderr(&mixed));
+    assert!(stderr(&mixed).contains("ids.u16"), "{}", stderr(&mixed));
+    let trained = train(
+        dir.path(),
+        "first.jsonl",
+        &["--data", "more", "--model", &folder, "--micro-batch", "2"],
+    );
+    assert_eq!(trained.status.code(), Some(0), "{}", stderr(&trained));
+    assert!(
+        stderr(&trained).contains("5 examples"),
+        "{}",
+        stderr(&trained)
+    );
+}
