@@ -206,23 +206,24 @@ pub fn refusal(path: &Path, format: &DataFormat, tokens: TextTokens) -> Option<S
     match format {
         DataFormat::TokensU16 | DataFormat::TokensU32 => None,
         DataFormat::Text if tokens != TextTokens::NotGiven => None,
-        DataFormat::JsonLines | DataFormat::Json if tokens == TextTokens::Model => None,
+        DataFormat::JsonLines | DataFormat::Json | DataFormat::Parquet | DataFormat::Arrow
+            if tokens == TextTokens::Model =>
+        {
+            None
+        }
         DataFormat::Text => Some(format!(
             "`{}` is {what}, which needs a tokenizer: give the model's (--model DIR, a Hugging \
              Face folder, or --tokenizer PATH, its tokenizer.json), or pass --tokenizer bytes to \
              train on the raw bytes (one token a byte)",
             path.display()
         )),
-        DataFormat::JsonLines | DataFormat::Json => Some(format!(
-            "`{}` is {what}, which needs the model's tokenizer (never its bytes): give --model \
-             DIR (a Hugging Face folder) or --tokenizer PATH (its tokenizer.json)",
-            path.display()
-        )),
-        DataFormat::Parquet | DataFormat::Arrow => Some(format!(
-            "`{}` is {what}, which autotune does not read yet; write its records as JSON lines, \
-             or tokenize them with the model's tokenizer into {token_file}",
-            path.display()
-        )),
+        DataFormat::JsonLines | DataFormat::Json | DataFormat::Parquet | DataFormat::Arrow => {
+            Some(format!(
+                "`{}` is {what}, which needs the model's tokenizer (never its bytes): give \
+                 --model DIR (a Hugging Face folder) or --tokenizer PATH (its tokenizer.json)",
+                path.display()
+            ))
+        }
         DataFormat::ModelFile => Some(format!(
             "`{}` is {what}, not training data; a model folder goes to --model or \
              --init-from, and --data takes {token_file}",

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::cache::{Lookup, TokenCache};
+use super::columnar;
 use super::dataset::{Cut, Dataset, Example};
 use super::examples::{plain, templated, TrainOn};
 use super::format::{DataFormat, RecordFormat};
@@ -317,9 +318,21 @@ impl RecordsSpec {
     }
 }
 
-/// The SHA-256 of `file`'s bytes, in hex, read a block at a time.
+/// The SHA-256 of `file`'s bytes, in hex, read a block at a time; of a folder (a saved
+/// dataset), of its files' names and bytes in name order.
 fn digest(file: &Path) -> Result<String> {
     let mut hash = Sha256::new();
+    if file.is_dir() {
+        let entries = std::fs::read_dir(file).map_err(|e| Error::file("cannot read", file, e))?;
+        let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        paths.sort();
+        for path in paths {
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+            hash.update(name.unwrap_or_default().as_bytes());
+            hash.update(digest(&path)?.as_bytes());
+        }
+        return Ok(hex_bytes(&hash.finalize()));
+    }
     std::fs::File::open(file)
         .and_then(|mut f| std::io::copy(&mut f, &mut hash))
         .map_err(|e| Error::file("cannot read", file, e))?;
@@ -340,26 +353,20 @@ fn hex_bytes(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The record format of `file`: `forced`, else what its name says; a format autotune does not
-/// read is an error naming the file.
+/// The record format of `file`: `forced`, else what its name says; a file of no record
+/// format is an error naming the file.
 fn format_of(file: &Path, forced: Option<RecordFormat>) -> Result<RecordFormat> {
     let detected = DataFormat::of(file);
-    match forced.or_else(|| RecordFormat::of(&detected)) {
-        Some(format @ (RecordFormat::Jsonl | RecordFormat::Json | RecordFormat::Text)) => {
-            Ok(format)
-        }
-        Some(other) => Err(Error::Usage(format!(
-            "`{}` is {other:?} records, which autotune does not read yet; write them as JSON \
-             lines",
-            file.display()
-        ))),
-        None => Err(Error::Usage(format!(
-            "`{}` is {}, which is no record format autotune reads; name its format with \
+    forced
+        .or_else(|| RecordFormat::of(&detected))
+        .ok_or_else(|| {
+            Error::Usage(format!(
+                "`{}` is {}, which is no record format autotune reads; name its format with \
              --data-format",
-            file.display(),
-            detected.describe()
-        ))),
-    }
+                file.display(),
+                detected.describe()
+            ))
+        })
 }
 
 /// Every record of `files`, in order.
@@ -374,11 +381,8 @@ fn read_records(
             RecordFormat::Jsonl => records::json_lines(file, columns)?,
             RecordFormat::Json => records::json_array(file, columns)?,
             RecordFormat::Text => records::text_documents(file)?,
-            RecordFormat::Parquet | RecordFormat::Arrow => {
-                return Err(Error::internal(
-                    "a record format refused when the spec was made",
-                ))
-            }
+            RecordFormat::Parquet => columnar::parquet(file, columns)?,
+            RecordFormat::Arrow => columnar::arrow(file, columns)?,
         };
         all.extend(records);
     }

@@ -8,6 +8,7 @@
 //! ([`loader`]).
 
 pub mod cache;
+pub mod columnar;
 pub mod dataset;
 pub mod examples;
 pub mod format;

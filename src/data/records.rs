@@ -1,7 +1,8 @@
 //! Records: the examples of a dataset as the user wrote them, before any tokenizer: a
 //! document's text, a conversation, a prompt and its completion, or an instruction and its
-//! response. Read from text files (documents split at blank lines), JSON lines, and JSON arrays,
-//! each record's fields mapped (`--columns`) and matched against the schemas in turn.
+//! response. Read from text files (documents split at blank lines), JSON lines, and JSON arrays
+//! (and, through [`super::columnar`], Parquet and Arrow rows), each record's fields mapped
+//! (`--columns`) and matched against the schemas in turn.
 //!
 //! A record that matches no schema, a line that is no JSON object, or a record whose schema
 //! differs from the first one's is an error naming the file, the line (or the array's element),
@@ -336,7 +337,7 @@ pub fn text_documents(path: &Path) -> Result<Vec<Record>> {
     Ok(documents)
 }
 
-fn object_record(value: &Value, columns: &Columns, origin: &Origin) -> Result<Record> {
+pub(super) fn object_record(value: &Value, columns: &Columns, origin: &Origin) -> Result<Record> {
     match value {
         Value::Object(object) => record(object, columns, origin),
         other => Err(Error::Usage(format!(
@@ -348,7 +349,7 @@ fn object_record(value: &Value, columns: &Columns, origin: &Origin) -> Result<Re
 
 /// `records` when they share the first one's schema, else an error naming the first that
 /// does not.
-fn uniform(records: Vec<Record>, path: &Path) -> Result<Vec<Record>> {
+pub(super) fn uniform(records: Vec<Record>, path: &Path) -> Result<Vec<Record>> {
     let Some(first) = records.first().map(schema) else {
         return Err(Error::Usage(format!(
             "`{}` holds no records",

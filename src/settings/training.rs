@@ -67,16 +67,18 @@ pub struct TrainingArgs {
     /// Training data: `pattern` (learnable synthetic sequences, the default), `random` (the
     /// seed's random tokens: nothing to learn, for benchmarks), a token file (`.bin`/`.u16`:
     /// u16, `.u32`: u32; memory-mapped), or records read by the model's tokenizer: text
-    /// (`.txt`), JSON lines, JSON, or a folder of them; repeat it for several files. Text is
-    /// read as raw bytes only with `--tokenizer bytes`, and model files never.
+    /// (`.txt`), JSON lines, JSON, Parquet, Arrow (a `datasets` `save_to_disk` folder), or a
+    /// folder of them; repeat it for several files. Text is read as raw bytes only with
+    /// `--tokenizer bytes`, and model files never.
     #[arg(long, value_name = "FILE|DIR|pattern|random")]
     pub data: Vec<String>,
     /// The format of the --data files, when their names do not say it.
     #[arg(long, value_enum)]
     pub data_format: Option<RecordFormat>,
-    /// The tokenizer of record data (text, JSON lines, JSON): a `tokenizer.json`, or the folder
-    /// holding it with its `tokenizer_config.json` (default: the --model or --init-from folder's);
-    /// or `bytes`, to train on a text's raw bytes, one token a byte.
+    /// The tokenizer of record data (text, JSON lines, JSON, Parquet, Arrow): a
+    /// `tokenizer.json`, or the folder holding it with its `tokenizer_config.json` (default: the
+    /// --model or --init-from folder's); or `bytes`, to train on a text's raw bytes, one token
+    /// a byte.
     #[arg(long, value_name = "PATH|bytes")]
     pub tokenizer: Option<String>,
     /// What the loss trains on: all (every token), completion (a completion's or an
@@ -424,7 +426,7 @@ fn data_spec(
         }
         _ if !records.held_out.is_none() => Err(Error::Usage(
             "--eval-split and --eval-data hold out examples of a dataset of records (text, JSON \
-             lines, JSON read by the model's tokenizer)"
+             lines, JSON, Parquet, Arrow read by the model's tokenizer)"
                 .into(),
         )),
         other => {
@@ -436,7 +438,8 @@ fn data_spec(
                 ([one], _) => Ok(one.clone()),
                 (_, Some(odd)) => Err(Error::Usage(format!(
                     "--data names {} sources, and `{odd}` is no record file: only records \
-                     (text, JSON lines, JSON read by the model's tokenizer) come as several \
+                     (text, JSON lines, JSON, Parquet, Arrow read by the model's tokenizer) come \
+                     as several \
                      files; give a token file alone",
                     specs.len()
                 ))),

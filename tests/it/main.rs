@@ -32,8 +32,11 @@ mod loss_mask;
 /// A chat fine-tune from a model folder and a JSONL of conversations, then its export.
 mod fine_tune;
 
-// A dataset is tokenized once: later runs map it from the token cache.
+/// A dataset is tokenized once: later runs map it from the token cache.
 mod token_cache;
+
+/// Parquet tables and Arrow files (`datasets`' `save_to_disk`) read as records.
+mod columnar;
 
 /// The model's tokenizer against `transformers`: ids, offsets, decoding, BOS and EOS, errors.
 mod tokenizer;
