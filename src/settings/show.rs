@@ -23,8 +23,9 @@ pub struct CompletionsArgs {
 /// The flags of `autotune report`.
 #[derive(Debug, Args)]
 pub struct ReportArgs {
-    /// A plan (`tune --out`) or a recorded profile (`tune --record`).
-    #[arg(value_name = "PLAN_OR_PROFILE")]
+    /// A plan (`tune --out`), a recorded profile (`tune --record`), or a training run's
+    /// metrics log (`--metrics`), drawn as its loss curves.
+    #[arg(value_name = "PLAN_PROFILE_OR_METRICS")]
     pub input: PathBuf,
     /// Write the page here (default: stdout).
     #[arg(long, value_name = "FILE")]

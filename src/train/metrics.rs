@@ -164,6 +164,27 @@ impl MetricsLog {
     }
 }
 
+/// Every step of the log at `path`, in order; a line that is no step is an error naming the
+/// file and the line.
+pub fn read_log(path: &Path) -> Result<Vec<StepLine>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::file("cannot read metrics log", path, e))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(i, line)| {
+            serde_json::from_str::<StepLine>(line).map_err(|e| {
+                Error::Usage(format!(
+                    "`{}` line {}: not a step of a metrics log ({e}); give the file a run wrote \
+                     with --metrics",
+                    path.display(),
+                    i + 1
+                ))
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -245,3 +245,52 @@ fn report_reads_plans_and_profiles_and_refuses_anything_else_naming_the_file() {
         assert!(!dir.path().join("x.html").exists());
     }
 }
+
+#[test]
+fn a_metrics_log_is_drawn_as_its_loss_curves_and_a_broken_line_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = autotune_in(
+        dir.path(),
+        &[
+            "train",
+            "--model",
+            "tiny",
+            "--device",
+            "cpu",
+            "--micro-batch",
+            "2",
+            "--steps",
+            "6",
+            "--metrics",
+            "metrics.jsonl",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = autotune_in(
+        dir.path(),
+        &["report", "metrics.jsonl", "--out", "curves.html"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stderr(&out).contains("6 steps"), "{}", stderr(&out));
+    let page = std::fs::read_to_string(dir.path().join("curves.html")).unwrap();
+    assert!(page.starts_with("<!DOCTYPE html>"));
+    assert_eq!(
+        page.matches("<svg").count(),
+        3,
+        "loss, learning rate, speed"
+    );
+    assert!(page.contains("6 steps; training loss"), "the summary");
+
+    // A log cut mid-line is exit 2 naming the file and the line.
+    let log = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
+    let cut = &log[..log.len() - 20];
+    std::fs::write(dir.path().join("cut.jsonl"), cut).unwrap();
+    let out = autotune_in(dir.path(), &["report", "cut.jsonl", "--out", "x.html"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("cut.jsonl") && stderr(&out).contains("line 6"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!dir.path().join("x.html").exists());
+}

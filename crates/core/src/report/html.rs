@@ -12,7 +12,7 @@ use crate::spec::budget::format_bytes;
 use crate::spec::device::DeviceKind;
 use crate::trial::{MemoryKind, Outcome, TrialResult};
 
-const STYLE: &str = "
+pub(super) const STYLE: &str = "
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1290px; color: #1d2430; background: #fff; }
 h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 18px; margin: 28px 0 8px; border-bottom: 1px solid #d9dee7; }
 h3 { font-size: 15px; margin: 16px 0 6px; }

@@ -7,9 +7,11 @@
 //! evidence) and adds what the choice was based on: predictions, the verification, model
 //! errors and alternatives. [`Report`] takes either (or both, after `tune --report`) and shows
 //! what it holds. The charts are inline SVG built by [`svg`]; the page has no script and loads
-//! nothing.
+//! nothing. A training run's metrics log makes a page of its own: its loss curves
+//! ([`curves`]).
 
 mod charts;
+pub mod curves;
 mod html;
 pub mod svg;
 
