@@ -1,11 +1,14 @@
 //! Tokenized examples as training takes them: each example's token ids and which of them the
-//! loss trains on, walked epoch after epoch in a seeded order, cut into micro-batches padded to
-//! their longest example, with the padding and the untrained tokens masked out of the loss.
+//! loss trains on, walked epoch after epoch in a seeded order, cut into micro-batches with the
+//! padding and the untrained tokens masked out of the loss. A micro-batch's sequences hold one
+//! example each, padded to the longest of them, or, packed ([`super::pack`]), as many examples
+//! as fit the sequence length, each with its own positions.
 //!
 //! The micro-batch at `(step, micro)` is a pure function of the seed and its coordinates (the
-//! `p`-th example of the walk is example `order(epoch)[p mod n]`, epoch `p div n`), so a resumed
-//! run continues at the same example of the same epoch, and data-parallel ranks take disjoint
-//! micro-batches of each step as they do of synthetic data.
+//! `p`-th example of the walk is example `order(epoch)[p mod n]`, epoch `p div n`; packed, the
+//! `p`-th sequence of the epochs' packings), so a resumed run continues at the same example of
+//! the same epoch, and data-parallel ranks take disjoint micro-batches of each step as they do
+//! of synthetic data.
 
 use std::sync::{Arc, Mutex};
 
@@ -14,6 +17,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
+use super::pack::{pack_rows, PackedEpochs};
 use super::table::ExampleTable;
 use crate::model::batch::{Batch, LossMask};
 use crate::model::dropout::Dropout;
@@ -58,6 +62,9 @@ pub struct Dataset {
     /// The last epoch order drawn, by seed and epoch: every micro-batch of an epoch walks the
     /// same order, drawn once.
     last_order: Arc<Mutex<Option<EpochOrder>>>,
+    /// Packed micro-batches: the walk over the epochs' packings and the sequence length;
+    /// `None`: one example a sequence, padded.
+    packing: Option<(Arc<PackedEpochs>, usize)>,
 }
 
 /// An epoch's order of the examples, by the run's seed and the epoch.
@@ -108,6 +115,7 @@ impl Dataset {
             pad_id,
             micros_per_step: 1,
             last_order: Arc::default(),
+            packing: None,
         };
         Ok((dataset, cut))
     }
@@ -150,10 +158,55 @@ impl Dataset {
         self.micros_per_step = micros.max(1) as u64;
     }
 
-    /// Optimizer steps one epoch takes at `micro_batch` sequences a micro-batch.
-    pub fn steps_per_epoch(&self, micro_batch: usize) -> u64 {
+    /// Packs micro-batches into sequences of `seq_len` positions (`None`: pads each example).
+    pub fn set_packing(&mut self, seq_len: Option<usize>) {
+        self.packing = seq_len.map(|len| (Arc::new(PackedEpochs::new()), len.max(1)));
+    }
+
+    /// Whether micro-batches are packed.
+    pub fn is_packed(&self) -> bool {
+        self.packing.is_some()
+    }
+
+    /// Optimizer steps `epochs` epochs take at `micro_batch` sequences a micro-batch.
+    pub fn steps_for_epochs(&self, seed: u64, epochs: u64, micro_batch: usize) -> u64 {
         let per_step = self.micros_per_step * micro_batch.max(1) as u64;
-        (self.len() as u64).div_ceil(per_step)
+        match &self.packing {
+            None => epochs.saturating_mul((self.len() as u64).div_ceil(per_step)),
+            Some((_, seq_len)) => {
+                let rows = PackedEpochs::rows_in_epochs(epochs, |e| self.pack(seed, e, *seq_len));
+                rows.div_ceil(per_step)
+            }
+        }
+    }
+
+    /// Epoch `epoch`'s examples packed into sequences of `seq_len` positions.
+    fn pack(&self, seed: u64, epoch: u64, seq_len: usize) -> Vec<Vec<usize>> {
+        let order = self.order(seed, epoch);
+        // An example of n tokens takes n − 1 positions: its inputs, each predicting the next.
+        pack_rows(&order, |i| self.kept[i].1 - 1, seq_len)
+    }
+
+    /// The sequences of micro-batch `micro` of step `step`, in a run seeded with `seed`: each
+    /// the examples it holds (one, unpacked).
+    pub fn micro_batch_rows(
+        &self,
+        seed: u64,
+        step: u64,
+        micro: u64,
+        micro_batch: usize,
+    ) -> Vec<Vec<usize>> {
+        match &self.packing {
+            None => self
+                .picks(seed, step, micro, micro_batch)
+                .into_iter()
+                .map(|i| vec![i])
+                .collect(),
+            Some((walk, seq_len)) => {
+                let first = (step * self.micros_per_step + micro) * micro_batch as u64;
+                walk.rows(seed, first, micro_batch, |e| self.pack(seed, e, *seq_len))
+            }
+        }
     }
 
     /// The examples of micro-batch `micro` of step `step`, in a run seeded with `seed`.
@@ -200,6 +253,36 @@ impl Dataset {
         order
     }
 
+    /// The micro-batch of sequences `rows` (each the examples it holds) in host memory: packed
+    /// sequences with their position ids, padded to the longest, or one example a sequence
+    /// padded to the longest.
+    pub fn host_batch_of_rows(&self, rows: &[Vec<usize>]) -> HostBatch {
+        if self.packing.is_none() {
+            let picks: Vec<usize> = rows.iter().flatten().copied().collect();
+            return self.host_batch(&picks);
+        }
+        let used = |row: &Vec<usize>| row.iter().map(|&i| self.kept[i].1 - 1).sum::<usize>();
+        let width = rows.iter().map(used).max().unwrap_or(1).max(1);
+        let cells = rows.len() * width;
+        let mut batch = HostBatch {
+            inputs: Vec::with_capacity(cells),
+            targets: Vec::with_capacity(cells),
+            weights: Vec::with_capacity(cells),
+            sequences: rows.len(),
+            width,
+            positions: Some(Vec::with_capacity(cells)),
+            real_tokens: 0,
+        };
+        for row in rows {
+            for &i in row {
+                let (ids, trained) = self.get(i);
+                batch.push_example(ids, trained);
+            }
+            batch.pad_to(self.pad_id, width);
+        }
+        batch
+    }
+
     /// The micro-batch of examples `picks` in host memory, padded to the longest of them.
     pub fn host_batch(&self, picks: &[usize]) -> HostBatch {
         let width = picks.iter().map(|&i| self.kept[i].1 - 1).max().unwrap_or(1);
@@ -210,22 +293,15 @@ impl Dataset {
             weights: Vec::with_capacity(rows),
             sequences: picks.len(),
             width,
+            positions: None,
+            real_tokens: 0,
         };
         for &i in picks {
             let (ids, trained) = self.get(i);
-            let n = ids.len() - 1;
-            batch.inputs.extend_from_slice(&ids[..n]);
-            batch.targets.extend_from_slice(&ids[1..]);
-            batch
-                .weights
-                .extend(trained[1..].iter().map(|&t| f32::from(t)));
+            batch.push_example(ids, trained);
             // Padding on the right: causal attention keeps the example's positions from
             // seeing it, and its targets weigh nothing.
-            batch
-                .inputs
-                .extend(std::iter::repeat_n(self.pad_id, width - n));
-            batch.targets.extend(std::iter::repeat_n(0, width - n));
-            batch.weights.extend(std::iter::repeat_n(0.0, width - n));
+            batch.pad_to(self.pad_id, width);
         }
         batch
     }
@@ -245,7 +321,8 @@ impl Dataset {
         micro_batch: usize,
         device: &Device,
     ) -> Result<Batch> {
-        self.batch_of(&self.picks(seed, step, micro, micro_batch), device)
+        let rows = self.micro_batch_rows(seed, step, micro, micro_batch);
+        self.host_batch_of_rows(&rows).to_device(device)
     }
 }
 
@@ -262,9 +339,44 @@ pub struct HostBatch {
     pub sequences: usize,
     /// Positions a row.
     pub width: usize,
+    /// Packed sequences: each input's position within its own example; `None` unpacked.
+    pub positions: Option<Vec<u32>>,
+    /// Inputs that are tokens of an example, not padding.
+    pub real_tokens: usize,
 }
 
 impl HostBatch {
+    /// Appends one example of a packed sequence: its inputs, targets one further, weights and
+    /// positions from 0.
+    fn push_example(&mut self, ids: &[u32], trained: &[u8]) {
+        let n = ids.len() - 1;
+        self.inputs.extend_from_slice(&ids[..n]);
+        self.targets.extend_from_slice(&ids[1..]);
+        self.weights
+            .extend(trained[1..].iter().map(|&t| f32::from(t)));
+        self.real_tokens += n;
+        if let Some(positions) = &mut self.positions {
+            positions.extend(0..n as u32);
+        }
+    }
+
+    /// Pads the sequence being written to `width` positions: padding is an example of its own
+    /// (positions from 0, nothing trained), so no real token sees it and it sees none.
+    fn pad_to(&mut self, pad_id: u32, width: usize) {
+        let written = self.inputs.len() % width;
+        let pad = if written == 0 && !self.inputs.is_empty() {
+            0
+        } else {
+            width - written
+        };
+        self.inputs.extend(std::iter::repeat_n(pad_id, pad));
+        self.targets.extend(std::iter::repeat_n(0, pad));
+        self.weights.extend(std::iter::repeat_n(0.0, pad));
+        if let Some(positions) = &mut self.positions {
+            positions.extend(0..pad as u32);
+        }
+    }
+
     /// The batch on `device`, with its loss mask.
     pub fn to_device(self, device: &Device) -> Result<Batch> {
         let counted = self.weights.iter().filter(|&&w| w > 0.0).count();
@@ -277,6 +389,10 @@ impl HostBatch {
             weights: Tensor::from_vec(self.weights, rows, device)?,
             counted,
         });
+        if let Some(positions) = self.positions {
+            batch.positions = Some(Tensor::from_vec(positions, rows, device)?);
+        }
+        batch.real_tokens = Some(self.real_tokens);
         Ok(batch)
     }
 }
@@ -330,11 +446,70 @@ mod tests {
     }
 
     #[test]
+    fn packed_batches_lay_examples_end_to_end_with_positions_from_each_start() {
+        // Needs of 2, 4 and 3 positions in sequences of 6: best fit in order puts 0 and 1
+        // together (6 full) and 2 alone.
+        let (mut set, _) =
+            Dataset::of_examples(&[example(3, 1), example(5, 3), example(4, 0)], 6, 7).unwrap();
+        set.set_packing(Some(6));
+        let batch = set.host_batch_of_rows(&[vec![0, 1], vec![2]]);
+        assert_eq!((batch.sequences, batch.width), (2, 6));
+        assert_eq!(
+            batch.inputs,
+            vec![10, 11, 10, 11, 12, 13, 10, 11, 12, 7, 7, 7]
+        );
+        assert_eq!(
+            batch.targets,
+            vec![11, 12, 11, 12, 13, 14, 11, 12, 13, 0, 0, 0]
+        );
+        let weights = [1., 1., 0., 0., 1., 1., 1., 1., 1., 0., 0., 0.];
+        assert_eq!(batch.weights, weights);
+        // The padding is an example of its own: positions restart there too.
+        let positions = vec![0, 1, 0, 1, 2, 3, 0, 1, 2, 0, 1, 2];
+        assert_eq!(batch.positions, Some(positions));
+    }
+
+    #[test]
+    fn the_packed_walk_takes_each_example_once_an_epoch_and_resumes_exactly() {
+        let examples: Vec<Example> = (0..40).map(|i| example(2 + (i * 7) % 9, 1)).collect();
+        let (mut set, _) = Dataset::of_examples(&examples, 12, 0).unwrap();
+        set.set_packing(Some(12));
+        set.set_micros_per_step(2);
+        let rows_per_epoch = |seed, epoch| set.pack(seed, epoch, 12).len() as u64;
+        let epoch_rows = rows_per_epoch(5, 0);
+        assert!(epoch_rows < 40, "several examples a sequence: {epoch_rows}");
+        let steps = set.steps_for_epochs(5, 3, 2);
+        let total = (0..3).map(|e| rows_per_epoch(5, e)).sum::<u64>();
+        assert_eq!(steps, total.div_ceil(4));
+        let walk = |set: &Dataset, from: u64| -> Vec<Vec<usize>> {
+            (from..steps)
+                .flat_map(|step| (0..2).flat_map(move |m| set.micro_batch_rows(5, step, m, 2)))
+                .collect()
+        };
+        let whole = walk(&set, 0);
+        // The first epoch's sequences hold every example once.
+        let mut first: Vec<usize> = whole[..epoch_rows as usize].concat();
+        first.sort_unstable();
+        assert_eq!(first, (0..40).collect::<Vec<_>>());
+        // A fresh dataset resumed at step 7 continues with the same sequences.
+        let (mut resumed, _) = Dataset::of_examples(&examples, 12, 0).unwrap();
+        resumed.set_packing(Some(12));
+        resumed.set_micros_per_step(2);
+        assert_eq!(walk(&resumed, 7), whole[7 * 4..].to_vec());
+        // Another seed packs other sequences.
+        assert_ne!(set.micro_batch_rows(6, 0, 0, 2), whole[..2].to_vec());
+    }
+
+    #[test]
     fn the_walk_covers_each_epoch_once_in_a_seeded_order_and_resumes_exactly() {
         let examples: Vec<Example> = (0..10).map(|i| example(3 + i % 3, 1)).collect();
         let (mut set, _) = Dataset::of_examples(&examples, 16, 0).unwrap();
         set.set_micros_per_step(2);
-        assert_eq!(set.steps_per_epoch(2), 3, "ten examples at four a step");
+        assert_eq!(
+            set.steps_for_epochs(0, 1, 2),
+            3,
+            "ten examples at four a step"
+        );
         let walk = |seed| -> Vec<usize> {
             (0..5)
                 .flat_map(|step| (0..2).map(move |m| (step, m)))

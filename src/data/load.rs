@@ -21,6 +21,7 @@ use super::columnar;
 use super::dataset::{Cut, Dataset, Example};
 use super::examples::{plain, templated, TrainOn};
 use super::format::{DataFormat, RecordFormat};
+use super::pack::PackChoice;
 use super::records::{self, Columns, Record};
 use super::table::ExampleTable;
 use super::template::ChatTemplate;
@@ -126,6 +127,9 @@ pub struct RecordsSpec {
     /// Which examples are held out of training for its evaluation.
     #[serde(default, skip_serializing_if = "HeldOut::is_none")]
     pub held_out: HeldOut,
+    /// Whether training packs several examples into a sequence.
+    #[serde(default = "PackChoice::padded")]
+    pub packing: PackChoice,
     /// SHA-256 of the files', the tokenizer's and its config's bytes and of the settings above.
     pub fingerprint: String,
     /// The token cache's key for the examples of `files`.
@@ -187,6 +191,7 @@ impl RecordsSpec {
             columns,
             format,
             held_out,
+            packing: PackChoice::Auto,
             fingerprint,
             examples_key,
             held_out_key,

@@ -80,8 +80,9 @@ fn assemble(dataset: &Dataset, wanted: &StepBatches) -> Vec<HostBatch> {
         .micros
         .clone()
         .map(|micro| {
-            let picks = dataset.picks(wanted.seed, wanted.step, micro, wanted.micro_batch);
-            dataset.host_batch(&picks)
+            let rows =
+                dataset.micro_batch_rows(wanted.seed, wanted.step, micro, wanted.micro_batch);
+            dataset.host_batch_of_rows(&rows)
         })
         .collect()
 }

@@ -2,7 +2,8 @@
 //! that nothing is ever trained on as raw bytes by accident; the sources training draws
 //! batches from ([`source`]: synthetic sequences, memory-mapped token files, tokenized
 //! examples); a dataset's records as the user wrote them ([`records`]); and tokenized examples
-//! walked in epochs and cut into padded, masked micro-batches ([`dataset`]); the model's
+//! walked in epochs and cut into padded or packed ([`pack`]), masked micro-batches
+//! ([`dataset`]); the model's
 //! tokenizer ([`tokenizer`]) and chat template ([`template`]); examples stored flat
 //! ([`table`]) and cached once tokenized ([`cache`]); the loader, a step ahead of the device
 //! ([`loader`]).
@@ -14,6 +15,7 @@ pub mod examples;
 pub mod format;
 pub mod load;
 pub mod loader;
+pub mod pack;
 pub mod records;
 pub mod source;
 pub mod table;

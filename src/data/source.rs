@@ -166,6 +166,15 @@ impl Data {
         self.loader = OnceLock::new();
     }
 
+    /// Packs a dataset's training micro-batches into sequences of `seq_len` positions (`None`:
+    /// pads each example); held-out batches stay padded, one example a sequence.
+    pub fn set_packing(&mut self, seq_len: Option<usize>) {
+        if let Some((dataset, _)) = &mut self.examples {
+            dataset.set_packing(seq_len);
+        }
+        self.loader = OnceLock::new();
+    }
+
     /// The micro-batches `micros` of step `step` (this rank's share of it) of a run seeded
     /// with `seed`. A dataset's are assembled a step ahead, on the loader's thread.
     pub fn step_batches(

@@ -54,6 +54,13 @@ pub fn forward_backward(
     loss_factor: f64,
     sink: &mut dyn GradientSink,
 ) -> Result<f64> {
+    if batch.positions.is_some() {
+        return Err(Error::Usage(
+            "packed sequences run on the explicit engines only; pass --no-pack to pad each \
+             example instead"
+                .into(),
+        ));
+    }
     let vars = model.params().vars();
     let mut received = vec![false; vars.len()];
     let inputs = BlockInputs::new(model, &batch.inputs, dtype)?;

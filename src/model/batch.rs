@@ -6,6 +6,10 @@
 //! A masked target still holds a valid class (the engines' kernels read it), but its row weighs
 //! nothing: its loss is left out of the sum and its gradient is zero. Without a mask every
 //! target counts, exactly as before masks existed.
+//!
+//! Packed micro-batches hold several examples in each sequence, one after the other; their
+//! position ids (each token's position within its own example) keep every example's attention
+//! and rotary positions as if it ran alone.
 
 use std::ops::Range;
 
@@ -21,6 +25,11 @@ pub struct Batch {
     pub targets: Tensor,
     /// Which targets the loss counts; `None`: every one.
     pub mask: Option<LossMask>,
+    /// Packed sequences: each input's position within its own example (u32, `batch·seq`), 0
+    /// where an example begins. `None`: one example a sequence, positions by index.
+    pub positions: Option<Tensor>,
+    /// Inputs that are tokens of an example, not padding; `None`: every one.
+    pub real_tokens: Option<usize>,
 }
 
 /// Which targets a batch's loss counts.
@@ -40,6 +49,8 @@ impl Batch {
             inputs,
             targets,
             mask: None,
+            positions: None,
+            real_tokens: None,
         }
     }
 
@@ -55,11 +66,26 @@ impl Batch {
                 Some(LossMask { weights, counted })
             }
         };
+        let positions = match &self.positions {
+            Some(p) => Some(p.narrow(0, start * seq, len * seq)?),
+            None => None,
+        };
         Ok(Batch {
             inputs: self.inputs.narrow(0, start, len)?,
             targets: self.targets.narrow(0, start * seq, len * seq)?,
             mask,
+            positions,
+            // A part of a batch knows its real tokens only when it is the whole.
+            real_tokens: self
+                .real_tokens
+                .filter(|_| start == 0 && len == self.sequences()),
         })
+    }
+
+    /// Inputs that are tokens of an example rather than padding.
+    pub fn real_tokens(&self) -> usize {
+        self.real_tokens
+            .unwrap_or_else(|| self.targets.elem_count())
     }
 
     /// Number of sequences.

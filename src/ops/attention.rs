@@ -21,6 +21,13 @@
 //! Key padding ([`flash_attention_padded`]): per sequence, keys from a given length on are
 //! masked for every query, as PyTorch's `key_padding_mask`; the kernels skip their tiles.
 //!
+//! Packed sequences ([`flash_attention_packed`]): a sequence holds several examples one after
+//! the other, and each token's position within its own example (`position_ids`, restarting at
+//! 0 where an example begins) says where that example starts. A query sees only the keys of
+//! its own example, up to itself: causal attention inside each example, never across them,
+//! with the tiles before the example skipped. Running the examples one by one computes the
+//! same function.
+//!
 //! CPU: straightforward f32 loops (f64 row sums), one thread per group of heads, for any head
 //! width; the reference the CUDA kernels (`kernels/attention.cu`) are tested against. CUDA: bf16
 //! and f16 with head widths [`FLASH_HEAD_DIMS`]; see [`flash_attention_supported`].
@@ -111,7 +118,7 @@ pub fn flash_attention(
     shape: &AttentionShape,
     dropout: Option<DropoutMask>,
 ) -> Result<(Tensor, Tensor)> {
-    forward(qkv, shape, dropout, None)
+    forward(qkv, shape, dropout, KeyMask::None)
 }
 
 /// [`flash_attention`] with padded keys: in sequence `b`, the keys at positions
@@ -125,20 +132,46 @@ pub fn flash_attention_padded(
     dropout: Option<DropoutMask>,
     key_lengths: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
-    forward(qkv, shape, dropout, Some(key_lengths))
+    forward(qkv, shape, dropout, KeyMask::Padded(key_lengths))
+}
+
+/// [`flash_attention`] over packed sequences: `position_ids` (`batch·seq` u32 on `qkv`'s
+/// device) holds each token's position within its example, 0 where an example begins and one
+/// more than its left neighbour's elsewhere; a query sees the keys of its own example up to
+/// itself. Causal attention only. On the CPU positions that break those rules are an error; on
+/// CUDA, where a kernel cannot report errors, a position larger than the token's index in its
+/// sequence is clamped to it.
+pub fn flash_attention_packed(
+    qkv: &Tensor,
+    shape: &AttentionShape,
+    dropout: Option<DropoutMask>,
+    position_ids: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    forward(qkv, shape, dropout, KeyMask::Packed(position_ids))
+}
+
+/// Which keys a query may see besides the causal rule.
+#[derive(Clone, Copy)]
+enum KeyMask<'a> {
+    /// Every key.
+    None,
+    /// Per sequence, the keys before a length (u32, `batch`).
+    Padded(&'a Tensor),
+    /// The keys of the query's own example, by position ids (u32, `batch·seq`).
+    Packed(&'a Tensor),
 }
 
 fn forward(
     qkv: &Tensor,
     shape: &AttentionShape,
     dropout: Option<DropoutMask>,
-    key_lengths: Option<&Tensor>,
+    mask: KeyMask,
 ) -> Result<(Tensor, Tensor)> {
     check_input(qkv, NAME)?;
     let d = shape.width(qkv)?;
     let qkv = aligned(qkv)?;
-    let lens = KeyLengths::new(key_lengths, shape)?;
-    let args = Args::new(shape, d, dropout, lens.on_cpu()?)?;
+    let lens = MaskTensors::new(mask, shape)?;
+    let args = Args::new(shape, d, dropout, lens.on_cpu(shape.seq)?)?;
     let (storage, layout) = qkv.storage_and_layout();
     let (out, lse) = match &*storage {
         Storage::Cpu(s) => {
@@ -150,9 +183,12 @@ fn forward(
         }
         #[cfg(feature = "cuda")]
         Storage::Cuda(s) => {
-            let lens = lens.storage();
-            let lens = lens.as_ref().map(|(s, l)| (&**s, *l));
-            let (out, lse) = gpu::forward(s, layout, lens, &args)?;
+            let (lens, positions) = (lens.lengths(), lens.positions());
+            let masks = gpu::Masks {
+                lengths: lens.as_ref().map(|(s, l)| (&**s, *l)),
+                positions: positions.as_ref().map(|(s, l)| (&**s, *l)),
+            };
+            let (out, lse) = gpu::forward(s, layout, masks, &args)?;
             (Storage::Cuda(out), Storage::Cuda(lse))
         }
         _ => bail!("{NAME}: runs on the CPU and CUDA only"),
@@ -174,7 +210,7 @@ pub fn flash_attention_backward(
     shape: &AttentionShape,
     dropout: Option<DropoutMask>,
 ) -> Result<Tensor> {
-    backward(qkv, out, lse, dout, shape, dropout, None)
+    backward(qkv, out, lse, dout, shape, dropout, KeyMask::None)
 }
 
 /// [`flash_attention_backward`] of [`flash_attention_padded`], with the same `key_lengths`;
@@ -188,7 +224,36 @@ pub fn flash_attention_padded_backward(
     dropout: Option<DropoutMask>,
     key_lengths: &Tensor,
 ) -> Result<Tensor> {
-    backward(qkv, out, lse, dout, shape, dropout, Some(key_lengths))
+    backward(
+        qkv,
+        out,
+        lse,
+        dout,
+        shape,
+        dropout,
+        KeyMask::Padded(key_lengths),
+    )
+}
+
+/// [`flash_attention_backward`] of [`flash_attention_packed`], with the same `position_ids`.
+pub fn flash_attention_packed_backward(
+    qkv: &Tensor,
+    out: &Tensor,
+    lse: &Tensor,
+    dout: &Tensor,
+    shape: &AttentionShape,
+    dropout: Option<DropoutMask>,
+    position_ids: &Tensor,
+) -> Result<Tensor> {
+    backward(
+        qkv,
+        out,
+        lse,
+        dout,
+        shape,
+        dropout,
+        KeyMask::Packed(position_ids),
+    )
 }
 
 fn backward(
@@ -198,7 +263,7 @@ fn backward(
     dout: &Tensor,
     shape: &AttentionShape,
     dropout: Option<DropoutMask>,
-    key_lengths: Option<&Tensor>,
+    mask: KeyMask,
 ) -> Result<Tensor> {
     check_input(qkv, NAME)?;
     let d = shape.width(qkv)?;
@@ -224,8 +289,8 @@ fn backward(
     let out = aligned(&out.to_dtype(qkv.dtype())?)?;
     let dout = aligned(&dout.to_dtype(qkv.dtype())?)?;
     let lse = lse.contiguous()?;
-    let lens = KeyLengths::new(key_lengths, shape)?;
-    let args = Args::new(shape, d, dropout, lens.on_cpu()?)?;
+    let lens = MaskTensors::new(mask, shape)?;
+    let args = Args::new(shape, d, dropout, lens.on_cpu(shape.seq)?)?;
     let (sq, lq) = qkv.storage_and_layout();
     let (so, lo) = out.storage_and_layout();
     let (sl, ll) = lse.storage_and_layout();
@@ -243,14 +308,17 @@ fn backward(
         }
         #[cfg(feature = "cuda")]
         (Storage::Cuda(q), Storage::Cuda(o), Storage::Cuda(l), Storage::Cuda(g)) => {
-            let lens = lens.storage();
-            let lens = lens.as_ref().map(|(s, l)| (&**s, *l));
+            let (lens, positions) = (lens.lengths(), lens.positions());
+            let masks = gpu::Masks {
+                lengths: lens.as_ref().map(|(s, l)| (&**s, *l)),
+                positions: positions.as_ref().map(|(s, l)| (&**s, *l)),
+            };
             Storage::Cuda(gpu::backward(
                 (q, lq),
                 (o, lo),
                 (l, ll),
                 (g, ld),
-                lens,
+                masks,
                 &args,
             )?)
         }
@@ -259,39 +327,98 @@ fn backward(
     Ok(fresh(dqkv, (rows, args.qkv_width())))
 }
 
-/// A key-padding mask's lengths, checked against the call's shape.
-struct KeyLengths(Option<Tensor>);
+/// A call's key mask as tensors, checked against its shape.
+struct MaskTensors {
+    lengths: Option<Tensor>,
+    positions: Option<Tensor>,
+}
 
-impl KeyLengths {
-    fn new(lengths: Option<&Tensor>, shape: &AttentionShape) -> Result<Self> {
-        let Some(t) = lengths else {
-            return Ok(Self(None));
+/// What the CPU implementation reads of a key mask.
+#[derive(Debug, Clone, Default)]
+struct HostMask {
+    /// Real keys per sequence; `None` when every key is real.
+    lengths: Option<Vec<u32>>,
+    /// Per token, the first position of its example in its sequence; `None` unpacked.
+    starts: Option<Vec<u32>>,
+}
+
+impl MaskTensors {
+    fn new(mask: KeyMask, shape: &AttentionShape) -> Result<Self> {
+        let checked = |t: &Tensor, len: usize, what: &str| -> Result<Tensor> {
+            if t.dtype() != DType::U32 || t.dims() != [len] {
+                bail!(
+                    "{NAME}: {what} must be {len} u32 values, got {:?} {:?}",
+                    t.dtype(),
+                    t.shape()
+                );
+            }
+            t.contiguous()
         };
-        if t.dtype() != DType::U32 || t.dims() != [shape.batch] {
-            bail!(
-                "{NAME}: key lengths must be {} u32 values, got {:?} {:?}",
-                shape.batch,
-                t.dtype(),
-                t.shape()
-            );
-        }
-        Ok(Self(Some(t.contiguous()?)))
+        Ok(match mask {
+            KeyMask::None => Self {
+                lengths: None,
+                positions: None,
+            },
+            KeyMask::Padded(t) => Self {
+                lengths: Some(checked(t, shape.batch, "key lengths")?),
+                positions: None,
+            },
+            KeyMask::Packed(t) => {
+                if !shape.causal {
+                    bail!("{NAME}: packed sequences need causal attention");
+                }
+                Self {
+                    lengths: None,
+                    positions: Some(checked(t, shape.batch * shape.seq, "position ids")?),
+                }
+            }
+        })
     }
 
-    /// The lengths as host values, for the CPU implementation (`None` on CUDA, where the
-    /// kernels read them from device memory); on the CPU each must be in `1..=seq`.
-    fn on_cpu(&self) -> Result<Option<Vec<u32>>> {
-        match &self.0 {
-            Some(t) if t.device().is_cpu() => Ok(Some(t.to_vec1::<u32>()?)),
-            _ => Ok(None),
+    /// The mask as host values, for the CPU implementation (empty on CUDA, where the kernels
+    /// read it from device memory).
+    fn on_cpu(&self, seq: usize) -> Result<HostMask> {
+        let mut host = HostMask::default();
+        if let Some(t) = self.lengths.as_ref().filter(|t| t.device().is_cpu()) {
+            host.lengths = Some(t.to_vec1::<u32>()?);
         }
+        if let Some(t) = self.positions.as_ref().filter(|t| t.device().is_cpu()) {
+            host.starts = Some(example_starts(&t.to_vec1::<u32>()?, seq)?);
+        }
+        Ok(host)
     }
 
     /// The lengths' storage, when they are given.
     #[cfg(feature = "cuda")]
-    fn storage(&self) -> Option<(candle_core::StorageRef<'_>, &candle_core::Layout)> {
-        self.0.as_ref().map(|t| t.storage_and_layout())
+    fn lengths(&self) -> Option<(candle_core::StorageRef<'_>, &candle_core::Layout)> {
+        self.lengths.as_ref().map(|t| t.storage_and_layout())
     }
+
+    /// The position ids' storage, when they are given.
+    #[cfg(feature = "cuda")]
+    fn positions(&self) -> Option<(candle_core::StorageRef<'_>, &candle_core::Layout)> {
+        self.positions.as_ref().map(|t| t.storage_and_layout())
+    }
+}
+
+/// Each token's example start (its index in its sequence minus its position id) from the
+/// position ids of sequences of `seq` tokens. An id that is neither 0 nor one more than its
+/// left neighbour's in the sequence is an error: examples are contiguous runs.
+fn example_starts(positions: &[u32], seq: usize) -> Result<Vec<u32>> {
+    let mut starts = Vec::with_capacity(positions.len());
+    for (row, &pos) in positions.iter().enumerate() {
+        let i = row % seq;
+        let follows = i > 0 && pos == positions[row - 1] + 1;
+        if pos != 0 && !follows {
+            bail!(
+                "{NAME}: position id {pos} at index {i} of sequence {} neither starts an \
+                 example (0) nor continues the one before it",
+                row / seq
+            );
+        }
+        starts.push((i - pos as usize) as u32);
+    }
+    Ok(starts)
 }
 
 /// What both implementations need to know of a call.
@@ -306,8 +433,8 @@ struct Args {
     scale: f32,
     /// `(mask, its keep scale)`; `None` without dropout.
     dropout: Option<DropoutMask>,
-    /// Real keys per sequence on the CPU; `None` when every key is real (or on CUDA).
-    key_lengths: Option<Vec<u32>>,
+    /// The key mask on the CPU (empty on CUDA, or when every key is seen).
+    mask: HostMask,
 }
 
 impl Args {
@@ -315,9 +442,9 @@ impl Args {
         shape: &AttentionShape,
         d: usize,
         dropout: Option<DropoutMask>,
-        key_lengths: Option<Vec<u32>>,
+        mask: HostMask,
     ) -> Result<Self> {
-        if let Some(lens) = &key_lengths {
+        if let Some(lens) = &mask.lengths {
             if let Some(bad) = lens.iter().find(|&&l| l == 0 || l as usize > shape.seq) {
                 bail!(
                     "{NAME}: key length {bad} is outside 1..={} (the sequence length)",
@@ -334,15 +461,24 @@ impl Args {
             causal: shape.causal,
             scale: shape.scale(d),
             dropout: dropout.filter(|m| m.threshold() > 0),
-            key_lengths,
+            mask,
         })
     }
 
     /// Keys of sequence `b` that are not padding.
     fn keys(&self, b: usize) -> usize {
-        self.key_lengths
+        self.mask
+            .lengths
             .as_ref()
             .map_or(self.seq, |lens| lens[b] as usize)
+    }
+
+    /// The first key query `i` of sequence `b` may see: its example's first token.
+    fn first_key(&self, b: usize, i: usize) -> usize {
+        self.mask
+            .starts
+            .as_ref()
+            .map_or(0, |starts| starts[b * self.seq + i] as usize)
     }
 
     /// The output's width: the query heads'.

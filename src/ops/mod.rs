@@ -34,8 +34,9 @@ mod widen;
 
 pub use adam::{adam_update, adam_update_all};
 pub use attention::{
-    flash_attention, flash_attention_backward, flash_attention_padded,
-    flash_attention_padded_backward, flash_attention_supported, AttentionShape, FLASH_HEAD_DIMS,
+    flash_attention, flash_attention_backward, flash_attention_packed,
+    flash_attention_packed_backward, flash_attention_padded, flash_attention_padded_backward,
+    flash_attention_supported, AttentionShape, FLASH_HEAD_DIMS,
 };
 pub use cross_entropy::{
     cross_entropy, cross_entropy_backward, cross_entropy_backward_columns, cross_entropy_lse,
@@ -48,7 +49,7 @@ pub use epilogue::{
 pub use grad_product::{accumulate_product_nn, accumulate_product_tn};
 pub use layer_norm::{layer_norm, layer_norm_backward, rms_norm, rms_norm_backward};
 pub use permute::permute_contiguous;
-pub use rotary::{rotate_in_place, Rotation};
+pub use rotary::{rotate_in_place, rotate_packed_in_place, Rotation};
 pub use softmax::{attention_softmax, attention_softmax_backward, softmax_last_dim};
 pub use swiglu::{swiglu, swiglu_backward};
 pub use widen::{accumulate_into, to_f32};

@@ -8,10 +8,14 @@
 //! the opposite angles (a rotation's transpose is its inverse). Values are untouched.
 //!
 //! The angles are computed in f32 from the f64 frequencies rounded to f32, as `transformers`
-//! does; positions are the row's index within its sequence.
+//! does; positions are the row's index within its sequence, or, for packed sequences, its
+//! position id within its own example ([`rotate_packed_in_place`]), so each example turns as
+//! it would alone.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{bail, CpuStorage, DType, Device, InplaceOp2, Layout, Result, Tensor};
+use candle_core::{
+    bail, CpuStorage, DType, Device, InplaceOp2, InplaceOp3, Layout, Result, Tensor,
+};
 
 const NAME: &str = "rotary";
 
@@ -51,6 +55,53 @@ pub fn rotate_in_place(
     seq: usize,
     rotation: Rotation,
 ) -> Result<()> {
+    check(x, freqs, heads, hd, seq)?;
+    x.inplace_op2(
+        &freqs.contiguous()?,
+        &Rotary {
+            heads,
+            hd,
+            seq,
+            sign: rotation.sign(),
+        },
+    )
+}
+
+/// [`rotate_in_place`] of packed sequences: row `r` turns by its position id
+/// `position_ids[r]` (u32, one per row, on `x`'s device) instead of its index in its sequence.
+pub fn rotate_packed_in_place(
+    x: &Tensor,
+    freqs: &Tensor,
+    heads: usize,
+    hd: usize,
+    seq: usize,
+    rotation: Rotation,
+    position_ids: &Tensor,
+) -> Result<()> {
+    let rows = x.dim(0)?;
+    if position_ids.dims() != [rows] || position_ids.dtype() != DType::U32 {
+        bail!(
+            "{NAME}: expected {rows} u32 position ids, got {:?} {:?}",
+            position_ids.dtype(),
+            position_ids.shape()
+        );
+    }
+    // The checks of the unpacked call, on a view that leaves `x` as it is.
+    check(x, freqs, heads, hd, seq)?;
+    x.inplace_op3(
+        &freqs.contiguous()?,
+        &position_ids.contiguous()?,
+        &Rotary {
+            heads,
+            hd,
+            seq,
+            sign: rotation.sign(),
+        },
+    )
+}
+
+/// The shapes [`rotate_in_place`] needs.
+fn check(x: &Tensor, freqs: &Tensor, heads: usize, hd: usize, seq: usize) -> Result<()> {
     let (rows, width) = x.dims2()?;
     if !x.is_contiguous() {
         bail!("{NAME}: the q/k/v rows must be contiguous");
@@ -69,15 +120,7 @@ pub fn rotate_in_place(
             freqs.shape()
         );
     }
-    x.inplace_op2(
-        &freqs.contiguous()?,
-        &Rotary {
-            heads,
-            hd,
-            seq,
-            sign: rotation.sign(),
-        },
-    )
+    Ok(())
 }
 
 struct Rotary {
@@ -92,13 +135,12 @@ impl Rotary {
     fn row<T: Copy>(
         &self,
         row: &mut [T],
-        r: usize,
+        pos: f32,
         freqs: &[f32],
         get: impl Fn(T) -> f32,
         put: impl Fn(f32) -> T,
     ) {
         let half = self.hd / 2;
-        let pos = (r % self.seq) as f32;
         for head in 0..self.heads {
             let base = head * self.hd;
             for (p, &f) in freqs.iter().enumerate() {
@@ -115,14 +157,65 @@ impl Rotary {
         &self,
         data: &mut [T],
         width: usize,
-        freqs: &[f32],
+        (freqs, positions): (&[f32], Option<&[u32]>),
         get: impl Fn(T) -> f32 + Copy,
         put: impl Fn(f32) -> T + Copy,
     ) {
         for (r, row) in data.chunks_exact_mut(width).enumerate() {
-            self.row(row, r, freqs, get, put);
+            let pos = positions.map_or(r % self.seq, |p| p[r] as usize) as f32;
+            self.row(row, pos, freqs, get, put);
         }
     }
+
+    /// Turns the rows of `s1` by `freqs` and, for packed sequences, their `positions`.
+    fn cpu_rows(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        freqs: &[f32],
+        positions: Option<&[u32]>,
+    ) -> Result<()> {
+        let (start, end) = match l1.contiguous_offsets() {
+            Some(o) => o,
+            None => bail!("{NAME}: the q/k/v rows must be contiguous"),
+        };
+        let width = l1.dims().last().copied().unwrap_or(1);
+        let with = (freqs, positions);
+        match s1 {
+            CpuStorage::F32(v) => self.rows(&mut v[start..end], width, with, |x| x, |x| x),
+            CpuStorage::BF16(v) => self.rows(
+                &mut v[start..end],
+                width,
+                with,
+                half::bf16::to_f32,
+                half::bf16::from_f32,
+            ),
+            CpuStorage::F16(v) => self.rows(
+                &mut v[start..end],
+                width,
+                with,
+                half::f16::to_f32,
+                half::f16::from_f32,
+            ),
+            other => bail!(
+                "{NAME}: expected f32, bf16 or f16 rows, got {:?}",
+                other.dtype()
+            ),
+        }
+        Ok(())
+    }
+}
+
+/// The f32 frequencies of a call, contiguous.
+fn cpu_freqs<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
+    super::contiguous(
+        match s {
+            CpuStorage::F32(v) => v.as_slice(),
+            _ => bail!("{NAME}: frequencies must be f32"),
+        },
+        l,
+        NAME,
+    )
 }
 
 impl InplaceOp2 for Rotary {
@@ -137,41 +230,7 @@ impl InplaceOp2 for Rotary {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<()> {
-        let (start, end) = match l1.contiguous_offsets() {
-            Some(o) => o,
-            None => bail!("{NAME}: the q/k/v rows must be contiguous"),
-        };
-        let width = l1.dims().last().copied().unwrap_or(1);
-        let freqs = super::contiguous(
-            match s2 {
-                CpuStorage::F32(v) => v.as_slice(),
-                _ => bail!("{NAME}: frequencies must be f32"),
-            },
-            l2,
-            NAME,
-        )?;
-        match s1 {
-            CpuStorage::F32(v) => self.rows(&mut v[start..end], width, freqs, |x| x, |x| x),
-            CpuStorage::BF16(v) => self.rows(
-                &mut v[start..end],
-                width,
-                freqs,
-                half::bf16::to_f32,
-                half::bf16::from_f32,
-            ),
-            CpuStorage::F16(v) => self.rows(
-                &mut v[start..end],
-                width,
-                freqs,
-                half::f16::to_f32,
-                half::f16::from_f32,
-            ),
-            other => bail!(
-                "{NAME}: expected f32, bf16 or f16 rows, got {:?}",
-                other.dtype()
-            ),
-        }
-        Ok(())
+        self.cpu_rows(s1, l1, cpu_freqs(s2, l2)?, None)
     }
 
     #[cfg(feature = "cuda")]
@@ -182,7 +241,42 @@ impl InplaceOp2 for Rotary {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<()> {
-        gpu::rotate(s1, l1, (s2, l2), self)
+        gpu::rotate(s1, l1, (s2, l2), None, self)
+    }
+}
+
+impl InplaceOp3 for Rotary {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<()> {
+        let positions = match s3 {
+            CpuStorage::U32(v) => super::contiguous(v.as_slice(), l3, NAME)?,
+            _ => bail!("{NAME}: position ids must be u32"),
+        };
+        self.cpu_rows(s1, l1, cpu_freqs(s2, l2)?, Some(positions))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &mut candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<()> {
+        gpu::rotate(s1, l1, (s2, l2), Some((s3, l3)), self)
     }
 }
 

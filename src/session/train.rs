@@ -20,6 +20,7 @@ use crate::data::cache::TokenCache;
 use crate::data::format::TextTokens;
 use crate::data::load::HeldOut;
 use crate::data::load::{LoadEvent, Loading};
+use crate::data::pack::PackChoice;
 use crate::data::source::{Data, DataSpec};
 use crate::plan::schema::Plan;
 use crate::settings::train::{TrainSettings, TrainSource};
@@ -194,6 +195,11 @@ fn data_flags(training: &Training) -> Vec<OsString> {
             if let Some(train_on) = records.train_on {
                 args.push("--train-on".into());
                 args.push(format!("{train_on:?}").to_lowercase().into());
+            }
+            match records.packing {
+                PackChoice::Auto => {}
+                PackChoice::Pack => args.push("--pack".into()),
+                PackChoice::Pad => args.push("--no-pack".into()),
             }
             match &records.held_out {
                 HeldOut::None => {}
@@ -372,6 +378,10 @@ impl Job<'_> {
             events,
         };
         let mut data = Data::open_with(&data_spec, self.spec, &loading)?;
+        if let DataSpec::Records(records) = &data_spec {
+            let packs = records.packing.packs(self.spec, self.engine)?;
+            data.set_packing(packs.then_some(self.spec.seq_len));
+        }
         data.set_micros_per_step(self.knobs.grad_accum * self.knobs.data_parallel.degree);
         // A run of epochs knows its steps, and the schedule its end, once the data is open.
         self.total_steps = self.training.total_steps(&data, self.knobs.micro_batch)?;

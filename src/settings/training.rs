@@ -9,6 +9,7 @@ use crate::data::cache::default_dir as default_cache_dir;
 use crate::data::examples::TrainOn;
 use crate::data::format::{record_files, DataFormat, RecordFormat, TextTokens};
 use crate::data::load::{HeldOut, RecordsSpec};
+use crate::data::pack::PackChoice;
 use crate::data::records::Columns;
 use crate::data::source::{Data, DataSpec};
 use crate::settings::model::holds_weights;
@@ -98,6 +99,14 @@ pub struct TrainingArgs {
     /// Evaluate on the records of this file instead (read as the training data is).
     #[arg(long, value_name = "FILE", conflicts_with = "eval_split")]
     pub eval_data: Option<PathBuf>,
+    /// Pack several examples into each sequence, each attending only to itself, so that no
+    /// compute goes to padding (the default for records where the model allows it: rotary
+    /// positions or none, on the explicit engines).
+    #[arg(long, overrides_with = "no_pack")]
+    pub pack: bool,
+    /// Pad each example to the longest of its micro-batch instead of packing.
+    #[arg(long, overrides_with = "pack")]
+    pub no_pack: bool,
     /// Where tokenized datasets are cached, so that a later run on the same files, tokenizer
     /// and settings maps them at once (default: `$XDG_CACHE_HOME/autotune/tokens`, else
     /// `~/.cache/autotune/tokens`).
@@ -241,6 +250,11 @@ impl Training {
             columns,
             held_out: held_out(args)?,
             format: args.data_format,
+            packing: match (args.pack, args.no_pack) {
+                (true, _) => PackChoice::Pack,
+                (_, true) => PackChoice::Pad,
+                _ => PackChoice::Auto,
+            },
         };
         let data_spec = data_spec(&data, &tokenizer, records)?;
         if args.epochs.is_some() && !matches!(data_spec, DataSpec::Records(_)) {
@@ -284,7 +298,7 @@ impl Training {
         match (self.epochs, data.examples()) {
             (None, _) => Ok(self.steps),
             (Some(epochs), Some((dataset, _))) => {
-                Ok(epochs.saturating_mul(dataset.steps_per_epoch(micro_batch)))
+                Ok(dataset.steps_for_epochs(self.seed, epochs, micro_batch))
             }
             (Some(_), None) => Err(Error::Usage(
                 "--epochs counts passes over a dataset of records".into(),
@@ -392,6 +406,7 @@ struct RecordsArgs {
     columns: Columns,
     held_out: HeldOut,
     format: Option<RecordFormat>,
+    packing: PackChoice,
 }
 
 /// The data `data` names: a dataset of records for the model's tokenizer, or another source.
@@ -422,7 +437,10 @@ fn data_spec(
                 records.held_out,
                 records.format,
             )?;
-            Ok(DataSpec::Records(Box::new(spec)))
+            Ok(DataSpec::Records(Box::new(RecordsSpec {
+                packing: records.packing,
+                ..spec
+            })))
         }
         _ if !records.held_out.is_none() => Err(Error::Usage(
             "--eval-split and --eval-data hold out examples of a dataset of records (text, JSON \

@@ -7,6 +7,7 @@
 //! | `step` | integer | Optimizer steps completed, counting resumed ones (the first line is step 1). |
 //! | `loss` | number or null | Mean training loss of the step (`null` when not finite). |
 //! | `tokens_per_s` | number | Tokens of the step (all ranks) per second of it. |
+//! | `real_tokens_per_s` | number, optional | Of those, the tokens of examples (not padding), where the step had padding. |
 //! | `lr` | number | The learning rate the step ran at. |
 //! | `loss_scale` | number | The fp16 loss scale after the step (1 otherwise). |
 //! | `skipped` | boolean | Whether the step's update was skipped (an fp16 overflow). |
@@ -37,6 +38,9 @@ pub struct StepLine {
     pub loss: Option<f64>,
     /// Tokens per second of the step.
     pub tokens_per_s: f64,
+    /// Of those, the tokens of examples (not padding) per second, where the step had padding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub real_tokens_per_s: Option<f64>,
     /// Learning rate of the step.
     pub lr: f64,
     /// Loss scale after the step.
@@ -75,6 +79,8 @@ impl StepLine {
             step,
             loss: report.loss.is_finite().then_some(report.loss),
             tokens_per_s,
+            real_tokens_per_s: (report.real_tokens < report.tokens)
+                .then(|| tokens_per_s * report.real_tokens as f64 / report.tokens.max(1) as f64),
             lr: report.lr,
             loss_scale: report.loss_scale,
             skipped: report.skipped,
@@ -194,6 +200,7 @@ mod tests {
             step,
             loss: Some(1.0 / step as f64),
             tokens_per_s: 100.0,
+            real_tokens_per_s: None,
             lr: 1e-3,
             loss_scale: 1.0,
             skipped: false,
@@ -243,6 +250,7 @@ mod tests {
             skipped: false,
             loss_scale: 1.0,
             tokens: 8,
+            real_tokens: 8,
             lr: 0.1,
         };
         let line = StepLine::new(3, &report, 1.0, &MemorySample::default(), 0.0);

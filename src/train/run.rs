@@ -133,6 +133,9 @@ pub struct RunSummary {
     pub last_eval_loss: Option<f64>,
     /// Tokens per second over the steps run in this invocation.
     pub tokens_per_s: f64,
+    /// Of those, the tokens of examples (not padding) per second.
+    #[serde(default)]
+    pub real_tokens_per_s: f64,
     /// Steps skipped by f16 loss scaling.
     pub skipped_steps: u64,
     /// The last checkpoint written.
@@ -174,6 +177,7 @@ pub fn run(
         last_loss: None,
         last_eval_loss: None,
         tokens_per_s: 0.0,
+        real_tokens_per_s: 0.0,
         skipped_steps: 0,
         checkpoint: None,
         diverged: None,
@@ -187,6 +191,7 @@ pub fn run(
     }
     let started = Instant::now();
     let mut tokens_this_run = 0u64;
+    let mut real_tokens_this_run = 0u64;
     while trainer.steps() < config.total_steps {
         if trainer.any_rank(interrupt.load(Ordering::SeqCst))? {
             summary.interrupted = true;
@@ -195,6 +200,7 @@ pub fn run(
         let (report, tokens_per_s, memory_after) = timed_step(trainer, data, memory)?;
         tokens_seen = tokens_seen.saturating_add(report.tokens as u64);
         tokens_this_run = tokens_this_run.saturating_add(report.tokens as u64);
+        real_tokens_this_run = real_tokens_this_run.saturating_add(report.real_tokens as u64);
         summary.last_loss = Some(report.loss);
         let run = Run {
             data,
@@ -209,7 +215,9 @@ pub fn run(
     }
     summary.steps = trainer.steps();
     summary.skipped_steps = trainer.scaler().skipped_steps;
-    summary.tokens_per_s = tokens_this_run as f64 / started.elapsed().as_secs_f64().max(1e-9);
+    let seconds = started.elapsed().as_secs_f64().max(1e-9);
+    summary.tokens_per_s = tokens_this_run as f64 / seconds;
+    summary.real_tokens_per_s = real_tokens_this_run as f64 / seconds;
     if summary.diverged.is_some() {
         return Ok(summary);
     }

@@ -54,6 +54,9 @@ pub struct StepReport {
     pub loss_scale: f64,
     /// Tokens the step consumed, over all ranks.
     pub tokens: usize,
+    /// Of those, the tokens of examples rather than padding.
+    #[serde(default)]
+    pub real_tokens: usize,
     /// The learning rate the step ran at (its schedule's, see [`Trainer::set_schedule`]).
     #[serde(default)]
     pub lr: f64,
@@ -387,11 +390,13 @@ impl Trainer {
                 .iter()
                 .map(|b| b.targets.elem_count())
                 .sum::<usize>();
+        let real_tokens = self.passes.ranks * batches.iter().map(Batch::real_tokens).sum::<usize>();
         Ok(StepReport {
             loss,
             skipped: stepped.decision == ScaleDecision::Skip,
             loss_scale: self.scaler.scale,
             tokens,
+            real_tokens,
             lr,
         })
     }

@@ -287,6 +287,122 @@ fn padded_flash_attention_matches_an_f64_reference() {
     }
 }
 
+/// The position ids of sequences of `seq` tokens holding examples of `lengths` each, one
+/// sequence's examples after the other (each sequence's lengths sum to `seq`).
+pub fn position_ids(lengths: &[Vec<usize>]) -> Vec<u32> {
+    lengths
+        .iter()
+        .flat_map(|row| row.iter().flat_map(|&n| 0..n as u32))
+        .collect()
+}
+
+/// Packed attention (forward and backward, any head width, grouped or not) against running
+/// each example alone: every example's output rows and q/k/v gradient rows are the ones the
+/// example gets on its own, so no token sees across an example.
+#[test]
+fn packed_flash_attention_equals_each_example_alone() {
+    let mut seed = 900;
+    for (seq, heads, kv_heads, hd, lengths) in [
+        (16, 2, 2, 8, vec![vec![5, 7, 4], vec![16]]),
+        (70, 4, 2, 16, vec![vec![1, 64, 5], vec![33, 37]]),
+        (45, 2, 1, 128, vec![vec![32, 13], vec![1, 1, 43]]),
+        (40, 3, 3, 80, vec![vec![40], vec![7, 7, 7, 19]]),
+    ] {
+        for dtype in DTYPES {
+            seed += 1;
+            let batch = lengths.len();
+            let shape = AttentionShape {
+                batch,
+                seq,
+                heads,
+                kv_heads,
+                causal: true,
+            };
+            let (d, width) = (heads * hd, (heads + 2 * kv_heads) * hd);
+            let qkv = random(&[batch * seq, width], 1.0, 0.0, seed, dtype);
+            let dout = random(&[batch * seq, d], 1.0, 0.0, seed + 1000, dtype);
+            let ids = Tensor::new(position_ids(&lengths).as_slice(), &Device::Cpu).unwrap();
+            let (out, lse) = ops::flash_attention_packed(&qkv, &shape, None, &ids).unwrap();
+            let dqkv =
+                ops::flash_attention_packed_backward(&qkv, &out, &lse, &dout, &shape, None, &ids)
+                    .unwrap();
+            for (b, row) in lengths.iter().enumerate() {
+                let mut at = 0;
+                for &n in row {
+                    let alone = AttentionShape {
+                        batch: 1,
+                        seq: n,
+                        ..shape
+                    };
+                    let rows = |t: &Tensor| t.narrow(0, b * seq + at, n).unwrap();
+                    let (want_out, want_lse) =
+                        ops::flash_attention(&rows(&qkv), &alone, None).unwrap();
+                    let want_dqkv = ops::flash_attention_backward(
+                        &rows(&qkv),
+                        &want_out,
+                        &want_lse,
+                        &rows(&dout),
+                        &alone,
+                        None,
+                    )
+                    .unwrap();
+                    let what =
+                        format!("s{seq} h{heads}/{kv_heads} hd{hd} {dtype:?} example {b}:{at}+{n}");
+                    // The same arithmetic on the same rows: equal up to the order of f32 sums.
+                    assert_close(
+                        &format!("{what} out"),
+                        &rows(&out),
+                        &want_out,
+                        tol(DType::F32),
+                    );
+                    let lse_rows = lse.narrow(0, b, 1).unwrap().narrow(2, at, n).unwrap();
+                    assert_close(
+                        &format!("{what} lse"),
+                        &lse_rows,
+                        &want_lse,
+                        tol(DType::F32),
+                    );
+                    assert_close(
+                        &format!("{what} dqkv"),
+                        &rows(&dqkv),
+                        &want_dqkv,
+                        tol(DType::F32),
+                    );
+                    at += n;
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn packed_flash_attention_rejects_positions_that_are_no_examples() {
+    let shape = AttentionShape {
+        batch: 1,
+        seq: 5,
+        heads: 2,
+        kv_heads: 2,
+        causal: true,
+    };
+    let qkv = random(&[5, 24], 1.0, 0.0, 1, DType::F32);
+    for (ids, message) in [
+        (vec![0u32, 1, 2, 4, 5], "position id 4 at index 3"),
+        (vec![1, 2, 3, 4, 5], "position id 1 at index 0"),
+        (vec![0, 1, 2], "must be 5 u32 values"),
+    ] {
+        let ids = Tensor::new(ids.as_slice(), &Device::Cpu).unwrap();
+        let err = ops::flash_attention_packed(&qkv, &shape, None, &ids).unwrap_err();
+        assert!(err.to_string().contains(message), "{err}");
+    }
+    let both_ways = AttentionShape {
+        causal: false,
+        ..shape
+    };
+    let ids = Tensor::new(&[0u32, 1, 0, 1, 2], &Device::Cpu).unwrap();
+    let err = ops::flash_attention_packed(&qkv, &both_ways, None, &ids).unwrap_err();
+    assert!(err.to_string().contains("need causal attention"), "{err}");
+}
+
 #[test]
 fn padded_flash_attention_rejects_bad_lengths() {
     let shape = AttentionShape {

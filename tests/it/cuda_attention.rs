@@ -335,6 +335,65 @@ fn cuda_padded_flash_attention_matches_the_cpu() {
     misses.finish();
 }
 
+/// Packed sequences on the GPU against the CPU (itself equal to each example alone, in
+/// `attention.rs`): examples of one token, of whole and split tiles (64-row tiles; 32-row
+/// streamed tiles at the wide heads), across block boundaries, grouped and not, with dropout.
+#[test]
+fn cuda_packed_flash_attention_matches_the_cpu() {
+    let dev = gpu();
+    let mut misses = Misses::default();
+    let mask = DropoutMask { p: 0.1, key: 13 };
+    let mut seed = 1700;
+    for (seq, heads, kv_heads, hd, lengths) in [
+        (200, 2, 2, 64, vec![vec![1, 63, 2, 64, 70], vec![200]]),
+        (129, 4, 2, 32, vec![vec![65, 64], vec![1, 1, 127]]),
+        (70, 2, 1, 16, vec![vec![7, 7, 56], vec![33, 37]]),
+        (150, 2, 2, 128, vec![vec![31, 33, 86], vec![97, 53]]),
+        (100, 4, 1, 96, vec![vec![32, 1, 67], vec![100]]),
+        (70, 2, 2, 80, vec![vec![65, 5], vec![3, 30, 37]]),
+    ] {
+        for dropout in [None, Some(mask)] {
+            for dtype in [DType::BF16, DType::F16] {
+                seed += 2;
+                let batch = lengths.len();
+                let shape = AttentionShape {
+                    batch,
+                    seq,
+                    heads,
+                    kv_heads,
+                    causal: true,
+                };
+                let (d, width) = (heads * hd, (heads + 2 * kv_heads) * hd);
+                let qkv = random(&[batch * seq, width], 1.0, 0.0, seed, dtype);
+                let dout = random(&[batch * seq, d], 1.0, 0.0, seed + 1, dtype);
+                let ids = crate::attention::position_ids(&lengths);
+                let ids = Tensor::new(ids.as_slice(), &Device::Cpu).unwrap();
+                let run = |device: &Device| {
+                    let qkv = qkv.to_device(device).unwrap();
+                    let dout = dout.to_device(device).unwrap();
+                    let ids = ids.to_device(device).unwrap();
+                    let (out, lse) =
+                        ops::flash_attention_packed(&qkv, &shape, dropout, &ids).unwrap();
+                    let dqkv = ops::flash_attention_packed_backward(
+                        &qkv, &out, &lse, &dout, &shape, dropout, &ids,
+                    )
+                    .unwrap();
+                    (out, lse, dqkv)
+                };
+                poison_pool(&dev);
+                let gpu = run(&dev);
+                let cpu = run(&Device::Cpu);
+                let what = format!(
+                    "s{seq} h{heads}/{kv_heads} hd{hd} {lengths:?} drop={} {dtype:?}",
+                    u8::from(dropout.is_some())
+                );
+                check_run(&mut misses, &what, &shape, dtype, &gpu, &cpu);
+            }
+        }
+    }
+    misses.finish();
+}
+
 /// A GPT-shaped model whose heads the kernels support (d 128, 2 heads of 64), with dropout.
 fn flash_gpt() -> ModelSpec {
     ModelSpec {

@@ -535,6 +535,25 @@ fn cuda_decoder_ops_match_the_cpu() {
                 &run(&Device::Cpu),
                 tol(dtype),
             );
+            // Packed: each row turns by its position in its own example.
+            let ids: Vec<u32> = (0..b * s).map(|r| ((r % s) % 37) as u32).collect();
+            let ids = Tensor::new(ids.as_slice(), &Device::Cpu).unwrap();
+            let packed = |dev: &Device| {
+                let t = x.to_device(dev).unwrap().copy().unwrap();
+                let f = ops::rotary::frequencies(&freqs, dev).unwrap();
+                let ids = ids.to_device(dev).unwrap();
+                ops::rotate_packed_in_place(&t, &f, heads + kv, hd, s, rotation, &ids).unwrap();
+                t
+            };
+            check(
+                "rotary packed",
+                dtype,
+                &format!("{rotation:?}"),
+                "x",
+                &packed(&dev),
+                &packed(&Device::Cpu),
+                tol(dtype),
+            );
         }
     }
 }

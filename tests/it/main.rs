@@ -31,6 +31,8 @@ mod loss_mask;
 
 /// A chat fine-tune from a model folder and a JSONL of conversations, then its export.
 mod fine_tune;
+/// Packed micro-batches: the same loss and gradients as one example a sequence.
+mod packing;
 
 /// A dataset is tokenized once: later runs map it from the token cache.
 mod token_cache;

@@ -278,8 +278,14 @@ pub fn finished(printer: &Printer, summary: &RunSummary) {
         .as_ref()
         .map(|c| format!(", checkpoint {}", c.display()))
         .unwrap_or_default();
+    // Padding counts in tokens/s; say how much of it was real where they differ.
+    let real = if summary.real_tokens_per_s < summary.tokens_per_s * 0.999 {
+        format!(" ({:.0} of examples)", summary.real_tokens_per_s)
+    } else {
+        String::new()
+    };
     printer.status(format!(
-        "{verb} step {}: loss {loss}{eval}, {:.0} tokens/s{checkpoint}",
+        "{verb} step {}: loss {loss}{eval}, {:.0} tokens/s{real}{checkpoint}",
         summary.steps, summary.tokens_per_s
     ));
 }

@@ -10,7 +10,9 @@
 //!   reference the flash path is tested against, and the fallback.
 //!
 //! Both draw dropout masks over the `(batch, heads, seq, seq)` probability indices, so they
-//! compute the same function.
+//! compute the same function. Packed sequences (position ids given) keep each query inside its
+//! own example: the flash kernels skip what lies outside it, the materialised path masks the
+//! scores.
 
 use candle_core::{DType, Device, Tensor};
 
@@ -60,19 +62,23 @@ pub(crate) enum Saved {
 }
 
 /// `(what backward reads, merged output rows (rows, d))` from the q/k/v product
-/// `(rows, (heads + 2·kv_heads)·hd)`.
+/// `(rows, (heads + 2·kv_heads)·hd)`; `positions` are packed sequences' position ids.
 pub(crate) fn forward(
     how: Attention,
     qkv: Tensor,
     shape: &AttentionShape,
     mask: Option<DropoutMask>,
+    positions: Option<&Tensor>,
 ) -> Result<(Saved, Tensor)> {
     match how {
         Attention::Flash => {
-            let (merged, lse) = ops::flash_attention(&qkv, shape, mask)?;
+            let (merged, lse) = match positions {
+                None => ops::flash_attention(&qkv, shape, mask)?,
+                Some(ids) => ops::flash_attention_packed(&qkv, shape, mask, ids)?,
+            };
             Ok((Saved::Flash { qkv, lse }, merged))
         }
-        Attention::Materialized => materialized_forward(qkv, shape, mask),
+        Attention::Materialized => materialized_forward(qkv, shape, mask, positions),
     }
 }
 
@@ -83,11 +89,15 @@ pub(crate) fn backward(
     dmerged: &Tensor,
     shape: &AttentionShape,
     mask: Option<DropoutMask>,
+    positions: Option<&Tensor>,
 ) -> Result<Tensor> {
     match saved {
-        Saved::Flash { qkv, lse } => Ok(ops::flash_attention_backward(
-            &qkv, merged, &lse, dmerged, shape, mask,
-        )?),
+        Saved::Flash { qkv, lse } => Ok(match positions {
+            None => ops::flash_attention_backward(&qkv, merged, &lse, dmerged, shape, mask)?,
+            Some(ids) => {
+                ops::flash_attention_packed_backward(&qkv, merged, &lse, dmerged, shape, mask, ids)?
+            }
+        }),
         Saved::Materialized { q, k, v, probs } => {
             materialized_backward(&q, &k, &v, &probs, dmerged, shape, mask)
         }
@@ -98,6 +108,7 @@ fn materialized_forward(
     qkv: Tensor,
     shape: &AttentionShape,
     mask: Option<DropoutMask>,
+    positions: Option<&Tensor>,
 ) -> Result<(Saved, Tensor)> {
     let &AttentionShape {
         batch: b,
@@ -110,7 +121,10 @@ fn materialized_forward(
     let d = h * hd;
     let (q, k, v) = split_heads(&qkv, shape, hd)?;
     drop(qkv);
-    let scores = q.matmul(&repeat_kv(&k, h)?.t()?)?;
+    let mut scores = q.matmul(&repeat_kv(&k, h)?.t()?)?;
+    if let Some(ids) = positions {
+        scores = scores.broadcast_add(&other_examples(ids, b, s)?.to_dtype(scores.dtype())?)?;
+    }
     let probs = ops::attention_softmax(&scores, scale(hd), if causal { s } else { 0 })?;
     drop(scores);
     let dropped = match mask {
@@ -121,6 +135,22 @@ fn materialized_forward(
     drop(dropped);
     let merged = ops::permute_contiguous(&o, &[0, 2, 1, 3])?.reshape((b * s, d))?;
     Ok((Saved::Materialized { q, k, v, probs }, merged))
+}
+
+/// `(b, 1, s, s)`: −∞ where query `i` may not see key `j` because `j` lies before the start of
+/// `i`'s example (`i − positions[i]`), 0 elsewhere; the causal mask does the rest.
+fn other_examples(positions: &Tensor, b: usize, s: usize) -> Result<Tensor> {
+    let device = positions.device();
+    let index = Tensor::arange(0u32, s as u32, device)?.to_dtype(DType::F32)?;
+    let starts = index
+        .reshape((1, 1, s, 1))?
+        .broadcast_sub(&positions.to_dtype(DType::F32)?.reshape((b, 1, s, 1))?)?;
+    let before = index.reshape((1, 1, 1, s))?.broadcast_lt(&starts)?;
+    let blocked = Tensor::full(f32::NEG_INFINITY, (b, 1, s, s), device)?;
+    let open = Tensor::zeros((b, 1, s, s), DType::F32, device)?;
+    Ok(before
+        .broadcast_as((b, 1, s, s))?
+        .where_cond(&blocked, &open)?)
 }
 
 /// q `(b, heads, s, hd)`, k and v `(b, kv_heads, s, hd)` from the q/k/v product's columns.

@@ -11,6 +11,7 @@ use candle_core::{DType, Tensor};
 use super::attention::{self, Attention};
 use super::linear::{Lin, Norm};
 use super::Grads;
+use crate::model::batch::Batch;
 use crate::model::block::BlockLayers;
 use crate::model::dropout::Dropout;
 use crate::ops::{self, AttentionShape, DropoutMask, Rotation};
@@ -22,6 +23,35 @@ const ATTN_PROBS: u64 = 0;
 const ATTN_OUT: u64 = 1;
 const FF_HIDDEN: u64 = 2;
 const FF_OUT: u64 = 3;
+
+/// The token rows of a pass: `batch` sequences of `seq` tokens, and for packed sequences each
+/// token's position within its own example.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rows<'a> {
+    pub batch: usize,
+    pub seq: usize,
+    pub positions: Option<&'a Tensor>,
+}
+
+impl<'a> Rows<'a> {
+    /// The rows of `batch`; packed sequences need a model without learned positions (their
+    /// table is looked up by index, not by position id).
+    pub(crate) fn of(model: &crate::model::Transformer, batch: &'a Batch) -> Result<Self> {
+        let (batch_size, seq) = batch.inputs.dims2()?;
+        if batch.positions.is_some() && model.position_embedding().is_some() {
+            return Err(crate::Error::Usage(
+                "packed sequences need a model with rotary positions or none; pass --no-pack \
+                 to pad each example instead"
+                    .into(),
+            ));
+        }
+        Ok(Self {
+            batch: batch_size,
+            seq,
+            positions: batch.positions.as_ref(),
+        })
+    }
+}
 
 /// A block's weights for one pass.
 pub(crate) struct BlockWeights<'a> {
@@ -95,8 +125,7 @@ impl<'a> BlockWeights<'a> {
     pub(crate) fn forward(
         &self,
         x: &Tensor,
-        b: usize,
-        s: usize,
+        rows: Rows,
         dropout: &Dropout,
         part: u64,
         keep: bool,
@@ -107,9 +136,10 @@ impl<'a> BlockWeights<'a> {
             NormPlacement::Post => x.clone(),
         };
         let qkv = self.qkv.forward(&attn_in, None, None, None)?;
-        self.rotate(&qkv, s, Rotation::Forward)?;
-        let shape = self.shape(b, s);
-        let (attn, merged) = attention::forward(self.attention, qkv, &shape, m(ATTN_PROBS))?;
+        self.rotate(&qkv, rows, Rotation::Forward)?;
+        let shape = self.shape(rows);
+        let (attn, merged) =
+            attention::forward(self.attention, qkv, &shape, m(ATTN_PROBS), rows.positions)?;
         // x + dropout(merged · Woutᵀ + b)
         let mid = self.out.forward(&merged, None, m(ATTN_OUT), Some(x))?;
         let ff_x = match self.placement {
@@ -141,10 +171,10 @@ impl<'a> BlockWeights<'a> {
         Ok((out, saved))
     }
 
-    fn shape(&self, batch: usize, seq: usize) -> AttentionShape {
+    fn shape(&self, rows: Rows) -> AttentionShape {
         AttentionShape {
-            batch,
-            seq,
+            batch: rows.batch,
+            seq: rows.seq,
             heads: self.heads,
             kv_heads: self.kv_heads,
             causal: self.causal,
@@ -153,10 +183,16 @@ impl<'a> BlockWeights<'a> {
 
     /// Rotates the q and k heads of the fresh q/k/v product (or its gradient) `qkv` in place;
     /// nothing without rotary positions.
-    fn rotate(&self, qkv: &Tensor, seq: usize, rotation: Rotation) -> Result<()> {
+    fn rotate(&self, qkv: &Tensor, rows: Rows, rotation: Rotation) -> Result<()> {
         if let Some(freqs) = &self.rope {
             let hd = qkv.dim(1)? / (self.heads + 2 * self.kv_heads);
-            ops::rotate_in_place(qkv, freqs, self.heads + self.kv_heads, hd, seq, rotation)?;
+            let heads = self.heads + self.kv_heads;
+            match rows.positions {
+                None => ops::rotate_in_place(qkv, freqs, heads, hd, rows.seq, rotation)?,
+                Some(ids) => {
+                    ops::rotate_packed_in_place(qkv, freqs, heads, hd, rows.seq, rotation, ids)?
+                }
+            }
         }
         Ok(())
     }
@@ -178,8 +214,7 @@ impl<'a> BlockWeights<'a> {
         &self,
         dout: &Tensor,
         saved: Saved,
-        b: usize,
-        s: usize,
+        rows: Rows,
         dropout: &Dropout,
         part: u64,
         grads: &mut Grads,
@@ -221,10 +256,17 @@ impl<'a> BlockWeights<'a> {
             .out
             .backward_through(&dmid, &dmid, &merged, None, m(ATTN_OUT), grads)?;
         grads.layer_settled()?;
-        let shape = self.shape(b, s);
-        let dqkv = attention::backward(attn, &merged, &dmerged, &shape, m(ATTN_PROBS))?;
+        let shape = self.shape(rows);
+        let dqkv = attention::backward(
+            attn,
+            &merged,
+            &dmerged,
+            &shape,
+            m(ATTN_PROBS),
+            rows.positions,
+        )?;
         drop((dmerged, merged));
-        self.rotate(&dqkv, s, Rotation::Backward)?;
+        self.rotate(&dqkv, rows, Rotation::Backward)?;
         let dattn_in = self.qkv.backward(&dqkv, &attn_in, grads)?;
         drop(dqkv);
         grads.layer_settled()?;

@@ -39,7 +39,7 @@ use crate::spec::model::{NormPlacement, Positions};
 use crate::{Error, Result};
 
 pub use self::attention::Attention;
-use self::block::{BlockWeights, Saved};
+use self::block::{BlockWeights, Rows, Saved};
 use self::head::{head_row_multiple, Head};
 use self::head_rows::{slice_rows, Deferred, SlicedHead};
 use self::linear::column_sum;
@@ -71,15 +71,15 @@ pub fn forward_backward(
 ) -> Result<f64> {
     let started = std::time::Instant::now();
     let mut grads = Grads::new(model, sink);
-    let (b, s) = batch.inputs.dims2()?;
+    let rows = Rows::of(model, batch)?;
     let weights = BlockCaster::new(model, dtype, attention, batch.inputs.device())?;
     let embed_mask = embed_mask(model, dropout);
     let x = embed(model, &batch.inputs, dtype, embed_mask)?;
-    let (x, saved) = forward_blocks(&weights, plan, x, b, s, dropout)?;
+    let (x, saved) = forward_blocks(&weights, plan, x, rows, dropout)?;
     let (loss, dx, rest) =
         head_loss_and_backward(model, x, batch, dtype, head, loss_factor, &mut grads)?;
     grads.settled()?;
-    let dx = backward_blocks(&weights, saved, dx, b, s, dropout, &mut grads)?;
+    let dx = backward_blocks(&weights, saved, dx, rows, dropout, &mut grads)?;
     match rest {
         HeadRest::Rows(head, deferred) => {
             let dropped = embed_backward(
@@ -132,8 +132,7 @@ fn forward_blocks(
     weights: &BlockCaster,
     plan: &RecomputedBlocks,
     mut x: Tensor,
-    b: usize,
-    s: usize,
+    rows: Rows,
     dropout: &Dropout,
 ) -> Result<(Tensor, Vec<LeftForBackward>)> {
     let blocks = weights.model.blocks().len();
@@ -142,7 +141,7 @@ fn forward_blocks(
         let keep = !plan.recomputes(i);
         let (out, kept) = weights
             .block(i)?
-            .forward(&x, b, s, dropout, i as u64, keep)?;
+            .forward(&x, rows, dropout, i as u64, keep)?;
         saved.push(match kept {
             Some(kept) => LeftForBackward::Kept(kept),
             None => LeftForBackward::Input(x),
@@ -196,8 +195,7 @@ fn backward_blocks(
     weights: &BlockCaster,
     mut saved: Vec<LeftForBackward>,
     mut dx: Tensor,
-    b: usize,
-    s: usize,
+    rows: Rows,
     dropout: &Dropout,
     grads: &mut Grads,
 ) -> Result<Tensor> {
@@ -207,11 +205,11 @@ fn backward_blocks(
         let kept = match stash {
             LeftForBackward::Kept(kept) => kept,
             LeftForBackward::Input(input) => w
-                .forward(&input, b, s, dropout, i as u64, true)?
+                .forward(&input, rows, dropout, i as u64, true)?
                 .1
                 .ok_or_else(|| Error::internal(format!("block {i} kept nothing when asked to")))?,
         };
-        dx = w.backward(&dx, kept, b, s, dropout, i as u64, grads)?;
+        dx = w.backward(&dx, kept, rows, dropout, i as u64, grads)?;
         // The block's weights (and their half-precision copies) are done with.
         drop(w);
         grads.settled()?;
@@ -226,7 +224,7 @@ pub fn eval_loss(
     dtype: DType,
     attention: Attention,
 ) -> Result<f64> {
-    let (b, s) = batch.inputs.dims2()?;
+    let rows = Rows::of(model, batch)?;
     let off = Dropout::disabled();
     let mut x = embed(model, &batch.inputs, dtype, None)?;
     // One block's weights at a time: evaluation never holds more than a training step.
@@ -234,7 +232,7 @@ pub fn eval_loss(
     for i in 0..model.blocks().len() {
         x = weights
             .block(i)?
-            .forward(&x, b, s, &off, i as u64, false)?
+            .forward(&x, rows, &off, i as u64, false)?
             .0;
     }
     let head = Head::new(model, dtype, head_row_multiple(x.device()))?;

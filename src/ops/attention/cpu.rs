@@ -27,14 +27,16 @@ impl Head<'_> {
             .collect()
     }
 
-    /// Keys query `i` sees: those up to `i` when causal, and none of the padding.
-    fn seen(&self, i: usize) -> usize {
+    /// Keys query `i` sees: those up to `i` when causal, none of the padding, and only its own
+    /// example's in a packed sequence.
+    fn seen(&self, i: usize) -> std::ops::Range<usize> {
         let keys = self.args.keys(self.b);
-        if self.args.causal {
+        let end = if self.args.causal {
             (i + 1).min(keys)
         } else {
             keys
-        }
+        };
+        self.args.first_key(self.b, i)..end
     }
 
     fn bh(&self) -> usize {
@@ -110,12 +112,12 @@ fn forward_head(head: &Head, out: &mut [f32], lse: &mut [f32]) {
         let q = head.row(0, i);
         let seen = head.seen(i);
         let mut max = f32::NEG_INFINITY;
-        for j in 0..seen {
+        for j in seen.clone() {
             p[j] = scale * dot(&q, &keys[j]);
             max = max.max(p[j]);
         }
         let mut sum = 0f64;
-        for v in &mut p[..seen] {
+        for v in &mut p[seen.clone()] {
             *v = (*v - max).exp();
             sum += f64::from(*v);
         }
@@ -123,7 +125,7 @@ fn forward_head(head: &Head, out: &mut [f32], lse: &mut [f32]) {
         let inv = (1.0 / sum) as f32;
         let o = &mut out[i * hd..(i + 1) * hd];
         o.fill(0.0);
-        for j in 0..seen {
+        for j in seen {
             let w = p[j] * inv * head.args.keep_factor(head.bh(), i, j);
             if w != 0.0 {
                 for (oc, vc) in o.iter_mut().zip(&values[j]) {
@@ -195,7 +197,7 @@ fn backward_head(head: &Head, out: &[Vec<f32>], dout: &[Vec<f32>], lse: &[f32], 
     for i in 0..s {
         // D_i = dO_i · O_i = Σ_j P_ij dP_ij, with the output as the forward pass rounded it.
         let delta = dot(&dout[i], &out[i]);
-        for j in 0..head.seen(i) {
+        for j in head.seen(i) {
             let p = (scale * dot(&queries[i], &keys[j]) - lse[i]).exp();
             let z = head.args.keep_factor(head.bh(), i, j);
             for c in 0..hd {

@@ -92,29 +92,51 @@ fn config(a: &Args, heads: usize) -> Result<LaunchConfig> {
     })
 }
 
-/// A key-padding mask's lengths as the kernels read them: a device pointer, or null.
-pub(super) type Lengths<'a> = Option<(&'a Storage, &'a Layout)>;
+/// A call's key mask as the kernels read it: a key-padding mask's lengths (one per sequence)
+/// and packed sequences' position ids (one per token), each a device pointer or null.
+#[derive(Clone, Copy)]
+pub(super) struct Masks<'a> {
+    pub lengths: Option<(&'a Storage, &'a Layout)>,
+    pub positions: Option<(&'a Storage, &'a Layout)>,
+}
 
-enum LengthsArg<'a> {
+enum PointerArg<'a> {
     View(CudaView<'a, u32>),
     Null(u64),
 }
 
-impl<'a> LengthsArg<'a> {
-    fn new(lens: Lengths<'a>) -> Result<Self> {
-        match lens {
+impl<'a> PointerArg<'a> {
+    fn new(values: Option<(&'a Storage, &'a Layout)>) -> Result<Self> {
+        match values {
             None => Ok(Self::Null(0)),
             Some((Storage::Cuda(s), l)) => Ok(Self::View(cuda::view::<u32>(s, l, NAME)?)),
-            Some(_) => bail!("{NAME}: key lengths must be on the GPU with q/k/v"),
+            Some(_) => bail!("{NAME}: key masks must be on the GPU with q/k/v"),
         }
     }
 
     fn push<'b>(&'b self, args: &mut LaunchArgs<'b>) {
         match self {
             Self::View(v) => args.arg(v),
-            // A null `const uint32_t*`: the kernels then see every key.
+            // A null `const uint32_t*`: the kernels then apply no such mask.
             Self::Null(zero) => args.arg(zero),
         };
+    }
+}
+
+/// Both pointers of a [`Masks`], pushed in the kernels' order: lengths, then positions.
+struct MaskArgs<'a>(PointerArg<'a>, PointerArg<'a>);
+
+impl<'a> MaskArgs<'a> {
+    fn new(masks: Masks<'a>) -> Result<Self> {
+        Ok(Self(
+            PointerArg::new(masks.lengths)?,
+            PointerArg::new(masks.positions)?,
+        ))
+    }
+
+    fn push<'b>(&'b self, args: &mut LaunchArgs<'b>) {
+        self.0.push(args);
+        self.1.push(args);
     }
 }
 
@@ -136,7 +158,7 @@ fn name(base: &str, a: &Args, dtype: candle_core::DType) -> Result<String> {
 pub(super) fn forward(
     qkv: &CudaStorage,
     l: &Layout,
-    lens: Lengths,
+    lens: Masks,
     a: &Args,
 ) -> Result<(CudaStorage, CudaStorage)> {
     let out = cuda::float_slice!(NAME, qkv, v => forward_typed(v, l, lens, a, &qkv.device)?);
@@ -146,12 +168,12 @@ pub(super) fn forward(
 fn forward_typed<T: Elem>(
     qkv: &candle_core::cuda_backend::cudarc::driver::CudaSlice<T>,
     l: &Layout,
-    lens: Lengths,
+    lens: Masks,
     a: &Args,
     dev: &CudaDevice,
 ) -> Result<(CudaStorage, CudaStorage)> {
     let qkv = cuda::slice_view(qkv, l, NAME)?;
-    let lens = LengthsArg::new(lens)?;
+    let lens = MaskArgs::new(lens)?;
     let func = cuda::kernel(
         dev,
         &cuda::ATTENTION,
@@ -169,10 +191,10 @@ fn forward_typed<T: Elem>(
     args.arg(&qkv);
     lens.push(&mut args);
     args.arg(&mut out).arg(&mut lse).arg(&dims);
-    // SAFETY: the arguments match `flash_fwd_h<hd>_<T>(const T*, const uint32_t*, T*, float*,
-    // Dims)`; `qkv` holds rows·(heads + 2·kv_heads)·hd elements starting 16-byte aligned
-    // (`super::aligned`), the lengths (or null) batch u32, `out` rows·d and `lse`
-    // batch·heads·seq.
+    // SAFETY: the arguments match `flash_fwd_h<hd>_<T>(const T*, const uint32_t*, const
+    // uint32_t*, T*, float*, Dims)`; `qkv` holds rows·(heads + 2·kv_heads)·hd elements starting
+    // 16-byte aligned (`super::aligned`), the lengths (or null) batch u32, the positions (or
+    // null) rows u32, `out` rows·d and `lse` batch·heads·seq.
     unsafe { args.launch(config(a, a.heads)?) }.w()?;
     Ok((
         CudaStorage::wrap_cuda_slice(out, dev.clone()),
@@ -187,7 +209,7 @@ pub(super) fn backward(
     out: Input,
     lse: Input,
     dout: Input,
-    lens: Lengths,
+    lens: Masks,
     a: &Args,
 ) -> Result<CudaStorage> {
     let dqkv = cuda::float_slice!(NAME, qkv.0, v => backward_typed(v, qkv.1, out, lse, dout, lens, a, &qkv.0.device)?);
@@ -201,12 +223,12 @@ fn backward_typed<T: Elem>(
     (out, lo): Input,
     (lse, ll): Input,
     (dout, ld): Input,
-    lens: Lengths,
+    lens: Masks,
     a: &Args,
     dev: &CudaDevice,
 ) -> Result<CudaStorage> {
     let qkv = cuda::slice_view(qkv, lq, NAME)?;
-    let lens = LengthsArg::new(lens)?;
+    let lens = MaskArgs::new(lens)?;
     let out = cuda::view::<T>(out, lo, NAME)?;
     let dout = cuda::view::<T>(dout, ld, NAME)?;
     let lse = cuda::view::<f32>(lse, ll, NAME)?;
@@ -235,8 +257,8 @@ fn backward_typed<T: Elem>(
         .arg(&mut dqkv)
         .arg(&dims);
     // SAFETY: the arguments match `flash_bwd_dq_h<hd>_<T>(const T* qkv, const uint32_t* lens,
-    // const T* out, const T* dout, const float* lse, float* dsum, T* dqkv, Dims)` with the
-    // sizes above.
+    // const uint32_t* pos, const T* out, const T* dout, const float* lse, float* dsum, T* dqkv,
+    // Dims)` with the sizes above.
     unsafe { args.launch(config(a, a.heads)?) }.w()?;
 
     let dkdv = cuda::kernel(
@@ -254,9 +276,9 @@ fn backward_typed<T: Elem>(
         .arg(&mut dqkv)
         .arg(&dims);
     // SAFETY: the arguments match `flash_bwd_dkdv_h<hd>_<T>(const T* qkv, const uint32_t* lens,
-    // const T* dout, const float* lse, const float* dsum, T* dqkv, Dims)`; it runs after the
-    // dq kernel on the same stream, so `dsum` is complete; one block per 64 keys of each
-    // key/value head, which sums its group's query heads.
+    // const uint32_t* pos, const T* dout, const float* lse, const float* dsum, T* dqkv, Dims)`;
+    // it runs after the dq kernel on the same stream, so `dsum` is complete; one block per 64
+    // keys of each key/value head, which sums its group's query heads.
     unsafe { args.launch(config(a, a.kv_heads)?) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(dqkv, dev.clone()))
 }

@@ -50,6 +50,14 @@
 // Key padding: with `lens` (one u32 per sequence), keys at positions lens[b] and beyond are
 // masked for every query, as PyTorch's `key_padding_mask`; tiles past the last real key are
 // skipped. Without it (a null pointer) every key is real.
+//
+// Packed sequences: with `pos` (one u32 per token: its position within its own example, 0 where
+// an example begins), query i sees keys start(i) ..= i, start(i) = i − pos[i]; attention never
+// crosses examples. Starts never decrease along a sequence, so a block of rows starts its key
+// tiles at its first row's start, and the dk/dv kernel ends its query tiles at the last query
+// whose example starts at or before the block's last key (a binary search). A row may then see
+// no key of a block's first tiles: the online softmax keeps its maximum at -inf and its sums
+// at 0 until a tile holds one of its keys, which the row's own key guarantees.
 #include <stddef.h>
 
 #include "common.cuh"
@@ -261,6 +269,28 @@ __device__ __forceinline__ int key_count(const uint32_t *lens, int b, int S) {
     return lens ? (int)min(max(lens[b], 1u), (uint32_t)S) : S;
 }
 
+// The first key query `row` of sequence b sees: its example's first token, or key 0 without
+// packed sequences (pos null) and for rows past the end. A position beyond the row's index is
+// clamped (a kernel cannot report it).
+__device__ __forceinline__ int example_start(const uint32_t *pos, int b, int row, int S) {
+    if (!pos || row >= S) return 0;
+    return row - (int)min(pos[(long long)b * S + row], (uint32_t)row);
+}
+
+// One past the last query of sequence b whose example starts at or before key `key`: the
+// queries that may see keys up to `key` (all S without packed sequences). Starts never
+// decrease along a sequence, so a binary search finds it.
+__device__ __forceinline__ int queries_seeing(const uint32_t *pos, int b, int key, int S) {
+    if (!pos) return S;
+    int lo = min(key + 1, S), hi = S;  // query `key` sees key `key`; find the first that does not
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (example_start(pos, b, mid, S) <= key) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
 __device__ __forceinline__ bool kept(const Dims &p, int bh, int i, int j) {
     const uint64_t idx = ((uint64_t)bh * p.seq + i) * p.seq + j;
     return dropout_keep(p.key, idx, p.threshold);
@@ -293,7 +323,8 @@ template <int HD> struct Tiles {
 };
 
 template <typename T, int HD>
-__device__ void forward(const T *qkv, const uint32_t *lens, T *out, float *lse, Dims p) {
+__device__ void forward(const T *qkv, const uint32_t *lens, const uint32_t *pos, T *out,
+                        float *lse, Dims p) {
     constexpr int PITCH = HD + PAD;
     constexpr int KT = Tiles<HD>::STREAM;
     __shared__ __align__(16) T kbuf[2][KT * PITCH];
@@ -322,11 +353,15 @@ __device__ void forward(const T *qkv, const uint32_t *lens, T *out, float *lse, 
     int tiles = (keys + KT - 1) / KT;
     // The last key this block's last row sees is in key tile (tile + 1) · TILE / KT − 1.
     if (p.causal) tiles = min(tiles, (tile + 1) * (TILE / KT));
+    // Packed: no row of the block sees a key before its first row's example.
+    const int first = example_start(pos, b, tile * TILE, S) / KT;
+    const int start[2] = {example_start(pos, b, row0 + acc_row(0), S),
+                          example_start(pos, b, row0 + acc_row(2), S)};
 
-    load_tile_async<T, HD, KT>(kbuf[0], k, stride, 0, S);
-    load_tile_async<T, HD, KT>(vbuf[0], v, stride, 0, S);
+    load_tile_async<T, HD, KT>(kbuf[first & 1], k, stride, first * KT, S);
+    load_tile_async<T, HD, KT>(vbuf[first & 1], v, stride, first * KT, S);
     cp_async_commit();
-    for (int j = 0; j < tiles; ++j) {
+    for (int j = first; j < tiles; ++j) {
         pipeline_step<T, HD, KT>(kbuf, vbuf, k, stride, v, stride, j + 1, tiles, S);
         __syncthreads();  // tile j is in for every thread's copies
         const T *ks = kbuf[j & 1], *vs = vbuf[j & 1];
@@ -342,7 +377,7 @@ __device__ void forward(const T *qkv, const uint32_t *lens, T *out, float *lse, 
             for (int e = 0; e < 4; ++e) {
                 const int row = row0 + acc_row(e), col = j * KT + nt * 8 + acc_col(e);
                 float x = s[nt][e] * sl2;
-                if (col >= keys || (p.causal && col > row)) x = -INFINITY;
+                if (col >= keys || (p.causal && col > row) || col < start[e >> 1]) x = -INFINITY;
                 s[nt][e] = x;
                 mnew[e >> 1] = fmaxf(mnew[e >> 1], x);
             }
@@ -352,7 +387,8 @@ __device__ void forward(const T *qkv, const uint32_t *lens, T *out, float *lse, 
         for (int r = 0; r < 2; ++r) {
             mnew[r] = fmaxf(mnew[r], __shfl_xor_sync(0xffffffffu, mnew[r], 1));
             mnew[r] = fmaxf(mnew[r], __shfl_xor_sync(0xffffffffu, mnew[r], 2));
-            // Key 0 is visible to every row, so from the first tile on mnew is finite. (With
+            // A row that has seen no key yet (packed: its example starts in a later tile) keeps
+            // mnew at -inf: base 0 makes alpha and its probabilities 0, its sums stay 0. (With
             // tiles narrower than a block, a row may see no key of a later tile: mnew keeps the
             // finite running maximum and its probabilities come out 0.)
             base[r] = mnew[r] == -INFINITY ? 0.f : mnew[r];
@@ -410,8 +446,8 @@ __device__ void forward(const T *qkv, const uint32_t *lens, T *out, float *lse, 
 
 // dq = scale · Σ_j dS_ij k_j with dS = P ⊙ (dP − D), dP = dropout(dO · vᵀ); writes D first.
 template <typename T, int HD>
-__device__ void backward_dq(const T *qkv, const uint32_t *lens, const T *out, const T *dout,
-                            const float *lse, float *dsum, T *dqkv, Dims p) {
+__device__ void backward_dq(const T *qkv, const uint32_t *lens, const uint32_t *pos, const T *out,
+                            const T *dout, const float *lse, float *dsum, T *dqkv, Dims p) {
     constexpr int PITCH = HD + PAD;
     constexpr int KT = Tiles<HD>::STREAM;
     __shared__ __align__(16) T kbuf[2][KT * PITCH];
@@ -466,10 +502,13 @@ __device__ void backward_dq(const T *qkv, const uint32_t *lens, const T *out, co
     const int keys = key_count(lens, b, S);
     int tiles = (keys + KT - 1) / KT;
     if (p.causal) tiles = min(tiles, (tile + 1) * (TILE / KT));
-    load_tile_async<T, HD, KT>(kbuf[0], k, stride, 0, S);
-    load_tile_async<T, HD, KT>(vbuf[0], v, stride, 0, S);
+    const int first = example_start(pos, b, tile * TILE, S) / KT;
+    const int start[2] = {example_start(pos, b, row0 + acc_row(0), S),
+                          example_start(pos, b, row0 + acc_row(2), S)};
+    load_tile_async<T, HD, KT>(kbuf[first & 1], k, stride, first * KT, S);
+    load_tile_async<T, HD, KT>(vbuf[first & 1], v, stride, first * KT, S);
     cp_async_commit();
-    for (int j = 0; j < tiles; ++j) {
+    for (int j = first; j < tiles; ++j) {
         pipeline_step<T, HD, KT>(kbuf, vbuf, k, stride, v, stride, j + 1, tiles, S);
         __syncthreads();
         const T *ks = kbuf[j & 1], *vs = vbuf[j & 1];
@@ -485,7 +524,8 @@ __device__ void backward_dq(const T *qkv, const uint32_t *lens, const T *out, co
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int row = row0 + acc_row(e), col = j * KT + nt * 8 + acc_col(e);
-                const bool visible = row < S && col < keys && !(p.causal && col > row);
+                const bool visible = row < S && col < keys && !(p.causal && col > row) &&
+                                     col >= start[e >> 1];
                 const float pe = visible ? exp2f(s[nt][e] * sl2 - l2[e >> 1]) : 0.f;
                 float z = 1.f;
                 if (p.threshold) z = visible && kept(p, bh, row, col) ? p.keep_scale : 0.f;
@@ -520,11 +560,13 @@ template <typename T, int HD> struct DkdvSweep {
     T (*qbuf)[QT * (HD + PAD)];
     T (*dobuf)[QT * (HD + PAD)];
     float *l2s, *ds;
+    int *starts;  // the streamed queries' example starts (0 without packed sequences)
+    const uint32_t *pos;
     const T *q, *dog;
     const float *lse, *dsum;
     long long stride;
     float sl2;  // scale · log2(e)
-    int d, S, bh, keys, key0, first, tiles;
+    int d, S, b, bh, keys, key0, first, tiles;
 };
 
 // Which products a sweep accumulates.
@@ -552,6 +594,7 @@ __device__ __forceinline__ void dkdv_sweep(float (&dk)[HD / 8][4], float (&dv)[H
             const int row = i * QT + r;
             w.l2s[r] = row < w.S ? w.lse[(long long)w.bh * w.S + row] * LOG2E : 0.f;
             if (G != DV_ONLY) w.ds[r] = row < w.S ? w.dsum[(long long)w.bh * w.S + row] : 0.f;
+            w.starts[r] = example_start(w.pos, w.b, row, w.S);
         }
         __syncthreads();
 
@@ -565,7 +608,8 @@ __device__ __forceinline__ void dkdv_sweep(float (&dk)[HD / 8][4], float (&dv)[H
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int key = w.key0 + acc_row(e), lq = nt * 8 + acc_col(e), row = i * QT + lq;
-                const bool visible = row < w.S && key < w.keys && !(p.causal && key > row);
+                const bool visible = row < w.S && key < w.keys && !(p.causal && key > row) &&
+                                     key >= w.starts[lq];
                 s[nt][e] = visible ? exp2f(s[nt][e] * w.sl2 - w.l2s[lq]) : 0.f;
                 if (p.threshold && !(visible && kept(p, w.bh, row, key)))
                     kept_bits &= ~(1u << (nt * 4 + e));
@@ -638,14 +682,16 @@ __device__ __forceinline__ void store_key_rows(T *dqkv, const float (&acc)[HD / 
 // key/value head, summed over the query heads of its group; the products run transposed (keys
 // as rows), so P and dS come out as Pᵀ and dSᵀ fragments.
 template <typename T, int HD>
-__device__ void backward_dkdv(const T *qkv, const uint32_t *lens, const T *dout,
-                              const float *lse, const float *dsum, T *dqkv, Dims p) {
+__device__ void backward_dkdv(const T *qkv, const uint32_t *lens, const uint32_t *pos,
+                              const T *dout, const float *lse, const float *dsum, T *dqkv,
+                              Dims p) {
     constexpr int PITCH = HD + PAD;
     constexpr int QT = Tiles<HD>::STREAM;
     __shared__ __align__(16) T qbuf[2][QT * PITCH];
     __shared__ __align__(16) T dobuf[2][QT * PITCH];
     __shared__ float l2s[QT];
     __shared__ float ds[QT];
+    __shared__ int starts[QT];
     const HeadCols cols(p, HD);
     const int d = cols.d, S = p.seq;
     const long long stride = cols.stride;
@@ -664,6 +710,12 @@ __device__ void backward_dkdv(const T *qkv, const uint32_t *lens, const T *dout,
     // block's first key see none of its keys.
     w.tiles = blockIdx.y * TILE < w.keys ? (S + QT - 1) / QT : 0;
     w.first = p.causal ? (int)blockIdx.y * (TILE / QT) : 0;
+    // Packed: queries past the example of the block's last key see none of its keys.
+    const int last_key = min((int)blockIdx.y * TILE + TILE - 1, S - 1);
+    w.tiles = min(w.tiles, (queries_seeing(pos, b, last_key, S) + QT - 1) / QT);
+    w.starts = starts;
+    w.pos = pos;
+    w.b = b;
     w.qbuf = qbuf;
     w.dobuf = dobuf;
     w.l2s = l2s;
@@ -726,21 +778,21 @@ __device__ void backward_dkdv(const T *qkv, const uint32_t *lens, const T *dout,
 
 #define FLASH_KERNELS(T, NAME, HD)                                                             \
     extern "C" __global__ void __launch_bounds__(flash::THREADS)                               \
-        flash_fwd_h##HD##_##NAME(const T *qkv, const uint32_t *lens, T *out, float *lse,       \
-                                 flash::Dims p) {                                              \
-        flash::forward<T, HD>(qkv, lens, out, lse, p);                                         \
+        flash_fwd_h##HD##_##NAME(const T *qkv, const uint32_t *lens, const uint32_t *pos,      \
+                                 T *out, float *lse, flash::Dims p) {                          \
+        flash::forward<T, HD>(qkv, lens, pos, out, lse, p);                                    \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(flash::THREADS)                               \
-        flash_bwd_dq_h##HD##_##NAME(const T *qkv, const uint32_t *lens, const T *out,          \
-                                    const T *dout, const float *lse, float *dsum, T *dqkv,     \
-                                    flash::Dims p) {                                           \
-        flash::backward_dq<T, HD>(qkv, lens, out, dout, lse, dsum, dqkv, p);                   \
+        flash_bwd_dq_h##HD##_##NAME(const T *qkv, const uint32_t *lens, const uint32_t *pos,   \
+                                    const T *out, const T *dout, const float *lse,             \
+                                    float *dsum, T *dqkv, flash::Dims p) {                     \
+        flash::backward_dq<T, HD>(qkv, lens, pos, out, dout, lse, dsum, dqkv, p);              \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(flash::THREADS)                               \
-        flash_bwd_dkdv_h##HD##_##NAME(const T *qkv, const uint32_t *lens, const T *dout,       \
-                                      const float *lse, const float *dsum, T *dqkv,            \
-                                      flash::Dims p) {                                         \
-        flash::backward_dkdv<T, HD>(qkv, lens, dout, lse, dsum, dqkv, p);                      \
+        flash_bwd_dkdv_h##HD##_##NAME(const T *qkv, const uint32_t *lens, const uint32_t *pos, \
+                                      const T *dout, const float *lse, const float *dsum,      \
+                                      T *dqkv, flash::Dims p) {                                \
+        flash::backward_dkdv<T, HD>(qkv, lens, pos, dout, lse, dsum, dqkv, p);                 \
     }
 
 FLASH_KERNELS(__nv_bfloat16, bf16, 16)

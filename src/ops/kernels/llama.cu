@@ -6,7 +6,8 @@
 //   swiglu_bwd:  dh[r, j]     = dropout(dout) · (u + bu) · silu'(g + bg)
 //                dh[r, f + j] = dropout(dout) · silu(g + bg)
 //   rotary:      for each q and k head, pairs (i, i + hd/2) rotated by ±pos·inv_freq[i],
-//                pos = r % seq (the sign is −1 for the backward pass: the rotation's transpose)
+//                pos = r % seq, or the row's position id in its example for packed sequences
+//                (the sign is −1 for the backward pass: the rotation's transpose)
 //
 // Dropout uses the element index of `out` and the SplitMix64 hash of every other site.
 #include "common.cuh"
@@ -120,8 +121,8 @@ __device__ void swiglu_bwd(const T *dout, const T *h, const float *bias, T *dh, 
 // One thread per (row, rotated head, pair): `heads` query and key heads from column 0 of each
 // row of `width` columns (the values after them are not touched). In place.
 template <typename T>
-__device__ void rotary(T *x, const float *inv_freq, size_t rows, int width, int heads, int hd,
-                       int seq, float sign) {
+__device__ void rotary(T *x, const float *inv_freq, const uint32_t *pos, size_t rows, int width,
+                       int heads, int hd, int seq, float sign) {
     const int half = hd / 2;
     const size_t n = rows * (size_t)heads * half;
     const size_t step = (size_t)gridDim.x * blockDim.x;
@@ -130,7 +131,8 @@ __device__ void rotary(T *x, const float *inv_freq, size_t rows, int width, int 
         const size_t rh = i / half;
         const int head = (int)(rh % heads);
         const size_t r = rh / heads;
-        const float angle = (float)(r % seq) * inv_freq[p];
+        // A row's position: its index in its sequence, or its position id in its example.
+        const float angle = (float)(pos ? pos[r] : r % seq) * inv_freq[p];
         float sn, cs;
         sincosf(angle, &sn, &cs);
         sn *= sign;
@@ -154,10 +156,10 @@ __device__ void rotary(T *x, const float *inv_freq, size_t rows, int width, int 
                                                  uint64_t key, int vec) {                      \
         swiglu_bwd<T>(dout, h, bias, dh, n, f, has_bias, threshold, scale, key, vec);          \
     }                                                                                          \
-    extern "C" __global__ void rotary_##NAME(T *x, const float *inv_freq, size_t rows,         \
-                                             int width, int heads, int hd, int seq,            \
-                                             float sign) {                                     \
-        rotary<T>(x, inv_freq, rows, width, heads, hd, seq, sign);                             \
+    extern "C" __global__ void rotary_##NAME(T *x, const float *inv_freq, const uint32_t *pos, \
+                                             size_t rows, int width, int heads, int hd,        \
+                                             int seq, float sign) {                            \
+        rotary<T>(x, inv_freq, pos, rows, width, heads, hd, seq, sign);                        \
     }
 
 LLAMA_KERNELS(float, f32)

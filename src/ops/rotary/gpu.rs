@@ -2,7 +2,7 @@
 
 #![allow(unsafe_code)]
 
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
 use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
 use candle_core::{bail, CudaDevice, CudaStorage, Layout, Result};
 
@@ -13,13 +13,19 @@ pub(super) fn rotate(
     x: &mut CudaStorage,
     l1: &Layout,
     (freqs, l2): (&CudaStorage, &Layout),
+    positions: Option<(&CudaStorage, &Layout)>,
     op: &Rotary,
 ) -> Result<()> {
     let dev = x.device.clone();
+    let positions = match positions {
+        Some((p, l)) => Some(cuda::view::<u32>(p, l, NAME)?),
+        None => None,
+    };
+    let with = ((freqs, l2), positions.as_ref());
     match &mut x.slice {
-        CudaStorageSlice::F32(v) => launch(v, l1, (freqs, l2), op, &dev),
-        CudaStorageSlice::BF16(v) => launch(v, l1, (freqs, l2), op, &dev),
-        CudaStorageSlice::F16(v) => launch(v, l1, (freqs, l2), op, &dev),
+        CudaStorageSlice::F32(v) => launch(v, l1, with, op, &dev),
+        CudaStorageSlice::BF16(v) => launch(v, l1, with, op, &dev),
+        CudaStorageSlice::F16(v) => launch(v, l1, with, op, &dev),
         _ => bail!("{NAME}: expected f32, bf16 or f16 rows"),
     }
 }
@@ -27,7 +33,7 @@ pub(super) fn rotate(
 fn launch<T: Elem>(
     x: &mut CudaSlice<T>,
     l1: &Layout,
-    (freqs, l2): (&CudaStorage, &Layout),
+    ((freqs, l2), positions): ((&CudaStorage, &Layout), Option<&CudaView<u32>>),
     op: &Rotary,
     dev: &CudaDevice,
 ) -> Result<()> {
@@ -47,17 +53,23 @@ fn launch<T: Elem>(
     );
     let stream = dev.cuda_stream();
     let mut args = stream.launch_builder(&func);
-    args.arg(&mut rows_view)
-        .arg(&freqs)
-        .arg(&rows)
+    // A null `const uint32_t*` turns each row by its index in its sequence.
+    let null = 0u64;
+    args.arg(&mut rows_view).arg(&freqs);
+    match positions {
+        Some(p) => args.arg(p),
+        None => args.arg(&null),
+    };
+    args.arg(&rows)
         .arg(&n_width)
         .arg(&heads)
         .arg(&hd)
         .arg(&seq)
         .arg(&op.sign);
-    // SAFETY: the arguments match `rotary_<T>(T*, const float*, size_t, int, int, int, int,
-    // float)`; the view holds rows·width elements, `freqs` hd/2 floats, and each thread reads
-    // and writes its own pair of one row.
+    // SAFETY: the arguments match `rotary_<T>(T*, const float*, const uint32_t*, size_t, int,
+    // int, int, int, float)`; the view holds rows·width elements, `freqs` hd/2 floats, the
+    // positions (or null) one u32 per row, and each thread reads and writes its own pair of
+    // one row.
     unsafe { args.launch(cuda::elementwise_config(rows * op.heads * op.hd / 2)) }.w()?;
     Ok(())
 }
