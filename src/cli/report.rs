@@ -9,7 +9,7 @@ use autotune::profile::record::{Profile, PROFILE_KIND};
 use autotune::report::curves::{CurvePoint, TrainingCurves};
 use autotune::report::Report;
 use autotune::settings::show::ReportArgs;
-use autotune::train::metrics::read_log;
+use autotune::train::metrics::parse_log;
 
 use super::printer::Printer;
 use super::Status;
@@ -48,7 +48,7 @@ fn read_metrics(path: &Path) -> anyhow::Result<Option<TrainingCurves>> {
     if !is_step {
         return Ok(None);
     }
-    let points = read_log(path)?
+    let points = parse_log(&text, path)?
         .iter()
         .map(|line| CurvePoint {
             step: line.step,

@@ -170,11 +170,9 @@ impl MetricsLog {
     }
 }
 
-/// Every step of the log at `path`, in order; a line that is no step is an error naming the
-/// file and the line.
-pub fn read_log(path: &Path) -> Result<Vec<StepLine>> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| Error::file("cannot read metrics log", path, e))?;
+/// Every step of `text`, the log read from `path`, in order; a line that is no step is an
+/// error naming the file and the line.
+pub fn parse_log(text: &str, path: &Path) -> Result<Vec<StepLine>> {
     text.lines()
         .enumerate()
         .filter(|(_, line)| !line.trim().is_empty())
