@@ -54,8 +54,14 @@ fn main() {
     let (micro_batch, micros, seq_len) = (8usize, 4u64, 2048usize);
     // Padding takes an id no example holds, to count the real tokens by.
     let pad = 200_000;
-    let (mut dataset, _) =
-        Dataset::new(table.clone(), 0..table.len(), seq_len, pad).expect("examples");
+    let (mut dataset, _) = Dataset::new(
+        table.clone(),
+        0..table.len(),
+        seq_len,
+        pad,
+        Default::default(),
+    )
+    .expect("examples");
     dataset.set_micros_per_step(micros as usize);
     let loader = Loader::new(dataset);
     let steps = 2 * table.len() as u64 / (micro_batch as u64 * micros);

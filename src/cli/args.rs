@@ -14,7 +14,7 @@ use autotune::settings::probe::ProbeArgs;
 use autotune::settings::show::{CompletionsArgs, DeviceArgs, ReportArgs};
 use autotune::settings::train::TrainArgs;
 use autotune::settings::training::TrainingArgs;
-use autotune::settings::tune::TuneArgs;
+use autotune::settings::tune::{TuneArgs, TuneCommandArgs};
 
 /// `--version`: the release, what the build can run on, the candle it trains with and the
 /// commit it was built from, so that a report or a bug names the exact build.
@@ -63,7 +63,7 @@ pub enum Command {
     /// trains the tiny preset on learnable synthetic data, on the GPU if there is one.
     Run(Box<RunArgs>),
     /// Search for the fastest setting that fits the target device and write it as a plan.
-    Tune(Box<TuneArgs>),
+    Tune(Box<TuneCommandArgs>),
     /// Print a plan's setting as a DeepSpeed config or as Trainer/Accelerate arguments.
     Export(ExportArgs),
     /// Write a checkpoint's weights as a Hugging Face model folder (config.json and
@@ -105,7 +105,7 @@ impl Command {
             Command::Train(a) => a.json,
             Command::Probe(a) => a.json,
             Command::ProbeOne | Command::ProbeServe => true,
-            Command::Tune(a) => a.json,
+            Command::Tune(a) => a.tune.json,
             Command::Run(a) => a.tune.json,
             Command::Export(_) => true,
             Command::ExportWeights(a) => a.json,

@@ -4,13 +4,13 @@
 
 use serde::Serialize;
 
-use autotune::data::load::LoadEvent;
 use autotune::data::tokenizer::Tokenizer;
+use autotune::plan::LengthBucket;
 use autotune::session::data::{inspect, Inspection};
 use autotune::settings::data::{DataArgs, DataSettings};
 
 use super::printer::Printer;
-use super::reporters::train::load_line;
+use super::reporters::train::with_load_progress;
 use super::Status;
 
 /// The label `transformers` ignores.
@@ -24,16 +24,7 @@ struct Line<'a> {
 
 pub fn run(args: DataArgs, printer: &Printer) -> anyhow::Result<Status> {
     let settings = DataSettings::from_args(&args)?;
-    let bar = printer.progress(0, "{bar:30} {pos}/{len} records tokenized  ETA {eta}");
-    let inspection = inspect(&settings, &|event| match &event {
-        LoadEvent::Tokenizing { total } => {
-            bar.set_length(*total as u64);
-            bar.suspend(|| printer.status(load_line(&event)));
-        }
-        LoadEvent::Tokenized { done } => bar.set_position(*done as u64),
-        _ => bar.suspend(|| printer.status(load_line(&event))),
-    });
-    bar.finish_and_clear();
+    let inspection = with_load_progress(printer, |events| inspect(&settings, events));
     let inspection = inspection?;
     let table = &inspection.examples;
     for i in 0..table.len() {
@@ -55,7 +46,11 @@ pub fn run(args: DataArgs, printer: &Printer) -> anyhow::Result<Status> {
             marked(&inspection.tokenizer, table.get(i))?
         ));
     }
-    printer.data_text(counts(&inspection, settings.micro_batch));
+    printer.data_text(counts(
+        &inspection,
+        settings.micro_batch,
+        settings.model.seq_len,
+    ));
     Ok(Status::Success)
 }
 
@@ -79,19 +74,33 @@ fn marked(tokenizer: &Tokenizer, (ids, trained): (&[u32], &[u8])) -> anyhow::Res
     Ok(text)
 }
 
-fn counts(inspection: &Inspection, micro_batch: usize) -> String {
+fn counts(inspection: &Inspection, micro_batch: usize, seq_len: usize) -> String {
     let cut = &inspection.cut;
-    format!(
-        "{} examples: {} kept, {} cut to the sequence length, {} dropped with nothing to train \
-         on; {} tokens kept, {} trained on ({:.1}%); padding {:.1}% of micro-batches of {}",
+    let mut text = format!(
+        "{} examples: {} kept, {} cut to the sequence length of {seq_len}, {} longer than it \
+         dropped (--truncate drop), {} dropped with nothing to train on; {} tokens kept, {} \
+         trained on ({:.1}%)\npadding: {:.1}% of padded micro-batches of {micro_batch}, {:.1}% \
+         packed into sequences of {seq_len}\nlengths (tokens): ",
         inspection.examples.len(),
         cut.kept,
         cut.truncated,
+        cut.too_long,
         cut.dropped,
         cut.tokens,
         cut.trained_tokens,
         100.0 * cut.trained_tokens as f64 / cut.tokens.max(1) as f64,
         100.0 * inspection.padding,
-        micro_batch
-    )
+        100.0 * inspection.packing,
+    );
+    text.push_str(&histogram(&inspection.lengths));
+    text
+}
+
+/// The length histogram on one line: `≤64: 10 · ≤128: 3`.
+pub fn histogram(buckets: &[LengthBucket]) -> String {
+    let parts: Vec<String> = buckets
+        .iter()
+        .map(|b| format!("≤{}: {}", b.up_to, b.examples))
+        .collect();
+    parts.join(" · ")
 }

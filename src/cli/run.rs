@@ -21,8 +21,55 @@ use super::args::RunArgs;
 use super::printer::Printer;
 use super::reporters::train::{self as progress, TrainProgress};
 use super::train::{interrupt_flag, status_of, TrainReport};
-use super::tune::{emit, record, report, search_only};
+use super::tune::{emit, record, report, search_only, tuning_data};
 use super::Status;
+
+/// What the tuning half of a run ended with.
+enum TuningHalf {
+    /// A verified plan, written into the run directory.
+    Planned(Box<Plan>),
+    /// No feasible plan: what was found is reported, and the run ends with this status.
+    NoPlan(Status),
+}
+
+/// Tunes on the run's data and writes the plan into the run directory.
+fn tune_into(
+    args: &RunArgs,
+    training: &Training,
+    run_dir: &RunDir,
+    printer: &Printer,
+) -> anyhow::Result<TuningHalf> {
+    let shape = tuning_data(&args.tune, &training.data_choice(), printer)?;
+    let settings = TuneSettings::from_args(&args.tune, shape)?;
+    for note in &settings.notes {
+        printer.note(note);
+    }
+    let tuned = search_only(&settings, printer)?;
+    // JSON output belongs to the combined report below, not to the tuning half.
+    let quiet_json = Printer::new(false, false, false);
+    let Some(plan) = &tuned.plan else {
+        let printer_for_plan = if printer.is_json() {
+            printer
+        } else {
+            &quiet_json
+        };
+        let status = emit(&tuned, None, printer_for_plan)?;
+        record(&tuned, &settings, printer)?;
+        report(&tuned, &settings, printer)?;
+        return Ok(TuningHalf::NoPlan(status));
+    };
+    // The plan first: a recording that cannot be written must not cost the plan.
+    plan.save(&run_dir.plan_path())?;
+    record(&tuned, &settings, printer)?;
+    report(&tuned, &settings, printer)?;
+    printer.status(format!(
+        "plan: {} ({:.0} tokens/s measured), written to {}",
+        plan.knobs,
+        plan.measured.tokens_per_s,
+        run_dir.plan_path().display()
+    ));
+    Ok(TuningHalf::Planned(Box::new(plan.clone())))
+}
 
 #[derive(Serialize)]
 struct RunReport<'a> {
@@ -59,38 +106,10 @@ pub fn run(args: RunArgs, printer: &Printer) -> anyhow::Result<Status> {
         plan
     } else {
         run_dir.check_fresh(training.overwrite)?;
-        let settings = TuneSettings::from_args(&args.tune)?;
-        for note in &settings.notes {
-            printer.note(note);
+        match tune_into(&args, &training, &run_dir, printer)? {
+            TuningHalf::Planned(plan) => *plan,
+            TuningHalf::NoPlan(status) => return Ok(status),
         }
-        let tuned = search_only(&settings, printer)?;
-        // JSON output belongs to the combined report below, not to the tuning half.
-        let quiet_json = Printer::new(false, false, false);
-        let Some(plan) = &tuned.plan else {
-            let status = emit(
-                &tuned,
-                None,
-                if printer.is_json() {
-                    printer
-                } else {
-                    &quiet_json
-                },
-            );
-            record(&tuned, &settings, printer)?;
-            report(&tuned, &settings, printer)?;
-            return status;
-        };
-        // The plan first: a recording that cannot be written must not cost the plan.
-        plan.save(&run_dir.plan_path())?;
-        record(&tuned, &settings, printer)?;
-        report(&tuned, &settings, printer)?;
-        printer.status(format!(
-            "plan: {} ({:.0} tokens/s measured), written to {}",
-            plan.knobs,
-            plan.measured.tokens_per_s,
-            run_dir.plan_path().display()
-        ));
-        plan.clone()
     };
     // A run stopped before its first checkpoint resumes from its plan alone.
     training.resume = training.resume && run_dir.has_checkpoints()?;

@@ -21,6 +21,7 @@ use super::pack::{pack_rows, PackedEpochs};
 use super::table::ExampleTable;
 use crate::model::batch::{Batch, LossMask};
 use crate::model::dropout::Dropout;
+use crate::plan::Truncation;
 use crate::{Error, Result};
 
 /// One tokenized example: its ids, and for each whether the model is trained to predict it.
@@ -42,6 +43,8 @@ pub struct Cut {
     pub truncated: usize,
     /// Examples left without a trained token (after a cut, or before): dropped.
     pub dropped: usize,
+    /// Examples longer than the sequence length, left out (`--truncate drop`).
+    pub too_long: usize,
     /// Tokens kept, and of those trained on.
     pub tokens: usize,
     /// Of the kept tokens, the ones the loss counts.
@@ -76,19 +79,24 @@ struct EpochOrder {
 }
 
 impl Dataset {
-    /// The examples `chosen` of `table`, cut to `seq_len`, without those with nothing to train
-    /// on; padding takes `pad_id`. An empty result (every label masked) is an error, not a
-    /// silent zero loss.
+    /// The examples `chosen` of `table`, those longer than `seq_len` cut to it or left out as
+    /// `truncation` says, without those with nothing to train on; padding takes `pad_id`. An
+    /// empty result (every label masked) is an error, not a silent zero loss.
     pub fn new(
         table: Arc<ExampleTable>,
         chosen: impl IntoIterator<Item = usize>,
         seq_len: usize,
         pad_id: u32,
+        truncation: Truncation,
     ) -> Result<(Self, Cut)> {
         let mut cut = Cut::default();
         let mut kept = Vec::new();
         for i in chosen {
             let (ids, trained) = table.get(i);
+            if truncation == Truncation::Drop && ids.len() > seq_len + 1 {
+                cut.too_long += 1;
+                continue;
+            }
             let len = ids.len().min(seq_len + 1);
             let counted = trained[..len].iter().skip(1).filter(|&&t| t != 0).count();
             if counted == 0 || len < 2 {
@@ -100,6 +108,14 @@ impl Dataset {
             cut.tokens += len;
             cut.trained_tokens += counted;
             kept.push((i, len));
+        }
+        if kept.is_empty() && cut.too_long > 0 {
+            return Err(Error::Usage(format!(
+                "every example is longer than the sequence length of {seq_len} tokens, and \
+                 --truncate drop leaves them out ({} of them); cut them instead (--truncate cut) \
+                 or give longer sequences (--seq-len)",
+                cut.too_long
+            )));
         }
         if kept.is_empty() {
             return Err(Error::Usage(format!(
@@ -123,7 +139,7 @@ impl Dataset {
     /// Every one of `examples`, held in a table of their own.
     pub fn of_examples(examples: &[Example], seq_len: usize, pad_id: u32) -> Result<(Self, Cut)> {
         let table = Arc::new(ExampleTable::new(examples));
-        Self::new(table, 0..examples.len(), seq_len, pad_id)
+        Self::new(table, 0..examples.len(), seq_len, pad_id, Truncation::Cut)
     }
 
     /// How many examples the dataset holds.
@@ -178,6 +194,30 @@ impl Dataset {
                 rows.div_ceil(per_step)
             }
         }
+    }
+
+    /// The length of every example kept, in tokens, in dataset order.
+    pub fn lengths(&self) -> impl Iterator<Item = usize> + '_ {
+        self.kept.iter().map(|&(_, len)| len)
+    }
+
+    /// Of the positions of the first epoch's micro-batches of `micro_batch` sequences (in a
+    /// run seeded with `seed`), the share that holds an example's token rather than padding.
+    pub fn fill(&self, seed: u64, micro_batch: usize) -> f64 {
+        // An example of n tokens fills n − 1 positions: its inputs.
+        let real: usize = self.lengths().map(|len| len - 1).sum();
+        let positions = match &self.packing {
+            Some((_, seq_len)) => self.pack(seed, 0, *seq_len).len() * seq_len,
+            None => self
+                .order(seed, 0)
+                .chunks(micro_batch.max(1))
+                .map(|picks| {
+                    let widest = picks.iter().map(|&i| self.kept[i].1 - 1).max();
+                    widest.unwrap_or(0) * picks.len()
+                })
+                .sum(),
+        };
+        real as f64 / positions.max(1) as f64
     }
 
     /// Epoch `epoch`'s examples packed into sequences of `seq_len` positions.
@@ -423,6 +463,26 @@ mod tests {
             none.contains("no example has a token to train on"),
             "{none}"
         );
+    }
+
+    #[test]
+    fn truncation_drop_leaves_over_long_examples_out_and_counts_them() {
+        let examples = vec![example(5, 1), example(12, 2), example(9, 1)];
+        let table = Arc::new(ExampleTable::new(&examples));
+        let (set, cut) = Dataset::new(table.clone(), 0..3, 8, 0, Truncation::Drop).unwrap();
+        assert_eq!(
+            set.len(),
+            2,
+            "9 tokens are 8 inputs and their last target: kept"
+        );
+        assert_eq!((cut.kept, cut.truncated, cut.too_long), (2, 0, 1));
+        assert_eq!(set.get(1).0.len(), 9);
+        let (_, cut) = Dataset::new(table.clone(), 0..3, 8, 0, Truncation::Cut).unwrap();
+        assert_eq!((cut.kept, cut.truncated, cut.too_long), (3, 1, 0));
+        let all_long = Dataset::new(table, [1], 4, 0, Truncation::Drop)
+            .unwrap_err()
+            .to_string();
+        assert!(all_long.contains("--truncate cut"), "{all_long}");
     }
 
     #[test]

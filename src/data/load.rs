@@ -26,6 +26,7 @@ use super::records::{self, Columns, Record};
 use super::table::ExampleTable;
 use super::template::ChatTemplate;
 use super::tokenizer::Tokenizer;
+use crate::plan::Truncation;
 use crate::spec::model::ModelSpec;
 use crate::{Error, Result};
 
@@ -130,6 +131,9 @@ pub struct RecordsSpec {
     /// Whether training packs several examples into a sequence.
     #[serde(default = "PackChoice::padded")]
     pub packing: PackChoice,
+    /// What happens to examples longer than the sequence length.
+    #[serde(default)]
+    pub truncation: Truncation,
     /// SHA-256 of the files', the tokenizer's and its config's bytes and of the settings above.
     pub fingerprint: String,
     /// The token cache's key for the examples of `files`.
@@ -192,6 +196,7 @@ impl RecordsSpec {
             format,
             held_out,
             packing: PackChoice::Auto,
+            truncation: Truncation::Cut,
             fingerprint,
             examples_key,
             held_out_key,
@@ -233,15 +238,16 @@ impl RecordsSpec {
         let held_out = match (&self.held_out, &self.held_out_key) {
             (HeldOut::None, _) => None,
             (HeldOut::PerMillion(_), _) => {
-                Some(Dataset::new(table.clone(), held, model.seq_len, pad)?.0)
+                Some(Dataset::new(table.clone(), held, model.seq_len, pad, self.truncation)?.0)
             }
             (HeldOut::Files(files), key) => {
                 let key = key.as_deref().unwrap_or_default();
                 let held = self.table_of(files, key, &tokenizer, loading)?;
-                Some(Dataset::new(held.clone(), 0..held.len(), model.seq_len, pad)?.0)
+                let all = 0..held.len();
+                Some(Dataset::new(held.clone(), all, model.seq_len, pad, self.truncation)?.0)
             }
         };
-        let (train, cut) = Dataset::new(table, train, model.seq_len, pad)?;
+        let (train, cut) = Dataset::new(table, train, model.seq_len, pad, self.truncation)?;
         Ok(Loaded {
             train,
             cut,

@@ -6,7 +6,7 @@
 //! ([`dataset`]); the model's
 //! tokenizer ([`tokenizer`]) and chat template ([`template`]); examples stored flat
 //! ([`table`]) and cached once tokenized ([`cache`]); the loader, a step ahead of the device
-//! ([`loader`]).
+//! ([`loader`]); and a dataset as a plan is tuned on it ([`profile`]).
 
 pub mod cache;
 pub mod columnar;
@@ -16,6 +16,7 @@ pub mod format;
 pub mod load;
 pub mod loader;
 pub mod pack;
+pub mod profile;
 pub mod records;
 pub mod source;
 pub mod table;

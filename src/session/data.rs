@@ -1,14 +1,20 @@
 //! What `data` shows: a dataset's examples as training takes them, before they are cut and
-//! shuffled, and what cutting and batching them does.
+//! shuffled, and what cutting and batching them does; and a dataset shaped for the trials of
+//! a search tuned on it ([`shape`]).
 
+use std::path::Path;
 use std::sync::Arc;
 
 use crate::data::cache::TokenCache;
 use crate::data::dataset::{Cut, Dataset};
-use crate::data::load::{LoadEvent, Loading};
+use crate::data::load::{LoadEvent, Loading, RecordsSpec};
+use crate::data::profile::DataShape;
 use crate::data::table::ExampleTable;
 use crate::data::tokenizer::Tokenizer;
+use crate::model::Engine;
+use crate::plan::{length_histogram, Batching, LengthBucket};
 use crate::settings::data::DataSettings;
+use crate::spec::model::ModelSpec;
 use crate::Result;
 
 /// A dataset's examples and their counts.
@@ -19,6 +25,10 @@ pub struct Inspection {
     pub cut: Cut,
     /// Of the positions of epoch 0's micro-batches, the share that is padding.
     pub padding: f64,
+    /// The same share packed into sequences of the model's length.
+    pub packing: f64,
+    /// The lengths of the examples kept.
+    pub lengths: Vec<LengthBucket>,
     /// The tokenizer, to show the examples as text.
     pub tokenizer: Tokenizer,
 }
@@ -34,26 +44,49 @@ pub fn inspect(settings: &DataSettings, events: &dyn Fn(LoadEvent)) -> Result<In
     let examples = settings.records.table(&tokenizer, &loading)?;
     let pad = tokenizer.pad().or(tokenizer.eos()).map_or(0, |t| t.id);
     let all = 0..examples.len();
-    let (dataset, cut) = Dataset::new(examples.clone(), all, settings.model.seq_len, pad)?;
-    let padding = padding(&dataset, settings.micro_batch);
+    let seq_len = settings.model.seq_len;
+    let truncation = settings.records.truncation;
+    let (mut dataset, cut) = Dataset::new(examples.clone(), all, seq_len, pad, truncation)?;
+    let padding = 1.0 - dataset.fill(0, settings.micro_batch);
+    dataset.set_packing(Some(seq_len));
+    let packing = 1.0 - dataset.fill(0, settings.micro_batch);
+    let lengths = length_histogram(dataset.lengths());
     Ok(Inspection {
         examples,
         cut,
         padding,
+        packing,
+        lengths,
         tokenizer,
     })
 }
 
-/// The share of padding in epoch 0's micro-batches of `micro_batch` sequences.
-fn padding(dataset: &Dataset, micro_batch: usize) -> f64 {
-    let n = dataset.len();
-    let (mut positions, mut padded) = (0usize, 0usize);
-    for micro in 0..n.div_ceil(micro_batch) as u64 {
-        let picks = dataset.picks(0, 0, micro, micro_batch);
-        let lengths: Vec<usize> = picks.iter().map(|&i| dataset.get(i).0.len() - 1).collect();
-        let width = lengths.iter().copied().max().unwrap_or(0);
-        positions += width * lengths.len();
-        padded += lengths.iter().map(|l| width - l).sum::<usize>();
-    }
-    padded as f64 / positions.max(1) as f64
+/// Loads the dataset `records` (given as `files`) for `spec`, as training will, and shapes it
+/// for a search's trials: batched as its packing choice allows for `spec` on autotune's
+/// engine, into sequences at most `spec.seq_len` long.
+pub fn shape(
+    records: &RecordsSpec,
+    files: &[String],
+    spec: &ModelSpec,
+    cache_dir: &Path,
+    events: &dyn Fn(LoadEvent),
+) -> Result<DataShape> {
+    let loading = Loading {
+        cache: Some(TokenCache::new(cache_dir.to_path_buf())),
+        events,
+    };
+    let loaded = records.load(spec, &loading)?;
+    let batching = if records.packing.packs(spec, Engine::default())? {
+        Batching::Packed
+    } else {
+        Batching::Padded
+    };
+    Ok(DataShape::new(
+        loaded.train,
+        loaded.cut,
+        records,
+        files,
+        batching,
+        spec.seq_len,
+    ))
 }

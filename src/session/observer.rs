@@ -76,6 +76,11 @@ pub enum Notice {
     },
     /// Loading a dataset: tokenizing it, or mapping it from the token cache.
     Loading(LoadEvent),
+    /// The run trains with a plan tuned on other data, as `--allow-data-mismatch` allows.
+    PlanDataDiffers {
+        /// How the data differs, in a sentence's words.
+        what: String,
+    },
     /// A dataset's examples are ready: how many were kept, cut and dropped, and their tokens.
     Examples(Cut),
     /// A run directory is resumed with its own plan.

@@ -21,7 +21,9 @@ use crate::data::format::TextTokens;
 use crate::data::load::HeldOut;
 use crate::data::load::{LoadEvent, Loading};
 use crate::data::pack::PackChoice;
+use crate::data::profile::run_data;
 use crate::data::source::{Data, DataSpec};
+use crate::model::Engine;
 use crate::plan::schema::Plan;
 use crate::settings::train::{TrainSettings, TrainSource};
 use crate::settings::training::Training;
@@ -88,6 +90,7 @@ pub fn train_with_plan(
     observer: &dyn SessionObserver,
     interrupt: &AtomicBool,
 ) -> Result<RunSummary> {
+    check_plan_data(plan, plan_path, training, observer)?;
     let _lock = claim_checkpoint_dir(
         training.checkpoint_dir.as_deref(),
         training.resume,
@@ -121,6 +124,39 @@ pub fn train_with_plan(
     }
     host_memory::set_soft_limit(None);
     Ok(summary)
+}
+
+/// Refuses to train with a plan tuned on other data than the run's (other files, tokenizer or
+/// batching: its memory was measured on other batches), unless `--allow-data-mismatch` asks
+/// to, which is then said.
+fn check_plan_data(
+    plan: &Plan,
+    plan_path: &Path,
+    training: &Training,
+    observer: &dyn SessionObserver,
+) -> Result<()> {
+    let Some(tuned) = &plan.data else {
+        return Ok(());
+    };
+    let data = training.data_choice();
+    let records = data.records();
+    let packs = match records {
+        Some(records) => records.packing.packs(&plan.model, Engine::default())?,
+        None => false,
+    };
+    let Err(mismatch) = tuned.check(run_data(records, packs)) else {
+        return Ok(());
+    };
+    let what = mismatch.describe(tuned);
+    if training.allow_data_mismatch {
+        observer.notice(Notice::PlanDataDiffers { what });
+        return Ok(());
+    }
+    Err(Error::Usage(format!(
+        "plan `{}` {what}; train on the plan's data, tune on this data (`autotune tune --data \
+         ...`), or pass --allow-data-mismatch to train with this plan anyway",
+        plan_path.display()
+    )))
 }
 
 /// The `autotune train` arguments a rank of a plan's data-parallel run gets: the run's
@@ -184,6 +220,9 @@ fn data_flags(training: &Training) -> Vec<OsString> {
     }
     args.push("--cache-dir".into());
     args.push(training.cache_dir.as_os_str().to_owned());
+    if training.allow_data_mismatch {
+        args.push("--allow-data-mismatch".into());
+    }
     match &training.data_spec {
         DataSpec::Records(records) => {
             if let Some(format) = records.format {
@@ -201,6 +240,8 @@ fn data_flags(training: &Training) -> Vec<OsString> {
                 PackChoice::Pack => args.push("--pack".into()),
                 PackChoice::Pad => args.push("--no-pack".into()),
             }
+            args.push("--truncate".into());
+            args.push(records.truncation.as_str().into());
             match &records.held_out {
                 HeldOut::None => {}
                 HeldOut::PerMillion(share) => {

@@ -157,6 +157,11 @@ fn live(settings: &LiveSettings, observer: &dyn TuneObserver) -> crate::Result<T
         // Scaling efficiency is measured, never assumed: one GPU's trial if the search ran none.
         plan.measure_scaling(driver.space(), trials.prober())?;
         plan.provenance = Some(trials.provenance(&recorded.name));
+        plan.data = settings
+            .data
+            .as_ref()
+            .map(|d| d.profile(plan.knobs.micro_batch));
+        plan.model_folder = settings.model_folder.clone();
     }
     let measured_by = trials.runner_identity().cloned();
     if let Some(seen) = measured_by.as_ref().and_then(|m| m.device.as_ref()) {

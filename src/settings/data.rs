@@ -5,12 +5,13 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::model::{model_folder, ModelName};
+use super::model::{model_folder, resolve_model, ModelName};
 use crate::data::cache::default_dir as default_cache_dir;
 use crate::data::examples::TrainOn;
 use crate::data::format::{record_files, RecordFormat};
 use crate::data::load::{HeldOut, RecordsSpec};
 use crate::data::records::Columns;
+use crate::plan::Truncation;
 use crate::spec::model::ModelSpec;
 use crate::{Error, Result};
 
@@ -21,6 +22,11 @@ pub struct DataArgs {
     /// sequence length), or a preset or spec file with --tokenizer.
     #[arg(long, value_parser = ModelName)]
     pub model: String,
+    /// Train on sequences of N tokens (default: the model's length: its preset's, or its
+    /// config's `max_position_embeddings` up to 2048). With --data, the longest a sequence may
+    /// be: longer examples are cut or dropped (--truncate).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    pub seq_len: Option<u64>,
     /// The records: text (documents between blank lines), JSON lines, a JSON array, or a folder
     /// of them; repeat it for several.
     #[arg(long, required = true)]
@@ -37,6 +43,10 @@ pub struct DataArgs {
     /// The columns holding the fields autotune reads (as `train --columns`).
     #[arg(long, value_name = "FIELD=COLUMN,...")]
     pub columns: Option<String>,
+    /// What happens to an example longer than the sequence length: cut (its first tokens
+    /// kept) or drop.
+    #[arg(long, default_value = "cut", value_parser = parse_truncation)]
+    pub truncate: Truncation,
     /// Sequences per micro-batch, for the padding a batch of them wastes.
     #[arg(long, default_value_t = 8)]
     pub micro_batch: usize,
@@ -70,7 +80,7 @@ pub struct DataSettings {
 impl DataSettings {
     /// Resolves and checks `args`.
     pub fn from_args(args: &DataArgs) -> Result<Self> {
-        let model = ModelSpec::resolve(&args.model)?;
+        let model = resolve_model(&args.model, args.seq_len.map(|n| n as usize))?;
         let tokenizer = match (&args.tokenizer, model_folder(&args.model)) {
             (Some(path), _) => path.clone(),
             (None, Some(folder)) if folder.join("tokenizer.json").is_file() => folder,
@@ -90,7 +100,7 @@ impl DataSettings {
             let error = std::io::Error::from(std::io::ErrorKind::NotFound);
             return Err(Error::file("cannot read training data", missing, error));
         }
-        let records = RecordsSpec::new(
+        let mut records = RecordsSpec::new(
             record_files(&args.data, args.data_format)?,
             tokenizer,
             args.train_on,
@@ -98,6 +108,7 @@ impl DataSettings {
             HeldOut::None,
             args.data_format,
         )?;
+        records.truncation = args.truncate;
         Ok(Self {
             records,
             model,
@@ -106,4 +117,9 @@ impl DataSettings {
             cache_dir: args.cache_dir.clone().unwrap_or_else(default_cache_dir),
         })
     }
+}
+
+/// Parses `--truncate`.
+pub fn parse_truncation(text: &str) -> std::result::Result<Truncation, String> {
+    text.parse()
 }

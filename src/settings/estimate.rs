@@ -81,7 +81,7 @@ impl EstimateSettings {
             });
         }
         notes.extend(args.planned.note());
-        let model = ModelSpec::resolve(&args.planned.model)?;
+        let model = args.planned.model_spec()?;
         let target = args.planned.spec()?;
         let knobs = args.knobs.knobs();
         knobs

@@ -13,6 +13,11 @@ pub struct ModelArgs {
     /// folder (its config, and its weights to start from).
     #[arg(long, default_value = "tiny", value_parser = ModelName)]
     pub model: String,
+    /// Train on sequences of N tokens (default: the model's length: its preset's, or its
+    /// config's `max_position_embeddings` up to 2048). With --data, the longest a sequence may
+    /// be: longer examples are cut or dropped (--truncate).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    pub seq_len: Option<u64>,
     /// Where to run: cpu, cuda, or auto (cuda when built with it and a GPU is present).
     #[arg(long, default_value = "auto")]
     pub device: String,

@@ -6,6 +6,7 @@
 
 pub mod check;
 pub mod data;
+pub mod dataset;
 pub mod estimate;
 pub mod export;
 pub mod export_weights;

@@ -38,6 +38,22 @@ pub fn model_folder(model: &str) -> Option<std::path::PathBuf> {
     path.is_dir().then(|| path.to_path_buf())
 }
 
+/// The model `model` names, trained on sequences of `seq_len` tokens when given (else the
+/// model's own length: its preset's, or its config's up to 2048).
+pub fn resolve_model(model: &str, seq_len: Option<usize>) -> crate::Result<ModelSpec> {
+    let mut spec = ModelSpec::resolve(model)?;
+    if let Some(seq_len) = seq_len {
+        spec.seq_len = seq_len;
+        spec.validate().map_err(|e| {
+            crate::Error::from(autotune_core::Error::InvalidFlag {
+                flag: format!("--seq-len {seq_len}"),
+                problem: format!("does not suit model `{model}`: {e}"),
+            })
+        })?;
+    }
+    Ok(spec)
+}
+
 /// Whether `folder` holds weights (`model.safetensors`, or the shards its index lists).
 pub fn holds_weights(folder: &std::path::Path) -> bool {
     let weights = ["model.safetensors", "model.safetensors.index.json"];

@@ -5,6 +5,7 @@ use clap::Args;
 
 use super::flags::{self, as_flag};
 use super::knobs::ByHandArgs;
+use super::model::resolve_model;
 use crate::model::Engine;
 use crate::spec::budget::parse_bytes;
 use crate::spec::limits;
@@ -56,7 +57,10 @@ pub struct ProbeSettings {
 impl ProbeSettings {
     /// Resolves and checks `args`.
     pub fn from_args(args: &ProbeArgs) -> Result<Self> {
-        let spec = ModelSpec::resolve(&args.by_hand.model.model)?;
+        let spec = resolve_model(
+            &args.by_hand.model.model,
+            args.by_hand.model.seq_len.map(|n| n as usize),
+        )?;
         let knobs = args.by_hand.knobs.knobs();
         let host_budget = args.host_budget.as_deref().map(bytes).transpose()?;
         let request = TrialRequest {

@@ -14,6 +14,11 @@ pub struct TargetArgs {
     /// folder (its config, and its weights to start from).
     #[arg(long, default_value = "tiny", value_parser = ModelName)]
     pub model: String,
+    /// Train on sequences of N tokens (default: the model's length: its preset's, or its
+    /// config's `max_position_embeddings` up to 2048). With --data, the longest a sequence may
+    /// be: longer examples are cut or dropped (--truncate).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    pub seq_len: Option<u64>,
     /// Target machine: auto (this machine's GPU, else the CPU), a built-in profile
     /// (rtx4090-32g, h200, cpu) or a JSON profile file. A smaller GPU is emulated on a larger one.
     #[arg(long, default_value = "auto")]
@@ -25,6 +30,11 @@ pub struct TargetArgs {
 }
 
 impl TargetArgs {
+    /// The model, at the sequence length asked for.
+    pub fn model_spec(&self) -> Result<crate::spec::model::ModelSpec> {
+        super::model::resolve_model(&self.model, self.seq_len.map(|n| n as usize))
+    }
+
     /// The target machine, under its new name or its old one.
     pub fn name(&self) -> &str {
         self.device.as_deref().unwrap_or(&self.target)

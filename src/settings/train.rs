@@ -2,19 +2,20 @@
 //! and knobs given by hand, and the run's settings. Everything a flag can get wrong is
 //! refused here, before a device is opened.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 
 use super::flags::{self, as_flag};
 use super::knobs::ByHandArgs;
+use super::model::resolve_model;
 use super::optimizer::OptimizerArgs;
 use super::training::{Training, TrainingArgs, TrainingDefaults};
 use crate::model::Engine;
 use crate::plan::schema::Plan;
 use crate::spec::limits;
 use crate::spec::model::ModelSpec;
-use crate::{Knobs, Result};
+use crate::{Error, Knobs, Result};
 
 /// The flags of `autotune train`.
 #[derive(Debug, Args)]
@@ -91,9 +92,15 @@ impl TrainSettings {
             raw.schedule.lr_warmup_steps = steps;
             notes.push(flags::renamed("--warmup-steps", "--lr-warmup-steps"));
         }
-        let folder = match args.plan {
+        let plan = match &args.plan {
+            Some(path) => Some(Plan::load(path)?),
+            None => None,
+        };
+        let folder = match &plan {
             None => super::model::model_folder(&args.by_hand.model.model),
-            Some(_) => None,
+            // Other weights to start from: the plan's folder is not needed.
+            Some(_) if raw.init_from.is_some() => None,
+            Some(plan) => plan_folder(plan, args.plan.as_deref().unwrap_or(Path::new("")))?,
         };
         let training = Training::resolve(
             &raw,
@@ -102,9 +109,8 @@ impl TrainSettings {
             folder,
         )?;
         training.require_checkpoint_dir()?;
-        let source = match &args.plan {
-            Some(path) => {
-                let mut plan = Plan::load(path)?;
+        let source = match (plan, &args.plan) {
+            (Some(mut plan), Some(path)) => {
                 args.optimizer.apply(&mut plan.model)?;
                 // The ranks build the schedule too; a bad flag is refused before they start.
                 training.lr_schedule(plan.model.optimizer.lr)?;
@@ -113,7 +119,7 @@ impl TrainSettings {
                     path: path.clone(),
                 }
             }
-            None => by_hand(args, &training)?,
+            _ => by_hand(args, &training)?,
         };
         Ok(Self {
             source,
@@ -123,9 +129,26 @@ impl TrainSettings {
     }
 }
 
+/// The Hugging Face folder a plan's model was read from, which must still be there: training
+/// starts from its weights and reads the data with its tokenizer.
+fn plan_folder(plan: &Plan, path: &Path) -> Result<Option<PathBuf>> {
+    match &plan.model_folder {
+        Some(folder) if !folder.join("config.json").is_file() => Err(Error::Usage(format!(
+            "plan `{}` was tuned for the model folder `{}`, which holds no config.json any \
+             more; restore the folder, or start from other weights with --init-from DIR",
+            path.display(),
+            folder.display()
+        ))),
+        folder => Ok(folder.clone()),
+    }
+}
+
 /// The model and knobs the flags give, checked against each other and this machine.
 fn by_hand(args: &TrainArgs, training: &Training) -> Result<TrainSource> {
-    let mut spec = ModelSpec::resolve(&args.by_hand.model.model)?;
+    let mut spec = resolve_model(
+        &args.by_hand.model.model,
+        args.by_hand.model.seq_len.map(|n| n as usize),
+    )?;
     args.optimizer.apply(&mut spec)?;
     let knobs = args.by_hand.knobs.knobs();
     check_data_parallel_flags(args)?;

@@ -5,12 +5,9 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::data::cache::default_dir as default_cache_dir;
-use crate::data::examples::TrainOn;
-use crate::data::format::{record_files, DataFormat, RecordFormat, TextTokens};
-use crate::data::load::{HeldOut, RecordsSpec};
-use crate::data::pack::PackChoice;
-use crate::data::records::Columns;
+use super::dataset::{DataChoice, DatasetArgs};
+use crate::data::format::TextTokens;
+use crate::data::load::HeldOut;
 use crate::data::source::{Data, DataSpec};
 use crate::settings::model::holds_weights;
 use crate::train::schedule::{LrDecay, LrSchedule};
@@ -65,33 +62,9 @@ pub struct TrainingArgs {
     /// takes every example once, in its own seeded order.
     #[arg(long, value_name = "N", conflicts_with = "steps", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub epochs: Option<u64>,
-    /// Training data: `pattern` (learnable synthetic sequences, the default), `random` (the
-    /// seed's random tokens: nothing to learn, for benchmarks), a token file (`.bin`/`.u16`:
-    /// u16, `.u32`: u32; memory-mapped), or records read by the model's tokenizer: text
-    /// (`.txt`), JSON lines, JSON, Parquet, Arrow (a `datasets` `save_to_disk` folder), or a
-    /// folder of them; repeat it for several files. Text is read as raw bytes only with
-    /// `--tokenizer bytes`, and model files never.
-    #[arg(long, value_name = "FILE|DIR|pattern|random")]
-    pub data: Vec<String>,
-    /// The format of the --data files, when their names do not say it.
-    #[arg(long, value_enum)]
-    pub data_format: Option<RecordFormat>,
-    /// The tokenizer of record data (text, JSON lines, JSON, Parquet, Arrow): a
-    /// `tokenizer.json`, or the folder holding it with its `tokenizer_config.json` (default: the
-    /// --model or --init-from folder's); or `bytes`, to train on a text's raw bytes, one token
-    /// a byte.
-    #[arg(long, value_name = "PATH|bytes")]
-    pub tokenizer: Option<String>,
-    /// What the loss trains on: all (every token), completion (a completion's or an
-    /// instruction's response, not the prompt) or assistant (a conversation's assistant turns).
-    /// Default: what each record's schema says (documents all, prompt/completion and
-    /// instructions completion, conversations assistant).
-    #[arg(long, value_enum)]
-    pub train_on: Option<TrainOn>,
-    /// The columns of record data that hold the fields autotune reads, when they are named
-    /// otherwise: `field=column` pairs, e.g. `prompt=question,completion=answer`.
-    #[arg(long, value_name = "FIELD=COLUMN,...")]
-    pub columns: Option<String>,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub dataset: DatasetArgs,
     /// Hold this share of a dataset's examples out of training (chosen by a draw the dataset
     /// seeds, the same in every run on it) and evaluate on them, every --eval-every steps.
     #[arg(long, value_name = "FRACTION")]
@@ -99,19 +72,6 @@ pub struct TrainingArgs {
     /// Evaluate on the records of this file instead (read as the training data is).
     #[arg(long, value_name = "FILE", conflicts_with = "eval_split")]
     pub eval_data: Option<PathBuf>,
-    /// Pack several examples into each sequence, each attending only to itself, so that no
-    /// compute goes to padding (the default for records where the model allows it: rotary
-    /// positions or none, on the explicit engines).
-    #[arg(long, overrides_with = "no_pack")]
-    pub pack: bool,
-    /// Pad each example to the longest of its micro-batch instead of packing.
-    #[arg(long, overrides_with = "pack")]
-    pub no_pack: bool,
-    /// Where tokenized datasets are cached, so that a later run on the same files, tokenizer
-    /// and settings maps them at once (default: `$XDG_CACHE_HOME/autotune/tokens`, else
-    /// `~/.cache/autotune/tokens`).
-    #[arg(long, value_name = "DIR")]
-    pub cache_dir: Option<PathBuf>,
     /// Save a checkpoint every N steps, and always at the end and on Ctrl-C (default: 50 for
     /// train, 100 for run).
     #[arg(long, value_name = "N")]
@@ -120,6 +80,10 @@ pub struct TrainingArgs {
     /// run).
     #[arg(long, value_name = "N")]
     pub eval_every: Option<u64>,
+    /// Train with a plan tuned on other data (other files, tokenizer, or batching), though its
+    /// memory was measured on other batches.
+    #[arg(long)]
+    pub allow_data_mismatch: bool,
     /// Seed for weights, data order and dropout.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -209,6 +173,8 @@ pub struct Training {
     pub schedule: ScheduleArgs,
     /// Where the per-step metrics go, if anywhere.
     pub metrics: Option<PathBuf>,
+    /// Train with a plan tuned on other data.
+    pub allow_data_mismatch: bool,
 }
 
 impl Training {
@@ -228,8 +194,8 @@ impl Training {
             (None, false) => weights,
             (None, true) => None,
         };
-        let tokenizer = tokenizer_source(args, folder.or_else(|| args.init_from.clone()))?;
-        if let (Some(dir), true) = (&init_from, args.data.is_empty()) {
+        let dataset = &args.dataset;
+        if let (Some(dir), true) = (&init_from, dataset.data.is_empty()) {
             return Err(Error::Usage(format!(
                 "`{}` holds pretrained weights, and without --data they would train on \
                  synthetic `pattern` sequences; give --data FILE (or --data pattern to do that \
@@ -237,26 +203,13 @@ impl Training {
                 dir.display()
             )));
         }
-        let data = match args.data.as_slice() {
-            [] => vec!["pattern".to_string()],
-            given => given.to_vec(),
-        };
-        let columns = match &args.columns {
-            Some(text) => Columns::parse(text)?,
-            None => Columns::default(),
-        };
-        let records = RecordsArgs {
-            train_on: args.train_on,
-            columns,
-            held_out: held_out(args)?,
-            format: args.data_format,
-            packing: match (args.pack, args.no_pack) {
-                (true, _) => PackChoice::Pack,
-                (_, true) => PackChoice::Pad,
-                _ => PackChoice::Auto,
-            },
-        };
-        let data_spec = data_spec(&data, &tokenizer, records)?;
+        let folder = folder.or_else(|| args.init_from.clone());
+        let DataChoice {
+            data,
+            spec: data_spec,
+            text_tokens,
+            cache_dir,
+        } = dataset.resolve(folder, held_out(args)?)?;
         if args.epochs.is_some() && !matches!(data_spec, DataSpec::Records(_)) {
             return Err(autotune_core::Error::InvalidFlag {
                 flag: "--epochs".into(),
@@ -272,8 +225,8 @@ impl Training {
             epochs: args.epochs,
             data_spec,
             data,
-            text_tokens: tokenizer.text_tokens(),
-            cache_dir: args.cache_dir.clone().unwrap_or_else(default_cache_dir),
+            text_tokens,
+            cache_dir,
             checkpoint_dir,
             checkpoint_every: args.checkpoint_every.unwrap_or(defaults.checkpoint_every),
             eval_every: args.eval_every.unwrap_or(defaults.eval_every),
@@ -284,7 +237,18 @@ impl Training {
             init_from,
             schedule: args.schedule.clone(),
             metrics: args.metrics.clone(),
+            allow_data_mismatch: args.allow_data_mismatch,
         })
+    }
+
+    /// The data trained on.
+    pub fn data_choice(&self) -> DataChoice {
+        DataChoice {
+            data: self.data.clone(),
+            spec: self.data_spec.clone(),
+            text_tokens: self.text_tokens,
+            cache_dir: self.cache_dir.clone(),
+        }
     }
 
     /// The learning-rate schedule for a model whose rate is `base_lr`, over `steps`.
@@ -322,56 +286,6 @@ impl Training {
     }
 }
 
-/// Where record data's tokens come from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum TokenizerSource {
-    /// Nowhere: record data is refused.
-    NotGiven,
-    /// A text's raw bytes (`--tokenizer bytes`).
-    Bytes,
-    /// The model's tokenizer: a `tokenizer.json`, or the folder holding it.
-    Model(PathBuf),
-}
-
-impl TokenizerSource {
-    fn text_tokens(&self) -> TextTokens {
-        match self {
-            TokenizerSource::NotGiven => TextTokens::NotGiven,
-            TokenizerSource::Bytes => TextTokens::Bytes,
-            TokenizerSource::Model(_) => TextTokens::Model,
-        }
-    }
-}
-
-/// `--tokenizer`, or else the tokenizer of the model's folder (`folder`) when it holds one.
-fn tokenizer_source(args: &TrainingArgs, folder: Option<PathBuf>) -> Result<TokenizerSource> {
-    Ok(match args.tokenizer.as_deref() {
-        Some("bytes") => TokenizerSource::Bytes,
-        Some(path) => {
-            let path = PathBuf::from(path);
-            let json = if path.is_dir() {
-                path.join("tokenizer.json")
-            } else {
-                path.clone()
-            };
-            if !json.is_file() {
-                return Err(autotune_core::Error::InvalidFlag {
-                    flag: format!("--tokenizer {}", path.display()),
-                    problem: "names no tokenizer.json, nor a folder holding one; give the \
-                              model's tokenizer.json or its folder, or `bytes`"
-                        .into(),
-                }
-                .into());
-            }
-            TokenizerSource::Model(path)
-        }
-        None => match folder.filter(|f| f.join("tokenizer.json").is_file()) {
-            Some(folder) => TokenizerSource::Model(folder),
-            None => TokenizerSource::NotGiven,
-        },
-    })
-}
-
 /// What `--eval-split` or `--eval-data` hold out.
 fn held_out(args: &TrainingArgs) -> Result<HeldOut> {
     if let Some(share) = args.eval_split {
@@ -393,80 +307,4 @@ fn held_out(args: &TrainingArgs) -> Result<HeldOut> {
         Some(file) => HeldOut::Files(vec![file.clone()]),
         None => HeldOut::None,
     })
-}
-
-/// Whether `spec` is a file of records (text read as bytes counts: its name says records).
-fn is_record_kind(spec: &DataSpec) -> bool {
-    matches!(spec, DataSpec::Text(_) | DataSpec::Records(_))
-}
-
-/// How records become examples, as the flags say.
-struct RecordsArgs {
-    train_on: Option<TrainOn>,
-    columns: Columns,
-    held_out: HeldOut,
-    format: Option<RecordFormat>,
-    packing: PackChoice,
-}
-
-/// The data `data` names: a dataset of records for the model's tokenizer, or another source.
-fn data_spec(
-    data: &[String],
-    tokenizer: &TokenizerSource,
-    records: RecordsArgs,
-) -> Result<DataSpec> {
-    let paths: Vec<PathBuf> = data.iter().map(PathBuf::from).collect();
-    let are_records = records.format.is_some()
-        || paths.iter().all(|p| {
-            let format = DataFormat::of(p);
-            format == DataFormat::Folder || RecordFormat::of(&format).is_some()
-        });
-    match tokenizer {
-        TokenizerSource::Model(tokenizer) if are_records => {
-            for path in &paths {
-                if !path.exists() {
-                    let missing = std::io::Error::from(std::io::ErrorKind::NotFound);
-                    return Err(Error::file("cannot read training data", path, missing));
-                }
-            }
-            let spec = RecordsSpec::new(
-                record_files(&paths, records.format)?,
-                tokenizer.clone(),
-                records.train_on,
-                &records.columns,
-                records.held_out,
-                records.format,
-            )?;
-            Ok(DataSpec::Records(Box::new(RecordsSpec {
-                packing: records.packing,
-                ..spec
-            })))
-        }
-        _ if !records.held_out.is_none() => Err(Error::Usage(
-            "--eval-split and --eval-data hold out examples of a dataset of records (text, JSON \
-             lines, JSON, Parquet, Arrow read by the model's tokenizer)"
-                .into(),
-        )),
-        other => {
-            let specs = data
-                .iter()
-                .map(|d| DataSpec::resolve(d, other.text_tokens()))
-                .collect::<Result<Vec<_>>>()?;
-            match (specs.as_slice(), specs.iter().find(|s| !is_record_kind(s))) {
-                ([one], _) => Ok(one.clone()),
-                (_, Some(odd)) => Err(Error::Usage(format!(
-                    "--data names {} sources, and `{odd}` is no record file: only records \
-                     (text, JSON lines, JSON, Parquet, Arrow read by the model's tokenizer) come \
-                     as several \
-                     files; give a token file alone",
-                    specs.len()
-                ))),
-                _ => Err(Error::Usage(format!(
-                    "--data names {} sources of records, which need the model's tokenizer: \
-                     give --model DIR (a Hugging Face folder) or --tokenizer PATH",
-                    specs.len()
-                ))),
-            }
-        }
-    }
 }

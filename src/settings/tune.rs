@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use crate::data::profile::DataShape;
 use crate::knobs::Update;
 use crate::ops::FLASH_HEAD_DIMS;
 use crate::probe::host_work::adam_update_floor_s;
@@ -20,7 +21,9 @@ use crate::spec::budget::Budget;
 use crate::spec::device::{DeviceKind, DeviceSpec};
 use crate::spec::model::ModelSpec;
 
+use super::dataset::DatasetArgs;
 use super::flags::{self, as_flag};
+use super::model::model_folder;
 use super::optimizer::OptimizerArgs;
 use super::target::TargetArgs;
 
@@ -124,6 +127,17 @@ pub struct TuneArgs {
     /// Print the plan as one JSON document on stdout.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `tune`'s flags: the search's, and the data it tunes on.
+#[derive(Debug, Args)]
+pub struct TuneCommandArgs {
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub tune: TuneArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub dataset: DatasetArgs,
 }
 
 /// How search trials are isolated.
@@ -241,11 +255,17 @@ pub struct LiveSettings {
     /// The trial runner that measures every trial (`--backend exec -- RUNNER`); `None` for
     /// autotune's own engine.
     pub runner: Option<RunnerCommand>,
+    /// The dataset the search tunes on: its trials run its widest micro-batch, and the plan
+    /// records it. `None`: synthetic sequences of the model's length.
+    pub data: Option<DataShape>,
+    /// The model's Hugging Face folder, as an absolute path, when it is one.
+    pub model_folder: Option<PathBuf>,
 }
 
 impl TuneSettings {
-    /// Resolves and checks `args`.
-    pub fn from_args(args: &TuneArgs) -> crate::Result<Self> {
+    /// Resolves and checks `args`, for a search tuned on `data` when given (a dataset loaded
+    /// for the model `args` name, [`crate::session::data::shape`]).
+    pub fn from_args(args: &TuneArgs, data: Option<DataShape>) -> crate::Result<Self> {
         // Where the results go is checked first: a search can take long, and its plan must not
         // be lost to a typo in a path.
         for (flag, path) in [
@@ -263,13 +283,22 @@ impl TuneSettings {
             }
         }
         let runner = runner_command(&args.backend, &args.runner)?;
+        if let (Some(_), Backend::Replay(_) | Backend::Exec) = (&data, &args.backend) {
+            return Err(autotune_core::Error::InvalidFlag {
+                flag: format!("--backend {}", args.backend),
+                problem: "tunes on what its recording or its trial runner trains on, not on \
+                          --data; tune on a dataset with autotune's own engine (--backend live)"
+                    .into(),
+            }
+            .into());
+        }
         let source = match &args.backend {
             Backend::Replay(path) => Source::Replay {
                 path: path.clone(),
                 profile: Box::new(Profile::load(path)?),
             },
             Backend::Live | Backend::Exec => {
-                Source::Live(Box::new(LiveSettings::from_args(args, runner)?))
+                Source::Live(Box::new(LiveSettings::from_args(args, runner, data)?))
             }
         };
         Ok(Self {
@@ -324,8 +353,15 @@ pub fn runner_command(backend: &Backend, argv: &[String]) -> crate::Result<Optio
 }
 
 impl LiveSettings {
-    fn from_args(args: &TuneArgs, runner: Option<RunnerCommand>) -> crate::Result<Self> {
-        let mut spec = ModelSpec::resolve(&args.planned.model)?;
+    fn from_args(
+        args: &TuneArgs,
+        runner: Option<RunnerCommand>,
+        data: Option<DataShape>,
+    ) -> crate::Result<Self> {
+        let mut spec = args.planned.model_spec()?;
+        if let Some(data) = &data {
+            spec.seq_len = data.sequence_tokens();
+        }
         args.optimizer.apply(&mut spec)?;
         let target = args.planned.spec()?;
         let mut budget = Budget::from_device(&target);
@@ -358,6 +394,8 @@ impl LiveSettings {
             isolation,
             trial_timeout,
             runner,
+            data,
+            model_folder: model_folder(&args.planned.model).and_then(|f| f.canonicalize().ok()),
         })
     }
 }

@@ -100,7 +100,7 @@ fn a_chat_fine_tune_learns_the_assistants_turns_through_the_models_template() {
             "--micro-batch",
             "8",
             "--epochs",
-            "25",
+            "60",
             "--lr",
             "0.01",
             "--metrics",
@@ -168,11 +168,47 @@ fn a_chat_fine_tune_learns_the_assistants_turns_through_the_models_template() {
         resumed_loss < 0.7,
         "the exported weights are the trained ones: {resumed_loss}"
     );
+    // A plan tuned on the export remembers its folder: training with it starts from the
+    // trained weights and reads the data with the folder's tokenizer.
+    let tuned = autotune_in(
+        dir.path(),
+        &[
+            "tune",
+            "--model",
+            "exported",
+            "--target",
+            "cpu",
+            "--data",
+            "chat.jsonl",
+            "--max-trials",
+            "2",
+            "--out",
+            "plan.json",
+        ],
+    );
+    assert_eq!(tuned.status.code(), Some(0), "{}", stderr(&tuned));
+    let planned = autotune_in(
+        dir.path(),
+        &[
+            "train",
+            "--plan",
+            "plan.json",
+            "--data",
+            "chat.jsonl",
+            "--steps",
+            "1",
+            "--json",
+        ],
+    );
+    assert_eq!(planned.status.code(), Some(0), "{}", stderr(&planned));
+    let report: Value = serde_json::from_slice(&planned.stdout).unwrap();
+    let planned_loss = report["last_loss"].as_f64().unwrap();
+    assert!(planned_loss < 0.7, "from the plan's folder: {planned_loss}");
 }
 
 /// Where Python's `transformers` is installed: it loads the folder's config and tokenizer and
-/// renders a conversation with its template (its model classes need torch, which the machines
-/// that run these tests may lack).
+/// renders a conversation with its template; where torch is installed too, it loads the model
+/// and generates each trained reply greedily, stopping at the end of turn.
 fn transformers_loads(folder: &Path) {
     let script = r#"
 import sys
@@ -184,7 +220,24 @@ out = tokenizer.apply_chat_template([{"role": "user", "content": "Colour of 1?"}
 ids = out["input_ids"] if hasattr(out, "keys") else out
 assert config.eos_token_id == tokenizer.eos_token_id, (config.eos_token_id, tokenizer.eos_token_id)
 assert ids[0] == config.bos_token_id, ids
-print("loaded", len(ids))
+try:
+    import torch
+except ImportError:
+    torch = None
+if torch is not None:
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    eot = model.generation_config.eos_token_id
+    for i, colour in enumerate(["red", "blue", "green", "black"]):
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"Colour of {i}?"}],
+            add_generation_prompt=True, return_tensors="pt")
+        prompt = prompt["input_ids"] if hasattr(prompt, "keys") else prompt
+        out = model.generate(prompt, max_new_tokens=8, do_sample=False, eos_token_id=eot)
+        reply = out[0, prompt.shape[1]:].tolist()
+        assert reply[-1] == eot, reply
+        assert tokenizer.decode(reply, skip_special_tokens=True) == colour, reply
+print("loaded", len(ids), "generated" if torch is not None else "")
 "#;
     let present = std::process::Command::new("python3")
         .args(["-c", "import transformers"])

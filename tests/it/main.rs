@@ -34,6 +34,9 @@ mod fine_tune;
 /// Packed micro-batches: the same loss and gradients as one example a sequence.
 mod packing;
 
+/// Plans tuned on the user's own data.
+mod data_plans;
+
 /// A dataset is tokenized once: later runs map it from the token cache.
 mod token_cache;
 

@@ -23,8 +23,8 @@ fn tuned(dir: &Path, args: &[&str]) -> Value {
     serde_json::from_str(&stdout(&out)).unwrap()
 }
 
-/// Plans of every kind autotune writes: a live CPU search, a replay of every committed GPU
-/// recording (offload, checkpointing, the update in backward, host links), and a version 2
+/// Plans of every kind autotune writes: a live CPU search, one tuned on a dataset from a model
+/// folder, a replay of every committed GPU recording (offload, checkpointing, the update in backward, host links), and a version 2
 /// data-parallel plan.
 fn written_plans(dir: &Path) -> Vec<(String, Value)> {
     let mut plans = vec![(
@@ -45,6 +45,29 @@ fn written_plans(dir: &Path) -> Vec<(String, Value)> {
             ],
         ),
     )];
+    // Tuned on a dataset of conversations from a model folder.
+    let folder = crate::fine_tune::chat_model(dir);
+    let line = json!({"messages": [
+        {"role": "user", "content": "Hi?"},
+        {"role": "assistant", "content": "Hello."},
+    ]});
+    std::fs::write(dir.join("chat.jsonl"), format!("{line}\n{line}\n")).unwrap();
+    plans.push((
+        "tuned on data".to_string(),
+        tuned(
+            dir,
+            &[
+                "--model",
+                &folder.to_string_lossy(),
+                "--target",
+                "cpu",
+                "--data",
+                "chat.jsonl",
+                "--max-trials",
+                "2",
+            ],
+        ),
+    ));
     let mut recordings = Vec::new();
     let mut pending = vec![repo("profiles/recorded")];
     while let Some(d) = pending.pop() {
@@ -108,6 +131,8 @@ fn every_plan_autotune_writes_follows_the_published_schema() {
         "\"out_of_memory\"",
         "\"fits\"",
         "\"provenance\"",
+        "\"model_folder\"",
+        "\"fingerprint\"",
     ] {
         assert!(text.contains(covered), "no written plan has {covered}");
     }
@@ -120,7 +145,7 @@ type Damage = Box<dyn Fn(&mut Value)>;
 fn what_the_plan_reader_refuses_the_schema_refuses() {
     let dir = tempfile::tempdir().unwrap();
     let schema = published_schema("plan.schema.json");
-    let (_, plan) = written_plans(dir.path()).swap_remove(1);
+    let (_, plan) = written_plans(dir.path()).swap_remove(2);
     let broken: [(&str, Damage); 9] = [
         ("an unknown field", Box::new(|p| p["extra"] = 1.into())),
         (

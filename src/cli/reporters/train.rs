@@ -134,7 +134,7 @@ impl SessionObserver for TrainProgress {
     fn notice(&self, notice: Notice) {
         match notice {
             Notice::Loading(event) => self.loading(event),
-            Notice::MetricsDropped { .. } => {
+            Notice::MetricsDropped { .. } | Notice::PlanDataDiffers { .. } => {
                 let line = notice_line(&notice);
                 self.bar.suspend(|| self.printer.warn(line))
             }
@@ -172,6 +172,22 @@ impl TrainProgress {
         }
         self.status(load_line(&event));
     }
+}
+
+/// Runs `work`, drawing the dataset loading it reports as status lines and a bar of the
+/// records tokenized.
+pub fn with_load_progress<T>(printer: &Printer, work: impl FnOnce(&dyn Fn(LoadEvent)) -> T) -> T {
+    let bar = printer.progress(0, "{bar:30} {pos}/{len} records tokenized  ETA {eta}");
+    let done = work(&|event| match &event {
+        LoadEvent::Tokenizing { total } => {
+            bar.set_length(*total as u64);
+            bar.suspend(|| printer.status(load_line(&event)));
+        }
+        LoadEvent::Tokenized { done } => bar.set_position(*done as u64),
+        _ => bar.suspend(|| printer.status(load_line(&event))),
+    });
+    bar.finish_and_clear();
+    done
 }
 
 /// A dataset's loading as the line people read.
@@ -229,6 +245,10 @@ pub fn notice_line(notice: &Notice) -> String {
         Notice::MetricsDropped { path, problem } => format!(
             "{problem}; training goes on without the metrics log `{}`",
             path.display()
+        ),
+        Notice::PlanDataDiffers { what } => format!(
+            "the plan {what}; training anyway (--allow-data-mismatch), though its memory was \
+             measured on other batches"
         ),
         Notice::Examples(cut) => format!(
             "{} examples ({} cut to the sequence length, {} dropped with nothing to train on), \

@@ -7,22 +7,57 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use autotune::data::load::HeldOut;
+use autotune::data::profile::DataShape;
 use autotune::plan::schema::Plan;
 use autotune::probe::runner::RunningGroup;
 use autotune::profile::record::Profile;
 use autotune::search::decision::Decision;
 use autotune::search::report::Reporter;
 use autotune::session::tune::{tune, TuneObserver, Tuned};
-use autotune::settings::tune::{LiveSettings, TuneArgs, TuneSettings};
+use autotune::settings::dataset::DataChoice;
+use autotune::settings::model::model_folder;
+use autotune::settings::tune::{LiveSettings, TuneArgs, TuneCommandArgs, TuneSettings};
 use autotune::trial::TrialResult;
 
 use super::interrupt::stop_runner_on_interrupt;
 use super::printer::Printer;
 use super::reporters::search::{self, SearchProgress};
+use super::reporters::train::with_load_progress;
 use super::Status;
 
-pub fn run(args: TuneArgs, printer: &Printer) -> anyhow::Result<Status> {
-    run_settings(&TuneSettings::from_args(&args)?, printer)
+pub fn run(args: TuneCommandArgs, printer: &Printer) -> anyhow::Result<Status> {
+    let folder = model_folder(&args.tune.planned.model);
+    let data = args.dataset.resolve(folder, HeldOut::None)?;
+    let shape = tuning_data(&args.tune, &data, printer)?;
+    run_settings(&TuneSettings::from_args(&args.tune, shape)?, printer)
+}
+
+/// The dataset `data` shaped for the trials of the search `args` describe, loaded (or mapped
+/// from the token cache) with its progress on stderr; `None` when it is no dataset of records.
+pub fn tuning_data(
+    args: &TuneArgs,
+    data: &DataChoice,
+    printer: &Printer,
+) -> anyhow::Result<Option<DataShape>> {
+    let Some(records) = data.records() else {
+        return Ok(None);
+    };
+    let spec = args.planned.model_spec()?;
+    let shape = with_load_progress(printer, |events| {
+        autotune::session::data::shape(records, &data.data, &spec, &data.cache_dir, events)
+    })?;
+    let cut = shape.cut();
+    printer.status(format!(
+        "tuning on {} examples {} into sequences of {} tokens ({} cut to {}, {} dropped)",
+        cut.kept,
+        shape.batching().as_str(),
+        shape.sequence_tokens(),
+        cut.truncated,
+        spec.seq_len,
+        cut.dropped + cut.too_long,
+    ));
+    Ok(Some(shape))
 }
 
 /// Searches, writes the plan, then the recording.

@@ -97,6 +97,8 @@ fn a_model_whose_state_cannot_fit_is_answered_without_a_trial() {
         isolation: ProbeIsolation::InProcess,
         trial_timeout: TrialTimeout::scaled(),
         runner: None,
+        data: None,
+        model_folder: None,
     };
     let told = Told::default();
     let tuned = live(&settings, &told).unwrap();

@@ -4,10 +4,12 @@
 //! [`Plan::from_search`](schema::Plan::from_search) builds one from a finished search; and
 //! [`exports`] translates it into DeepSpeed, Hugging Face and Lightning settings.
 
+pub mod data;
 pub mod exports;
 pub mod schema;
 pub mod select;
 
+pub use data::{length_histogram, Batching, DataMismatch, DataProfile, LengthBucket, Truncation};
 pub use exports::{ExportFormat, Notes};
 pub use schema::{
     Alternative, DataParallelReport, Headroom, ModelError, Plan, Predicted, Provenance, Tool,

@@ -90,6 +90,8 @@ impl Plan {
             state_note: knobs.state.difference(),
             // The caller knows how the trials ran.
             provenance: None,
+            model_folder: None,
+            data: None,
         })
     }
 }
