@@ -50,6 +50,9 @@ struct EstimateOutput<'a> {
     fits: bool,
     /// The largest micro-batch at these knobs the estimate fits into the budget.
     largest_micro_batch: Option<usize>,
+    /// The longest single sequence (one a micro-batch) at these knobs the estimate fits into
+    /// the budget, in tokens.
+    longest_sequence: Option<usize>,
 }
 
 /// The JSON document of `estimate --profile … --json`.
@@ -97,9 +100,17 @@ pub fn run(args: EstimateArgs, printer: &Printer) -> anyhow::Result<Status> {
         budget,
         fits: found.fits,
         largest_micro_batch: found.largest_micro_batch,
+        longest_sequence: found.longest_sequence,
     });
     printer.data_text(table(&model, &target, &knobs, attention, est));
     printer.data_text(verdict(est, &budget, found.fits, found.largest_micro_batch));
+    printer.data_text(match found.longest_sequence {
+        Some(tokens) => format!(
+            "the longest single sequence that fits at these knobs is {tokens} tokens (one a \
+             micro-batch)"
+        ),
+        None => "not even one token a micro-batch fits at these knobs".into(),
+    });
     Ok(if found.fits {
         Status::Success
     } else {

@@ -19,7 +19,12 @@ pub struct Estimated {
     pub fits: bool,
     /// The largest micro-batch at these knobs that fits, if any.
     pub largest_micro_batch: Option<usize>,
+    /// The longest single sequence (one a micro-batch) at these knobs that fits, in tokens.
+    pub longest_sequence: Option<usize>,
 }
+
+/// The longest sequence an estimate considers, in tokens.
+pub const LONGEST_CONSIDERED: usize = 1 << 20;
 
 /// The estimate of `knobs` for `model` on `target`, judged by `budget`.
 pub fn setting(
@@ -38,6 +43,15 @@ pub fn setting(
             target.kind,
             attention,
             budget,
+        ),
+        longest_sequence: estimate::longest_sequence(
+            model,
+            knobs,
+            target.kind,
+            attention,
+            budget,
+            1.0,
+            LONGEST_CONSIDERED,
         ),
         estimate: est,
     }

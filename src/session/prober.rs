@@ -15,6 +15,7 @@ use crate::probe::worker::WorkerProber;
 use crate::probe::Prober;
 use crate::settings::tune::{LiveSettings, ProbeIsolation};
 use crate::spec::device::DeviceKind;
+use crate::spec::model::ModelSpec;
 use crate::trial_protocol::RunnerIdentity;
 
 /// Where a live search's trials run.
@@ -81,15 +82,15 @@ impl Trials {
 /// Only in-process trials open a device here: with child or worker trials, or a runner, this
 /// process opens none, so its CUDA context takes no memory from the trials' (emulated) card.
 pub fn live_prober(settings: &LiveSettings) -> crate::Result<Trials> {
+    prober_for(settings, &settings.spec)
+}
+
+/// [`live_prober`] for another shape of the model (another sequence length).
+pub fn prober_for(settings: &LiveSettings, spec: &ModelSpec) -> crate::Result<Trials> {
     let target = &settings.target;
     let gpu_capacity = target.gpu_memory_bytes;
     let host_budget = Some(target.host_memory_bytes);
-    let setup = TrialSetup::new(
-        &settings.spec,
-        device_name(target.kind),
-        gpu_capacity,
-        host_budget,
-    );
+    let setup = TrialSetup::new(spec, device_name(target.kind), gpu_capacity, host_budget);
     if let Some(runner) = &settings.runner {
         let trials =
             TrialProcesses::new(runner.clone(), setup).with_timeout(settings.trial_timeout.clone());
@@ -110,7 +111,7 @@ pub fn live_prober(settings: &LiveSettings) -> crate::Result<Trials> {
                 DeviceKind::Cpu => Device::Cpu,
             };
             let meter = backend::memory_meter(&device, gpu_capacity)?;
-            Box::new(LiveProber::new(&settings.spec, &device, host_budget, meter))
+            Box::new(LiveProber::new(spec, &device, host_budget, meter))
         }
         ProbeIsolation::Child => Box::new(ChildProber::new(processes.clone())),
         ProbeIsolation::Worker => Box::new(WorkerProber::new(processes.clone())),

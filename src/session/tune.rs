@@ -23,6 +23,7 @@ use crate::settings::tune::{LiveSettings, Source, TuneSettings};
 use crate::spec::device::{DeviceKind, DeviceSpec};
 use crate::spec::limits;
 use crate::spec::model::ModelSpec;
+use crate::trial::TrialResult;
 use crate::trial_protocol::RunnerIdentity;
 
 /// What a finished search produced.
@@ -73,6 +74,9 @@ pub trait TuneObserver {
     /// A reporter for the search loop's events, made as the loop starts and dropped as it
     /// ends.
     fn search_progress(&self) -> Box<dyn Reporter + '_>;
+    /// A trial of one sequence of `tokens` at the plan's knobs, measuring the longest
+    /// sequence the plan takes, found `result`: within the budget when `fits`.
+    fn edge_trial(&self, tokens: usize, result: &TrialResult, fits: bool);
 }
 
 /// Runs the search `settings` describe: a replay of their recording, or trials here.
@@ -168,6 +172,11 @@ fn live(settings: &LiveSettings, observer: &dyn TuneObserver) -> crate::Result<T
         // The runner saw the device; this process, which opened none, may only know its kind.
         recorded.name = seen.clone();
     }
+    // The search's trial processes end first: the edge trials meet the card as training will.
+    drop(trials);
+    if let Some(plan) = plan.as_mut() {
+        plan.longest_sequence = Some(longest::longest_sequence(settings, plan, observer)?);
+    }
     Ok(tuned(recorded, driver, plan, outcome, measured_by))
 }
 
@@ -190,5 +199,6 @@ fn now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+mod longest;
 #[cfg(test)]
 mod tests;

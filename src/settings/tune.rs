@@ -91,6 +91,10 @@ pub struct TuneArgs {
         conflicts_with = "trial_warmup_steps"
     )]
     pub warmup_steps: Option<usize>,
+    /// Trials spent measuring the longest single sequence the plan can take, after the search
+    /// (0: predict it only).
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(0..=16))]
+    pub edge_trials: u64,
     /// Timed steps of each trial (default 3).
     #[arg(long, value_name = "N")]
     pub timed_steps: Option<usize>,
@@ -260,6 +264,8 @@ pub struct LiveSettings {
     pub data: Option<DataShape>,
     /// The model's Hugging Face folder, as an absolute path, when it is one.
     pub model_folder: Option<PathBuf>,
+    /// Trials spent measuring the longest sequence the plan takes.
+    pub edge_trials: usize,
 }
 
 impl TuneSettings {
@@ -396,6 +402,7 @@ impl LiveSettings {
             runner,
             data,
             model_folder: model_folder(&args.planned.model).and_then(|f| f.canonicalize().ok()),
+            edge_trials: args.edge_trials as usize,
         })
     }
 }

@@ -36,6 +36,8 @@ mod packing;
 
 /// Plans tuned on the user's own data.
 mod data_plans;
+/// The longest single sequence a plan or an estimate takes.
+mod longest_sequence;
 
 /// A dataset is tokenized once: later runs map it from the token cache.
 mod token_cache;

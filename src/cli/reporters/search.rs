@@ -1,8 +1,10 @@
 //! A search's progress and its opening line.
 
+use autotune::plan::LongestSequence;
 use autotune::probe::job::device_name;
 use autotune::search::report::{Event, Purpose, Reporter};
 use autotune::settings::tune::{LiveSettings, ProbeIsolation};
+use autotune::trial::TrialResult;
 
 use super::{budget, trial_outcome};
 use crate::cli::printer::Printer;
@@ -97,4 +99,29 @@ impl Reporter for SearchProgress {
             Event::Verified { .. } | Event::Finished { .. } => {}
         }
     }
+}
+
+/// A trial of one sequence of `tokens`, at the edge of what the plan takes, as a line.
+pub fn edge_line(tokens: usize, result: &TrialResult, fits: bool) -> String {
+    format!(
+        "[edge] one sequence of {tokens} tokens: {}",
+        trial_outcome(result, fits)
+    )
+}
+
+/// The longest single sequence a plan takes, as a line.
+pub fn longest_line(longest: &LongestSequence) -> String {
+    let predicted = match longest.predicted_tokens {
+        Some(tokens) => format!("{tokens} tokens predicted"),
+        None => "none predicted to fit".into(),
+    };
+    let measured = match (longest.measured_tokens, longest.exceeded_tokens) {
+        (Some(fit), Some(over)) => format!(", {fit} measured ({over} did not fit)"),
+        (Some(fit), None) => format!(", {fit} measured"),
+        (None, _) => longest
+            .note
+            .as_ref()
+            .map_or(String::new(), |note| format!(" ({note})")),
+    };
+    format!("longest single sequence: {predicted}{measured}")
 }

@@ -103,6 +103,10 @@ impl TuneObserver for OnStderr {
     fn search_progress(&self) -> Box<dyn Reporter + '_> {
         Box::new(SearchProgress::new(&self.0))
     }
+
+    fn edge_trial(&self, tokens: usize, result: &TrialResult, fits: bool) {
+        self.0.status(search::edge_line(tokens, result, fits));
+    }
 }
 
 /// Writes the search's profile where `--record` asks.
@@ -171,6 +175,22 @@ fn summary(plan: &Plan) -> String {
     );
     if let Some(e) = plan.model_error.memory_loo_rel_error {
         text.push_str(&format!(", memory model held-out error {:.1}%", e * 100.0));
+    }
+    if let Some(data) = &plan.data {
+        text.push_str(&format!(
+            "\n  tuned on {} ({} examples {} into sequences of {} tokens, {:.1}% of positions \
+             real tokens; the longest {} tokens)\n  lengths: {}",
+            data.files.join(", "),
+            data.examples,
+            data.batching.as_str(),
+            data.sequence_tokens,
+            100.0 * data.fill,
+            data.longest,
+            super::data::histogram(&data.lengths),
+        ));
+    }
+    if let Some(longest) = &plan.longest_sequence {
+        text.push_str(&format!("\n  {}", search::longest_line(longest)));
     }
     text
 }

@@ -30,6 +30,10 @@ impl TuneObserver for Told {
         self.lines.borrow_mut().push("runner".into());
     }
 
+    fn edge_trial(&self, tokens: usize, _result: &TrialResult, _fits: bool) {
+        self.lines.borrow_mut().push(format!("edge {tokens}"));
+    }
+
     fn search_progress(&self) -> Box<dyn Reporter + '_> {
         self.lines.borrow_mut().push("search".into());
         Box::new(|event: &Event| {
@@ -99,6 +103,7 @@ fn a_model_whose_state_cannot_fit_is_answered_without_a_trial() {
         runner: None,
         data: None,
         model_folder: None,
+        edge_trials: 0,
     };
     let told = Told::default();
     let tuned = live(&settings, &told).unwrap();

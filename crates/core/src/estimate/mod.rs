@@ -272,5 +272,56 @@ pub fn largest_micro_batch(
     Some(low)
 }
 
+/// The longest single sequence (one a micro-batch, no accumulation, at `knobs`' other
+/// settings) whose estimate, multiplied by `scale`, fits `budget`, up to `longest_allowed`
+/// tokens; `None` when not even one token's does. `scale` calibrates the estimate to a
+/// measurement (a plan's measured peak over its estimate); the estimate grows with the length,
+/// so a bisection finds it.
+pub fn longest_sequence(
+    model: &ModelSpec,
+    knobs: &Knobs,
+    kind: DeviceKind,
+    attention: Attention,
+    budget: &Budget,
+    scale: f64,
+    longest_allowed: usize,
+) -> Option<usize> {
+    let one = Knobs {
+        micro_batch: 1,
+        grad_accum: 1,
+        ..*knobs
+    };
+    let fits = |tokens: usize| {
+        let at = ModelSpec {
+            seq_len: tokens,
+            ..model.clone()
+        };
+        let total = estimate(&at, &one, kind, attention);
+        let scaled = |bytes: u64| (bytes as f64 * scale) as u64;
+        let gpu = match (total.gpu, budget.usable_gpu_bytes()) {
+            (Some(g), Some(usable)) => scaled(g.total()) <= usable,
+            _ => true,
+        };
+        gpu && scaled(total.host.total()) <= budget.usable_host_bytes()
+    };
+    if !fits(1) {
+        return None;
+    }
+    let (mut low, mut high) = (1usize, longest_allowed.max(1));
+    if fits(high) {
+        return Some(high);
+    }
+    // `low` fits and `high` does not.
+    while high - low > 1 {
+        let mid = low + (high - low) / 2;
+        if fits(mid) {
+            low = mid;
+        } else {
+            high = mid;
+        }
+    }
+    Some(low)
+}
+
 #[cfg(test)]
 mod tests;

@@ -194,3 +194,79 @@ fn accumulation_holds_every_gradient_through_the_step() {
     assert_eq!(four.gradients, 4 * model.parameter_count() as u64);
     assert!(four.total() > one.total());
 }
+
+#[test]
+fn the_longest_sequence_is_the_boundary_of_the_scaled_estimate() {
+    let model = ModelSpec::preset("llama-3.2-1b").unwrap();
+    let regime = Knobs {
+        checkpointing: Checkpointing::EveryKth(1),
+        ..knobs(8, Precision::Bf16)
+    };
+    let budget = Budget {
+        gpu_bytes: Some(24 << 30),
+        host_bytes: 32 << 30,
+        headroom: 0.05,
+    };
+    let usable = budget.usable_gpu_bytes().unwrap();
+    let longest_at = |scale: f64| {
+        longest_sequence(
+            &model,
+            &regime,
+            DeviceKind::Cuda,
+            Attention::Flash,
+            &budget,
+            scale,
+            1 << 22,
+        )
+        .expect("one token fits")
+    };
+    let at = |tokens: usize, scale: f64| {
+        let spec = ModelSpec {
+            seq_len: tokens,
+            ..model.clone()
+        };
+        let one = Knobs {
+            micro_batch: 1,
+            ..regime
+        };
+        let total = gpu(&spec, &one).total();
+        (total as f64 * scale) as u64
+    };
+    let longest = longest_at(1.0);
+    assert!(at(longest, 1.0) <= usable && at(longest + 1, 1.0) > usable);
+    // Longer than the plan's own 2048 tokens at micro-batch 8: one sequence holds more.
+    assert!(longest > 8 * 2048, "{longest}");
+    // A measured peak above the estimate shortens it.
+    let calibrated = longest_at(1.05);
+    assert!(calibrated < longest && at(calibrated, 1.05) <= usable);
+    assert_eq!(
+        longest_sequence(
+            &model,
+            &regime,
+            DeviceKind::Cuda,
+            Attention::Flash,
+            &budget,
+            1.0,
+            4096
+        ),
+        Some(4096),
+        "capped where asked"
+    );
+    let tiny_card = Budget {
+        gpu_bytes: Some(1 << 30),
+        ..budget
+    };
+    assert_eq!(
+        longest_sequence(
+            &model,
+            &regime,
+            DeviceKind::Cuda,
+            Attention::Flash,
+            &tiny_card,
+            1.0,
+            1 << 22
+        ),
+        None,
+        "the state alone exceeds 1 GiB"
+    );
+}

@@ -6,11 +6,13 @@
 
 pub mod data;
 pub mod exports;
+pub mod longest;
 pub mod schema;
 pub mod select;
 
 pub use data::{length_histogram, Batching, DataMismatch, DataProfile, LengthBucket, Truncation};
 pub use exports::{ExportFormat, Notes};
+pub use longest::{EdgeSearch, EdgeTrial, LongestSequence};
 pub use schema::{
     Alternative, DataParallelReport, Headroom, ModelError, Plan, Predicted, Provenance, Tool,
     SCHEMA_VERSION, SINGLE_GPU_SCHEMA_VERSION,

@@ -91,6 +91,7 @@ impl Plan {
             // The caller knows how the trials ran.
             provenance: None,
             model_folder: None,
+            longest_sequence: None,
             data: None,
         })
     }

@@ -1,0 +1,124 @@
+//! After a live search: the longest single sequence the plan's setting can take. The memory
+//! estimate, scaled by the plan's measured peak over its estimate, predicts it; trials at that
+//! edge (one sequence a micro-batch, at the plan's other knobs) measure it
+//! ([`EdgeSearch`] decides where).
+
+use super::TuneObserver;
+use crate::estimate;
+use crate::knobs::Knobs;
+use crate::model::Engine;
+use crate::plan::schema::Plan;
+use crate::plan::{EdgeSearch, LongestSequence};
+use crate::session::estimate::LONGEST_CONSIDERED;
+use crate::session::prober::prober_for;
+use crate::settings::estimate::attention;
+use crate::settings::tune::LiveSettings;
+use crate::spec::device::DeviceKind;
+use crate::spec::model::ModelSpec;
+use crate::trial::{Outcome, TrialRequest};
+use crate::Result;
+
+/// On a CPU, a trial's step at more tokens than this takes minutes: the prediction stands.
+const CPU_TRIAL_TOKENS: usize = 8192;
+
+/// The longest single sequence `plan` (the outcome of a search `settings` describe) can take:
+/// predicted, and measured by at most `settings.edge_trials` trials at the edge.
+pub fn longest_sequence(
+    settings: &LiveSettings,
+    plan: &Plan,
+    observer: &dyn TuneObserver,
+) -> Result<LongestSequence> {
+    let predicted = predicted_tokens(settings, plan)?;
+    let unmeasured = |note: String| LongestSequence {
+        predicted_tokens: predicted,
+        measured_tokens: None,
+        exceeded_tokens: None,
+        trials: Vec::new(),
+        note: Some(note),
+    };
+    let Some(tokens) = predicted else {
+        return Ok(unmeasured(
+            "not even one token's estimate fits the budget at these knobs".into(),
+        ));
+    };
+    if let Some(why) = no_edge_trials(settings, plan, tokens) {
+        return Ok(unmeasured(why));
+    }
+    let mut search = EdgeSearch::new(plan.model.seq_len, tokens, settings.edge_trials);
+    let one_sequence = Knobs {
+        micro_batch: 1,
+        grad_accum: 1,
+        ..plan.knobs
+    };
+    while let Some(tokens) = search.next() {
+        let spec = ModelSpec {
+            seq_len: tokens,
+            ..plan.model.clone()
+        };
+        let request = TrialRequest {
+            knobs: one_sequence,
+            warmup_steps: 1,
+            timed_steps: 1,
+        };
+        let result = prober_for(settings, &spec)?.prober().probe(&request)?;
+        let fits = matches!(result.outcome, Outcome::Fits(m) if plan.budget.fits(&m));
+        observer.edge_trial(tokens, &result, fits);
+        search.record(tokens, fits);
+    }
+    Ok(search.finish(predicted))
+}
+
+/// The estimate's longest sequence at the plan's knobs, scaled by the plan's measured peak
+/// over its estimate, so that what the estimate misses of this engine on this device counts.
+fn predicted_tokens(settings: &LiveSettings, plan: &Plan) -> Result<Option<usize>> {
+    let kind = settings.target.kind;
+    let at = attention(
+        Engine::default(),
+        &plan.model,
+        &settings.target,
+        plan.knobs.precision,
+    )?;
+    let estimated = estimate::estimate(&plan.model, &plan.knobs, kind, at).device_total();
+    let measured = match kind {
+        DeviceKind::Cuda => plan.measured.peak_gpu_bytes,
+        DeviceKind::Cpu => plan.measured.peak_host_bytes,
+    };
+    // An estimate far off the measurement is no base to scale: it is taken as it is.
+    let scale = measured as f64 / estimated.max(1) as f64;
+    let scale = if (0.5..=2.0).contains(&scale) {
+        scale
+    } else {
+        1.0
+    };
+    Ok(estimate::longest_sequence(
+        &plan.model,
+        &plan.knobs,
+        kind,
+        at,
+        &plan.budget,
+        scale,
+        LONGEST_CONSIDERED,
+    ))
+}
+
+/// Why the edge is not measured by a trial, when it is not.
+fn no_edge_trials(settings: &LiveSettings, plan: &Plan, predicted: usize) -> Option<String> {
+    if settings.edge_trials == 0 {
+        return Some("--edge-trials 0: predicted only".into());
+    }
+    if settings.runner.is_some() {
+        return Some(
+            "a trial runner measured the plan; the edge is predicted for autotune's engine only"
+                .into(),
+        );
+    }
+    if plan.knobs.data_parallel.degree > 1 {
+        return Some("measured on one GPU only; a data-parallel plan's edge is predicted".into());
+    }
+    if settings.target.kind == DeviceKind::Cpu && predicted > CPU_TRIAL_TOKENS {
+        return Some(format!(
+            "a CPU step at {predicted} tokens would take minutes; the prediction stands"
+        ));
+    }
+    None
+}
