@@ -15,13 +15,13 @@ use autotune::session::train::train_with_plan;
 use autotune::settings::model::model_folder;
 use autotune::settings::training::{Training, TrainingDefaults};
 
-use autotune::settings::tune::{Backend, TuneSettings};
+use autotune::settings::tune::Backend;
 
 use super::args::RunArgs;
 use super::printer::Printer;
 use super::reporters::train::{self as progress, TrainProgress};
 use super::train::{interrupt_flag, status_of, TrainReport};
-use super::tune::{emit, record, report, search_only, tuning_data};
+use super::tune::{emit, record, report, search_only, settings_at_length, tuning_data};
 use super::Status;
 
 /// What the tuning half of a run ended with.
@@ -40,7 +40,9 @@ fn tune_into(
     printer: &Printer,
 ) -> anyhow::Result<TuningHalf> {
     let shape = tuning_data(&args.tune, &training.data_choice(), printer)?;
-    let settings = TuneSettings::from_args(&args.tune, shape)?;
+    let Some(settings) = settings_at_length(&args.tune, shape, printer)? else {
+        return Ok(TuningHalf::NoPlan(Status::Negative));
+    };
     for note in &settings.notes {
         printer.note(note);
     }

@@ -200,5 +200,6 @@ fn now() -> u64 {
 }
 
 mod longest;
+pub use longest::{longest_context, LongestContext};
 #[cfg(test)]
 mod tests;

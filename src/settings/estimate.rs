@@ -81,6 +81,15 @@ impl EstimateSettings {
             });
         }
         notes.extend(args.planned.note());
+        if args.planned.longest_asked() {
+            return Err(autotune_core::Error::InvalidFlag {
+                flag: "--seq-len auto".into(),
+                problem: "is for tune and run; estimate says the longest sequence at its knobs \
+                          on every run: give --seq-len N, or leave it out"
+                    .into(),
+            }
+            .into());
+        }
         let model = args.planned.model_spec()?;
         let target = args.planned.spec()?;
         let knobs = args.knobs.knobs();

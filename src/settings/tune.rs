@@ -28,7 +28,7 @@ use super::optimizer::OptimizerArgs;
 use super::target::TargetArgs;
 
 /// `tune`'s flags (also the tuning half of `run`'s).
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct TuneArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
@@ -289,6 +289,7 @@ impl TuneSettings {
             }
         }
         let runner = runner_command(&args.backend, &args.runner)?;
+        args.check_longest(data.is_some())?;
         if let (Some(_), Backend::Replay(_) | Backend::Exec) = (&data, &args.backend) {
             return Err(autotune_core::Error::InvalidFlag {
                 flag: format!("--backend {}", args.backend),
@@ -328,6 +329,30 @@ fn renamed_flags(args: &TuneArgs) -> Vec<String> {
 }
 
 impl TuneArgs {
+    /// Refuses `--seq-len auto` where it cannot apply: with a dataset (`with_data`: its
+    /// examples set the length), a replay or a trial runner.
+    pub fn check_longest(&self, with_data: bool) -> crate::Result<()> {
+        if !self.planned.longest_asked() {
+            return Ok(());
+        }
+        let clash = match (with_data, &self.backend) {
+            (true, _) => Some("--data: the data's examples set the length; give --seq-len N"),
+            (_, Backend::Replay(_)) => Some("--backend replay: a recording holds one length"),
+            (_, Backend::Exec) => {
+                Some("--backend exec: the longest is measured on autotune's engine")
+            }
+            _ => None,
+        };
+        match clash {
+            Some(problem) => Err(autotune_core::Error::InvalidFlag {
+                flag: "--seq-len auto".into(),
+                problem: format!("cannot be combined with {problem}"),
+            }
+            .into()),
+            None => Ok(()),
+        }
+    }
+
     /// Untimed steps per trial, under their new name or their old one.
     pub fn trial_warmup_steps(&self) -> Option<usize> {
         self.trial_warmup_steps.or(self.warmup_steps)

@@ -120,3 +120,74 @@ fn estimate_says_the_longest_sequence_at_its_knobs() {
     assert_eq!(at(longest), Some(0), "the longest fits");
     assert_eq!(at(longest + 1), Some(1), "one more token does not");
 }
+
+#[test]
+fn seq_len_auto_finds_the_longest_sequence_the_target_fits_and_tunes_at_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = small_cpu(dir.path(), 12);
+    let out = autotune_in(
+        dir.path(),
+        &[
+            "tune",
+            "--model",
+            "tiny",
+            "--target",
+            &target,
+            "--seq-len",
+            "auto",
+            "--max-trials",
+            "4",
+            "--json",
+        ],
+    );
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let said = err
+        .lines()
+        .find_map(|l| l.strip_prefix("the longest sequence on small-cpu: "))
+        .unwrap_or_else(|| panic!("{err}"));
+    let tokens: u64 = said.split(' ').next().unwrap().parse().unwrap();
+    assert!(tokens >= 64 && tokens % 64 == 0, "{said}");
+    // The edge trials found it: the longest that fitted of those tried.
+    let fitted: Vec<u64> = err
+        .lines()
+        .filter(|l| l.starts_with("[edge]") && l.contains(": fits,"))
+        .map(|l| l.split(' ').nth(4).unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(fitted.iter().max(), Some(&tokens), "{err}");
+    let plan: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(plan["model"]["seq_len"].as_u64(), Some(tokens));
+    let measured = plan["longest_sequence"]["measured_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(measured >= tokens, "{}", plan["longest_sequence"]);
+}
+
+#[test]
+fn seq_len_auto_is_refused_where_it_cannot_apply() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = crate::fine_tune::chat_model(dir.path());
+    let folder = folder.to_str().unwrap();
+    std::fs::write(dir.path().join("chat.jsonl"), "{\"text\": \"a\"}\n").unwrap();
+    for (args, says) in [
+        (
+            vec![
+                "tune",
+                "--model",
+                folder,
+                "--seq-len",
+                "auto",
+                "--data",
+                "chat.jsonl",
+            ],
+            "--data: the data's examples set the length",
+        ),
+        (vec!["estimate", "--seq-len", "auto"], "estimate says"),
+        (vec!["tune", "--seq-len", "0"], "no sequence length"),
+    ] {
+        let out = autotune_in(dir.path(), &args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}

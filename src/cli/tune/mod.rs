@@ -14,10 +14,11 @@ use autotune::probe::runner::RunningGroup;
 use autotune::profile::record::Profile;
 use autotune::search::decision::Decision;
 use autotune::search::report::Reporter;
-use autotune::session::tune::{tune, TuneObserver, Tuned};
+use autotune::session::tune::{longest_context, tune, TuneObserver, Tuned};
 use autotune::settings::dataset::DataChoice;
 use autotune::settings::model::model_folder;
-use autotune::settings::tune::{LiveSettings, TuneArgs, TuneCommandArgs, TuneSettings};
+use autotune::settings::target::SeqLen;
+use autotune::settings::tune::{LiveSettings, Source, TuneArgs, TuneCommandArgs, TuneSettings};
 use autotune::trial::TrialResult;
 
 use super::interrupt::stop_runner_on_interrupt;
@@ -30,7 +31,48 @@ pub fn run(args: TuneCommandArgs, printer: &Printer) -> anyhow::Result<Status> {
     let folder = model_folder(&args.tune.planned.model);
     let data = args.dataset.resolve(folder, HeldOut::None)?;
     let shape = tuning_data(&args.tune, &data, printer)?;
-    run_settings(&TuneSettings::from_args(&args.tune, shape)?, printer)
+    match settings_at_length(&args.tune, shape, printer)? {
+        Some(settings) => run_settings(&settings, printer),
+        None => Ok(Status::Negative),
+    }
+}
+
+/// The search's settings; with `--seq-len auto`, at the longest sequence the target fits for
+/// the model, found by trials first (`None`, said on stdout, when not even one token fits).
+pub fn settings_at_length(
+    args: &TuneArgs,
+    shape: Option<DataShape>,
+    printer: &Printer,
+) -> anyhow::Result<Option<TuneSettings>> {
+    let settings = TuneSettings::from_args(args, shape.clone())?;
+    let Source::Live(live) = &settings.source else {
+        return Ok(Some(settings));
+    };
+    if !args.planned.longest_asked() {
+        return Ok(Some(settings));
+    }
+    printer.status(format!(
+        "--seq-len auto: finding the longest sequence {} fits on {}",
+        live.spec.name, live.target.name
+    ));
+    let Some(found) = longest_context(live, &OnStderr(*printer))? else {
+        printer.data_text(format!(
+            "no sequence of {} fits {}, not even one token, in any setting searched",
+            live.spec.name, live.target.name
+        ));
+        return Ok(None);
+    };
+    printer.status(format!(
+        "the longest sequence on {}: {} tokens ({} predicted), one a micro-batch at {}; \
+         tuning at that length",
+        live.target.name,
+        found.tokens,
+        found.sequence.predicted_tokens.unwrap_or(0),
+        found.regime
+    ));
+    let mut fixed = args.clone();
+    fixed.planned.seq_len = Some(SeqLen::Tokens(found.tokens));
+    Ok(Some(TuneSettings::from_args(&fixed, shape)?))
 }
 
 /// The dataset `data` shaped for the trials of the search `args` describe, loaded (or mapped
@@ -43,6 +85,8 @@ pub fn tuning_data(
     let Some(records) = data.records() else {
         return Ok(None);
     };
+    // A flag the data rules out is refused before the data is read.
+    args.check_longest(true)?;
     let spec = args.planned.model_spec()?;
     let shape = with_load_progress(printer, |events| {
         autotune::session::data::shape(records, &data.data, &spec, &data.cache_dir, events)

@@ -1,11 +1,12 @@
-//! After a live search: the longest single sequence the plan's setting can take. The memory
-//! estimate, scaled by the plan's measured peak over its estimate, predicts it; trials at that
-//! edge (one sequence a micro-batch, at the plan's other knobs) measure it
-//! ([`EdgeSearch`] decides where).
+//! The longest single sequence: after a live search, the one the plan's setting can take (the
+//! memory estimate, scaled by the plan's measured peak over its estimate, predicts it; trials
+//! at that edge, one sequence a micro-batch at the plan's other knobs, measure it); and before
+//! one (`--seq-len auto`), the longest the target fits for the model at all
+//! ([`longest_context`]). [`EdgeSearch`] decides where the trials go.
 
 use super::TuneObserver;
 use crate::estimate;
-use crate::knobs::Knobs;
+use crate::knobs::{Knobs, Regime};
 use crate::model::Engine;
 use crate::plan::schema::Plan;
 use crate::plan::{EdgeSearch, LongestSequence};
@@ -20,6 +21,10 @@ use crate::Result;
 
 /// On a CPU, a trial's step at more tokens than this takes minutes: the prediction stands.
 const CPU_TRIAL_TOKENS: usize = 8192;
+
+/// Trials spent finding the longest sequence the target fits (`--seq-len auto`): from no
+/// known fit, the bisection needs a few more than at a plan's edge.
+const CONTEXT_TRIALS: usize = 6;
 
 /// The longest single sequence `plan` (the outcome of a search `settings` describe) can take:
 /// predicted, and measured by at most `settings.edge_trials` trials at the edge.
@@ -44,28 +49,99 @@ pub fn longest_sequence(
     if let Some(why) = no_edge_trials(settings, plan, tokens) {
         return Ok(unmeasured(why));
     }
-    let mut search = EdgeSearch::new(plan.model.seq_len, tokens, settings.edge_trials);
+    let search = EdgeSearch::new(plan.model.seq_len, tokens, settings.edge_trials);
     let one_sequence = Knobs {
         micro_batch: 1,
         grad_accum: 1,
         ..plan.knobs
     };
+    let search = run_edge(settings, &plan.model, one_sequence, search, observer)?;
+    Ok(search.finish(predicted))
+}
+
+/// The longest sequence the target fits for the model `settings` tune, and the setting that
+/// holds it: the regime whose estimate holds the longest single sequence, measured at the
+/// edge. `None` when no regime holds even one token.
+pub fn longest_context(
+    settings: &LiveSettings,
+    observer: &dyn TuneObserver,
+) -> Result<Option<LongestContext>> {
+    let kind = settings.target.kind;
+    // A CPU step at a long sequence takes minutes: the search there stays within reach.
+    let cap = match kind {
+        DeviceKind::Cpu => CPU_TRIAL_TOKENS,
+        DeviceKind::Cuda => LONGEST_CONSIDERED,
+    };
+    let mut best: Option<(usize, Regime)> = None;
+    for regime in settings
+        .space
+        .regimes
+        .iter()
+        .filter(|r| r.data_parallel.is_single())
+    {
+        let knobs = Knobs::with_batch(*regime, 1, 1);
+        let at = attention(
+            Engine::default(),
+            &settings.spec,
+            &settings.target,
+            regime.precision,
+        )?;
+        let spec = &settings.spec;
+        let tokens = estimate::longest_sequence(spec, &knobs, kind, at, &settings.budget, 1.0, cap);
+        if let Some(tokens) = tokens.filter(|&t| best.is_none_or(|(b, _)| t > b)) {
+            best = Some((tokens, *regime));
+        }
+    }
+    let Some((predicted, regime)) = best else {
+        return Ok(None);
+    };
+    let search = EdgeSearch::new(0, predicted, CONTEXT_TRIALS);
+    let knobs = Knobs::with_batch(regime, 1, 1);
+    let search = run_edge(settings, &settings.spec, knobs, search, observer)?;
+    let sequence = search.finish(Some(predicted));
+    Ok(sequence.measured_tokens.map(|tokens| LongestContext {
+        tokens,
+        regime,
+        sequence,
+    }))
+}
+
+/// The longest sequence the target fits, and where it was found.
+#[derive(Debug, Clone)]
+pub struct LongestContext {
+    /// The longest length that fitted, in tokens.
+    pub tokens: usize,
+    /// The setting it fitted in, one sequence a micro-batch.
+    pub regime: Regime,
+    /// The prediction and the trials at the edge.
+    pub sequence: LongestSequence,
+}
+
+/// Trials `search` asks for, one sequence at `knobs` of `model` at each length, until it has
+/// found the edge.
+fn run_edge(
+    settings: &LiveSettings,
+    model: &ModelSpec,
+    knobs: Knobs,
+    mut search: EdgeSearch,
+    observer: &dyn TuneObserver,
+) -> Result<EdgeSearch> {
     while let Some(tokens) = search.next() {
         let spec = ModelSpec {
             seq_len: tokens,
-            ..plan.model.clone()
+            ..model.clone()
         };
         let request = TrialRequest {
-            knobs: one_sequence,
+            knobs,
             warmup_steps: 1,
             timed_steps: 1,
         };
         let result = prober_for(settings, &spec)?.prober().probe(&request)?;
-        let fits = matches!(result.outcome, Outcome::Fits(m) if plan.budget.fits(&m));
+        let fits = matches!(result.outcome, Outcome::Fits(m) if settings.budget.fits(&m));
         observer.edge_trial(tokens, &result, fits);
         search.record(tokens, fits);
     }
-    Ok(search.finish(predicted))
+    Ok(search)
 }
 
 /// The estimate's longest sequence at the plan's knobs, scaled by the plan's measured peak

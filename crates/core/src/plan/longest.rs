@@ -13,7 +13,8 @@ pub struct LongestSequence {
     /// The longest length, in tokens, the memory estimate puts within the budget, scaled by the
     /// plan's measured peak over its estimate; `None` when not even one token's estimate fits.
     pub predicted_tokens: Option<usize>,
-    /// The longest length a trial fitted within the budget; `None` when no trial ran.
+    /// The longest length a trial fitted within the budget: at the edge, or the plan's own
+    /// length when no longer one was tried; `None` when no trial measured any.
     pub measured_tokens: Option<usize>,
     /// The shortest length a trial ran out of memory at (or peaked above the budget), when
     /// one did.
@@ -104,7 +105,8 @@ impl EdgeSearch {
 
     /// What the search found, beside `predicted`.
     pub fn finish(self, predicted: Option<usize>) -> LongestSequence {
-        let measured = (!self.trials.is_empty()).then(|| self.longest_fit());
+        let longest = self.longest_fit();
+        let measured = (longest > 0).then_some(longest);
         LongestSequence {
             predicted_tokens: predicted,
             measured_tokens: measured,
@@ -159,8 +161,16 @@ mod tests {
         for predicted in [1000, 2048, 2100] {
             let (tried, found) = run(2048, predicted, 1 << 20);
             assert!(tried.is_empty(), "{predicted}: {tried:?}");
-            assert_eq!(found.measured_tokens, None);
+            assert_eq!(
+                found.measured_tokens,
+                Some(2048),
+                "the plan's own length fitted"
+            );
         }
+        // Below one granule nothing is tried, and nothing is known to fit.
+        let nothing_known = EdgeSearch::new(0, 50, 4);
+        assert_eq!(nothing_known.next(), None);
+        assert_eq!(nothing_known.finish(Some(50)).measured_tokens, None);
     }
 
     #[test]
