@@ -59,6 +59,8 @@ pub struct Dataset {
     table: Arc<ExampleTable>,
     /// The examples kept: each one's index in the table and how many of its tokens are kept.
     kept: Arc<Vec<(usize, usize)>>,
+    /// Every example chosen, kept or not, by its index in the table.
+    chosen: Arc<Vec<usize>>,
     pad_id: u32,
     /// Micro-batches per optimizer step over all ranks: the walk's stride.
     micros_per_step: u64,
@@ -91,7 +93,8 @@ impl Dataset {
     ) -> Result<(Self, Cut)> {
         let mut cut = Cut::default();
         let mut kept = Vec::new();
-        for i in chosen {
+        let chosen: Vec<usize> = chosen.into_iter().collect();
+        for &i in &chosen {
             let (ids, trained) = table.get(i);
             if truncation == Truncation::Drop && ids.len() > seq_len + 1 {
                 cut.too_long += 1;
@@ -128,6 +131,7 @@ impl Dataset {
         let dataset = Self {
             table,
             kept: Arc::new(kept),
+            chosen: Arc::new(chosen),
             pad_id,
             micros_per_step: 1,
             last_order: Arc::default(),
@@ -194,6 +198,11 @@ impl Dataset {
                 rows.div_ceil(per_step)
             }
         }
+    }
+
+    /// The length of every example chosen, kept or not, before any cut, in tokens.
+    pub fn lengths_before_cut(&self) -> impl Iterator<Item = usize> + '_ {
+        self.chosen.iter().map(|&i| self.table.get(i).0.len())
     }
 
     /// The length of every example kept, in tokens, in dataset order.

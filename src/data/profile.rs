@@ -76,7 +76,7 @@ impl DataShape {
             truncated: cut.truncated,
             dropped: cut.dropped + cut.too_long,
             longest: self.dataset.lengths().max().unwrap_or(0),
-            lengths: length_histogram(self.dataset.lengths()),
+            lengths: length_histogram(self.dataset.lengths_before_cut()),
             fill: self.dataset.fill(0, micro_batch),
         }
     }
@@ -146,5 +146,16 @@ mod tests {
             "one sequence holds all four"
         );
         assert!(profile.validate().is_ok());
+        // Cut at 8 tokens, the histogram still shows every example's own length.
+        let (short, cut) = Dataset::of_examples(&examples, 8, 0).unwrap();
+        let shape = DataShape::new(short, cut, &records(), &files, Batching::Packed, 8);
+        let profile = shape.profile(4);
+        assert_eq!((profile.truncated, profile.longest), (1, 9));
+        let buckets: Vec<(usize, usize)> = profile
+            .lengths
+            .iter()
+            .map(|b| (b.up_to, b.examples))
+            .collect();
+        assert_eq!(buckets, [(16, 3), (32, 1)]);
     }
 }

@@ -111,17 +111,5 @@ pub fn edge_line(tokens: usize, result: &TrialResult, fits: bool) -> String {
 
 /// The longest single sequence a plan takes, as a line.
 pub fn longest_line(longest: &LongestSequence) -> String {
-    let predicted = match longest.predicted_tokens {
-        Some(tokens) => format!("{tokens} tokens predicted"),
-        None => "none predicted to fit".into(),
-    };
-    let measured = match (longest.measured_tokens, longest.exceeded_tokens) {
-        (Some(fit), Some(over)) => format!(", {fit} measured ({over} did not fit)"),
-        (Some(fit), None) => format!(", {fit} measured"),
-        (None, _) => longest
-            .note
-            .as_ref()
-            .map_or(String::new(), |note| format!(" ({note})")),
-    };
-    format!("longest single sequence: {predicted}{measured}")
+    format!("longest single sequence: {}", longest.describe())
 }

@@ -114,7 +114,8 @@ pub struct DataProfile {
     pub dropped: usize,
     /// The longest example kept, in tokens.
     pub longest: usize,
-    /// The lengths of the examples kept.
+    /// The lengths of every example before any cut, those dropped included: where the
+    /// sequence length falls among them.
     pub lengths: Vec<LengthBucket>,
     /// Of the positions of an epoch's micro-batches at the plan's micro-batch, the share that
     /// holds an example's token rather than padding.
@@ -142,13 +143,13 @@ impl DataProfile {
             ));
         }
         let bucketed: usize = self.lengths.iter().map(|b| b.examples).sum();
-        if bucketed != self.examples {
+        if bucketed != self.examples + self.dropped {
             return Err(Error::invalid(
                 WHAT,
                 field("lengths"),
                 format!(
-                    "count {bucketed} examples, but data.examples is {}",
-                    self.examples
+                    "count {bucketed} examples, but data.examples and data.dropped are {} and {}",
+                    self.examples, self.dropped
                 ),
             ));
         }
@@ -228,7 +229,7 @@ mod tests {
             truncated: 0,
             dropped: 1,
             longest: 200,
-            lengths: length_histogram([40, 60, 200]),
+            lengths: length_histogram([40, 60, 200, 9]),
             fill: 0.9,
         }
     }

@@ -26,6 +26,26 @@ pub struct LongestSequence {
     pub note: Option<String>,
 }
 
+impl LongestSequence {
+    /// The prediction and what the trials measured, in words: "8445 tokens predicted, 5184
+    /// measured (5952 did not fit)".
+    pub fn describe(&self) -> String {
+        let predicted = match self.predicted_tokens {
+            Some(tokens) => format!("{tokens} tokens predicted"),
+            None => "none predicted to fit".into(),
+        };
+        let measured = match (self.measured_tokens, self.exceeded_tokens) {
+            (Some(fit), Some(over)) => format!(", {fit} measured ({over} did not fit)"),
+            (Some(fit), None) => format!(", {fit} measured"),
+            (None, _) => self
+                .note
+                .as_ref()
+                .map_or(String::new(), |note| format!(" ({note})")),
+        };
+        format!("{predicted}{measured}")
+    }
+}
+
 /// One trial at the edge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -140,6 +160,7 @@ mod tests {
     #[test]
     fn one_trial_confirms_a_prediction_that_fits() {
         let (tried, found) = run(2048, 23_764, 30_000);
+        assert_eq!(found.describe(), "23764 tokens predicted, 23744 measured");
         assert_eq!(tried, [23_744]);
         assert_eq!(found.measured_tokens, Some(23_744));
         assert_eq!(found.exceeded_tokens, None);

@@ -35,6 +35,7 @@ svg .oom { stroke: #c53030; stroke-width: 2.2; fill: none; }
 svg .failed { stroke: #718096; stroke-width: 1.5; fill: none; }
 svg .chosen { fill: none; stroke: #1d2430; stroke-width: 2; }
 footer { margin-top: 32px; color: #718096; font-size: 12px; }
+rect.bar { fill: #2b6cb0; }
 ";
 
 /// The whole page.
@@ -49,6 +50,7 @@ pub(super) fn page(report: &Report) -> String {
     );
     header(&mut s, report, &regimes, &title);
     chosen_section(&mut s, report);
+    super::data::data_section(&mut s, report);
     overview(&mut s, report, &regimes);
     for (i, view) in regimes.iter().enumerate() {
         regime_section(&mut s, report, view, i);

@@ -7,17 +7,21 @@
 //! evidence) and adds what the choice was based on: predictions, the verification, model
 //! errors and alternatives. [`Report`] takes either (or both, after `tune --report`) and shows
 //! what it holds. The charts are inline SVG built by [`svg`]; the page has no script and loads
-//! nothing. A training run's metrics log makes a page of its own: its loss curves
-//! ([`curves`]).
+//! nothing. A plan tuned on a dataset adds its length histogram, with where the plan's
+//! sequence and its longest single sequence fall. A training run's metrics log makes a page of
+//! its own: its loss curves ([`curves`]).
 
 mod charts;
 pub mod curves;
+mod data;
 mod html;
 pub mod svg;
 
 use crate::fit::RegimeFit;
 use crate::knobs::{Knobs, Regime};
-use crate::plan::{Alternative, Headroom, ModelError, Plan, Predicted, Provenance};
+use crate::plan::{
+    Alternative, DataProfile, Headroom, LongestSequence, ModelError, Plan, Predicted, Provenance,
+};
 use crate::profile::record::Profile;
 use crate::spec::budget::Budget;
 use crate::spec::device::DeviceSpec;
@@ -50,6 +54,8 @@ pub struct Choice {
     pub alternatives: Vec<Alternative>,
     /// What measured the plan, when it says.
     pub provenance: Option<Provenance>,
+    /// The longest single sequence the plan takes, when it says.
+    pub longest_sequence: Option<LongestSequence>,
 }
 
 /// Everything the page shows.
@@ -73,6 +79,8 @@ pub struct Report {
     pub choice: Option<Choice>,
     /// When the plan or profile was made, seconds since the Unix epoch.
     pub created_unix_s: u64,
+    /// The dataset a plan was tuned on, when it was.
+    pub data: Option<DataProfile>,
 }
 
 impl Report {
@@ -93,8 +101,10 @@ impl Report {
                 model_error: plan.model_error,
                 alternatives: plan.alternatives.clone(),
                 provenance: plan.provenance.clone(),
+                longest_sequence: plan.longest_sequence.clone(),
             }),
             created_unix_s: plan.created_unix_s,
+            data: plan.data.clone(),
         }
     }
 
@@ -110,6 +120,7 @@ impl Report {
             chosen: profile.chosen,
             choice: None,
             created_unix_s: profile.created_unix_s,
+            data: None,
         }
     }
 
@@ -120,6 +131,7 @@ impl Report {
             source: Source::Search,
             chosen: plan.map(|p| p.knobs).or(profile.chosen),
             choice,
+            data: plan.and_then(|p| p.data.clone()),
             ..Self::from_profile(profile)
         }
     }

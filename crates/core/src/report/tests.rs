@@ -158,3 +158,50 @@ fn nothing_feasible_and_odd_names_still_make_a_safe_page() {
     assert!(html.contains("&lt;img src=x"));
     assert_eq!(count(&html, "<circle class=\"chosen\""), 0);
 }
+
+#[test]
+fn a_plan_tuned_on_data_shows_where_its_sequence_and_longest_sequence_fall() {
+    use crate::plan::{length_histogram, Batching, DataProfile, LongestSequence, Truncation};
+    let mut plan = replayed_plan(&recorded("gpt-124m.json"));
+    let without = Report::from_plan(&plan).to_html();
+    assert!(!without.contains("id=\"data\""), "no data, no section");
+    plan.data = Some(DataProfile {
+        fingerprint: "ab".repeat(32),
+        files: vec!["chat <1>.jsonl".into()],
+        batching: Batching::Padded,
+        truncation: Truncation::Cut,
+        sequence_tokens: 1023,
+        examples: 4,
+        tokens: 2000,
+        trained_tokens: 900,
+        truncated: 2,
+        dropped: 0,
+        longest: 1024,
+        lengths: length_histogram([300, 600, 1500, 3000]),
+        fill: 0.7,
+    });
+    plan.longest_sequence = Some(LongestSequence {
+        predicted_tokens: Some(2100),
+        measured_tokens: Some(2048),
+        exceeded_tokens: None,
+        trials: Vec::new(),
+        note: None,
+    });
+    let html = Report::from_plan(&plan).to_html();
+    let section = &html[html.find("id=\"data\"").unwrap()..];
+    let section = &section[..section.find("</section>").unwrap()];
+    assert!(
+        section.contains("chat &lt;1&gt;.jsonl"),
+        "escaped: {section}"
+    );
+    assert!(section.contains("30.0% of the positions"), "{section}");
+    // 300 and 600 within the sequence; 1500 beyond it but within one sequence's reach; 3000
+    // beyond both.
+    assert_eq!(count(section, "within its sequence"), 2, "{section}");
+    assert_eq!(count(section, "though one sequence of this length fits"), 1);
+    assert_eq!(count(section, "beyond its sequence"), 1);
+    assert!(
+        section.contains("2100 tokens predicted, 2048 measured"),
+        "{section}"
+    );
+}
