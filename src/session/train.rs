@@ -105,6 +105,7 @@ pub fn train_with_plan(
         };
         crate::dist::probe::check_degree(degree, device, "knobs.data_parallel.degree")
             .map_err(|e| Error::Usage(format!("plan `{}`: {e}", plan_path.display())))?;
+        tokenize_once(training, &plan.model, observer)?;
         let launched = Launched {
             args: plan_rank_args(plan, plan_path, training),
             degree,
@@ -124,6 +125,24 @@ pub fn train_with_plan(
     }
     host_memory::set_soft_limit(None);
     Ok(summary)
+}
+
+/// Tokenizes a dataset of records into the token cache before a launcher starts its ranks, so
+/// that they map it from there instead of each tokenizing it at once.
+fn tokenize_once(
+    training: &Training,
+    spec: &ModelSpec,
+    observer: &dyn SessionObserver,
+) -> Result<()> {
+    let DataSpec::Records(records) = &training.data_spec else {
+        return Ok(());
+    };
+    let events = |event| observer.notice(Notice::Loading(event));
+    let loading = Loading {
+        cache: Some(TokenCache::new(training.cache_dir.clone())),
+        events: &events,
+    };
+    records.load(spec, &loading).map(drop)
 }
 
 /// Refuses to train with a plan tuned on other data than the run's (other files, tokenizer or
@@ -336,6 +355,7 @@ impl ByHand<'_> {
         };
         let degree = self.knobs.data_parallel.degree;
         if degree > 1 && rank.is_none() {
+            tokenize_once(training, self.spec, observer)?;
             let launched = Launched {
                 args: std::env::args_os().skip(1).collect(),
                 degree,

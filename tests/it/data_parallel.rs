@@ -576,3 +576,48 @@ fn a_data_parallel_probe_measures_every_rank_and_sharding_saves_their_memory() {
     assert_eq!(two["request"]["knobs"]["data_parallel"]["degree"], 2);
     assert!(two["tokens_per_s"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn a_launcher_tokenizes_a_dataset_once_and_its_ranks_map_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = crate::fine_tune::chat_model(dir.path());
+    let lines: Vec<String> = (0..16)
+        .map(|i| {
+            serde_json::json!({"messages": [
+                {"role": "user", "content": format!("Say {i}.")},
+                {"role": "assistant", "content": format!("{i}")},
+            ]})
+            .to_string()
+        })
+        .collect();
+    std::fs::write(dir.path().join("chat.jsonl"), lines.join("\n")).unwrap();
+    let out = autotune_in(
+        dir.path(),
+        &[
+            "train",
+            "--model",
+            folder.to_str().unwrap(),
+            "--device",
+            "cpu",
+            "--data",
+            "chat.jsonl",
+            "--data-parallel",
+            "2",
+            "--micro-batch",
+            "2",
+            "--steps",
+            "2",
+            "--cache-dir",
+            "cache",
+        ],
+    );
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(err.matches("tokenizing 16 records").count(), 1, "{err}");
+    // Before the ranks start: they map what the launcher cached.
+    let tokenized = err.find("tokenizing 16 records").unwrap();
+    let launched = err.find("data parallel: 2 ranks").unwrap();
+    assert!(tokenized < launched, "{err}");
+    let cached = std::fs::read_dir(dir.path().join("cache")).unwrap().count();
+    assert_eq!(cached, 1, "one cache entry, written once");
+}
