@@ -10,6 +10,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::prober::live_prober;
 use crate::backend;
+use crate::estimate::Attention;
+use crate::model::Engine;
 use crate::plan::schema::Plan;
 use crate::probe::runner::RunningGroup;
 use crate::probe::Prober;
@@ -19,6 +21,7 @@ use crate::search::decision::Decision;
 use crate::search::driver::SearchDriver;
 use crate::search::report::Reporter;
 use crate::search::run::{run_search, SearchOutcome};
+use crate::search::way_out::compact_way_out;
 use crate::settings::tune::{LiveSettings, Source, TuneSettings};
 use crate::spec::device::{DeviceKind, DeviceSpec};
 use crate::spec::limits;
@@ -147,7 +150,9 @@ fn live(settings: &LiveSettings, observer: &dyn TuneObserver) -> crate::Result<T
     if let Some(hint) = limits::state_exceeds_budget(spec, budget, &driver.space().regimes) {
         let outcome = SearchOutcome {
             history: Vec::new(),
-            decision: Decision::NoFeasible { hint },
+            decision: Decision::NoFeasible {
+                hint: with_way_out(hint, settings),
+            },
         };
         return Ok(tuned(recorded, driver, None, outcome, None));
     }
@@ -155,7 +160,10 @@ fn live(settings: &LiveSettings, observer: &dyn TuneObserver) -> crate::Result<T
     if let Some(group) = trials.runner_group() {
         observer.runner_starting(group);
     }
-    let outcome = search(&driver, trials.prober(), observer)?;
+    let mut outcome = search(&driver, trials.prober(), observer)?;
+    if let Decision::NoFeasible { hint } = &mut outcome.decision {
+        *hint = with_way_out(std::mem::take(hint), settings);
+    }
     let mut plan = Plan::from_search(&driver, &outcome, spec, target, now());
     if let Some(plan) = plan.as_mut() {
         // Scaling efficiency is measured, never assumed: one GPU's trial if the search ran none.
@@ -178,6 +186,22 @@ fn live(settings: &LiveSettings, observer: &dyn TuneObserver) -> crate::Result<T
         plan.longest_sequence = Some(longest::longest_sequence(settings, plan, observer)?);
     }
     Ok(tuned(recorded, driver, plan, outcome, measured_by))
+}
+
+/// `hint` (why nothing searched fits), followed by the opt-in regime that would, when the
+/// estimate fits one the search did not try (compact optimizer state).
+fn with_way_out(hint: String, settings: &LiveSettings) -> String {
+    let kind = settings.target.kind;
+    let spec = &settings.spec;
+    let attention = |precision| {
+        crate::settings::estimate::attention(Engine::default(), spec, &settings.target, precision)
+            .unwrap_or(Attention::Materialized)
+    };
+    let regimes = &settings.space.regimes;
+    match compact_way_out(spec, kind, &settings.budget, regimes, &attention) {
+        Some(way) => format!("{hint}; {}", way.describe(kind)),
+        None => hint,
+    }
 }
 
 /// The search loop, its events reported to the observer's progress for as long as it runs.

@@ -3,7 +3,7 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
-use crate::util::{autotune_in, stderr, stdout};
+use crate::util::{autotune, autotune_in, stderr, stdout};
 
 /// A model small enough that a CPU trial takes milliseconds, whose host heap grows by about
 /// 0.4 MB per sequence.
@@ -412,4 +412,25 @@ fn knob_filters_restrict_the_searched_regimes() {
         .unwrap()
         .iter()
         .any(|e| e["request"]["knobs"]["checkpointing"]["mode"] != "none"));
+}
+
+#[test]
+fn a_model_only_compact_state_fits_is_pointed_at_it_with_the_estimate() {
+    let out = autotune(&["tune", "--model", "llama-3.1-8b", "--target", "rtx4090-32g"]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}{}", stderr(&out));
+    assert!(text.contains("no feasible plan"), "{text}");
+    let way = text
+        .split("--allow-compact-state")
+        .nth(1)
+        .unwrap_or_else(|| panic!("names the opt-in: {text}"));
+    // The estimate behind it: the regime, its peaks, within the 24 GB card's budget.
+    assert!(
+        way.contains("moments=int8") && way.contains("GPU 22."),
+        "{way}"
+    );
+    assert!(
+        way.contains("host 16."),
+        "the moments in host memory: {way}"
+    );
 }

@@ -1,5 +1,6 @@
-//! Host memory beside the training device: what offload keeps there, transfer buffers, a
-//! checkpoint's staged tensor and a step's token ids (see the module docs of [`super`]).
+//! Host memory beside the training device: what offload keeps there (or the compact state's
+//! moments, when they live in host memory), transfer buffers, a checkpoint's staged tensor and
+//! a step's token ids (see the module docs of [`super`]).
 
 use super::device::{activation_bytes, bytes};
 use super::Breakdown;
@@ -39,6 +40,12 @@ pub(super) fn beside_device(model: &ModelSpec, knobs: &Knobs, on_gpu: bool) -> B
         host.optimizer_state = bytes(state.moments as f64 * ranks);
         host.gradients = bytes(state.gradients as f64 * ranks);
         host.workspace = bytes(buffers * ranks);
+    }
+    if knobs.offload != Offload::Optimizer {
+        // Compact moments kept in page-locked host memory, streamed through each part's
+        // update (none for the exact layouts, whose state stays on the device).
+        let state = StateBytes::of(model, knobs).host;
+        host.optimizer_state = bytes(state.moments as f64 * ranks);
     }
     if on_gpu {
         // The GPU's host side: a checkpoint stages one tensor at a time, and a step's batch

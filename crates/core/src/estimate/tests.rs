@@ -270,3 +270,28 @@ fn the_longest_sequence_is_the_boundary_of_the_scaled_estimate() {
         "the state alone exceeds 1 GiB"
     );
 }
+
+#[test]
+fn compact_moments_in_host_memory_count_on_the_host() {
+    use crate::knobs::{MasterFormat, MomentFormat, MomentPlace, StateLayout};
+    let model = ModelSpec::preset("llama-3.1-8b").unwrap();
+    let compact = |moments_on| Knobs {
+        checkpointing: Checkpointing::EveryKth(1),
+        update: Update::InBackward,
+        state: StateLayout {
+            moments: MomentFormat::Int8Blockwise,
+            masters: MasterFormat::Bf16Stochastic,
+            moments_on,
+        },
+        ..knobs(1, Precision::Bf16)
+    };
+    let host = |knobs: Knobs| estimate(&model, &knobs, DeviceKind::Cuda, Attention::Flash).host;
+    let on_host = host(compact(MomentPlace::Host));
+    // Two 8-bit moments a parameter of the matrices, and their block scales: about 16 GB for
+    // 8B, as measured (15.96 GiB host peak on the H100).
+    let p = model.parameter_count() as u64;
+    assert!(on_host.optimizer_state > 2 * p * 95 / 100, "{on_host:?}");
+    assert!(on_host.optimizer_state < 2 * p * 105 / 100, "{on_host:?}");
+    assert_eq!(host(compact(MomentPlace::Device)).optimizer_state, 0);
+    assert_eq!(host(knobs(1, Precision::Bf16)).optimizer_state, 0);
+}

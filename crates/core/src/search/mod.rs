@@ -39,6 +39,7 @@ pub mod run;
 pub mod setup;
 pub mod sim;
 pub mod space;
+pub mod way_out;
 
 pub use decision::{Candidate, Decision, Next, RegimeEnd, RegimeProgress, RegimeState};
 pub use driver::SearchDriver;

@@ -106,15 +106,10 @@ pub fn state_exceeds_budget(
             spec.parameter_count()
         ),
     };
-    let compact = if regimes.iter().any(|r| r.state.is_compact()) {
-        ""
-    } else {
-        "; --allow-compact-state lets the search try 8-bit moments and bf16 masters (4 bytes per parameter, not exact AdamW)"
-    };
     Some(format!(
         "the training state of `{}` alone is {} ({what}), more than the {memories} the budget \
          allows after its {:.0}% headroom; train a smaller model or target a device with more \
-         memory{compact}",
+         memory",
         spec.name,
         format_bytes(state),
         budget.headroom * 100.0
