@@ -27,7 +27,10 @@ pub fn run(args: ExportArgs, printer: &Printer) -> anyhow::Result<Status> {
         }
         ExportFormat::Accelerate => {
             let (yaml, notes) = exports::accelerate_config(knobs);
-            printer.document(yaml.trim_end());
+            let stated = settings.lossy.as_ref().map_or(String::new(), |what| {
+                format!("# autotune: exported with changes to the plan: {what}\n")
+            });
+            printer.document(format!("{stated}{}", yaml.trim_end()).as_str());
             notes
         }
         ExportFormat::Lightning => {

@@ -30,6 +30,11 @@ pub struct ExportArgs {
     /// there.
     #[arg(long)]
     pub allow_engine_mismatch: bool,
+    /// Export a plan whose knobs the tool cannot run as measured (compact optimizer state, the
+    /// update in backward): the export says what changed and what it costs in memory, on stderr
+    /// and, in the Accelerate YAML, as comments.
+    #[arg(long)]
+    pub allow_lossy_export: bool,
     /// Data-parallel processes (DeepSpeed's train_batch_size = micro × accum × world size);
     /// default the plan's own data-parallel degree. More than that runs the plan's per-GPU
     /// setting on a larger cluster.
@@ -48,6 +53,9 @@ pub struct ExportSettings {
     pub world_size: usize,
     /// Warnings for people: an engine mismatch let through, a world size the format ignores.
     pub warnings: Vec<String>,
+    /// What the export changes of the plan, let through by `--allow-lossy-export`, for the
+    /// document too where its format has comments.
+    pub lossy: Option<String>,
 }
 
 impl ExportSettings {
@@ -78,6 +86,21 @@ impl ExportSettings {
             }
             warnings.push(format!("exporting anyway (--allow-engine-mismatch): {why}"));
         }
+        let changes = exports::changes(&plan.model, &plan.knobs, format);
+        let lossy = (!changes.is_faithful()).then(|| changes.describe());
+        if let Some(what) = &lossy {
+            if !args.allow_lossy_export {
+                return Err(crate::Error::Usage(format!(
+                    "plan `{}` cannot be exported to {} as it was measured: {what}, so its \
+                     batch may not fit there. Tune for what the tool can run (without \
+                     --allow-compact-state and --update in-backward), or pass \
+                     --allow-lossy-export to export it anyway",
+                    args.plan.display(),
+                    format.tool_name()
+                )));
+            }
+            warnings.push(format!("exporting anyway (--allow-lossy-export): {what}"));
+        }
         if args.world_size.is_some() && format != ExportFormat::DeepSpeed {
             warnings.push(format!(
                 "--world-size only scales DeepSpeed's train_batch_size; the {} export is per \
@@ -90,6 +113,7 @@ impl ExportSettings {
             format,
             world_size,
             warnings,
+            lossy,
         })
     }
 }

@@ -10,8 +10,14 @@ use crate::util::{autotune_in, stderr, stdout};
 
 /// A plan replayed from the committed seed recording, with its provenance.
 fn replayed_plan(dir: &Path) -> PathBuf {
+    replayed(dir, "seed.json")
+}
+
+/// The plan a replay of the committed recording `name` makes.
+fn replayed(dir: &Path, name: &str) -> PathBuf {
     let recording = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("profiles/recorded/rtx4090-32g-on-h200/seed.json");
+        .join("profiles/recorded/rtx4090-32g-on-h200")
+        .join(name);
     let path = dir.join("plan.json");
     let backend = format!("replay:{}", recording.display());
     let out = autotune_in(
@@ -102,4 +108,58 @@ fn allowed_exports_print_only_the_document_and_put_notes_on_stderr() {
         err.contains("note: set the DataLoader's batch_size"),
         "{err}"
     );
+}
+
+#[test]
+fn a_compact_state_plan_is_refused_unless_the_changes_are_accepted_and_then_stated() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = replayed(dir.path(), "llama-3.1-8b.json");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    assert_eq!(doc["knobs"]["state"]["moments"], "int8_blockwise");
+    let plan = plan.to_str().unwrap();
+    for format in ["deepspeed", "trainer", "accelerate", "lightning"] {
+        let base = [
+            "export",
+            "--plan",
+            plan,
+            "--format",
+            format,
+            "--allow-engine-mismatch",
+        ];
+        let out = autotune_in(dir.path(), &base);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{format}: {err}");
+        assert!(err.contains("--allow-lossy-export"), "{format}: {err}");
+        assert!(
+            err.contains("no update in the backward pass"),
+            "{format}: {err}"
+        );
+        assert!(err.contains("GiB more GPU memory"), "{format}: {err}");
+        assert!(stdout(&out).is_empty());
+        let mut allowed = base.to_vec();
+        allowed.push("--allow-lossy-export");
+        let out = autotune_in(dir.path(), &allowed);
+        let (text, err) = (stdout(&out), stderr(&out));
+        assert_eq!(out.status.code(), Some(0), "{format}: {err}");
+        assert!(
+            err.contains("exporting anyway (--allow-lossy-export)"),
+            "{err}"
+        );
+        match format {
+            "trainer" => {
+                let args: Value = serde_json::from_str(&text).unwrap();
+                assert_eq!(
+                    args["optim"], "paged_adamw_8bit",
+                    "bitsandbytes' paged 8-bit AdamW"
+                );
+            }
+            "accelerate" => assert!(
+                text.starts_with("# autotune: exported with changes"),
+                "{text}"
+            ),
+            _ => {
+                serde_json::from_str::<Value>(&text).expect("the document stays JSON");
+            }
+        }
+    }
 }

@@ -39,6 +39,10 @@ pub struct TrainerArgs {
     pub max_grad_norm: f64,
     /// Recompute activations in backward (every layer: the Trainer has no every-k-th).
     pub gradient_checkpointing: bool,
+    /// The optimizer, when the plan's state is bitsandbytes' 8-bit AdamW's
+    /// ([`super::fidelity::trainer_optim`]); absent for the Trainer's default AdamW.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub optim: Option<String>,
     /// The DeepSpeed config file, when the plan offloads or shards the optimizer.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub deepspeed: Option<String>,
@@ -80,6 +84,7 @@ pub fn trainer_args(knobs: &Knobs, optimizer: &OptimizerSpec) -> (TrainerArgs, N
         weight_decay: optimizer.weight_decay,
         max_grad_norm: optimizer.grad_clip.unwrap_or(0.0),
         gradient_checkpointing: knobs.checkpointing != Checkpointing::None,
+        optim: super::fidelity::trainer_optim(knobs).map(str::to_string),
         deepspeed: needs_deepspeed.then(|| DEEPSPEED_CONFIG_FILE.to_string()),
     };
     (args, notes)

@@ -16,10 +16,12 @@
 //! world size: the global batch grows with it and the per-GPU memory stays what was measured.
 
 pub mod deepspeed;
+pub mod fidelity;
 pub mod hf;
 pub mod lightning;
 
 pub use deepspeed::{deepspeed_config, DeepSpeedConfig};
+pub use fidelity::{changes, Changes};
 pub use hf::{accelerate_config, trainer_args, TrainerArgs};
 pub use lightning::{lightning_args, LightningArgs};
 
@@ -53,6 +55,16 @@ impl ExportFormat {
     /// The format named `name`.
     pub fn parse(name: &str) -> Option<Self> {
         Self::ALL.iter().find(|(n, _)| *n == name).map(|(_, f)| *f)
+    }
+
+    /// The tool's name, as people know it.
+    pub fn tool_name(self) -> &'static str {
+        match self {
+            ExportFormat::DeepSpeed => "DeepSpeed",
+            ExportFormat::Trainer => "the Hugging Face Trainer",
+            ExportFormat::Accelerate => "Accelerate",
+            ExportFormat::Lightning => "Lightning",
+        }
     }
 
     /// The engine the tool trains with: all four run PyTorch.
