@@ -233,6 +233,12 @@ fn summary(plan: &Plan) -> String {
             super::data::histogram(&data.lengths),
         ));
     }
+    for n in &plan.non_monotone {
+        text.push_str(&format!(
+            "\n  memory did not grow with the batch: {} micro-batch {} to {}: {}",
+            n.regime, n.smaller, n.larger, n.what
+        ));
+    }
     if let Some(longest) = &plan.longest_sequence {
         text.push_str(&format!("\n  {}", search::longest_line(longest)));
     }

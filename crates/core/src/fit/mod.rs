@@ -11,9 +11,11 @@
 //! (see [`memory::MemoryModel::optimistic_at`]).
 
 pub mod memory;
+pub mod monotone;
 pub mod time;
 
 pub use memory::{AffineBytes, Capacity, MeasuredPeak, MemoryModel, PeakPrediction};
+pub use monotone::{non_monotone, NonMonotone};
 pub use time::{StepTimeModel, TimeFitMethod};
 
 use crate::knobs::Regime;

@@ -91,6 +91,7 @@ impl Plan {
             // The caller knows how the trials ran.
             provenance: None,
             model_folder: None,
+            non_monotone: crate::fit::non_monotone(&outcome.history, &budget),
             longest_sequence: None,
             data: None,
         })

@@ -124,6 +124,24 @@ fn chosen_section(s: &mut String, report: &Report) {
             .collect::<Vec<_>>(),
         None,
     );
+    if let Some(choice) = report
+        .choice
+        .as_ref()
+        .filter(|c| !c.non_monotone.is_empty())
+    {
+        s.push_str("<h3 id=\"non-monotone\">Where memory did not grow with the batch</h3>\n<ul class=\"note\">\n");
+        for n in &choice.non_monotone {
+            let _ = writeln!(
+                s,
+                "<li>{}: micro-batch {} to {}: {}</li>",
+                escape(&n.regime.to_string()),
+                n.smaller,
+                n.larger,
+                escape(&n.what)
+            );
+        }
+        s.push_str("</ul>\n");
+    }
     match &report.choice {
         Some(choice) if !choice.alternatives.is_empty() => {
             s.push_str("<h3>Alternatives</h3>\n");

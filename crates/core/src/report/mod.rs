@@ -56,6 +56,8 @@ pub struct Choice {
     pub provenance: Option<Provenance>,
     /// The longest single sequence the plan takes, when it says.
     pub longest_sequence: Option<LongestSequence>,
+    /// Where memory did not grow with the micro-batch.
+    pub non_monotone: Vec<crate::fit::NonMonotone>,
 }
 
 /// Everything the page shows.
@@ -102,6 +104,7 @@ impl Report {
                 alternatives: plan.alternatives.clone(),
                 provenance: plan.provenance.clone(),
                 longest_sequence: plan.longest_sequence.clone(),
+                non_monotone: plan.non_monotone.clone(),
             }),
             created_unix_s: plan.created_unix_s,
             data: plan.data.clone(),

@@ -205,3 +205,24 @@ fn a_plan_tuned_on_data_shows_where_its_sequence_and_longest_sequence_fall() {
         "{section}"
     );
 }
+
+#[test]
+fn a_plan_lists_where_memory_did_not_grow_with_the_batch() {
+    let mut plan = replayed_plan(&recorded("gpt-124m.json"));
+    assert!(!Report::from_plan(&plan)
+        .to_html()
+        .contains("id=\"non-monotone\""));
+    plan.non_monotone = vec![crate::fit::NonMonotone {
+        regime: plan.knobs.regime(),
+        smaller: 2,
+        larger: 4,
+        what: "the peak falls from 23.55 GiB to 22.68 GiB as the batch grows".into(),
+    }];
+    let html = Report::from_plan(&plan).to_html();
+    let at = html.find("id=\"non-monotone\"").expect("the section");
+    assert!(
+        html[at..].contains("micro-batch 2 to 4: the peak falls"),
+        "{}",
+        &html[at..]
+    );
+}

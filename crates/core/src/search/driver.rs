@@ -19,11 +19,18 @@
 //!    boundary (gpt-124m: 26 and 25 fitted only inside the headroom, the secant gave 24, which
 //!    fits), where bisection of the rest would take three more trials.
 //! 5. **Bisect**: after those three model-guided trials, halve the open bracket of candidates.
+//! 6. **Look past a soft boundary**: when the bracket closes on a micro-batch that fitted the
+//!    device but peaked above the headroom (not an out-of-memory), and the step up to it is
+//!    out of line with the growth below (more than twice the secant's slope there, or no
+//!    growth to judge by), one trial at twice it checks that memory really grows past it. It
+//!    does not always: llama-3.1-8b with compact state on the 24 GB card peaked above the
+//!    headroom at batch 2 and below it at batch 4. A fit there reopens the regime from it; a
+//!    miss closes it where it was.
 //!
 //! A trial is *feasible* when it fitted and its peaks stay within the budget's usable bytes
 //! (the headroom); an out-of-memory, a crash, or a fit above the usable bytes is infeasible.
-//! Feasibility is assumed monotone in the micro-batch, so the bracket's lower edge ends as the
-//! **exact** largest feasible candidate.
+//! Feasibility is assumed monotone in the micro-batch (but for step 6), so the bracket's lower
+//! edge ends as the **exact** largest feasible candidate.
 //!
 //! Growth also stops when the last two doublings each raised throughput by less than the
 //! space's `saturation_gain` (the regime is *saturated*): past that point a larger batch buys
@@ -128,7 +135,7 @@ use super::space::SearchSpace;
 use crate::fit::{Capacity, MemoryModel};
 use crate::knobs::Knobs;
 use crate::spec::budget::Budget;
-use crate::trial::{Measurement, TrialRequest, TrialResult};
+use crate::trial::{Measurement, Outcome, TrialRequest, TrialResult};
 use crate::Result;
 
 /// Slack on the pruning bound: a regime is pruned only when its optimistic throughput, raised
@@ -333,7 +340,8 @@ impl SearchDriver {
             let open = chain[j] - chain[j - 1] - 1;
             worst = worst.max(j + 1 + refinement_bound(open));
         }
-        worst.max(chain.len())
+        // One trial past a boundary set by a fit above the headroom (step 6).
+        worst.max(chain.len()) + 1
     }
 
     pub(super) fn sorted<'h>(&self, history: &'h [TrialResult]) -> SortedHistory<'h> {
@@ -482,6 +490,9 @@ impl SearchDriver {
         }
         let bracket = self.bracket(trials, failed);
         if bracket.open.is_empty() {
+            if let Some(past) = self.past_soft_boundary(trials, failed, &bracket) {
+                return explore(past);
+            }
             let top = *self
                 .candidates
                 .last()
@@ -547,6 +558,60 @@ impl SearchDriver {
             hi,
             open: open.to_vec(),
         }
+    }
+
+    /// The one trial past a boundary that only a fit above the headroom set (see the module
+    /// docs' step 6): twice the boundary, when no trial of the regime went past it yet.
+    fn past_soft_boundary(
+        &self,
+        trials: &Trials<'_>,
+        failed: &[usize],
+        bracket: &Bracket,
+    ) -> Option<usize> {
+        let (lo, hi) = (bracket.lo, bracket.hi?);
+        let mb = |r: &TrialResult| r.request.knobs.micro_batch;
+        let soft = trials.iter().any(|(_, r)| {
+            mb(r) == hi
+                && !failed.contains(&hi)
+                && matches!(&r.outcome, Outcome::Fits(m) if self.budget.exceeded(m).is_some())
+        });
+        let beyond = trials.iter().any(|(_, r)| mb(r) > hi);
+        if lo == 0 || !soft || beyond || self.grows_steadily_to(trials, lo, hi) {
+            return None;
+        }
+        let c = &self.candidates;
+        let past = c[c.partition_point(|&b| b < 2 * hi).min(c.len() - 1)];
+        (past > hi).then_some(past)
+    }
+
+    /// Whether the peak's step from `lo` to `hi` is in line with its growth below `lo` (at most
+    /// twice the secant's slope through the two largest feasible micro-batches): then the
+    /// boundary stands without a trial past it. With one feasible point there is no growth to
+    /// judge by.
+    fn grows_steadily_to(&self, trials: &Trials<'_>, lo: usize, hi: usize) -> bool {
+        let on_gpu = self.budget.gpu_bytes.is_some();
+        let peak_at = |b: usize, feasible: bool| {
+            trials
+                .iter()
+                .rev()
+                .filter(|(_, r)| r.request.knobs.micro_batch == b)
+                .filter(|(_, r)| !feasible || self.is_feasible(r))
+                .find_map(|(_, r)| r.outcome.measurement())
+                .map(|m| if on_gpu { m.peak_gpu_bytes } else { m.peak_host_bytes } as f64)
+        };
+        let below = trials
+            .iter()
+            .map(|(_, r)| r.request.knobs.micro_batch)
+            .filter(|&b| b < lo && peak_at(b, true).is_some())
+            .max();
+        let (Some(b1), Some(p2), Some(top)) = (below, peak_at(lo, true), peak_at(hi, false)) else {
+            return false;
+        };
+        let Some(p1) = peak_at(b1, true) else {
+            return false;
+        };
+        let slope = ((p2 - p1) / (lo - b1) as f64).max(0.0);
+        (top - p2) / (hi - lo) as f64 <= 2.0 * slope
     }
 
     /// Whether even the optimistic bound on the open micro-batches cannot beat the best earlier

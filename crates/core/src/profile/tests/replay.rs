@@ -261,3 +261,72 @@ fn a_failed_verification_replays_as_failed() {
     assert_eq!(replayed.decision, outcome.decision);
     assert_eq!(replayed.history, outcome.history);
 }
+
+#[test]
+fn the_recorded_8b_search_with_its_batch_4_replays_to_batch_4() {
+    // Memory not monotone in the batch (the driver's step 6): see search::driver.
+    use crate::knobs::Knobs;
+    use crate::profile::replay::ReplayProber;
+    use crate::search::Decision;
+    use crate::trial::{Measurement, MemoryKind, Outcome, Phase, TrialRequest, TrialResult};
+    const GIB: u64 = 1 << 30;
+    let tried = |outcome: &SearchOutcome| -> Vec<usize> {
+        outcome
+            .history
+            .iter()
+            .map(|r| r.request.knobs.micro_batch)
+            .collect()
+    };
+    let chosen = |outcome: &SearchOutcome| match outcome.decision {
+        Decision::Chosen(k) => k.micro_batch,
+        ref other => panic!("{other:?}"),
+    };
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../profiles/recorded/rtx4090-32g-on-h200/llama-3.1-8b.json");
+    let mut profile = Profile::load(&path).unwrap();
+    // The recording: batch 1 fits (22.15 GiB), batch 2 only above the headroom (23.55 GiB).
+    // Measured since on the same card: batch 4 fits below the headroom, 5 and 8 run out.
+    let one = profile.trials[1].clone();
+    assert_eq!(one.request.knobs.micro_batch, 1);
+    let at = |micro_batch: usize, outcome: Outcome| TrialResult {
+        request: TrialRequest {
+            knobs: Knobs {
+                micro_batch,
+                ..one.request.knobs
+            },
+            ..one.request
+        },
+        outcome,
+        ..one.clone()
+    };
+    let Outcome::Fits(m) = one.outcome else {
+        panic!("batch 1 fits")
+    };
+    let four = Measurement {
+        peak_gpu_bytes: (22.68 * GIB as f64) as u64,
+        step_time_median_s: 4.0 * 2048.0 / 4416.0,
+        tokens_per_s: 4416.0,
+        ..m
+    };
+    let oom = || Outcome::OutOfMemory {
+        memory: MemoryKind::Gpu,
+        phase: Phase::ForwardBackward,
+    };
+    profile.trials.push(at(4, Outcome::Fits(four)));
+    profile.trials.push(at(8, oom()));
+    profile.trials.push(at(5, oom()));
+    let driver = profile.driver().unwrap();
+    let mut prober = ReplayProber::new(profile.clone());
+    let outcome = run_search(&driver, &mut prober, &NoReporter).unwrap();
+    assert_eq!(chosen(&outcome), 4, "{:?}", tried(&outcome));
+    // Without the batch-4 trial the replay's model predicts 4 out of memory: batch 1 again.
+    let mut stale = profile.clone();
+    stale.trials.truncate(stale.trials.len() - 3);
+    let mut prober = ReplayProber::new(stale.clone());
+    let outcome = run_search(&driver, &mut prober, &NoReporter).unwrap();
+    assert!(
+        tried(&outcome).contains(&4),
+        "looked past batch 2: {:?}",
+        tried(&outcome)
+    );
+}
