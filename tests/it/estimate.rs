@@ -38,7 +38,7 @@ const DECODER_WORST: f64 = 0.10;
 /// Recordings of earlier engines, and why the estimate does not describe them: they kept the
 /// whole micro-batch's logits and their gradient (the head ran in one piece), or ran the
 /// autograd-based engine.
-const EARLIER: [(&str, &str); 9] = [
+const EARLIER: [(&str, &str); 10] = [
     (
         "profiles/recorded/rtx4090-32g-on-h200/seed.json",
         "unchunked head",
@@ -75,6 +75,10 @@ const EARLIER: [(&str, &str); 9] = [
     // host memory are outside it.
     (
         "profiles/recorded/rtx4090-32g-on-h200/llama-3.1-8b.json",
+        "compact state",
+    ),
+    (
+        "profiles/recorded/rtx4090-32g-on-h100/llama-3.1-8b.json",
         "compact state",
     ),
 ];

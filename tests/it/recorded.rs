@@ -62,7 +62,8 @@ fn replay_answers(profile: &Profile) -> (Vec<Answer>, Option<autotune::Knobs>) {
 
 /// The recordings made by a search that asked the same trials as the search asks now: a replay
 /// of one asks exactly the trials the GPU ran, in the same order.
-const CURRENT_SEARCH: [&str; 6] = [
+const CURRENT_SEARCH: [&str; 7] = [
+    "profiles/recorded/rtx4090-32g-on-h100/llama-3.1-8b.json",
     "profiles/recorded/rtx4090-32g-on-h200/child-trials/seed.json",
     "profiles/recorded/rtx4090-32g-on-h200/seed.json",
     "profiles/recorded/rtx4090-32g-on-h200/gpt-124m.json",
