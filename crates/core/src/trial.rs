@@ -221,9 +221,11 @@ impl Measurement {
     }
 }
 
-/// How a trial ended: expected outcomes, never errors.
+/// How a trial ended: expected outcomes, never errors. Unknown fields are refused in every
+/// variant (a fit's [`Measurement`] refuses them itself), so a recorded trial is never half
+/// understood.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "outcome")]
+#[serde(rename_all = "snake_case", tag = "outcome", deny_unknown_fields)]
 pub enum Outcome {
     /// The setting ran; here is what it cost.
     Fits(Measurement),
@@ -319,6 +321,26 @@ pub struct TrialResult {
 mod tests {
     use super::*;
     use crate::knobs::Precision;
+
+    #[test]
+    fn a_recorded_trial_with_an_unknown_field_is_refused_whatever_its_outcome() {
+        let request = r#""request": {"knobs": {"micro_batch": 1, "grad_accum": 1, "precision": "bf16", "checkpointing": {"mode": "none"}, "offload": "none"}, "warmup_steps": 1, "timed_steps": 3}"#;
+        let outcomes = [
+            r#""outcome": "out_of_memory", "memory": "gpu", "phase": "forward_backward""#,
+            r#""outcome": "crashed", "reason": "a sticky device error""#,
+            r#""outcome": "timed_out", "after_s": 900.0"#,
+            r#""outcome": "fits", "peak_gpu_bytes": 1, "peak_host_bytes": 1, "step_time_median_s": 1.0, "step_time_spread": 0.0, "timed_steps": 3, "tokens_per_s": 1.0"#,
+        ];
+        for outcome in outcomes {
+            let good = format!("{{{request}, {outcome}, \"wall_s\": 1.0}}");
+            assert!(serde_json::from_str::<TrialResult>(&good).is_ok(), "{good}");
+            let spare = format!("{{{request}, {outcome}, \"spare\": 1, \"wall_s\": 1.0}}");
+            assert!(
+                serde_json::from_str::<TrialResult>(&spare).is_err(),
+                "{spare}"
+            );
+        }
+    }
 
     /// Retiming for a slower link adds each byte's extra time and scales tokens/s to match;
     /// a faster or unknown target, or a trial without offload, changes nothing; retiming twice
