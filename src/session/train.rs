@@ -110,7 +110,7 @@ pub fn train_with_plan(
             args: plan_rank_args(plan, plan_path, training),
             degree,
             device,
-            total_steps: training.steps,
+            total_steps: training.steps_at(&plan.knobs, plan.model.seq_len),
             metrics: training.metrics.as_deref(),
         };
         return launched.run(observer, interrupt);
@@ -188,7 +188,12 @@ fn plan_rank_args(plan: &Plan, plan_path: &Path, training: &Training) -> Vec<OsS
     args.push(plan_path.as_os_str().to_owned());
     let length = match training.epochs {
         Some(epochs) => ("--epochs", epochs.to_string()),
-        None => ("--steps", training.steps.to_string()),
+        None => (
+            "--steps",
+            training
+                .steps_at(&plan.knobs, plan.model.seq_len)
+                .to_string(),
+        ),
     };
     for (flag, value) in [
         length,
@@ -315,7 +320,7 @@ fn plan_job<'a>(plan: &'a Plan, training: &'a Training, rank: Option<&RankEnv>) 
         device,
         training,
         schedule,
-        total_steps: training.steps,
+        total_steps: training.steps_at(&plan.knobs, plan.model.seq_len),
         // Plans are tuned with the default engine.
         engine: crate::model::Engine::default(),
         host_limit: Some(host_limit),
@@ -360,7 +365,7 @@ impl ByHand<'_> {
                 args: std::env::args_os().skip(1).collect(),
                 degree,
                 device: self.device,
-                total_steps: training.steps,
+                total_steps: training.steps_at(&self.knobs, self.spec.seq_len),
                 metrics: training.metrics.as_deref(),
             };
             return Ok(Trained::Finished(launched.run(observer, interrupt)?));
@@ -379,7 +384,7 @@ impl ByHand<'_> {
             device,
             training,
             schedule,
-            total_steps: training.steps,
+            total_steps: training.steps_at(&self.knobs, self.spec.seq_len),
             engine: self.engine,
             host_limit: None,
         };
@@ -445,7 +450,9 @@ impl Job<'_> {
         }
         data.set_micros_per_step(self.knobs.grad_accum * self.knobs.data_parallel.degree);
         // A run of epochs knows its steps, and the schedule its end, once the data is open.
-        self.total_steps = self.training.total_steps(&data, self.knobs.micro_batch)?;
+        self.total_steps = self
+            .training
+            .total_steps(&data, &self.knobs, self.spec.seq_len)?;
         self.schedule = self
             .training
             .schedule

@@ -11,7 +11,7 @@ use crate::data::load::HeldOut;
 use crate::data::source::{Data, DataSpec};
 use crate::settings::model::holds_weights;
 use crate::train::schedule::{LrDecay, LrSchedule};
-use crate::{Error, Result};
+use crate::{Error, Knobs, Result};
 
 /// The learning rate over a training run.
 #[derive(Debug, Clone, Args)]
@@ -54,13 +54,18 @@ impl ScheduleArgs {
 /// The flags of a training run, beside the model and its knobs.
 #[derive(Debug, Clone, Args)]
 pub struct TrainingArgs {
-    /// Optimizer steps to train, in total counting resumed steps (default: 100 for train, 300
-    /// for run).
-    #[arg(long)]
+    /// Optimizer steps to train, in total counting resumed steps (default: 100 for train; run
+    /// trains a number of tokens, --tokens).
+    #[arg(long, conflicts_with = "tokens")]
     pub steps: Option<u64>,
+    /// Train on N tokens in total (sequence positions of every micro-batch, counting resumed
+    /// steps): the steps are N over the tokens one step takes at the plan's batch, so the run
+    /// is as long whichever batch the plan chose (default for run: 500000).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub tokens: Option<u64>,
     /// Train for N passes over a dataset of records instead of a number of steps: each epoch
     /// takes every example once, in its own seeded order.
-    #[arg(long, value_name = "N", conflicts_with = "steps", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    #[arg(long, value_name = "N", conflicts_with_all = ["steps", "tokens"], value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub epochs: Option<u64>,
     #[command(flatten)]
     #[allow(missing_docs)]
@@ -116,6 +121,8 @@ pub struct TrainingArgs {
 pub struct TrainingDefaults {
     /// Optimizer steps.
     pub steps: u64,
+    /// Tokens to train on, when the length is counted in tokens rather than steps.
+    pub tokens: Option<u64>,
     /// Steps between checkpoints.
     pub checkpoint_every: u64,
     /// Steps between evaluations (0 = never).
@@ -126,13 +133,16 @@ impl TrainingDefaults {
     /// `train`'s.
     pub const TRAIN: Self = Self {
         steps: 100,
+        tokens: None,
         checkpoint_every: 50,
         eval_every: 0,
     };
 
-    /// `run`'s: a whole job, evaluated as it goes.
+    /// `run`'s: a whole job of a fixed number of tokens (so its length and its final loss do not
+    /// swing with the batch the plan chose), evaluated as it goes.
     pub const RUN: Self = Self {
         steps: 300,
+        tokens: Some(500_000),
         checkpoint_every: 100,
         eval_every: 100,
     };
@@ -141,8 +151,11 @@ impl TrainingDefaults {
 /// A training run's settings beside the model and its knobs.
 #[derive(Debug, Clone)]
 pub struct Training {
-    /// Train until this many optimizer steps in total (resumed steps count), unless `epochs`.
+    /// Train until this many optimizer steps in total (resumed steps count), unless `epochs`
+    /// or `tokens`.
     pub steps: u64,
+    /// Train on this many tokens in total ([`Training::steps_at`] turns them into steps).
+    pub tokens: Option<u64>,
     /// Train for this many passes over a dataset of records.
     pub epochs: Option<u64>,
     /// The data, as given (`pattern`, `random`, files or folders).
@@ -222,6 +235,11 @@ impl Training {
         }
         Ok(Self {
             steps: args.steps.unwrap_or(defaults.steps),
+            tokens: match (args.tokens, args.steps, args.epochs) {
+                (Some(tokens), _, _) => Some(tokens),
+                (None, None, None) => defaults.tokens,
+                _ => None,
+            },
             epochs: args.epochs,
             data_spec,
             data,
@@ -256,13 +274,23 @@ impl Training {
         self.schedule.schedule(base_lr, self.steps)
     }
 
-    /// The optimizer steps of the run on `data` at `micro_batch` sequences a micro-batch: the
-    /// epochs' steps when it counts epochs, else `steps`.
-    pub fn total_steps(&self, data: &Data, micro_batch: usize) -> Result<u64> {
+    /// The optimizer steps of a run at `knobs` on sequences of `seq_len` tokens, unless it
+    /// counts epochs: its tokens over the tokens of one step (over all ranks), or `steps`.
+    pub fn steps_at(&self, knobs: &Knobs, seq_len: usize) -> u64 {
+        let per_step = (knobs.global_batch() * seq_len).max(1) as u64;
+        match self.tokens {
+            Some(tokens) => tokens.div_ceil(per_step).max(1),
+            None => self.steps,
+        }
+    }
+
+    /// The optimizer steps of the run on `data` at `knobs` on sequences of `seq_len` tokens:
+    /// the epochs' steps when it counts epochs, else [`Training::steps_at`].
+    pub fn total_steps(&self, data: &Data, knobs: &Knobs, seq_len: usize) -> Result<u64> {
         match (self.epochs, data.examples()) {
-            (None, _) => Ok(self.steps),
+            (None, _) => Ok(self.steps_at(knobs, seq_len)),
             (Some(epochs), Some((dataset, _))) => {
-                Ok(dataset.steps_for_epochs(self.seed, epochs, micro_batch))
+                Ok(dataset.steps_for_epochs(self.seed, epochs, knobs.micro_batch))
             }
             (Some(_), None) => Err(Error::Usage(
                 "--epochs counts passes over a dataset of records".into(),

@@ -434,3 +434,50 @@ fn a_model_only_compact_state_fits_is_pointed_at_it_with_the_estimate() {
         "the moments in host memory: {way}"
     );
 }
+
+#[test]
+fn a_run_trains_a_number_of_tokens_whichever_batch_its_plan_chose() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = |max: &str| {
+        let out = autotune_in(
+            dir.path(),
+            &[
+                "run",
+                "--run-dir",
+                max,
+                "--target",
+                "cpu",
+                "--max-micro-batch",
+                max,
+                "--max-trials",
+                "4",
+                "--tokens",
+                "20000",
+                "--eval-every",
+                "0",
+                "--json",
+            ],
+        );
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let report: Value = serde_json::from_str(&stdout(&out)).unwrap();
+        let knobs = &report["plan"]["knobs"];
+        let per_step = knobs["micro_batch"].as_u64().unwrap()
+            * knobs["grad_accum"].as_u64().unwrap()
+            * report["plan"]["model"]["seq_len"].as_u64().unwrap();
+        (report["training"]["steps"].as_u64().unwrap(), per_step)
+    };
+    let runs: Vec<(u64, u64)> = ["1", "8"].into_iter().map(plan).collect();
+    for &(steps, per_step) in &runs {
+        // The fewest steps that reach 20,000 tokens.
+        assert!(steps * per_step >= 20_000, "{steps} × {per_step}");
+        assert!((steps - 1) * per_step < 20_000, "{steps} × {per_step}");
+    }
+    assert!(
+        runs[0].1 < runs[1].1,
+        "the larger space plans a larger batch: {runs:?}"
+    );
+    assert!(
+        runs[0].0 > runs[1].0,
+        "a smaller batch takes more steps: {runs:?}"
+    );
+}
