@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use autotune::outputs::check_outputs;
 use autotune::plan::schema::Plan;
 use autotune::profile::record::{Profile, PROFILE_KIND};
 use autotune::report::curves::{CurvePoint, TrainingCurves};
@@ -15,6 +16,9 @@ use super::printer::Printer;
 use super::Status;
 
 pub fn run(args: ReportArgs, printer: &Printer) -> anyhow::Result<Status> {
+    if let Some(out) = &args.out {
+        check_outputs(&[("--out", out)], &[("`autotune report`", &args.input)])?;
+    }
     let (html, what) = match read_metrics(&args.input)? {
         Some(curves) => (curves.to_html(), format!("{} steps", curves.points.len())),
         None => {

@@ -1,7 +1,7 @@
 //! The flags of a training run that `train` and `run` share (how long, on what data, where
 //! its checkpoints go, the learning rate over it), and [`Training`], what they resolve to.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 
@@ -223,6 +223,13 @@ impl Training {
             text_tokens,
             cache_dir,
         } = dataset.resolve(folder, held_out(args)?)?;
+        if let Some(metrics) = &args.metrics {
+            let inputs: Vec<(&str, &Path)> = data
+                .iter()
+                .map(|d| ("--data", Path::new(d.as_str())))
+                .collect();
+            crate::outputs::check_outputs(&[("--metrics", metrics)], &inputs)?;
+        }
         if args.epochs.is_some() && !matches!(data_spec, DataSpec::Records(_)) {
             return Err(autotune_core::Error::InvalidFlag {
                 flag: "--epochs".into(),

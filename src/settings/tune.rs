@@ -3,7 +3,7 @@
 //! the model, the target, its budget, the search space and the machine's facts, and how trials
 //! are isolated. Everything a flag can get wrong is refused here, before a trial runs.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 
@@ -274,6 +274,19 @@ impl TuneSettings {
     pub fn from_args(args: &TuneArgs, data: Option<DataShape>) -> crate::Result<Self> {
         // Where the results go is checked first: a search can take long, and its plan must not
         // be lost to a typo in a path.
+        let outputs: Vec<(&str, &Path)> = [
+            ("--out", &args.out),
+            ("--record", &args.record),
+            ("--report", &args.report),
+        ]
+        .into_iter()
+        .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
+        .collect();
+        let mut inputs: Vec<(&str, &Path)> = vec![("--model", Path::new(&args.planned.model))];
+        if let Backend::Replay(profile) = &args.backend {
+            inputs.push(("--backend replay", profile));
+        }
+        crate::outputs::check_outputs(&outputs, &inputs)?;
         for (flag, path) in [
             ("--out", &args.out),
             ("--record", &args.record),

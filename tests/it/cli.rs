@@ -258,3 +258,54 @@ fn renamed_flags_keep_working_under_their_old_names_and_say_so() {
         stderr(&train)
     );
 }
+
+#[test]
+fn an_output_over_an_input_another_output_or_a_device_is_refused_before_any_work() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("d.bin"), [1u8, 0, 2, 0, 3, 0]).unwrap();
+    std::fs::write(dir.path().join("plan.json"), "{}").unwrap();
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &[
+                "tune", "--target", "cpu", "--out", "p.json", "--report", "./p.json",
+            ],
+            "--out's output",
+        ),
+        (
+            &[
+                "train",
+                "--device",
+                "cpu",
+                "--data",
+                "d.bin",
+                "--metrics",
+                "d.bin",
+            ],
+            "the file --data reads",
+        ),
+        (
+            &["report", "plan.json", "--out", "plan.json"],
+            "`autotune report` reads",
+        ),
+        (
+            &["tune", "--target", "cpu", "--out", "/dev/null"],
+            "not a regular file",
+        ),
+    ];
+    for (args, says) in cases {
+        let out = autotune_in(dir.path(), args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    // Nothing was written, and the inputs are whole.
+    assert_eq!(
+        std::fs::read(dir.path().join("d.bin")).unwrap(),
+        [1, 0, 2, 0, 3, 0]
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("plan.json")).unwrap(),
+        "{}"
+    );
+    assert!(!dir.path().join("p.json").exists());
+}

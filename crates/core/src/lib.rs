@@ -19,6 +19,7 @@ pub mod estimate;
 pub mod fit;
 pub mod json;
 pub mod knobs;
+pub mod outputs;
 pub mod plan;
 pub mod profile;
 pub mod report;

@@ -1,0 +1,112 @@
+//! One policy for every file a command writes: a new path or a regular file, never a device,
+//! a FIFO, a directory or a link's target; never one of the command's own inputs; never two
+//! outputs on one path. Checked before the work, so that nothing is lost to a typo after it.
+
+use std::path::{Path, PathBuf};
+
+use crate::{Error, Result};
+
+/// Refuses `outputs` (each with the flag that named it) that break the policy against each other
+/// and against `inputs` (each with its flag); errors name the flags.
+pub fn check_outputs(outputs: &[(&str, &Path)], inputs: &[(&str, &Path)]) -> Result<()> {
+    for (i, &(flag, path)) in outputs.iter().enumerate() {
+        check_target(flag, path)?;
+        let id = identity(path);
+        if let Some((other, _)) = outputs[..i].iter().find(|(_, p)| identity(p) == id) {
+            return Err(refused(
+                flag,
+                path,
+                format!("is also {other}'s output; one of the two would be lost: give each its own file"),
+            ));
+        }
+        if let Some((input, _)) = inputs.iter().find(|(_, p)| identity(p) == id) {
+            return Err(refused(
+                flag,
+                path,
+                format!("is the file {input} reads, which writing would destroy: write elsewhere"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A path that exists must be a regular file: anything else (a device, a FIFO, a socket, a
+/// directory) would be replaced by one, or written into, and a link's target is not what the
+/// user named.
+fn check_target(flag: &str, path: &Path) -> Result<()> {
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return Ok(());
+    };
+    let kind = meta.file_type();
+    let problem = if kind.is_symlink() {
+        "is a symbolic link; name the file it points to, or a new path"
+    } else if kind.is_dir() {
+        "is a directory; name a file in it"
+    } else if !kind.is_file() {
+        "is not a regular file (a device, a FIFO or a socket); autotune writes only regular files"
+    } else {
+        return Ok(());
+    };
+    Err(refused(flag, path, problem.into()))
+}
+
+/// Where `path` is: its directory resolved (links, `..`) and its name, whether or not the file
+/// exists yet.
+fn identity(path: &Path) -> PathBuf {
+    if let Ok(real) = path.canonicalize() {
+        return real;
+    }
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    match (dir.canonicalize(), path.file_name()) {
+        (Ok(dir), Some(name)) => dir.join(name),
+        _ => path.to_path_buf(),
+    }
+}
+
+fn refused(flag: &str, path: &Path, problem: String) -> Error {
+    Error::InvalidFlag {
+        flag: format!("{flag} {}", path.display()),
+        problem,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outputs_never_clobber_inputs_each_other_or_what_is_not_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("d.bin");
+        std::fs::write(&data, b"tokens").unwrap();
+        let plan = dir.path().join("p.json");
+        let report = dir.path().join("r.html");
+        assert!(check_outputs(
+            &[("--out", &plan), ("--report", &report)],
+            &[("--data", &data)]
+        )
+        .is_ok());
+        // The same file by another spelling.
+        let again = dir.path().join(".").join("p.json");
+        let err = check_outputs(&[("--out", &plan), ("--report", &again)], &[]).unwrap_err();
+        assert!(err.to_string().contains("--out's output"), "{err}");
+        let err = check_outputs(&[("--metrics", &data)], &[("--data", &data)]).unwrap_err();
+        assert!(err.to_string().contains("the file --data reads"), "{err}");
+        let err = check_outputs(&[("--out", dir.path())], &[]).unwrap_err();
+        assert!(err.to_string().contains("directory"), "{err}");
+        let err = check_outputs(&[("--out", Path::new("/dev/null"))], &[]).unwrap_err();
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+        #[cfg(unix)]
+        {
+            let link = dir.path().join("link.json");
+            std::os::unix::fs::symlink(&data, &link).unwrap();
+            let err = check_outputs(&[("--out", &link)], &[]).unwrap_err();
+            assert!(err.to_string().contains("symbolic link"), "{err}");
+        }
+        // A regular file that is no input is replaced, as asked.
+        assert!(check_outputs(&[("--out", &data)], &[]).is_ok());
+    }
+}
