@@ -101,7 +101,15 @@ pub struct Loading<'a> {
     pub events: &'a dyn Fn(LoadEvent),
 }
 
-impl Loading<'_> {
+impl<'a> Loading<'a> {
+    /// Loading through the token cache in `dir`, telling `events`.
+    pub fn cached(dir: &Path, events: &'a dyn Fn(LoadEvent)) -> Self {
+        Loading {
+            cache: Some(TokenCache::new(dir.to_path_buf())),
+            events,
+        }
+    }
+
     /// Loading without a cache, telling no one.
     pub fn quiet() -> Loading<'static> {
         Loading {

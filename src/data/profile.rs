@@ -4,7 +4,7 @@
 
 use super::dataset::{Cut, Dataset};
 use super::load::RecordsSpec;
-use crate::plan::{length_histogram, Batching, DataProfile};
+use crate::plan::{length_histogram, Batching, DataProfile, Truncation};
 
 /// A loaded dataset, shaped for the trials of a search.
 #[derive(Debug, Clone)]
@@ -12,7 +12,9 @@ pub struct DataShape {
     dataset: Dataset,
     cut: Cut,
     files: Vec<String>,
-    records: RecordsSpec,
+    /// The records' examples key: the same files read the same way.
+    fingerprint: String,
+    truncation: Truncation,
     batching: Batching,
     sequence_tokens: usize,
 }
@@ -40,7 +42,8 @@ impl DataShape {
             dataset,
             cut,
             files: files.to_vec(),
-            records: records.clone(),
+            fingerprint: records.examples_key.clone(),
+            truncation: records.truncation,
             batching,
             sequence_tokens,
         }
@@ -65,10 +68,10 @@ impl DataShape {
     pub fn profile(&self, micro_batch: usize) -> DataProfile {
         let cut = self.cut;
         DataProfile {
-            fingerprint: self.records.examples_key.clone(),
+            fingerprint: self.fingerprint.clone(),
             files: self.files.clone(),
             batching: self.batching,
-            truncation: self.records.truncation,
+            truncation: self.truncation,
             sequence_tokens: self.sequence_tokens,
             examples: cut.kept,
             tokens: cut.tokens,

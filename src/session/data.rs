@@ -5,7 +5,6 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::data::cache::TokenCache;
 use crate::data::dataset::{Cut, Dataset};
 use crate::data::load::{LoadEvent, Loading, RecordsSpec};
 use crate::data::profile::DataShape;
@@ -37,10 +36,7 @@ pub struct Inspection {
 /// telling `events` how loading goes.
 pub fn inspect(settings: &DataSettings, events: &dyn Fn(LoadEvent)) -> Result<Inspection> {
     let tokenizer = settings.records.open_tokenizer()?;
-    let loading = Loading {
-        cache: Some(TokenCache::new(settings.cache_dir.clone())),
-        events,
-    };
+    let loading = Loading::cached(&settings.cache_dir, events);
     let examples = settings.records.table(&tokenizer, &loading)?;
     let pad = tokenizer.pad().or(tokenizer.eos()).map_or(0, |t| t.id);
     let all = 0..examples.len();
@@ -71,10 +67,7 @@ pub fn shape(
     cache_dir: &Path,
     events: &dyn Fn(LoadEvent),
 ) -> Result<DataShape> {
-    let loading = Loading {
-        cache: Some(TokenCache::new(cache_dir.to_path_buf())),
-        events,
-    };
+    let loading = Loading::cached(cache_dir, events);
     let loaded = records.load(spec, &loading)?;
     let batching = if records.packing.packs(spec, Engine::default())? {
         Batching::Packed

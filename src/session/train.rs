@@ -16,7 +16,6 @@ use super::run_dir::claim_checkpoint_dir;
 use crate::backend::host_memory;
 use crate::backend::memory::DeviceMemory;
 use crate::collective::{Collective, RankEnv};
-use crate::data::cache::TokenCache;
 use crate::data::format::TextTokens;
 use crate::data::load::HeldOut;
 use crate::data::load::{LoadEvent, Loading};
@@ -138,10 +137,7 @@ fn tokenize_once(
         return Ok(());
     };
     let events = |event| observer.notice(Notice::Loading(event));
-    let loading = Loading {
-        cache: Some(TokenCache::new(training.cache_dir.clone())),
-        events: &events,
-    };
+    let loading = Loading::cached(&training.cache_dir, &events);
     records.load(spec, &loading).map(drop)
 }
 
@@ -439,10 +435,7 @@ impl Job<'_> {
         events: &dyn Fn(LoadEvent),
     ) -> Result<(DataSpec, Data, Trainer)> {
         let data_spec = self.training.data_spec.clone();
-        let loading = Loading {
-            cache: Some(TokenCache::new(self.training.cache_dir.clone())),
-            events,
-        };
+        let loading = Loading::cached(&self.training.cache_dir, events);
         let mut data = Data::open_with(&data_spec, self.spec, &loading)?;
         if let DataSpec::Records(records) = &data_spec {
             let packs = records.packing.packs(self.spec, self.engine)?;

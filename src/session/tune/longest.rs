@@ -155,10 +155,7 @@ fn predicted_tokens(settings: &LiveSettings, plan: &Plan) -> Result<Option<usize
         plan.knobs.precision,
     )?;
     let estimated = estimate::estimate(&plan.model, &plan.knobs, kind, at).device_total();
-    let measured = match kind {
-        DeviceKind::Cuda => plan.measured.peak_gpu_bytes,
-        DeviceKind::Cpu => plan.measured.peak_host_bytes,
-    };
+    let measured = plan.budget.training_peak(&plan.measured);
     // An estimate far off the measurement is no base to scale: it is taken as it is.
     let scale = measured as f64 / estimated.max(1) as f64;
     let scale = if (0.5..=2.0).contains(&scale) {

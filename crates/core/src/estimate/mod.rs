@@ -253,30 +253,13 @@ pub fn largest_micro_batch(
         };
         estimate(model, &at, kind, attention).fits(budget)
     };
-    if !fits(1) {
-        return None;
-    }
-    let (mut low, mut high) = (1usize, MAX_MICRO_BATCH);
-    if fits(high) {
-        return Some(high);
-    }
-    // `low` fits and `high` does not.
-    while high - low > 1 {
-        let mid = low + (high - low) / 2;
-        if fits(mid) {
-            low = mid;
-        } else {
-            high = mid;
-        }
-    }
-    Some(low)
+    largest_within(MAX_MICRO_BATCH, fits)
 }
 
 /// The longest single sequence (one a micro-batch, no accumulation, at `knobs`' other
 /// settings) whose estimate, multiplied by `scale`, fits `budget`, up to `longest_allowed`
 /// tokens; `None` when not even one token's does. `scale` calibrates the estimate to a
-/// measurement (a plan's measured peak over its estimate); the estimate grows with the length,
-/// so a bisection finds it.
+/// measurement (a plan's measured peak over its estimate).
 pub fn longest_sequence(
     model: &ModelSpec,
     knobs: &Knobs,
@@ -304,10 +287,17 @@ pub fn longest_sequence(
         };
         gpu && scaled(total.host.total()) <= budget.usable_host_bytes()
     };
+    largest_within(longest_allowed, fits)
+}
+
+/// The largest `n` from 1 to `most` for which `fits(n)`, or `None` when not even 1 does, for a
+/// `fits` that holds up to a point and not past it (an estimate grows with what `n` counts):
+/// a bisection finds it.
+fn largest_within(most: usize, fits: impl Fn(usize) -> bool) -> Option<usize> {
     if !fits(1) {
         return None;
     }
-    let (mut low, mut high) = (1usize, longest_allowed.max(1));
+    let (mut low, mut high) = (1usize, most.max(1));
     if fits(high) {
         return Some(high);
     }

@@ -24,8 +24,8 @@ pub struct NonMonotone {
 }
 
 /// Every break of growth between neighbouring micro-batches (of trials without accumulation)
-/// of each regime in `history`, judged against `budget`; on a CPU the host's peak is the
-/// device's.
+/// of each regime in `history`, judged against `budget` (its training memory's peak, see
+/// [`Budget::training_peak`]).
 pub fn non_monotone(history: &[TrialResult], budget: &Budget) -> Vec<NonMonotone> {
     let mut regimes: Vec<Regime> = Vec::new();
     for r in history {
@@ -34,7 +34,6 @@ pub fn non_monotone(history: &[TrialResult], budget: &Budget) -> Vec<NonMonotone
             regimes.push(regime);
         }
     }
-    let on_gpu = budget.gpu_bytes.is_some();
     let mut found = Vec::new();
     for regime in regimes {
         // The latest trial of each micro-batch, in micro-batch order.
@@ -50,7 +49,7 @@ pub fn non_monotone(history: &[TrialResult], budget: &Budget) -> Vec<NonMonotone
         points.sort_by_key(|(b, _)| *b);
         for pair in points.windows(2) {
             let ((small, a), (large, b)) = (pair[0], pair[1]);
-            if let Some(what) = break_between(a, b, budget, on_gpu) {
+            if let Some(what) = break_between(a, b, budget) {
                 found.push(NonMonotone {
                     regime,
                     smaller: small,
@@ -64,19 +63,8 @@ pub fn non_monotone(history: &[TrialResult], budget: &Budget) -> Vec<NonMonotone
 }
 
 /// How the larger trial `b` breaks growth from the smaller `a`, if it does.
-fn break_between(
-    a: &TrialResult,
-    b: &TrialResult,
-    budget: &Budget,
-    on_gpu: bool,
-) -> Option<String> {
-    let peak = |m: &crate::trial::Measurement| {
-        if on_gpu {
-            m.peak_gpu_bytes
-        } else {
-            m.peak_host_bytes
-        }
-    };
+fn break_between(a: &TrialResult, b: &TrialResult, budget: &Budget) -> Option<String> {
+    let peak = |m: &crate::trial::Measurement| budget.training_peak(m);
     let within = |r: &TrialResult| r.outcome.measurement().is_some_and(|m| budget.fits(m));
     if !within(a) && within(b) {
         return Some(format!(

@@ -589,7 +589,6 @@ impl SearchDriver {
     /// boundary stands without a trial past it. With one feasible point there is no growth to
     /// judge by.
     fn grows_steadily_to(&self, trials: &Trials<'_>, lo: usize, hi: usize) -> bool {
-        let on_gpu = self.budget.gpu_bytes.is_some();
         let peak_at = |b: usize, feasible: bool| {
             trials
                 .iter()
@@ -597,7 +596,7 @@ impl SearchDriver {
                 .filter(|(_, r)| r.request.knobs.micro_batch == b)
                 .filter(|(_, r)| !feasible || self.is_feasible(r))
                 .find_map(|(_, r)| r.outcome.measurement())
-                .map(|m| if on_gpu { m.peak_gpu_bytes } else { m.peak_host_bytes } as f64)
+                .map(|m| self.budget.training_peak(m) as f64)
         };
         let below = trials
             .iter()

@@ -92,6 +92,15 @@ impl Budget {
         self.exceeded(measurement).is_none()
     }
 
+    /// The peak of the memory training runs in under this budget: the GPU's, or the host's
+    /// where there is no GPU.
+    pub fn training_peak(&self, measurement: &Measurement) -> u64 {
+        match self.gpu_bytes {
+            Some(_) => measurement.peak_gpu_bytes,
+            None => measurement.peak_host_bytes,
+        }
+    }
+
     /// Which memory a measured peak exceeds the usable bytes of (device first), if any.
     pub fn exceeded(&self, measurement: &Measurement) -> Option<MemoryKind> {
         if let Some(usable) = self.usable_gpu_bytes() {
