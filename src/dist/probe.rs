@@ -211,6 +211,7 @@ mod tests {
             knobs: Knobs::new(2, crate::Precision::Fp32),
             warmup_steps: 1,
             timed_steps: 3,
+            remeasure: false,
         }
     }
 

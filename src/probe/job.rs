@@ -126,6 +126,7 @@ mod tests {
             knobs: Knobs::new(4, Precision::Bf16),
             warmup_steps: 1,
             timed_steps: 3,
+            remeasure: false,
         };
         let job = trials.job(&request);
         let back: TrialJob = serde_json::from_str(&serde_json::to_string(&job).unwrap()).unwrap();

@@ -100,6 +100,7 @@ mod tests {
             knobs: Knobs::new(micro_batch, Precision::Fp32),
             warmup_steps: 1,
             timed_steps: 3,
+            remeasure: false,
         }
     }
 

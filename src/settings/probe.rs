@@ -67,6 +67,7 @@ impl ProbeSettings {
             knobs,
             warmup_steps: args.warmup,
             timed_steps: args.steps,
+            remeasure: false,
         };
         request
             .validate("knobs", "")

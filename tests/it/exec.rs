@@ -53,6 +53,7 @@ fn request_of(knobs: Knobs) -> TrialRequest {
         knobs,
         warmup_steps: 1,
         timed_steps: 3,
+        remeasure: false,
     }
 }
 

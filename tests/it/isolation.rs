@@ -30,6 +30,7 @@ fn request(micro_batch: usize) -> TrialRequest {
         knobs: Knobs::new(micro_batch, Precision::Fp32),
         warmup_steps: 1,
         timed_steps: 2,
+        remeasure: false,
     }
 }
 

@@ -9,6 +9,9 @@ use serde::{Deserialize, Serialize};
 use crate::knobs::Knobs;
 use crate::{Error, Result};
 
+mod spread;
+pub use spread::Z_95;
+
 /// The most warm-up or timed steps of one trial.
 pub const MAX_TRIAL_STEPS: usize = 1 << 16;
 
@@ -81,6 +84,11 @@ pub struct TrialRequest {
     pub warmup_steps: usize,
     /// Steps whose durations are recorded.
     pub timed_steps: usize,
+    /// Whether this runs a search trial's knobs again, because its timing could not tell it
+    /// from a neighbour's: its measurement is pooled with the earlier ones
+    /// ([`Measurement::pooled`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub remeasure: bool,
 }
 
 /// Which memory ran out.
@@ -395,6 +403,7 @@ mod tests {
                 knobs: Knobs::new(4, Precision::Bf16),
                 warmup_steps: 1,
                 timed_steps: 3,
+                remeasure: false,
             },
             outcome: Outcome::TimedOut { after_s: 900.0 },
             wall_s: 900.5,

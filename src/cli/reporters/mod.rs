@@ -38,13 +38,14 @@ pub fn budget(budget: &Budget) -> String {
 pub fn trial_outcome(result: &TrialResult, feasible: bool) -> String {
     match &result.outcome {
         Outcome::Fits(m) => format!(
-            "{} {:.0} tokens/s, peak GPU {}, host {}",
+            "{} {:.0} tokens/s{}, peak GPU {}, host {}",
             if feasible {
                 "fits,"
             } else {
                 "fits but above the headroom,"
             },
             m.tokens_per_s,
+            m.interval_text(),
             bytes(m.peak_gpu_bytes),
             bytes(m.peak_host_bytes)
         ),

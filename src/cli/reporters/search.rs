@@ -69,6 +69,7 @@ impl Reporter for SearchProgress {
                 let what = match purpose {
                     Purpose::Verify => "verifying",
                     Purpose::Search => "probing",
+                    Purpose::Remeasure => "remeasuring",
                 };
                 self.bar
                     .set_message(format!("[{}] {what} {}", index + 1, request.knobs));

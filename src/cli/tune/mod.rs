@@ -209,9 +209,10 @@ struct NoPlan<'a> {
 fn summary(plan: &Plan) -> String {
     let m = &plan.measured;
     let mut text = format!(
-        "plan: {}\n  measured {:.0} tokens/s ({:.1} ms/step), peak GPU {}, peak host {}\n  {} trials",
+        "plan: {}\n  measured {:.0} tokens/s{} ({:.1} ms/step), peak GPU {}, peak host {}\n  {} trials",
         plan.knobs,
         m.tokens_per_s,
+        m.interval_text(),
         m.step_time_median_s * 1e3,
         super::reporters::bytes(m.peak_gpu_bytes),
         super::reporters::bytes(m.peak_host_bytes),

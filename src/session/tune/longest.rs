@@ -135,6 +135,7 @@ fn run_edge(
             knobs,
             warmup_steps: 1,
             timed_steps: 1,
+            remeasure: false,
         };
         let result = prober_for(settings, &spec)?.prober().probe(&request)?;
         let fits = matches!(result.outcome, Outcome::Fits(m) if settings.budget.fits(&m));

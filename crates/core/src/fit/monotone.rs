@@ -114,6 +114,7 @@ mod tests {
                 knobs: Knobs::new(b, Precision::Bf16),
                 warmup_steps: 1,
                 timed_steps: 3,
+                remeasure: false,
             },
             outcome,
             wall_s: 1.0,

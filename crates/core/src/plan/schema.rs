@@ -23,10 +23,11 @@
 //! | `knobs` | object | The chosen setting: `micro_batch`, `grad_accum` (both per GPU), `precision` (`"fp32"`, `"bf16"`, `"fp16"`), `checkpointing` (`{"mode": "none"}` or `{"mode": "every_kth", "k": K}`, K = 1 recomputes every block), `offload` (`"none"` or `"optimizer"`); version 2 adds `data_parallel`: `{"degree": N, "shard_optimizer": bool}` (N GPUs, one process each; `shard_optimizer` is ZeRO stage 1). |
 //! | `predicted` | object | What the fitted models predict at `knobs`: `peak_gpu_bytes`, `peak_host_bytes` (integers or `null` when too few trials fitted; `peak_gpu_bytes` is `null` on a CPU), `tokens_per_s` (number or `null`). |
 //! | `measured` | object | The verification trial of `knobs`: `peak_gpu_bytes` (the largest of any GPU), `peak_host_bytes` (all ranks together), `step_time_median_s` (one optimizer step, all micro-batches), `step_time_spread` ((p90 − p10) / median), `timed_steps`, `tokens_per_s` (all GPUs). |
+//! | `tokens_per_s_interval` | array | `[LOW, HIGH]`: the 95 % interval of `measured.tokens_per_s` from the spread of its timed steps (absent in older plans). |
 //! | `headroom` | object | Bytes of the budget left unused at the measured peak: `gpu_bytes` (`null` on a CPU), `host_bytes`. |
-//! | `evidence` | array | Every trial of the search, in order, the verification last. Each is `{"request": {"knobs": …, "warmup_steps": N, "timed_steps": N}, "outcome": …, "wall_s": S}` plus the outcome's fields: `"outcome": "fits"` with the `measured` fields above; `"outcome": "out_of_memory"` with `memory` (`"gpu"` or `"host"`) and `phase` (`"setup"`, `"forward_backward"`, `"optimizer_step"`, `"eval"`, `"checkpoint"`); or `"outcome": "crashed"` with `reason`. |
+//! | `evidence` | array | Every trial of the search, in order, the verification last. Each is `{"request": {"knobs": …, "warmup_steps": N, "timed_steps": N}, "outcome": …, "wall_s": S}` (the request has `"remeasure": true` when it ran a search trial's knobs again because its timing could not settle a decision) plus the outcome's fields: `"outcome": "fits"` with the `measured` fields above; `"outcome": "out_of_memory"` with `memory` (`"gpu"` or `"host"`) and `phase` (`"setup"`, `"forward_backward"`, `"optimizer_step"`, `"eval"`, `"checkpoint"`); or `"outcome": "crashed"` with `reason`. |
 //! | `model_error` | object | Worst leave-one-out relative error of the chosen regime's fits: `memory_loo_rel_error`, `time_loo_rel_error` (`null` below three trials). |
-//! | `alternatives` | array | Up to five other feasible settings, best first: `{"knobs": …, "tokens_per_s": T, "peak_gpu_bytes": B, "peak_host_bytes": B}`, measured without accumulation. The best of each other regime is always included. |
+//! | `alternatives` | array | Up to five other feasible settings, best first: `{"knobs": …, "tokens_per_s": T, "tokens_per_s_interval": [LOW, HIGH], "peak_gpu_bytes": B, "peak_host_bytes": B}`, measured without accumulation (a remeasured setting's runs pooled), with the 95 % interval of its tokens/s. The best of each other regime is always included. |
 //! | `data_parallel` | object | Version 2 only: `degree`, `shard_optimizer` (as in `knobs`), `global_batch` (sequences per step over all GPUs), `single_gpu_tokens_per_s` (the trial of the same per-GPU setting on one GPU: the search's, or one run after the search when it ran none; `null` if that did not fit), `scaling_efficiency` (the chosen setting's search trial tokens/s ÷ (degree × `single_gpu_tokens_per_s`), `null` with it). Both throughputs are measured, never modelled. |
 //! | `provenance` | object | What measured the plan (absent in older plans, which autotune's engine measured): `engine` (`"autotune"`, or the framework a trial runner reported, e.g. `"pytorch"`), `engine_version` (a trial runner's, when it reported one), `backend` (`"live"`: autotune's engine on this machine; `"exec"`: a trial runner, `tune --backend exec`; `"replay"`: a recorded profile), `candle_version` (autotune's engine only), `git_revision` (each absent when unknown), `device` (the device the trials ran on, as detected). `autotune export` refuses a plan whose engine is not the target tool's unless `--allow-engine-mismatch` is given. |
 //! | `model_folder` | string | The Hugging Face folder the model was read from, as an absolute path (absent for presets and spec files): `autotune train --plan` starts from its weights and reads the data with its tokenizer. |
@@ -78,6 +79,10 @@ pub struct Plan {
     pub predicted: Predicted,
     /// The verification trial's measurement.
     pub measured: Measurement,
+    /// The 95 % interval of `measured.tokens_per_s`, low then high, from the spread of its
+    /// steps ([`Measurement::tokens_per_s_interval`]); absent in older plans.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_s_interval: Option<[f64; 2]>,
     /// Budget bytes left unused at the measured peak.
     pub headroom: Headroom,
     /// Every trial of the search, in order; the last verifies `knobs`.
@@ -233,8 +238,11 @@ pub struct ModelError {
 pub struct Alternative {
     /// The setting, with the accumulation a plan would use.
     pub knobs: Knobs,
-    /// Measured tokens per second.
+    /// Measured tokens per second (pooled over its runs, where it was remeasured).
     pub tokens_per_s: f64,
+    /// Its 95 % interval, low then high; absent in older plans.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_s_interval: Option<[f64; 2]>,
     /// Measured peak device bytes.
     pub peak_gpu_bytes: u64,
     /// Measured peak host bytes.

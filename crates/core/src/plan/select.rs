@@ -12,7 +12,7 @@ use crate::search::driver::SearchDriver;
 use crate::search::run::SearchOutcome;
 use crate::spec::device::DeviceSpec;
 use crate::spec::model::ModelSpec;
-use crate::trial::TrialResult;
+use crate::trial::{Measurement, TrialResult};
 
 /// At most this many alternatives are recorded.
 pub const MAX_ALTERNATIVES: usize = 5;
@@ -82,6 +82,7 @@ impl Plan {
             knobs,
             predicted,
             measured,
+            tokens_per_s_interval: Some(interval(&measured)),
             headroom,
             evidence: outcome.history.clone(),
             model_error,
@@ -168,6 +169,12 @@ fn scaling_report(knobs: Knobs, history: &[TrialResult]) -> DataParallelReport {
 /// The best setting of each other regime, then the next best overall, up to
 /// [`MAX_ALTERNATIVES`], best first. Regimes come first so that a reader sees what each
 /// trade-off (checkpointing, offload) would cost, not five neighbours of the chosen batch.
+/// A measurement's 95 % tokens/s interval as a plan records it.
+fn interval(m: &Measurement) -> [f64; 2] {
+    let (low, high) = m.tokens_per_s_interval();
+    [low, high]
+}
+
 fn alternatives(ranked: &[Candidate], chosen: Regime) -> Vec<Alternative> {
     let mut picked: Vec<&Candidate> = Vec::new();
     for c in ranked {
@@ -195,6 +202,7 @@ fn alternatives(ranked: &[Candidate], chosen: Regime) -> Vec<Alternative> {
         .map(|c| Alternative {
             knobs: c.knobs,
             tokens_per_s: c.measurement.tokens_per_s,
+            tokens_per_s_interval: Some(interval(&c.measurement)),
             peak_gpu_bytes: c.measurement.peak_gpu_bytes,
             peak_host_bytes: c.measurement.peak_host_bytes,
         })

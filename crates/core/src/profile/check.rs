@@ -331,7 +331,8 @@ pub fn check(profile: &Profile, fresh: &[TrialResult], tolerance: Tolerance) -> 
 ///
 /// - **Slower** counts only when the regime as a whole slowed: the median step-time change over
 ///   its compute-bound settings (see [`COMPUTE_BOUND_FACTOR`]) that fit both times exceeds
-///   `time_threshold` (with at least [`MIN_SETTINGS_FOR_TIME`] of them). Step times of one trial vary between runs by more than
+///   `time_threshold` and its own noise (with at least [`MIN_SETTINGS_FOR_TIME`] of them; see
+///   [`median_change_is_significant`]). Step times of one trial vary between runs by more than
 ///   their in-trial spread suggests (GPU clocks, launch-bound small batches); a real slowdown of
 ///   the engine or driver moves every batch size, noise does not.
 /// - **NewlyOom** does not count for a setting whose recorded peak was already above the
@@ -356,11 +357,9 @@ fn settle_regressions(profile: &Profile, settings: &mut [SettingCheck], toleranc
         }
     }
     let regime_slowed = |regime| {
-        changes.get(&regime).is_some_and(|c| {
-            let mut c = c.clone();
-            c.sort_by(f64::total_cmp);
-            c.len() >= MIN_SETTINGS_FOR_TIME && c[c.len() / 2] > tolerance.time_threshold
-        })
+        changes
+            .get(&regime)
+            .is_some_and(|c| median_change_is_significant(c, tolerance))
     };
     for s in settings.iter_mut() {
         let slowed = regime_slowed(s.request.knobs.regime());
@@ -374,6 +373,29 @@ fn settle_regressions(profile: &Profile, settings: &mut [SettingCheck], toleranc
             other => other.is_regression(),
         });
     }
+}
+
+/// Whether a regime's step-time `changes` (one per compute-bound setting, relative) show it
+/// slowed: at least [`MIN_SETTINGS_FOR_TIME`] of them, and their median above both the time
+/// threshold and `z` standard errors of that median. The settings' scatter about their median
+/// measures what varies between two runs of one build, which their own steps' spread does not
+/// show: it is small on a quiet GPU, where the threshold decides, and large on a busy CPU. A
+/// slower build moves every setting alike, so its median stands clear of the scatter.
+fn median_change_is_significant(changes: &[f64], tolerance: &Tolerance) -> bool {
+    if changes.len() < MIN_SETTINGS_FOR_TIME {
+        return false;
+    }
+    let mut sorted = changes.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted[sorted.len() / 2];
+    let n = sorted.len() as f64;
+    let mean = sorted.iter().sum::<f64>() / n;
+    let deviation = (sorted.iter().map(|c| (c - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+    let error = 1.2533 * deviation / n.sqrt();
+    median
+        > tolerance
+            .time_threshold
+            .max(tolerance.significance_z * error)
 }
 
 /// Fewest settings of a regime behind a step-time regression.

@@ -104,8 +104,9 @@ fn chosen_section(s: &mut String, report: &Report) {
         rows.push((
             "measured".into(),
             format!(
-                "{:.0} tokens/s, {:.1} ms a step, {}",
+                "{:.0} tokens/s{}, {:.1} ms a step, {}",
                 m.tokens_per_s,
+                m.interval_text(),
                 m.step_time_median_s * 1e3,
                 peaks(report, Some(m.peak_gpu_bytes), Some(m.peak_host_bytes))
             ),
@@ -151,7 +152,14 @@ fn chosen_section(s: &mut String, report: &Report) {
                 .map(|a| {
                     vec![
                         a.knobs.to_string(),
-                        format!("{:.0}", a.tokens_per_s),
+                        match a.tokens_per_s_interval {
+                            Some([low, high]) if high > low => format!(
+                                "{:.0} ±{:.1} %",
+                                a.tokens_per_s,
+                                50.0 * (high - low) / a.tokens_per_s.max(f64::MIN_POSITIVE)
+                            ),
+                            _ => format!("{:.0}", a.tokens_per_s),
+                        },
                         format_bytes(a.peak_gpu_bytes),
                         format_bytes(a.peak_host_bytes),
                     ]
@@ -374,7 +382,7 @@ fn trial_row(t: &TrialResult) -> Vec<String> {
     let k = &t.request.knobs;
     let (rate, gpu, host) = match &t.outcome {
         Outcome::Fits(m) => (
-            format!("{:.0}", m.tokens_per_s),
+            format!("{:.0}{}", m.tokens_per_s, m.interval_text()),
             format_bytes(m.peak_gpu_bytes),
             format_bytes(m.peak_host_bytes),
         ),

@@ -103,6 +103,13 @@ pub enum RegimeProgress {
         /// The next micro-batch.
         next_micro_batch: usize,
     },
+    /// A search trial is run again: its timing could not settle whether growth stopped.
+    Remeasuring {
+        /// Its micro-batch.
+        micro_batch: usize,
+        /// Timed steps of the new run.
+        timed_steps: usize,
+    },
     /// Explored.
     Finished(RegimeEnd),
 }

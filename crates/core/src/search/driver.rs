@@ -32,10 +32,12 @@
 //! Feasibility is assumed monotone in the micro-batch (but for step 6), so the bracket's lower
 //! edge ends as the **exact** largest feasible candidate.
 //!
-//! Growth also stops when the last two doublings each raised throughput by less than the
-//! space's `saturation_gain` (the regime is *saturated*): past that point a larger batch buys
-//! memory pressure, not speed, and the boundary need not be found. Two, because one short
-//! trial's timing can be off by more than the threshold.
+//! Growth also stops when neither of the last two doublings is shown to raise throughput by
+//! the space's `saturation_gain` (the regime is *saturated*): past that point a larger batch
+//! buys memory pressure, not speed, and the boundary need not be found. Two, because one short
+//! trial's timing can be off by more than the threshold; *shown*, beyond the gain's 95 %
+//! interval, so that growth on a noisy device goes on only as far as it measurably pays (see
+//! Noise).
 //!
 //! # Regimes that add memory savings
 //!
@@ -110,9 +112,36 @@
 //! only: its throughput is what a plan reports as measured, but the ranking stays that of the
 //! search trials, which all ran the same way.
 //!
+//! # Noise
+//!
+//! Each trial keeps its spread, and from it the error of its median
+//! ([`Measurement::relative_error`]): a few short steps on a busy CPU can be off by tens of
+//! percent, where the decisions above turn on a few. Where a decision rests on a difference
+//! the trials cannot resolve, the trial is run again with more steps
+//! ([`RegimeProgress::Remeasuring`], a request with `remeasure` set), and its runs are pooled
+//! ([`Measurement::pooled`]) wherever the driver reads it:
+//!
+//! - **Saturation**: a doubling whose gain's 95 % interval straddles the threshold, before
+//!   growth is decided. Once its runs are spent, growth that is not shown to pay stops.
+//! - **Choice**: before verifying, a setting of another regime that the best cannot be told
+//!   apart from, or a larger batch of its own regime that measured slower beyond the tie band
+//!   (throughput does not fall as the batch grows, so one of the two was off).
+//!
+//! The run of the pair taken fewer times goes first, then the noisier; each setting runs at most
+//! [`MAX_REMEASURES`] more times, with enough steps to resolve the
+//! difference at the measured spread, within bounds (`remeasure::steps_to_resolve`). In the
+//! ranking, the largest micro-batch of the best's regime counts as tied with it within the
+//! 95 % interval of their difference, where that is wider than [`RESOLUTION_GAIN`]. On a
+//! simulated device whose trials scatter by 2 % and their steps by 10 % more, 17 of 20 seeded
+//! searches chose the best setting, and the rest settings within the interval they stated;
+//! without remeasurement, 10 did (`tests/noise.rs`). Trials of a quiet GPU scatter little, so
+//! they are seldom run again.
+//!
 //! # Probe count
 //!
-//! Search trials never repeat knobs. Per regime the count is at most
+//! Search trials never repeat knobs, but as remeasurements (at most
+//! [`MAX_REMEASURES`] per setting, not counted below). Per regime
+//! the count is at most
 //! [`SearchDriver::regime_trial_bound`]; for candidates `1..=M` and a boundary `B` with
 //! `2^k ≤ B < 2^(k+1) ≤ M` that is `2k + 5` (growth `k + 2`, three model-guided trials,
 //! bisection of at most `2^k − 4` open candidates in `k` trials), and `k + 4` when memory
@@ -137,6 +166,8 @@ use crate::knobs::Knobs;
 use crate::spec::budget::Budget;
 use crate::trial::{Measurement, Outcome, TrialRequest, TrialResult};
 use crate::Result;
+pub use remeasure::MAX_REMEASURES;
+use remeasure::{Remeasure, Remeasures, Saturation};
 
 /// Slack on the pruning bound: a regime is pruned only when its optimistic throughput, raised
 /// by this fraction to cover timing noise, is still below the best measured elsewhere.
@@ -212,6 +243,8 @@ pub(super) struct SortedHistory<'h> {
     pub(super) search_count: usize,
     /// Verified knobs and whether the verification passed.
     pub(super) verifications: Vec<(Knobs, bool)>,
+    /// How many times each search trial's knobs were run again.
+    pub(super) remeasures: Remeasures,
 }
 
 impl SearchDriver {
@@ -259,19 +292,36 @@ impl SearchDriver {
 
     /// What to do next, given every result so far in the order they were obtained.
     pub fn next(&self, history: &[TrialResult]) -> Next {
-        let sorted = self.sorted(history);
+        let pooled = remeasure::pooled_history(history);
+        let sorted = self.sorted(&pooled);
         let limit_reached = self
             .space
             .max_trials
             .is_some_and(|max| sorted.search_count >= max);
         if !limit_reached {
             for (i, state) in self.survey(&sorted).iter().enumerate() {
-                if let RegimeProgress::Exploring { next_micro_batch } = state.progress {
-                    return Next::Probe(
-                        self.space
-                            .search_request(self.space.regimes[i], next_micro_batch),
-                    );
+                match state.progress {
+                    RegimeProgress::Exploring { next_micro_batch } => {
+                        let regime = self.space.regimes[i];
+                        return Next::Probe(self.space.search_request(regime, next_micro_batch));
+                    }
+                    RegimeProgress::Remeasuring {
+                        micro_batch,
+                        timed_steps,
+                    } => {
+                        let knobs = Knobs::with_batch(self.space.regimes[i], micro_batch, 1);
+                        return Next::Probe(
+                            self.remeasure_request(Remeasure { knobs, timed_steps }),
+                        );
+                    }
+                    _ => {}
                 }
+            }
+        }
+        let ranked = self.ranked(&sorted);
+        if !limit_reached {
+            if let Some(again) = self.choice_remeasure(&ranked, &pooled, &sorted.remeasures) {
+                return Next::Probe(self.remeasure_request(again));
             }
         }
         let passed: Vec<Knobs> = sorted
@@ -280,7 +330,7 @@ impl SearchDriver {
             .filter(|(_, ok)| *ok)
             .map(|(k, _)| *k)
             .collect();
-        Next::Done(match self.ranked(&sorted).first() {
+        Next::Done(match ranked.first() {
             Some(best) if passed.contains(&best.knobs) => Decision::Chosen(best.knobs),
             Some(best) => Decision::Verify(best.knobs),
             None => Decision::NoFeasible {
@@ -291,13 +341,25 @@ impl SearchDriver {
 
     /// Every regime's state after `history`, in priority order.
     pub fn regime_states(&self, history: &[TrialResult]) -> Vec<RegimeState> {
-        self.survey(&self.sorted(history))
+        self.survey(&self.sorted(&remeasure::pooled_history(history)))
     }
 
     /// Feasible settings measured in `history`, best first (tokens/s, then regime priority,
-    /// then smaller micro-batch), without those whose verification failed.
+    /// then smaller micro-batch), without those whose verification failed. Remeasured settings
+    /// carry their pooled measurement.
     pub fn candidates(&self, history: &[TrialResult]) -> Vec<Candidate> {
-        self.ranked(&self.sorted(history))
+        self.ranked(&self.sorted(&remeasure::pooled_history(history)))
+    }
+
+    /// The trial that runs a search trial's knobs again, with the steps asked for.
+    fn remeasure_request(&self, again: Remeasure) -> TrialRequest {
+        TrialRequest {
+            timed_steps: again.timed_steps.min(crate::trial::MAX_TRIAL_STEPS),
+            remeasure: true,
+            ..self
+                .space
+                .search_request(again.knobs.regime(), again.knobs.micro_batch)
+        }
     }
 
     /// The most search trials one regime can take: the worst case over where it grows from
@@ -349,10 +411,17 @@ impl SearchDriver {
             search: vec![Vec::new(); self.space.regimes.len()],
             search_count: 0,
             verifications: Vec::new(),
+            remeasures: Remeasures::new(),
         };
         let mut seen = HashSet::new();
         for (index, result) in history.iter().enumerate() {
             let knobs = result.request.knobs;
+            // Pooled into the search trial it repeats (see `remeasure::pooled_history`).
+            if result.request.remeasure {
+                sorted.search_count += 1;
+                *sorted.remeasures.entry(knobs).or_default() += 1;
+                continue;
+            }
             // The driver asks for search trials only without accumulation and never twice, so
             // anything else is a verification.
             if knobs.grad_accum != 1 || !seen.insert(knobs) {
@@ -449,9 +518,13 @@ impl SearchDriver {
                     .filter(|&b| failed.contains(&self.space.plan_knobs(regime, b)))
                     .collect();
                 let related = self.relative_trials(sorted, i);
-                self.progress(trials, &failed_here, &related, best_earlier)
+                let remeasures = &sorted.remeasures;
+                self.progress(trials, &failed_here, &related, best_earlier, remeasures)
             };
-            exploring |= matches!(progress, RegimeProgress::Exploring { .. });
+            exploring |= !matches!(
+                progress,
+                RegimeProgress::Waiting | RegimeProgress::Finished(_)
+            );
             let best = trials
                 .iter()
                 .filter(|(_, r)| self.is_feasible(r))
@@ -484,6 +557,7 @@ impl SearchDriver {
         failed: &[usize],
         related: &RelativeTrials<'_, '_>,
         best_earlier: f64,
+        remeasures: &Remeasures,
     ) -> RegimeProgress {
         if trials.is_empty() {
             return self.first_trial(related, best_earlier);
@@ -510,7 +584,7 @@ impl SearchDriver {
             return RegimeProgress::Finished(converged);
         }
         match bracket.hi {
-            None => self.grow(trials, related, &bracket),
+            None => self.grow(trials, related, &bracket, remeasures),
             Some(hi) => self.refine(trials, bracket.lo, hi, &bracket.open),
         }
     }
@@ -690,15 +764,23 @@ impl SearchDriver {
         trials: &Trials<'_>,
         related: &RelativeTrials<'_, '_>,
         bracket: &Bracket,
+        remeasures: &Remeasures,
     ) -> RegimeProgress {
         let lo = bracket.lo;
-        let gain = (self.space.saturation_gain > 0.0)
-            .then(|| self.last_doubling_gain(trials, lo))
+        let saturation = (self.space.saturation_gain > 0.0)
+            .then(|| self.saturation(trials, lo, remeasures))
             .flatten();
-        if let Some(gain) = gain {
-            if gain < self.space.saturation_gain {
+        match saturation {
+            Some(Saturation::Stopped { gain }) => {
                 return RegimeProgress::Finished(RegimeEnd::Saturated { largest: lo, gain });
             }
+            Some(Saturation::Remeasure(again)) => {
+                return RegimeProgress::Remeasuring {
+                    micro_batch: again.knobs.micro_batch,
+                    timed_steps: again.timed_steps,
+                };
+            }
+            Some(Saturation::Growing) | None => {}
         }
         let open = &bracket.open;
         let next = (2 * lo).max(related.bases_reach);
@@ -719,36 +801,6 @@ impl SearchDriver {
             }
         }
         explore(open[open.len() / 2])
-    }
-
-    /// Relative throughput gain of the last doublings of the feasible micro-batches.
-    ///
-    /// Saturation takes the larger of the last two such gains, and none until there are two: a
-    /// single short trial's timing can be off by more than the threshold (on an H200, one seed
-    /// trial at micro-batch 128 measured 3 % below 64, where 512 runs 30 % faster), and stopping
-    /// on it would leave most of the throughput unexplored.
-    fn last_doubling_gain(&self, trials: &[(usize, &TrialResult)], lo: usize) -> Option<f64> {
-        let tokens = |b: usize| {
-            trials
-                .iter()
-                .filter(|(_, r)| r.request.knobs.micro_batch == b && self.is_feasible(r))
-                .find_map(|(_, r)| r.outcome.measurement().map(|m| m.tokens_per_s))
-        };
-        let below = |b: usize| {
-            trials
-                .iter()
-                .filter(|(_, r)| self.is_feasible(r))
-                .map(|(_, r)| r.request.knobs.micro_batch)
-                .filter(|&x| x < b)
-                .max()
-        };
-        let gain = |hi: usize, lo: usize| -> Option<f64> {
-            let (now, before) = (tokens(hi)?, tokens(lo)?);
-            (before > 0.0).then(|| now / before - 1.0)
-        };
-        let previous = below(lo)?;
-        let earlier = below(previous)?;
-        Some(gain(lo, previous)?.max(gain(previous, earlier)?))
     }
 
     /// The memory model's largest fitting candidate, kept inside the open bracket.
@@ -810,15 +862,19 @@ impl SearchDriver {
                 .then(ra.cmp(rb))
                 .then(a.knobs.micro_batch.cmp(&b.knobs.micro_batch))
         });
-        // Within the timing resolution of the best, a larger micro-batch of the same regime is
-        // as fast as far as the trials can tell, and throughput does not fall as the batch
-        // grows: the largest such comes first.
+        // Within the timing resolution of the best (or the 95 % interval of the difference,
+        // where that is wider), a larger micro-batch of the same regime is as fast as far as
+        // the trials can tell, and throughput does not fall as the batch grows: the largest
+        // such comes first.
         if let Some(&(best_regime, ref best)) = ranked.first() {
-            let floor = best.measurement.tokens_per_s * (1.0 - RESOLUTION_GAIN);
+            let tied_with_best = |c: &Candidate| {
+                let band = remeasure::tie_band(&best.measurement, &c.measurement);
+                c.measurement.tokens_per_s >= best.measurement.tokens_per_s * (1.0 - band)
+            };
             let tied = ranked
                 .iter()
                 .enumerate()
-                .filter(|(_, (r, c))| *r == best_regime && c.measurement.tokens_per_s >= floor)
+                .filter(|(_, (r, c))| *r == best_regime && tied_with_best(c))
                 .max_by_key(|(_, (_, c))| c.knobs.micro_batch)
                 .map(|(i, _)| i);
             if let Some(i) = tied.filter(|&i| i > 0) {
@@ -863,5 +919,6 @@ fn refinement_bound(open: usize) -> usize {
 }
 
 mod bound;
+mod remeasure;
 #[cfg(test)]
 mod tests;

@@ -16,6 +16,9 @@ pub enum Purpose {
     Search,
     /// Re-running the best setting exactly as a plan would run it.
     Verify,
+    /// Running a setting again, where its timing could not settle a decision (or a check's
+    /// verdict).
+    Remeasure,
 }
 
 /// Something that happened during a search.

@@ -57,6 +57,7 @@ pub fn resume_search(
     let mut finished = finished_regimes(driver, &history);
     loop {
         let (request, purpose) = match driver.next(&history) {
+            Next::Probe(request) if request.remeasure => (request, Purpose::Remeasure),
             Next::Probe(request) => (request, Purpose::Search),
             Next::Done(Decision::Verify(knobs)) => (driver.verify_request(knobs), Purpose::Verify),
             Next::Done(decision) => {

@@ -148,6 +148,77 @@ impl Prober for Simulator {
     }
 }
 
+/// How a [`Scattered`] simulator's timings scatter: each trial is off by a factor drawn once
+/// (what another process, clocks or temperature change from one run to the next), and each of
+/// its steps by another; both log-normal with these relative standard deviations.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scatter {
+    /// From one trial to the next.
+    pub between_trials: f64,
+    /// From one step to the next within a trial.
+    pub within_trial: f64,
+}
+
+/// A simulator whose step times scatter as a real device's do, reproducibly from a seed: the
+/// search's and the check's handling of noise is tested against it. A trial's measurement is
+/// taken from its scattered steps as a prober takes it ([`Measurement::from_step_times`]),
+/// so its spread is as informative, or as misleading, as a real trial's few steps.
+#[derive(Debug, Clone)]
+pub struct Scattered {
+    simulator: Simulator,
+    scatter: Scatter,
+    state: u64,
+}
+
+impl Scattered {
+    /// `simulator`'s answers scattered by `scatter`, drawn from `seed`.
+    pub fn new(simulator: Simulator, scatter: Scatter, seed: u64) -> Self {
+        Self {
+            simulator,
+            scatter,
+            state: seed,
+        }
+    }
+
+    /// A uniform draw in [0, 1) (SplitMix64: small, and the same on every platform).
+    fn uniform(&mut self) -> f64 {
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// A standard normal draw (Box–Muller).
+    fn normal(&mut self) -> f64 {
+        let (u, v) = (self.uniform().max(f64::MIN_POSITIVE), self.uniform());
+        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+    }
+}
+
+impl Prober for Scattered {
+    fn probe(&mut self, request: &TrialRequest) -> crate::Result<TrialResult> {
+        let mut result = self.simulator.answer(request);
+        if let Outcome::Fits(m) = &mut result.outcome {
+            let trial = (self.scatter.between_trials * self.normal()).exp();
+            let times: Vec<f64> = (0..request.timed_steps)
+                .map(|_| {
+                    m.step_time_median_s * trial * (self.scatter.within_trial * self.normal()).exp()
+                })
+                .collect();
+            let tokens_per_step = m.tokens_per_s * m.step_time_median_s;
+            *m = Measurement::from_step_times(
+                &times,
+                tokens_per_step,
+                m.peak_gpu_bytes,
+                m.peak_host_bytes,
+            );
+        }
+        Ok(result)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,6 +255,7 @@ mod tests {
             knobs,
             warmup_steps: 1,
             timed_steps: 3,
+            remeasure: false,
         }
     }
 

@@ -642,6 +642,7 @@ impl SearchSpace {
             knobs: Knobs::with_batch(regime, micro_batch, 1),
             warmup_steps: self.warmup_steps,
             timed_steps: self.timed_steps,
+            remeasure: false,
         }
     }
 
@@ -651,6 +652,7 @@ impl SearchSpace {
             knobs,
             warmup_steps: self.warmup_steps,
             timed_steps: self.verify_timed_steps,
+            remeasure: false,
         }
     }
 }

@@ -31,6 +31,7 @@ fn a_request_carries_the_version_the_knobs_the_model_and_the_limits() {
         knobs: knobs(8),
         warmup_steps: 1,
         timed_steps: 3,
+        remeasure: false,
     };
     let request = RunnerRequest::new(
         &ModelSpec::tiny(),

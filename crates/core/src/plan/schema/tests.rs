@@ -147,6 +147,7 @@ fn json_uses_the_documented_names() {
         "knobs",
         "predicted",
         "measured",
+        "tokens_per_s_interval",
         "headroom",
         "evidence",
         "model_error",
@@ -154,7 +155,7 @@ fn json_uses_the_documented_names() {
     ] {
         assert!(keys.contains(&key), "missing {key}");
     }
-    assert_eq!(keys.len(), 13);
+    assert_eq!(keys.len(), 14);
     assert_eq!(value["tool"]["name"], "autotune");
     assert_eq!(value["evidence"][0]["outcome"], "fits");
     assert_eq!(

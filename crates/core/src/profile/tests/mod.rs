@@ -12,6 +12,7 @@ use crate::spec::device::DeviceSpec;
 use crate::spec::model::ModelSpec;
 
 mod check;
+mod noise;
 mod record;
 mod replay;
 

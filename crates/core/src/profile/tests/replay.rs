@@ -133,6 +133,7 @@ fn predicted_trials_cost_their_steps_plus_the_regimes_recorded_overhead() {
             knobs: Knobs::with_batch(bf16(), micro_batch, 1),
             warmup_steps: 1,
             timed_steps: 4,
+            remeasure: false,
         })
     };
     let mut replay = ReplayProber::new(profile);
@@ -171,6 +172,7 @@ fn predictions_respect_recorded_ooms_and_the_budget() {
             knobs,
             warmup_steps: 1,
             timed_steps: 4,
+            remeasure: false,
         })
     };
     let mut replay = ReplayProber::new(profile.clone());
@@ -209,6 +211,7 @@ fn unrecorded_regimes_are_not_in_the_profile() {
         knobs: Knobs::with_batch(offload, 4, 1),
         warmup_steps: 2,
         timed_steps: 5,
+        remeasure: false,
     });
     assert_eq!(replayed.answer, Answer::NotInProfile);
     match replayed.result.outcome {

@@ -342,6 +342,7 @@ mod tests {
                     knobs: Knobs::new(b, Precision::Bf16),
                     warmup_steps: 1,
                     timed_steps: 3,
+                    remeasure: false,
                 },
                 outcome: Outcome::Fits(Measurement {
                     peak_gpu_bytes: 1 << 30,

@@ -12,6 +12,7 @@ use crate::search::sim::{Law, SimRegime, Simulator};
 use crate::trial::{MemoryKind, Outcome, Phase};
 
 mod choice;
+mod noise;
 mod non_monotone;
 mod relatives;
 
@@ -85,17 +86,30 @@ fn search(driver: &SearchDriver, sim: &Simulator) -> SearchOutcome {
     outcome
 }
 
-/// Holds for every search: search trials never repeat, run without accumulation on candidate
-/// micro-batches, and a chosen setting is the best feasible one and was verified last.
+/// Holds for every search: search trials never repeat (but as remeasurements of one search
+/// trial), run without accumulation on candidate micro-batches, and a chosen setting is the best
+/// feasible one and was verified last.
 fn check_invariants(driver: &SearchDriver, outcome: &SearchOutcome) {
     let candidates = driver.space().candidates();
     let mut seen = HashSet::new();
+    let mut remeasured = 0;
+    for (i, r) in outcome.history.iter().enumerate() {
+        if r.request.remeasure {
+            remeasured += 1;
+            let first = outcome.history[..i]
+                .iter()
+                .filter(|e| e.request.knobs == r.request.knobs && !e.request.remeasure)
+                .count();
+            assert_eq!(first, 1, "a remeasurement repeats one search trial");
+        }
+    }
     let verifications: Vec<_> = outcome
         .history
         .iter()
+        .filter(|r| !r.request.remeasure)
         .filter(|r| r.request.knobs.grad_accum != 1 || !seen.insert(r.request.knobs))
         .collect();
-    let search_trials = outcome.history.len() - verifications.len();
+    let search_trials = outcome.history.len() - verifications.len() - remeasured;
     assert_eq!(seen.len(), search_trials, "a search trial repeated knobs");
     for knobs in &seen {
         assert!(
@@ -119,16 +133,20 @@ fn check_invariants(driver: &SearchDriver, outcome: &SearchOutcome) {
         );
         let best = driver.candidates(&outcome.history)[0];
         assert_eq!(best.knobs, knobs);
-        let top = outcome
-            .history
+        let candidates = driver.candidates(&outcome.history);
+        let top = candidates
             .iter()
-            .filter(|r| r.request.knobs.grad_accum == 1 && driver.is_feasible(r));
-        let top = top
-            .map(|r| r.outcome.measurement().unwrap().tokens_per_s)
-            .fold(0.0, f64::max);
-        // The best measured, or a larger batch of its regime within the timing resolution.
+            .max_by(|a, b| {
+                a.measurement
+                    .tokens_per_s
+                    .total_cmp(&b.measurement.tokens_per_s)
+            })
+            .unwrap();
+        // The best measured, or a larger batch of its regime that the timing cannot tell from
+        // it (see `remeasure::tie_band`).
+        let band = super::remeasure::tie_band(&best.measurement, &top.measurement);
         assert!(
-            best.measurement.tokens_per_s >= top * (1.0 - RESOLUTION_GAIN)
+            best.measurement.tokens_per_s >= top.measurement.tokens_per_s * (1.0 - band)
                 || verifications.len() > 1
         );
     }
