@@ -25,6 +25,7 @@ pub mod profile;
 pub mod report;
 pub mod search;
 pub mod spec;
+pub mod text;
 pub mod trial;
 pub mod trial_protocol;
 
