@@ -272,7 +272,8 @@ pub struct ModelSpec {
 }
 
 /// A Hugging Face model's name: the last part of its `_name_or_path`, else the folder that
-/// holds its config, else `hf-model`.
+/// holds its config, else `hf-model`; with any character that would act on a terminal escaped,
+/// since the name is printed and stored in plans.
 fn hf_model_name(config: &serde_json::Value, path: &Path) -> String {
     let from_config = config
         .get("_name_or_path")
@@ -283,10 +284,11 @@ fn hf_model_name(config: &serde_json::Value, path: &Path) -> String {
         .and_then(Path::file_name)
         .and_then(|n| n.to_str())
         .filter(|n| !n.is_empty());
-    from_config
+    let name = from_config
         .or(from_folder)
         .unwrap_or("hf-model")
-        .to_lowercase()
+        .to_lowercase();
+    crate::text::escape_controls(&name).into_owned()
 }
 
 /// The parameter counts of `spec` by part (see [`ModelSpec::parameter_groups`]).
@@ -522,7 +524,18 @@ impl ModelSpec {
         if !(is_positive(self.norm_eps) && self.norm_eps.is_finite()) {
             return invalid("norm_eps", "must be a positive number".into());
         }
-        validate_optimizer(&self.optimizer)
+        validate_optimizer(&self.optimizer)?;
+        // The name is printed and stored in plans: it must not rewrite a terminal.
+        if crate::text::has_controls(&self.name) {
+            return invalid(
+                "name",
+                format!(
+                    "(\"{}\") holds control characters; use printable text",
+                    crate::text::escape_controls(&self.name)
+                ),
+            );
+        }
+        Ok(())
     }
 
     /// Every dimension at least 1 and within its bound.
@@ -603,8 +616,14 @@ impl ModelSpec {
                 return invalid(
                     "positions.rotary.scaling",
                     format!(
-                        "({s:?}) needs factor ≥ 1, 0 < low_freq_factor < high_freq_factor and \
-                         original_max_position_embeddings ≥ 1"
+                        "(factor {}, low_freq_factor {}, high_freq_factor {}, \
+                         original_max_position_embeddings {}) needs factor ≥ 1, \
+                         0 < low_freq_factor < high_freq_factor and \
+                         original_max_position_embeddings ≥ 1",
+                        s.factor,
+                        s.low_freq_factor,
+                        s.high_freq_factor,
+                        s.original_max_position_embeddings
                     ),
                 );
             }

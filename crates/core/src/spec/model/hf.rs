@@ -19,12 +19,22 @@ use std::collections::BTreeSet;
 use serde_json::{Map, Value};
 
 use super::{
-    Activation, Biases, ModelSpec, NormKind, NormPlacement, OptimizerSpec, Positions, Rope,
-    RopeScaling, DECODER_SEQ_LEN,
+    Activation, Biases, ModelSpec, NormKind, NormPlacement, OptimizerSpec, Positions,
+    DECODER_SEQ_LEN,
 };
+use crate::text::escape_controls;
 use crate::{Error, Result};
 
+mod config_terms;
+mod descriptive;
+mod rope;
+
 pub(super) const WHAT: &str = "Hugging Face config";
+
+/// The config's `field` is invalid for `problem`.
+fn invalid(field: impl Into<String>, problem: impl Into<String>) -> Error {
+    Error::invalid(WHAT, field, problem)
+}
 
 /// The model families read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,34 +78,6 @@ impl Family {
 pub fn is_hf_config(value: &Value) -> bool {
     value.get("model_type").is_some() || value.get("architectures").is_some()
 }
-
-/// Fields that say nothing about what is computed: token ids, provenance, the dtype the
-/// weights were stored in (the precision is a knob of ours), inference caches, and generation
-/// and fine-tuning-head settings that a causal language model's training step never reads.
-const DESCRIPTIVE: [&str; 22] = [
-    "architectures",
-    "model_type",
-    "_name_or_path",
-    "transformers_version",
-    "torch_dtype",
-    "dtype",
-    "bos_token_id",
-    "eos_token_id",
-    "pad_token_id",
-    "use_cache",
-    "initializer_range",
-    "task_specific_params",
-    "summary_type",
-    "summary_use_proj",
-    "summary_activation",
-    "summary_proj_to_labels",
-    "summary_first_dropout",
-    "n_ctx",
-    "max_window_layers",
-    "is_llama_config",
-    "keys_to_ignore_at_inference",
-    "id2label",
-];
 
 /// A config's fields, each taken at most once; what is left at the end was not understood.
 struct Fields<'a> {
@@ -157,58 +139,120 @@ impl<'a> Fields<'a> {
         }
     }
 
-    /// Fails on the first field neither read nor descriptive.
+    /// Fails on the first field neither read nor descriptive, or descriptive but not of its
+    /// kind.
     fn finish(self) -> Result<()> {
-        let unknown = self
-            .map
-            .keys()
-            .find(|k| !self.used.contains(k.as_str()) && !DESCRIPTIVE.contains(&k.as_str()));
-        match unknown {
-            Some(key) => Err(Error::invalid(
-                WHAT,
-                key.clone(),
-                "is a setting autotune cannot honour, so it would train a different model; \
-                 remove it if it does not change the computation, or use a spec file",
-            )),
-            None => Ok(()),
+        for (key, value) in self.map {
+            if self.used.contains(key.as_str()) {
+                continue;
+            }
+            if !descriptive::is_descriptive(key) {
+                return Err(invalid(
+                    escape_controls(key),
+                    "is a setting autotune cannot honour, so it would train a different model; \
+                     remove it if it does not change the computation, or use a spec file",
+                ));
+            }
+            descriptive::check(key, value)?;
         }
+        Ok(())
     }
 }
 
-/// The family a config names, from `architectures` (first) or `model_type`.
+/// The family a config names by `architectures` and `model_type`: where both are given they
+/// must agree, since `transformers` builds the class `architectures` names with the settings
+/// `model_type`'s config class reads.
 fn family(map: &Map<String, Value>) -> Result<Family> {
-    if let Some(list) = map.get("architectures").and_then(Value::as_array) {
-        let names: Vec<&str> = list.iter().filter_map(Value::as_str).collect();
-        return Family::ALL
-            .iter()
-            .find(|(_, arch, _)| names.contains(arch))
-            .map(|e| e.0)
-            .ok_or_else(|| {
-                Error::invalid(
-                    WHAT,
+    let by_class = match map.get("architectures").filter(|v| !v.is_null()) {
+        Some(list) => Some(family_of_architectures(list)?),
+        None => None,
+    };
+    let by_type = match map.get("model_type").filter(|v| !v.is_null()) {
+        Some(t) => Some(family_of_model_type(t)?),
+        None => None,
+    };
+    match (by_class, by_type) {
+        (Some(class), Some(kind)) if class != kind => Err(invalid(
+            "architectures",
+            format!(
+                "([\"{}\"]) disagrees with model_type (\"{}\"): one config describes one \
+                 model; make model_type \"{}\" or architectures [\"{}\"]",
+                class.architecture(),
+                kind.model_type(),
+                class.model_type(),
+                kind.architecture()
+            ),
+        )),
+        (Some(family), _) | (None, Some(family)) => Ok(family),
+        (None, None) => Err(invalid(
+            "model_type",
+            format!("is missing; give one of {}", known_model_types()),
+        )),
+    }
+}
+
+/// The one family every entry of `architectures` names.
+fn family_of_architectures(list: &Value) -> Result<Family> {
+    let entries = list.as_array().filter(|a| !a.is_empty()).ok_or_else(|| {
+        invalid(
+            "architectures",
+            format!("({list}) must be a list of class names such as [\"LlamaForCausalLM\"]"),
+        )
+    })?;
+    let mut found = None;
+    for entry in entries {
+        let family = entry.as_str().and_then(|name| {
+            Family::ALL
+                .iter()
+                .find(|(_, arch, _)| *arch == name)
+                .map(|e| e.0)
+        });
+        match (family, found) {
+            (None, _) => {
+                return Err(invalid(
                     "architectures",
                     format!(
-                        "({names:?}) names no model autotune builds; it reads {}",
+                        "({entry}) names no model autotune builds; it reads {}",
                         known_families()
                     ),
-                )
-            });
+                ))
+            }
+            (Some(f), Some(g)) if f != g => {
+                return Err(invalid(
+                    "architectures",
+                    format!("({list}) names two models; keep the one the weights are"),
+                ))
+            }
+            (Some(f), _) => found = Some(f),
+        }
     }
-    let model_type = map.get("model_type").and_then(Value::as_str).unwrap_or("");
+    found.ok_or_else(|| invalid("architectures", "is empty"))
+}
+
+/// The family `model_type` names.
+fn family_of_model_type(value: &Value) -> Result<Family> {
+    let name = value.as_str().unwrap_or_default();
     Family::ALL
         .iter()
-        .find(|(.., t)| *t == model_type)
+        .find(|(.., t)| *t == name)
         .map(|e| e.0)
         .ok_or_else(|| {
-            Error::invalid(
-                WHAT,
+            invalid(
                 "model_type",
                 format!(
-                    "(`{model_type}`) is not one autotune builds; it reads {}",
-                    known_families()
+                    "({value}) is not one autotune builds; it reads {}",
+                    known_model_types()
                 ),
             )
         })
+}
+
+fn known_model_types() -> String {
+    Family::ALL
+        .iter()
+        .map(|(.., t)| format!("\"{t}\""))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn known_families() -> String {
@@ -234,7 +278,8 @@ pub fn from_hf_config(config: &Value, name: &str) -> Result<ModelSpec> {
         Family::Llama | Family::Qwen2 | Family::Mistral => decoder(&mut f, family, name)?,
     };
     f.finish()?;
-    spec.validate()?;
+    spec.validate()
+        .map_err(|e| config_terms::in_config_terms(e, family, map))?;
     Ok(spec)
 }
 
@@ -245,7 +290,7 @@ fn decoder<'a>(f: &mut Fields<'a>, family: Family, name: &str) -> Result<ModelSp
     check_decoder_computation(f)?;
     check_sliding_window(f, family, shape.seq_len)?;
     let biases = decoder_biases(f, family)?;
-    let rope = rope(f)?;
+    let rope = rope::rope(f)?;
     Ok(ModelSpec {
         name: name.into(),
         vocab_size: f.usize("vocab_size")?,
@@ -289,7 +334,7 @@ fn attention_shape(f: &mut Fields<'_>) -> Result<AttentionShape> {
         .unwrap_or(DECODER_SEQ_LEN);
     let seq_len = DECODER_SEQ_LEN.min(max_positions);
     if let Some(head_dim) = f.opt_usize("head_dim")? {
-        if heads == 0 || head_dim * heads != hidden {
+        if head_dim.checked_mul(heads) != Some(hidden) || heads == 0 {
             return Err(Error::invalid(
                 WHAT,
                 "head_dim",
@@ -390,55 +435,6 @@ fn decoder_biases(f: &mut Fields<'_>, family: Family) -> Result<Biases> {
     })
 }
 
-/// `rope_theta` and `rope_scaling`, or `rope_parameters` (the newer spelling of both).
-fn rope<'a>(f: &mut Fields<'a>) -> Result<Rope> {
-    let mut theta = f.opt_f64("rope_theta")?;
-    let mut scaling_key = "rope_scaling";
-    let mut scaling = f.value("rope_scaling");
-    if let Some(params) = f.value("rope_parameters") {
-        scaling_key = "rope_parameters";
-        if let Some(t) = params.get("rope_theta").and_then(Value::as_f64) {
-            theta = Some(t);
-        }
-        scaling = Some(params);
-    }
-    let scaling = match scaling {
-        None => None,
-        Some(s) => llama3_scaling(s, scaling_key)?,
-    };
-    Ok(Rope {
-        theta: theta.unwrap_or(10_000.0),
-        scaling,
-    })
-}
-
-fn llama3_scaling(s: &Value, key: &str) -> Result<Option<RopeScaling>> {
-    let kind = s
-        .get("rope_type")
-        .or_else(|| s.get("type"))
-        .and_then(Value::as_str)
-        .unwrap_or("default");
-    let number = |field: &str| -> Result<f64> {
-        s.get(field).and_then(Value::as_f64).ok_or_else(|| {
-            Error::invalid(WHAT, format!("{key}.{field}"), "is missing or not a number")
-        })
-    };
-    match kind {
-        "default" => Ok(None),
-        "llama3" => Ok(Some(RopeScaling {
-            factor: number("factor")?,
-            low_freq_factor: number("low_freq_factor")?,
-            high_freq_factor: number("high_freq_factor")?,
-            original_max_position_embeddings: number("original_max_position_embeddings")? as usize,
-        })),
-        other => Err(Error::invalid(
-            WHAT,
-            format!("{key}.rope_type"),
-            format!("(`{other}`) is not supported; autotune applies `default` and `llama3`"),
-        )),
-    }
-}
-
 fn gpt2<'a>(f: &mut Fields<'a>, name: &str) -> Result<ModelSpec> {
     let d = f.usize("n_embd")?;
     let positions = f.usize("n_positions")?;
@@ -487,7 +483,8 @@ fn gpt2<'a>(f: &mut Fields<'a>, name: &str) -> Result<ModelSpec> {
             }
         }
     }
-    let d_ff = f.opt_usize("n_inner")?.unwrap_or(4 * d);
+    // `transformers`' default width; a width past any bound is refused by the spec's checks.
+    let d_ff = f.opt_usize("n_inner")?.unwrap_or(d.saturating_mul(4));
     Ok(ModelSpec {
         name: name.into(),
         vocab_size: f.usize("vocab_size")?,
