@@ -229,7 +229,30 @@ impl SearchSpace {
             ..Self::new(regimes)
         };
         space.validate()?;
+        space.validate_tokens_per_step(model)?;
         Ok(space)
+    }
+
+    /// A global batch whose step, of `model`'s sequences, takes no more tokens than a step may
+    /// ([`crate::spec::limits::MAX_TOKENS_PER_STEP`]): so that every plan the search can
+    /// choose also trains.
+    fn validate_tokens_per_step(&self, model: &ModelSpec) -> Result<()> {
+        let Some(n) = self.global_batch else {
+            return Ok(());
+        };
+        let max = crate::spec::limits::MAX_TOKENS_PER_STEP;
+        let most = max / (model.seq_len.max(1) as u64);
+        if (n as u64).saturating_mul(model.seq_len as u64) > max {
+            return invalid(
+                "global_batch",
+                format!(
+                    "({n}) makes {} tokens per step at {} tokens a sequence, over the {max} a step may take; use at most {most}",
+                    (n as u64).saturating_mul(model.seq_len as u64),
+                    model.seq_len
+                ),
+            );
+        }
+        Ok(())
     }
 
     /// The compact-state regimes a search opted into them adds after `regimes`: every

@@ -26,8 +26,10 @@ pub const MAX_LAYERS: usize = 1 << 16;
 pub const MAX_TENSOR_BYTES: u64 = 1 << 40;
 /// The most parameters a model may have (its training state is then 4 PiB).
 pub const MAX_PARAMETERS: u64 = 1 << 48;
-/// The largest global batch a search may fix, in sequences.
-pub const MAX_GLOBAL_BATCH: usize = 1 << 24;
+/// The largest global batch a search may fix, in sequences: the most micro-batches a step may
+/// accumulate, since the search may settle on a micro-batch of one sequence on one GPU, and
+/// a plan must run whichever micro-batch it chooses.
+pub const MAX_GLOBAL_BATCH: usize = MAX_GRAD_ACCUM;
 /// The most tokens one optimizer step may take over all ranks.
 pub const MAX_TOKENS_PER_STEP: u64 = 1 << 40;
 
