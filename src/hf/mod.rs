@@ -8,6 +8,7 @@
 //! transposed); [`safetensors`] reads one tensor at a time from the files and writes them
 //! streaming, so neither direction holds a second copy of the model.
 
+mod checkpoint_files;
 pub mod layout;
 pub mod safetensors;
 pub mod tokenizer_files;

@@ -38,7 +38,7 @@ pub struct SafetensorsFile {
     tensors: BTreeMap<String, Entry>,
 }
 
-fn bad(path: &Path, problem: impl Into<String>) -> Error {
+pub(super) fn bad(path: &Path, problem: impl Into<String>) -> Error {
     Error::Weights {
         path: path.to_path_buf(),
         problem: problem.into(),
@@ -165,19 +165,7 @@ pub struct Checkpoint {
 impl Checkpoint {
     /// Opens the checkpoint at `path` (a folder or a file).
     pub fn open(path: &Path) -> Result<Self> {
-        let files: Vec<PathBuf> = if path.is_file() {
-            vec![path.to_path_buf()]
-        } else if path.join("model.safetensors.index.json").is_file() {
-            shards(path)?
-        } else if path.join("model.safetensors").is_file() {
-            vec![path.join("model.safetensors")]
-        } else {
-            return Err(bad(
-                path,
-                "holds neither model.safetensors nor model.safetensors.index.json; give the folder \
-                 `save_pretrained` wrote",
-            ));
-        };
+        let files = super::checkpoint_files::of(path)?;
         let files = files
             .iter()
             .map(|f| SafetensorsFile::open(f))
@@ -221,42 +209,6 @@ impl Checkpoint {
             None => Err(bad(&self.path, format!("has no tensor `{name}`"))),
         }
     }
-}
-
-/// The shard files of a sharded checkpoint, from its index's `weight_map`.
-fn shards(dir: &Path) -> Result<Vec<PathBuf>> {
-    let index_path = dir.join("model.safetensors.index.json");
-    let text = std::fs::read_to_string(&index_path)
-        .map_err(|e| Error::file("cannot read", &index_path, e))?;
-    let index: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| bad(&index_path, format!("is not JSON: {e}")))?;
-    let map = index
-        .get("weight_map")
-        .and_then(serde_json::Value::as_object)
-        .ok_or_else(|| bad(&index_path, "has no `weight_map` object"))?;
-    let mut files: Vec<String> = map
-        .values()
-        .filter_map(|v| v.as_str().map(String::from))
-        .collect();
-    files.sort();
-    files.dedup();
-    if files.is_empty() {
-        return Err(bad(&index_path, "lists no shard files in `weight_map`"));
-    }
-    files
-        .into_iter()
-        .map(|f| {
-            let name = Path::new(&f);
-            // Shards sit beside the index: a name with a folder in it is refused.
-            if name.components().count() != 1 {
-                return Err(bad(
-                    &index_path,
-                    format!("names shard `{f}` outside its folder"),
-                ));
-            }
-            Ok(dir.join(name))
-        })
-        .collect()
 }
 
 /// A safetensors file written streaming: the header from the shapes first, then each
