@@ -87,11 +87,15 @@ fn run(command: Command, printer: &Printer) -> anyhow::Result<Status> {
     }
 }
 
-/// `error: …` then one `caused by: …` line per source, as people read chains top-down.
+/// `error: …` then one `caused by: …` line per source, as people read chains top-down. Errors
+/// quote files, keys and names from others' files: whatever in them would act on the terminal
+/// is escaped (line breaks kept: the readers escape those in what they quote).
 fn print_error(err: &anyhow::Error) {
-    let mut text = format!("error: {err}");
+    let safe =
+        |message: String| autotune_core::text::escape_controls_keeping_lines(&message).into_owned();
+    let mut text = format!("error: {}", safe(err.to_string()));
     for cause in err.chain().skip(1) {
-        text.push_str(&format!("\n  caused by: {cause}"));
+        text.push_str(&format!("\n  caused by: {}", safe(cause.to_string())));
     }
     eprintln!("{text}");
 }
