@@ -54,6 +54,10 @@ mod chat_template;
 /// Big numbers in flags and specs: refused naming the field, or answered as not fitting.
 mod bounds;
 
+/// Configs, checkpoints and flags that would be read as something else: refused in the user's
+/// own terms, with nothing written.
+mod strict_configs;
+
 /// Tuning on the CPU: exact boundaries, model error, plans that train, bad input.
 mod tune;
 
