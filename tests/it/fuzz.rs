@@ -1,5 +1,5 @@
-//! Fuzzing every JSON reader (model spec, device spec, plan, recorded profile, checkpoint
-//! state) and the numeric command-line inputs: whatever the input, the answer is exit 0, 1 or
+//! Fuzzing every JSON reader (model spec, Hugging Face config, device spec, plan, recorded
+//! profile, checkpoint state) and the numeric command-line inputs: whatever the input, the answer is exit 0, 1 or
 //! 2 within the case's time limit, never a panic (101), an abort (134) or a hang.
 //!
 //! `every_reader_and_flag_ends_in_an_answer` is the bounded run of `cargo test`: the readers
@@ -119,6 +119,7 @@ enum Case {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Reader {
     ModelSpec,
+    HfConfig,
     DeviceSpec,
     Plan,
     Profile,
@@ -162,6 +163,7 @@ const FLAGS: [(&str, &str, FlagKind); 30] = [
 fn case() -> impl Strategy<Value = Case> {
     let reader = prop::sample::select(vec![
         Reader::ModelSpec,
+        Reader::HfConfig,
         Reader::DeviceSpec,
         Reader::Plan,
         Reader::Profile,
@@ -202,6 +204,7 @@ impl Case {
             Case::Document(reader, mutations) => {
                 let base_doc = match reader {
                     Reader::ModelSpec => serde_json::from_str(SMALL).unwrap(),
+                    Reader::HfConfig => hf_config(),
                     Reader::DeviceSpec => serde_json::from_str(DEVICE).unwrap(),
                     Reader::Plan => fx.plan.clone(),
                     Reader::Profile => fx.profile.clone(),
@@ -212,6 +215,13 @@ impl Case {
                     Reader::ModelSpec => {
                         std::fs::write(dir.join("doc.json"), text).unwrap();
                         let mut a = args(&["tune", "--model", "doc.json", "--target", &device]);
+                        a.extend(short_tune());
+                        a
+                    }
+                    Reader::HfConfig => {
+                        std::fs::create_dir_all(dir.join("model")).unwrap();
+                        std::fs::write(dir.join("model/config.json"), text).unwrap();
+                        let mut a = args(&["tune", "--model", "model", "--target", &device]);
                         a.extend(short_tune());
                         a
                     }
@@ -333,6 +343,14 @@ impl Case {
             }
         }
     }
+}
+
+/// The tiny Llama fixture's `config.json`: a Hugging Face config of a model that trains in
+/// milliseconds, with Llama 3's rotary scaling to mutate.
+fn hf_config() -> Value {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/tiny-llama/config.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -475,7 +493,8 @@ fn fuzz_binary(cases: usize, seed: u8, parallel: usize) -> Found {
 /// The readers in this process: a panic anywhere fails the property.
 fn read_in_process(reader: Reader, text: &str) {
     match reader {
-        Reader::ModelSpec => {
+        // A Hugging Face config is read by the spec's reader, as `--model` reads it.
+        Reader::ModelSpec | Reader::HfConfig => {
             if let Ok(spec) = autotune::ModelSpec::from_json(text) {
                 let _ = autotune::spec::limits::state_bytes(&spec);
                 let _ = spec.parameter_count();
@@ -519,6 +538,7 @@ fn every_reader_and_flag_ends_in_an_answer() {
             Reader::ModelSpec,
             serde_json::from_str::<Value>(SMALL).unwrap(),
         ),
+        (Reader::HfConfig, hf_config()),
         (Reader::DeviceSpec, serde_json::from_str(DEVICE).unwrap()),
         (Reader::Plan, fx.plan.clone()),
         (Reader::Profile, fx.profile.clone()),

@@ -63,6 +63,9 @@ pub enum Mutation {
     Remove(usize),
     /// An unknown key is added to the `n`-th object.
     Insert(usize, String, Value),
+    /// The `n`-th key of the top-level object is given a second time, with another value
+    /// (JSON readers disagree on which of the two counts).
+    Duplicate(usize, Value),
     /// The text is cut at a fraction of its length.
     Truncate(f64),
     /// One byte of the text, at a fraction of its length, is flipped.
@@ -75,6 +78,7 @@ pub fn mutations() -> impl Strategy<Value = Vec<Mutation>> {
         6 => (any::<usize>(), edge_value()).prop_map(|(n, v)| Mutation::Replace(n, v)),
         2 => any::<usize>().prop_map(Mutation::Remove),
         1 => (any::<usize>(), "[a-z_]{1,8}", edge_value()).prop_map(|(n, k, v)| Mutation::Insert(n, k, v)),
+        1 => (any::<usize>(), edge_value()).prop_map(|(n, v)| Mutation::Duplicate(n, v)),
         1 => (0.0..1.0f64).prop_map(Mutation::Truncate),
         1 => (0.0..1.0f64, 1..=255u8).prop_map(|(at, bit)| Mutation::FlipByte(at, bit)),
     ];
@@ -141,6 +145,10 @@ pub fn apply(base: &Value, mutations: &[Mutation]) -> Vec<u8> {
                     map.insert(key.clone(), v.clone());
                 }
             }
+            Mutation::Duplicate(n, v) => {
+                let bytes = text.take().unwrap_or_else(|| doc.to_string().into_bytes());
+                text = Some(duplicated(&doc, bytes, *n, v));
+            }
             Mutation::Truncate(at) => {
                 let bytes = text.take().unwrap_or_else(|| doc.to_string().into_bytes());
                 let cut = ((bytes.len() as f64) * at) as usize;
@@ -157,6 +165,23 @@ pub fn apply(base: &Value, mutations: &[Mutation]) -> Vec<u8> {
         }
     }
     text.unwrap_or_else(|| doc.to_string().into_bytes())
+}
+
+/// `bytes` (the text of `doc`, or a mutation of it) with the `n`-th top-level key of `doc`
+/// written once more, holding `value`, at the start of the top-level object.
+fn duplicated(doc: &Value, bytes: Vec<u8>, n: usize, value: &Value) -> Vec<u8> {
+    let Some(map) = doc.as_object().filter(|m| !m.is_empty()) else {
+        return bytes;
+    };
+    let Some(brace) = bytes.iter().position(|&b| b == b'{') else {
+        return bytes;
+    };
+    let key = map.keys().nth(n % map.len()).cloned().unwrap_or_default();
+    let member = format!("{}: {value}, ", Value::String(key));
+    let mut out = bytes[..=brace].to_vec();
+    out.extend_from_slice(member.as_bytes());
+    out.extend_from_slice(&bytes[brace + 1..]);
+    out
 }
 
 /// How far a flag's accepted values can make a command run.
