@@ -106,6 +106,10 @@ fn refused_configs() -> Vec<Edit> {
         ("rope_parameters.rope_theta", |c| {
             c["rope_parameters"]["rope_theta"] = json!("500000")
         }),
+        ("rope_scaling.rope_theta", |c| {
+            c.as_object_mut().unwrap().remove("rope_parameters");
+            c["rope_scaling"] = json!({"rope_type": "default", "rope_theta": 1e6});
+        }),
         ("rope_parameters.beta_fast", |c| {
             c["rope_parameters"]["beta_fast"] = json!(32)
         }),

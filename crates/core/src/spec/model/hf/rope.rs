@@ -93,7 +93,12 @@ fn scaling(key: &str, object: &Map<String, Value>) -> Result<Option<RopeScaling>
             ))
         }
     };
-    let known = |k: &str| takes.contains(&k) || matches!(k, "rope_type" | "type" | "rope_theta");
+    // The base is read from `rope_parameters` only: in `rope_scaling` it would be ignored.
+    let known = |k: &str| {
+        takes.contains(&k)
+            || matches!(k, "rope_type" | "type")
+            || (k == "rope_theta" && key == "rope_parameters")
+    };
     if let Some(unknown) = object.keys().find(|k| !known(k)) {
         return Err(invalid(
             format!("{key}.{}", escape_controls(unknown)),
