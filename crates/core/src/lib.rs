@@ -17,6 +17,7 @@ pub mod atomic_file;
 pub mod error;
 pub mod estimate;
 pub mod fit;
+pub mod input_file;
 pub mod json;
 pub mod knobs;
 pub mod outputs;

@@ -252,8 +252,8 @@ pub struct Alternative {
 impl Plan {
     /// Reads and validates a plan file; errors name the file and, when invalid, the field.
     pub fn load(path: &Path) -> Result<Self> {
-        let text =
-            std::fs::read_to_string(path).map_err(|e| Error::file("cannot read plan", path, e))?;
+        let text = crate::input_file::read_to_string(path, crate::input_file::DOCUMENT_LIMIT)
+            .map_err(|e| Error::file("cannot read plan", path, e))?;
         Self::from_json(&text).map_err(|e| match e {
             Error::InvalidSpec { .. } => Error::file(
                 "invalid plan",

@@ -263,7 +263,7 @@ impl Profile {
     /// unreadable or truncated file, a JSON document that is not a profile, another schema
     /// version, or a missing, unknown or invalid field.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
+        let text = crate::input_file::read_to_string(path, crate::input_file::DOCUMENT_LIMIT)
             .map_err(|e| Error::file("cannot read profile", path, e))?;
         Self::from_json(&text).map_err(|e| match e {
             Error::InvalidSpec { .. } => Error::file(

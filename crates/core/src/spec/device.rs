@@ -108,7 +108,7 @@ impl DeviceSpec {
 
     /// Loads and validates a JSON profile; errors name the file and, when invalid, the field.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
+        let text = crate::input_file::read_to_string(path, crate::input_file::DOCUMENT_LIMIT)
             .map_err(|e| Error::file("cannot read device spec", path, e))?;
         Self::from_json(&text).map_err(|e| match e {
             Error::InvalidSpec { .. } => Error::file(

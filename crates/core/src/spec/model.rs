@@ -424,7 +424,8 @@ impl ModelSpec {
         }
         if path.is_dir() {
             let config = path.join("config.json");
-            if !config.is_file() {
+            // Whatever it is: the reader says what is wrong with one that is no regular file.
+            if !config.exists() {
                 return Err(Error::file(
                     "no config.json in the model folder",
                     path,
@@ -441,7 +442,7 @@ impl ModelSpec {
     /// Hugging Face `config.json` ([`hf`]), or `{"hf_config": PATH, ...overrides}` with `PATH`
     /// relative to the spec file.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
+        let text = crate::input_file::read_to_string(path, crate::input_file::DOCUMENT_LIMIT)
             .map_err(|e| Error::file("cannot read model spec", path, e))?;
         Self::from_json_at(&text, path).map_err(|e| match e {
             Error::InvalidSpec { .. } | Error::UnknownName { .. } => Error::file(
@@ -465,8 +466,9 @@ impl ModelSpec {
             .as_str()
             .ok_or_else(|| Error::invalid(WHAT, "hf_config", "must be a path (a string)"))?;
         let hf_file = path.parent().unwrap_or(Path::new(".")).join(relative);
-        let hf_text = std::fs::read_to_string(&hf_file)
-            .map_err(|e| Error::file("cannot read the Hugging Face config", &hf_file, e))?;
+        let hf_text =
+            crate::input_file::read_to_string(&hf_file, crate::input_file::DOCUMENT_LIMIT)
+                .map_err(|e| Error::file("cannot read the Hugging Face config", &hf_file, e))?;
         let hf_value = json::parse_value(hf::WHAT, &hf_text)?;
         let base =
             hf::from_hf_config(&hf_value, &hf_model_name(&hf_value, &hf_file)).map_err(|e| {
