@@ -19,7 +19,7 @@
 //! (steps the interrupted run took after its last checkpoint, which the resumed run takes
 //! again) are dropped first.
 
-use std::io::Write;
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -105,24 +105,54 @@ impl StepLine {
     }
 }
 
-/// The log file: checked writable when created, started (or continued) when the run starts.
+/// The log file, held by one run at a time: locked when created, started (or continued) when
+/// the run starts.
+///
+/// Two runs appending to one file would interleave their lines into a log neither can be
+/// plotted from, so the file is locked (an advisory `flock`, which the operating system
+/// releases when the process ends, however it ends) for as long as the log is open, and a
+/// second run is refused. The lock sits on the file itself, so the file is rewritten in place,
+/// never replaced by a rename (a lock on a replaced file guards nothing).
 pub struct MetricsLog {
     path: PathBuf,
-    file: Option<std::fs::File>,
+    file: std::fs::File,
+    started: bool,
 }
 
 impl MetricsLog {
     /// A log at `path`, which must be a file this process can write (it is created if
-    /// missing; nothing in it changes until [`MetricsLog::start`]).
+    /// missing; nothing in it changes until [`MetricsLog::start`]) and no other run writes.
     pub fn new(path: &Path) -> Result<Self> {
-        std::fs::OpenOptions::new()
-            .create(true)
+        let file = std::fs::OpenOptions::new()
+            .read(true)
             .append(true)
+            .create(true)
             .open(path)
             .map_err(|e| Error::file("cannot write metrics log", path, e))?;
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                return Err(autotune_core::Error::InvalidFlag {
+                    flag: format!("--metrics {}", path.display()),
+                    problem: "is being written by another autotune run, and two runs in one \
+                              log interleave their lines; give this run its own --metrics \
+                              file, or wait for the other run to end"
+                        .into(),
+                }
+                .into())
+            }
+            Err(e) => {
+                return Err(Error::file(
+                    "cannot lock metrics log",
+                    path,
+                    std::io::Error::from(e),
+                ))
+            }
+        }
         Ok(Self {
             path: path.to_path_buf(),
-            file: None,
+            file,
+            started: false,
         })
     }
 
@@ -130,11 +160,11 @@ impl MetricsLog {
     /// file, a resumed one keeps the lines up to `start_step` and drops the rest.
     pub fn start(&mut self, start_step: u64) -> Result<()> {
         let cannot = |e| Error::file("cannot write metrics log", &self.path, e);
-        if start_step == 0 {
-            self.file = Some(std::fs::File::create(&self.path).map_err(cannot)?);
-            return Ok(());
+        let mut text = String::new();
+        if start_step > 0 {
+            (&self.file).seek(SeekFrom::Start(0)).map_err(cannot)?;
+            (&self.file).read_to_string(&mut text).map_err(cannot)?;
         }
-        let text = std::fs::read_to_string(&self.path).map_err(cannot)?;
         let kept: String = text
             .lines()
             .filter(|line| {
@@ -142,25 +172,29 @@ impl MetricsLog {
             })
             .flat_map(|line| [line, "\n"])
             .collect();
-        crate::atomic_file::write(&self.path, kept.as_bytes()).map_err(cannot)?;
-        let file = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&self.path)
-            .map_err(cannot)?;
-        self.file = Some(file);
+        // Usually the kept lines are the file's start: cutting the rest is one atomic step.
+        if text.starts_with(&kept) {
+            self.file.set_len(kept.len() as u64).map_err(cannot)?;
+        } else {
+            self.file.set_len(0).map_err(cannot)?;
+            // Appends: the file is open for appending, so this lands at its (new) start.
+            self.file.write_all(kept.as_bytes()).map_err(cannot)?;
+        }
+        self.started = true;
         Ok(())
     }
 
     /// Appends `line` (one write, so a reader never sees half of it).
     pub fn write(&mut self, line: &StepLine) -> Result<()> {
-        let Some(file) = &mut self.file else {
+        if !self.started {
             return Err(Error::internal(
                 "the metrics log was written before the run started",
             ));
-        };
+        }
         let mut text = serde_json::to_string(line).expect("a metrics line always serialises");
         text.push('\n');
-        file.write_all(text.as_bytes())
+        self.file
+            .write_all(text.as_bytes())
             .map_err(|e| Error::file("cannot write metrics log", &self.path, e))
     }
 
@@ -232,6 +266,11 @@ mod tests {
             log.write(&line(step)).unwrap();
         }
         assert_eq!(steps(&path), (1..=7).collect::<Vec<_>>());
+        let err = MetricsLog::new(&path)
+            .err()
+            .expect("a second writer is refused");
+        assert!(err.to_string().contains("another autotune run"), "{err}");
+        drop(log);
         // The run saved at step 5, took two more steps and was stopped; resuming from 5
         // takes steps 6 and 7 again.
         let mut resumed = MetricsLog::new(&path).unwrap();

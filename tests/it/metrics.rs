@@ -144,3 +144,48 @@ fn a_resumed_run_continues_the_log_and_the_schedule_where_the_checkpoint_left_th
         stderr(&out)
     );
 }
+
+#[test]
+fn a_second_run_on_a_metrics_log_in_use_is_refused_and_the_log_stays_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let long = [
+        "train",
+        "--model",
+        "tiny",
+        "--device",
+        "cpu",
+        "--micro-batch",
+        "2",
+        "--steps",
+        "1000000",
+        "--metrics",
+        "m.jsonl",
+    ];
+    let (first, rx) = spawn_in(dir.path(), &long);
+    read_until(&rx, "step 1:");
+    let second = [
+        "train",
+        "--model",
+        "tiny",
+        "--steps",
+        "3",
+        "--metrics",
+        "m.jsonl",
+    ];
+    let out = autotune_in(dir.path(), &second);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--metrics m.jsonl") && err.contains("another autotune run"),
+        "{err}"
+    );
+    signal(first.id(), "-INT");
+    assert_eq!(exit_code(first), Some(130));
+    // Every line is one step of the first run, in order: nothing of the second in between.
+    let steps: Vec<u64> = lines(&dir.path().join("m.jsonl"))
+        .iter()
+        .map(|l| l["step"].as_u64().unwrap())
+        .collect();
+    assert!(!steps.is_empty());
+    assert_eq!(steps, (1..=steps.len() as u64).collect::<Vec<_>>());
+}
