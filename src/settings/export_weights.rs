@@ -68,6 +68,14 @@ impl ExportWeightsSettings {
             })?
         };
         checkpoint::verify(&checkpoint)?;
+        // The checkpoint directory as a whole: an export inside it would sit among the
+        // checkpoints that retention and resumes manage.
+        let checkpoints = crate::outputs::parent_dir(&checkpoint);
+        let mut inputs = vec![("--checkpoint", checkpoints)];
+        if let Some(tokenizer) = &args.tokenizer {
+            inputs.push(("--tokenizer", tokenizer));
+        }
+        crate::outputs::check_output_folder("--out", &args.out, &inputs)?;
         Ok(Self {
             checkpoint,
             out: args.out.clone(),

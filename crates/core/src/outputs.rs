@@ -30,6 +30,36 @@ pub fn check_outputs(outputs: &[(&str, &Path)], inputs: &[(&str, &Path)]) -> Res
     Ok(())
 }
 
+/// Refuses `folder` (named by `flag`), a folder a command writes its files into, where it is one
+/// of `inputs` (each with its flag: a folder, or a file standing for the folder it is in) or
+/// lies inside one: the files written would replace or mix with what the command reads, such
+/// as a checkpoint directory that a later resume or prune treats as its own.
+pub fn check_output_folder(flag: &str, folder: &Path, inputs: &[(&str, &Path)]) -> Result<()> {
+    if std::fs::metadata(folder).is_ok_and(|m| !m.is_dir()) {
+        return Err(refused(flag, folder, "is a file; name a folder".into()));
+    }
+    let id = identity(folder);
+    for &(input, path) in inputs {
+        let input_id = if path.is_dir() {
+            identity(path)
+        } else {
+            identity(parent_dir(path))
+        };
+        if id.starts_with(&input_id) {
+            return Err(refused(
+                flag,
+                folder,
+                format!(
+                    "lies in `{}`, which {input} reads; the files written there would mix with \
+                     it: write to a folder outside it",
+                    input_id.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A path that exists must be a regular file: anything else (a device, a FIFO, a socket, a
 /// directory) would be replaced by one, or written into, and a link's target is not what the
 /// user named.
@@ -50,20 +80,30 @@ fn check_target(flag: &str, path: &Path) -> Result<()> {
     Err(refused(flag, path, problem.into()))
 }
 
-/// Where `path` is: its directory resolved (links, `..`) and its name, whether or not the file
-/// exists yet.
+/// Where `path` is: its nearest existing ancestor resolved (links, `..`) and the names below
+/// it, whether or not the file or its folders exist yet.
 fn identity(path: &Path) -> PathBuf {
     if let Ok(real) = path.canonicalize() {
         return real;
     }
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    match (dir.canonicalize(), path.file_name()) {
-        (Ok(dir), Some(name)) => dir.join(name),
-        _ => path.to_path_buf(),
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut missing = Vec::new();
+    let mut existing = absolute.as_path();
+    while let (Some(parent), Some(name)) = (existing.parent(), existing.file_name()) {
+        missing.push(name);
+        if let Ok(real) = parent.canonicalize() {
+            return missing.iter().rev().fold(real, |p, name| p.join(name));
+        }
+        existing = parent;
     }
+    absolute
+}
+
+/// The folder `path` is in (`.` for a bare name).
+pub fn parent_dir(path: &Path) -> &Path {
+    path.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
 }
 
 fn refused(flag: &str, path: &Path, problem: String) -> Error {
@@ -108,5 +148,34 @@ mod tests {
         }
         // A regular file that is no input is replaced, as asked.
         assert!(check_outputs(&[("--out", &data)], &[]).is_ok());
+    }
+
+    #[test]
+    fn an_output_folder_never_lies_in_an_input() {
+        let dir = tempfile::tempdir().unwrap();
+        let ck = dir.path().join("ck");
+        std::fs::create_dir(&ck).unwrap();
+        let tokenizer = dir.path().join("model").join("tokenizer.json");
+        let inputs = [("--checkpoint", ck.as_path()), ("--tokenizer", &tokenizer)];
+        let beside = dir.path().join("export");
+        assert!(check_output_folder("--out", &beside, &inputs).is_ok());
+        for inside in [
+            ck.clone(),
+            ck.join("step-000001"),
+            ck.join("new").join("deeper"),
+            dir.path().join("model"),
+            ck.join("..").join("ck").join("y"),
+        ] {
+            let err = check_output_folder("--out", &inside, &inputs).unwrap_err();
+            assert!(
+                err.to_string().contains("which --"),
+                "{}: {err}",
+                inside.display()
+            );
+        }
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        let err = check_output_folder("--out", &file, &[]).unwrap_err();
+        assert!(err.to_string().contains("name a folder"), "{err}");
     }
 }
