@@ -54,6 +54,18 @@ pub enum Error {
         problem: String,
     },
 
+    /// A data file changed under the run (cut short, replaced by a shorter one): the batches
+    /// it held when the run started are gone. The run saves a checkpoint before it stops.
+    #[error("training data `{path}` changed while the run read it: {problem}; {}", resume_advice(checkpoint.as_deref()))]
+    DataChanged {
+        /// The data file.
+        path: PathBuf,
+        /// What changed.
+        problem: String,
+        /// The checkpoint saved before stopping, if any was.
+        checkpoint: Option<PathBuf>,
+    },
+
     /// A parameter got no gradient: an op in the graph has no backward pass (a bug, never data).
     #[error("parameter `{parameter}` received no gradient: an operation in the model has no backward pass")]
     MissingGradient {
@@ -70,9 +82,10 @@ pub enum Error {
         problem: String,
     },
 
-    /// Hugging Face weights that do not fit the model: a missing or extra tensor, a shape, a
-    /// config that describes another model.
-    #[error("Hugging Face weights `{path}`: {problem}")]
+    /// Weights (a Hugging Face folder, a safetensors file of a checkpoint) that cannot be read
+    /// or do not fit the model: a header, a missing or extra tensor, a shape, a config that
+    /// describes another model.
+    #[error("weights `{path}`: {problem}")]
     Weights {
         /// The checkpoint folder or file.
         path: PathBuf,
@@ -113,6 +126,19 @@ impl Error {
         source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
     ) -> Self {
         autotune_core::Error::file(action, path, source).into()
+    }
+}
+
+/// What to do after the data changed under a run: put it back and resume.
+fn resume_advice(checkpoint: Option<&std::path::Path>) -> String {
+    match checkpoint {
+        Some(path) => format!(
+            "the run saved checkpoint `{}`: restore the file and resume with --resume",
+            path.display()
+        ),
+        None => "no checkpoint was saved (give --checkpoint-dir to keep one); restore the file \
+                 and start again"
+            .into(),
     }
 }
 

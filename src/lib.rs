@@ -19,8 +19,8 @@
 //! runs a command's session (tuning) on them, printing nothing: the binary renders it.
 
 pub use autotune_core::{
-    atomic_file, estimate, fit, knobs, outputs, plan, profile, report, search, spec, trial,
-    trial_protocol,
+    atomic_file, estimate, fit, input_file, knobs, outputs, plan, profile, report, search, spec,
+    trial, trial_protocol,
 };
 
 pub mod backend;

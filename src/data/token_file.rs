@@ -1,21 +1,21 @@
-//! A file of token ids, memory-mapped a window at a time: a batch maps each sequence's few
-//! pages, copies its ids and unmaps them, so a corpus of any size costs the process only the
-//! window being read, never a copy of the file.
+//! A file of token ids, read a window at a time: a batch reads each sequence's few bytes at
+//! their offset, so a corpus of any size costs the process only the window being read, never a
+//! copy of the file (the rest stays in the page cache, which the kernel may drop).
 //!
-//! Why not one mapping of the whole file: the kernel maps whole page-cache folios around every
-//! touched byte (up to 2 MiB each, measured: about 0.7 MB per 130-token window of a 200 MB
-//! file), and random windows then make the mapping's resident share grow toward the whole file
-//! within a few hundred steps, `MADV_RANDOM` or not (nanoGPT recreates its `np.memmap` every
-//! batch for the same reason). A mapping only as large as its window can hold no more.
+//! Why positioned reads and not a memory map: a file truncated under a mapping (a copy
+//! restarted, a disk cleaned up) kills the process with SIGBUS at the next page it touches,
+//! with no message and no checkpoint; a read past the new end returns short instead, which
+//! becomes [`Error::DataChanged`], and the loop saves a checkpoint before it stops. (A mapping
+//! of the whole file is worse still: the kernel maps whole page-cache folios around every
+//! touched byte, and random windows make its resident share grow toward the whole file.)
 //!
 //! Opening checks the whole file once (its length against the token width, every id against
 //! the vocabulary) by reading it in blocks, which leaves the file in the page cache and none of
 //! it in the process's memory.
 
 use std::io::Read;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-
-use memmap2::MmapOptions;
 
 use crate::{Error, Result};
 
@@ -31,14 +31,14 @@ pub struct TokenFile {
 }
 
 impl TokenFile {
-    /// Maps `path` as ids of `width` bytes (1, 2 or 4), checking that it holds at least
+    /// Opens `path` as ids of `width` bytes (1, 2 or 4), checking that it holds at least
     /// `min_tokens` of them, a whole number, and every one below `vocab`.
     pub fn open(path: &Path, width: usize, min_tokens: usize, vocab: usize) -> Result<Self> {
         let data_err = |problem: String| Error::Data {
             source_name: path.display().to_string(),
             problem,
         };
-        let file = std::fs::File::open(path)
+        let file = crate::input_file::open(path)
             .map_err(|e| Error::file("cannot read training data", path, e))?;
         let bytes = file
             .metadata()
@@ -82,8 +82,8 @@ impl TokenFile {
         self.len() == 0
     }
 
-    /// Appends tokens `start .. start + count` to `out`, read through a mapping of just
-    /// their bytes.
+    /// Appends tokens `start .. start + count` to `out`, reading just their bytes. A file cut
+    /// short since it was opened is [`Error::DataChanged`].
     pub fn extend(&self, out: &mut Vec<u32>, start: usize, count: usize) -> Result<()> {
         let end = start.checked_add(count).filter(|&end| end <= self.tokens);
         let Some(end) = end else {
@@ -94,21 +94,24 @@ impl TokenFile {
                 self.tokens
             )));
         };
-        if count == 0 {
-            return Ok(());
+        let mut window = vec![0u8; count * self.width];
+        match self
+            .file
+            .read_exact_at(&mut window, (start * self.width) as u64)
+        {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Err(Error::DataChanged {
+                    path: self.path.clone(),
+                    problem: format!(
+                        "it held {} tokens when the run started and now ends before token {end}",
+                        self.tokens
+                    ),
+                    checkpoint: None,
+                })
+            }
+            Err(e) => return Err(Error::file("cannot read training data", &self.path, e)),
         }
-        // SAFETY: the mapping is read-only, private to this process and dropped before this
-        // returns. If another process truncated the file meanwhile, reading a page past its
-        // new end would fault (SIGBUS): training data is not edited under a run, as with any
-        // memory-mapped corpus.
-        #[allow(unsafe_code)]
-        let window = unsafe {
-            MmapOptions::new()
-                .offset((start * self.width) as u64)
-                .len((end - start) * self.width)
-                .map(&self.file)
-        }
-        .map_err(|e| Error::file("cannot map training data", &self.path, e))?;
         out.extend(
             window
                 .chunks_exact(self.width)
@@ -192,6 +195,25 @@ mod tests {
             assert_eq!(got[0], 7, "appends");
             assert_eq!(&got[1..], &want[5..25], "width {width}");
             assert!(tokens.extend(&mut got, 290, 11).is_err(), "past the end");
+        }
+    }
+
+    #[test]
+    fn a_file_cut_short_after_opening_is_a_data_change_not_a_fault() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = file(dir.path(), "cut.bin", &[3u8; 200]);
+        let tokens = TokenFile::open(&path, 2, 10, 1000).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(40)
+            .unwrap();
+        let mut got = Vec::new();
+        tokens.extend(&mut got, 0, 20).unwrap();
+        match tokens.extend(&mut got, 50, 20) {
+            Err(Error::DataChanged { path: named, .. }) => assert_eq!(named, path),
+            other => panic!("expected the data changed, got {:?}", other.err()),
         }
     }
 

@@ -21,7 +21,7 @@ use crate::data::source::{Data, DataSpec};
 use crate::train::checkpoint;
 use crate::train::schedule::LrSchedule;
 use crate::train::step::{StepReport, Trainer};
-use crate::Result;
+use crate::{Error, Result};
 
 /// How long to train and where to keep checkpoints.
 #[derive(Debug, Clone)]
@@ -192,12 +192,19 @@ pub fn run(
     let started = Instant::now();
     let mut tokens_this_run = 0u64;
     let mut real_tokens_this_run = 0u64;
+    let stop = Stop {
+        data_spec,
+        config,
+        observer,
+    };
     while trainer.steps() < config.total_steps {
         if trainer.any_rank(interrupt.load(Ordering::SeqCst))? {
             summary.interrupted = true;
             break;
         }
-        let (report, tokens_per_s, memory_after) = timed_step(trainer, data, memory)?;
+        let stepped = timed_step(trainer, data, memory);
+        let (report, tokens_per_s, memory_after) =
+            stop.on_data_change(stepped, trainer, tokens_seen)?;
         tokens_seen = tokens_seen.saturating_add(report.tokens as u64);
         tokens_this_run = tokens_this_run.saturating_add(report.tokens as u64);
         real_tokens_this_run = real_tokens_this_run.saturating_add(report.real_tokens as u64);
@@ -209,7 +216,8 @@ pub fn run(
             observer,
         };
         let measured = (tokens_per_s, memory_after);
-        if !run.after_step(trainer, &report, measured, tokens_seen, &mut summary)? {
+        let next = run.after_step(trainer, &report, measured, tokens_seen, &mut summary);
+        if !stop.on_data_change(next, trainer, tokens_seen)? {
             break;
         }
     }
@@ -316,6 +324,48 @@ pub fn eval(trainer: &Trainer, data: &Data) -> Result<f64> {
         counted += weight;
     }
     Ok(total / f64::max(counted, 1.0))
+}
+
+/// How a run stops when its data changed under it.
+struct Stop<'a> {
+    data_spec: &'a DataSpec,
+    config: &'a RunConfig,
+    observer: &'a dyn TrainObserver,
+}
+
+impl Stop<'_> {
+    /// `result`; where the data changed under the run, the same error once a checkpoint of the
+    /// steps done is saved, so that restoring the file and resuming loses nothing. Alone
+    /// only: ranks may meet the change at different steps, and a save takes all of them.
+    fn on_data_change<T>(
+        &self,
+        result: Result<T>,
+        trainer: &mut Trainer,
+        tokens_seen: u64,
+    ) -> Result<T> {
+        let Err(Error::DataChanged { path, problem, .. }) = result else {
+            return result;
+        };
+        let checkpoint = if trainer.group().world_size() == 1 {
+            match save(
+                trainer,
+                self.data_spec,
+                self.config,
+                tokens_seen,
+                self.observer,
+            )? {
+                Saved::To(path) => path,
+                Saved::NotFinite(_) => None,
+            }
+        } else {
+            None
+        };
+        Err(Error::DataChanged {
+            path,
+            problem,
+            checkpoint,
+        })
+    }
 }
 
 /// What a save did.

@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::path::Path;
 
-use crate::util::{exit_code, read_until, signal, spawn_in};
+use crate::util::{autotune_in, exit_code, read_until, signal, spawn_in, stderr};
 
 /// The process's peak resident memory so far (`VmHWM`), bytes.
 fn peak_rss(pid: u32) -> u64 {
@@ -74,4 +74,59 @@ fn a_200_mb_token_file_trains_in_far_less_memory_than_its_size() {
         "training on the 200 MB file peaked at {large} bytes, {} over the small file's {small}",
         large.saturating_sub(small)
     );
+}
+
+#[test]
+fn a_token_file_cut_short_under_a_run_ends_it_with_a_checkpoint_and_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("tokens.bin");
+    token_file(&data, 100_000);
+    let whole = std::fs::read(&data).unwrap();
+    let run = [
+        "train",
+        "--model",
+        "tiny",
+        "--device",
+        "cpu",
+        "--micro-batch",
+        "2",
+        "--data",
+        "tokens.bin",
+        "--checkpoint-dir",
+        "ck",
+        "--checkpoint-every",
+        "1000000",
+    ];
+    let (child, lines) = spawn_in(dir.path(), &[&run[..], &["--steps", "1000000"]].concat());
+    read_until(&lines, "step 1:");
+    // Emptied: whichever window the next step reads now lies past the end.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&data)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let said = read_until(&lines, "error:").join("\n");
+    let said = [said, lines.iter().collect::<Vec<_>>().join("\n")].join("\n");
+    assert_eq!(exit_code(child), Some(2), "{said}");
+    assert!(
+        said.contains("tokens.bin") && said.contains("changed while the run read it"),
+        "{said}"
+    );
+    let ck = dir.path().join("ck");
+    let name = std::fs::read_to_string(ck.join("latest")).expect("a checkpoint was saved");
+    assert!(
+        said.contains(name.trim()),
+        "the error names the checkpoint: {said}"
+    );
+    autotune::train::checkpoint::verify(&ck.join(name.trim())).unwrap();
+    // With the file restored, the run resumes from that checkpoint.
+    std::fs::write(&data, whole).unwrap();
+    let step: u64 = name.trim()["step-".len()..].parse().unwrap();
+    let steps = (step + 1).to_string();
+    let out = autotune_in(
+        dir.path(),
+        &[&run[..], &["--steps", &steps, "--resume"]].concat(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 }
