@@ -43,7 +43,7 @@ pub fn run(args: ReportArgs, printer: &Printer) -> anyhow::Result<Status> {
 /// The curves of a metrics log; `None` when the file is no metrics log (its first line is
 /// no JSON object with a `step`): a plan or a profile.
 fn read_metrics(path: &Path) -> anyhow::Result<Option<TrainingCurves>> {
-    let text = std::fs::read_to_string(path)
+    let text = autotune::input_file::read_to_string(path, autotune::input_file::WHOLE)
         .map_err(|e| autotune::Error::file("cannot read plan, profile or metrics log", path, e))?;
     let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
     let is_step = serde_json::from_str::<serde_json::Value>(first)
@@ -71,7 +71,7 @@ fn read_metrics(path: &Path) -> anyhow::Result<Option<TrainingCurves>> {
 
 /// The report of a plan or a profile, told apart by the profile's `kind` tag.
 fn read(path: &Path) -> anyhow::Result<Report> {
-    let text = std::fs::read_to_string(path)
+    let text = autotune::input_file::read_to_string(path, autotune::input_file::DOCUMENT_LIMIT)
         .map_err(|e| autotune::Error::file("cannot read plan or profile", path, e))?;
     let is_profile = serde_json::from_str::<serde_json::Value>(&text)
         .ok()

@@ -57,7 +57,7 @@ impl TokenCache {
     /// The examples stored under `key`.
     pub fn lookup(&self, key: &str) -> Result<Lookup> {
         let path = self.path(key);
-        let file = match std::fs::File::open(&path) {
+        let file = match crate::input_file::open(&path) {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Lookup::Missing),
             Err(e) => return Err(Error::file("cannot read the token cache", &path, e)),

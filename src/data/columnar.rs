@@ -7,7 +7,6 @@
 //! they are ignored unless `--columns` points a field at them, and then the error names the
 //! field.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use arrow_array::cast::AsArray;
@@ -32,7 +31,8 @@ pub fn parquet(path: &Path, columns: &Columns) -> Result<Vec<Record>> {
             path.display()
         ))
     };
-    let file = File::open(path).map_err(|e| Error::file("cannot read training data", path, e))?;
+    let file = crate::input_file::open(path)
+        .map_err(|e| Error::file("cannot read training data", path, e))?;
     let reader = SerializedFileReader::new(file).map_err(unreadable)?;
     let mut records = Vec::new();
     for (i, row) in reader.get_row_iter(None).map_err(unreadable)?.enumerate() {
@@ -79,7 +79,9 @@ fn saved_shards(dir: &Path) -> Result<Vec<PathBuf>> {
     if splits.is_file() {
         let train = dir.join("train");
         if !train.is_dir() {
-            let listed = std::fs::read_to_string(&splits).unwrap_or_default();
+            let listed =
+                crate::input_file::read_to_string(&splits, crate::input_file::DOCUMENT_LIMIT)
+                    .unwrap_or_default();
             return Err(Error::Usage(format!(
                 "`{}` is a dataset of splits ({}) without a `train` split; give the folder of \
                  the split to train on",
@@ -90,7 +92,7 @@ fn saved_shards(dir: &Path) -> Result<Vec<PathBuf>> {
         return saved_shards(&train);
     }
     let state = dir.join("state.json");
-    if let Ok(text) = std::fs::read_to_string(&state) {
+    if let Ok(text) = crate::input_file::read_to_string(&state, crate::input_file::DOCUMENT_LIMIT) {
         let listed: Option<Vec<PathBuf>> = serde_json::from_str::<Value>(&text)
             .ok()
             .and_then(|v| v.get("_data_files")?.as_array().cloned())
@@ -122,7 +124,9 @@ fn saved_shards(dir: &Path) -> Result<Vec<PathBuf>> {
 /// The record batches of an Arrow IPC file, in the stream format `datasets` writes or the file
 /// format.
 fn arrow_batches(path: &Path) -> Result<Vec<RecordBatch>> {
-    let open = || File::open(path).map_err(|e| Error::file("cannot read training data", path, e));
+    let open = || {
+        crate::input_file::open(path).map_err(|e| Error::file("cannot read training data", path, e))
+    };
     let unreadable = |e: arrow_schema::ArrowError| {
         Error::Usage(format!(
             "`{}` cannot be read as Arrow ({e}); give a file `datasets` or pyarrow wrote",

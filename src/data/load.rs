@@ -352,7 +352,7 @@ fn digest(file: &Path) -> Result<String> {
         }
         return Ok(hex_bytes(&hash.finalize()));
     }
-    std::fs::File::open(file)
+    crate::input_file::open(file)
         .and_then(|mut f| std::io::copy(&mut f, &mut hash))
         .map_err(|e| Error::file("cannot read", file, e))?;
     Ok(hex_bytes(&hash.finalize()))

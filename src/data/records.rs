@@ -370,7 +370,8 @@ pub(super) fn uniform(records: Vec<Record>, path: &Path) -> Result<Vec<Record>> 
 }
 
 fn read(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|e| Error::file("cannot read training data", path, e))
+    crate::input_file::read_to_string(path, crate::input_file::WHOLE)
+        .map_err(|e| Error::file("cannot read training data", path, e))
 }
 
 #[cfg(test)]

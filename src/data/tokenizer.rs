@@ -189,15 +189,15 @@ impl Tokenizer {
 
 /// The tokenizer in `path`.
 fn read_tokenizer(path: &Path) -> Result<tokenizers::Tokenizer> {
-    let text =
-        std::fs::read_to_string(path).map_err(|e| Error::file("cannot read tokenizer", path, e))?;
+    let text = crate::input_file::read_to_string(path, crate::input_file::TOKENIZER_LIMIT)
+        .map_err(|e| Error::file("cannot read tokenizer", path, e))?;
     text.parse()
         .map_err(|e| Error::file("cannot parse tokenizer", path, e))
 }
 
 /// The special tokens of the config at `path`; none when there is no such file.
 fn read_config(path: &Path) -> Result<Config> {
-    let text = match std::fs::read_to_string(path) {
+    let text = match crate::input_file::read_to_string(path, crate::input_file::DOCUMENT_LIMIT) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Config::default()),
         Err(e) => return Err(Error::file("cannot read tokenizer config", path, e)),

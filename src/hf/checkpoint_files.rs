@@ -19,12 +19,14 @@ const SINGLE: &str = "model.safetensors";
 
 /// The safetensors files of the checkpoint at `path` (a folder, or one file).
 pub fn of(path: &Path) -> Result<Vec<PathBuf>> {
-    if path.is_file() {
+    // `exists`, not `is_file`: the reader says what is wrong with one that is no regular file,
+    // where skipping it would report a folder without weights.
+    if path.exists() && !path.is_dir() {
         return Ok(vec![path.to_path_buf()]);
     }
-    let names = if path.join(INDEX).is_file() {
+    let names = if path.join(INDEX).exists() {
         shard_names(path)?
-    } else if path.join(SINGLE).is_file() {
+    } else if path.join(SINGLE).exists() {
         vec![SINGLE.to_string()]
     } else {
         return Err(bad(
@@ -43,7 +45,7 @@ pub fn of(path: &Path) -> Result<Vec<PathBuf>> {
 /// The shard names the index's `weight_map` lists, each once, sorted.
 fn shard_names(dir: &Path) -> Result<Vec<String>> {
     let index_path = dir.join(INDEX);
-    let text = std::fs::read_to_string(&index_path)
+    let text = crate::input_file::read_to_string(&index_path, crate::input_file::DOCUMENT_LIMIT)
         .map_err(|e| Error::file("cannot read", &index_path, e))?;
     let index = autotune_core::json::parse_value("safetensors index", &text)
         .map_err(|e| bad(&index_path, e.to_string()))?;

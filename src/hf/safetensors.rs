@@ -45,11 +45,21 @@ pub(super) fn bad(path: &Path, problem: impl Into<String>) -> Error {
     }
 }
 
-fn dtype_of(name: &str) -> Option<DType> {
+/// What a file may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Holds {
+    /// Weights: F32, BF16 or F16.
+    Weights,
+    /// A checkpoint's optimizer state: those, and the U8 codes of compact moments.
+    State,
+}
+
+fn dtype_of(name: &str, holds: Holds) -> Option<DType> {
     match name {
         "F32" => Some(DType::F32),
         "BF16" => Some(DType::BF16),
         "F16" => Some(DType::F16),
+        "U8" if holds == Holds::State => Some(DType::U8),
         _ => None,
     }
 }
@@ -58,7 +68,17 @@ impl SafetensorsFile {
     /// Opens `path` and checks its header: every tensor of a float dtype we read, its byte range
     /// the size its shape says and inside the file.
     pub fn open(path: &Path) -> Result<Self> {
-        let mut file = File::open(path).map_err(|e| Error::file("cannot open", path, e))?;
+        Self::open_holding(path, Holds::Weights)
+    }
+
+    /// [`SafetensorsFile::open`] for a checkpoint's state, which may hold U8 codes too.
+    pub fn open_state(path: &Path) -> Result<Self> {
+        Self::open_holding(path, Holds::State)
+    }
+
+    fn open_holding(path: &Path, holds: Holds) -> Result<Self> {
+        let mut file =
+            crate::input_file::open(path).map_err(|e| Error::file("cannot open", path, e))?;
         let len = file
             .metadata()
             .map_err(|e| Error::file("cannot read", path, e))?
@@ -89,7 +109,7 @@ impl SafetensorsFile {
                     .ok_or_else(|| bad(path, format!("tensor `{name}` has no `{key}`")))
             };
             let dtype_name = field("dtype")?.as_str().unwrap_or("");
-            let dtype = dtype_of(dtype_name).ok_or_else(|| {
+            let dtype = dtype_of(dtype_name, holds).ok_or_else(|| {
                 bad(
                     path,
                     format!("tensor `{name}` is {dtype_name}; weights must be F32, BF16 or F16"),

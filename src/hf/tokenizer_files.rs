@@ -47,8 +47,8 @@ pub fn export(from: &Path, out: &Path, config: &mut Value) -> Result<Vec<String>
         let source = from.join(name);
         if source.is_file() {
             let target = out.join(name);
-            let bytes =
-                std::fs::read(&source).map_err(|e| Error::file("cannot read", &source, e))?;
+            let bytes = crate::input_file::read(&source, crate::input_file::TOKENIZER_LIMIT)
+                .map_err(|e| Error::file("cannot read", &source, e))?;
             crate::atomic_file::write(&target, &bytes)
                 .map_err(|e| Error::file("cannot write", &target, e))?;
             copied.push(name.to_string());

@@ -138,6 +138,13 @@ pub fn import_weights(path: &Path, trainer: &mut Trainer) -> Result<Imported> {
         .collect();
     let by_param: HashMap<&str, &ParamLayout> =
         params.iter().map(|p| (p.param.as_str(), p)).collect();
+    let model_params = trainer.model().params();
+    let our_shapes: HashMap<String, Vec<usize>> = model_params
+        .names()
+        .iter()
+        .zip(model_params.vars())
+        .map(|(name, var)| (name.clone(), var.dims().to_vec()))
+        .collect();
     let mut used = HashSet::new();
     let mut elements = 0usize;
     trainer
@@ -150,7 +157,8 @@ pub fn import_weights(path: &Path, trainer: &mut Trainer) -> Result<Imported> {
                 let stored = names
                     .get(&part.name)
                     .ok_or_else(|| format!("tensor `{}` is missing", part.name))?;
-                let t = read_part(&checkpoint, stored, part)?;
+                let ours = our_shapes.get(param).map_or(&[][..], Vec::as_slice);
+                let t = read_part(&checkpoint, stored, part, ours)?;
                 elements += t.elem_count();
                 used.insert(stored.clone());
                 parts.push(t);
@@ -185,13 +193,35 @@ fn check_config(path: &Path, spec: &ModelSpec) -> Result<()> {
     Ok(())
 }
 
-/// The checkpoint's tensor `stored` as `part` of one of our parameters: in f32, in our
-/// orientation, checked to have the part's rows.
+/// The shape of `part` of our parameter of shape `ours` as a checkpoint stores it: its rows
+/// of ours, transposed where the format stores it so; `None` for a parameter without rows.
+fn stored_shape(ours: &[usize], part: &HfTensor) -> Option<Vec<usize>> {
+    let mut shape = ours.to_vec();
+    *shape.first_mut()? = part.rows;
+    if part.transposed {
+        shape.reverse();
+    }
+    Some(shape)
+}
+
+/// The checkpoint's tensor `stored` as `part` of one of our parameters (of shape `ours`): in
+/// f32, in our orientation. Its shape is checked before its bytes are read, so a header that
+/// claims a huge tensor is refused, not allocated.
 fn read_part(
     checkpoint: &Checkpoint,
     stored: &str,
     part: &HfTensor,
+    ours: &[usize],
 ) -> std::result::Result<Tensor, String> {
+    let want = stored_shape(ours, part);
+    let found = checkpoint.shape(stored).unwrap_or(&[]);
+    if want.as_deref() != Some(found) {
+        return Err(format!(
+            "tensor `{}` has shape {found:?}; the model needs {:?} there",
+            part.name,
+            want.unwrap_or_default()
+        ));
+    }
     let t = checkpoint.read(stored).map_err(|e| e.to_string())?;
     let t = t.to_dtype(DType::F32).map_err(|e| e.to_string())?;
     let t = if part.transposed {
@@ -201,14 +231,6 @@ fn read_part(
     } else {
         t
     };
-    if t.dim(0).ok() != Some(part.rows) {
-        return Err(format!(
-            "tensor `{}` has shape {:?}; the model needs {} rows there",
-            part.name,
-            checkpoint.shape(stored).unwrap_or(&[]),
-            part.rows
-        ));
-    }
     Ok(t)
 }
 
@@ -281,20 +303,7 @@ pub fn export_weights(
     let config = to_hf_config(&spec)
         .ok_or_else(|| mismatch(checkpoint, "no Hugging Face config describes this model"))?;
     let ours = SafetensorsFile::open(&checkpoint.join("model.safetensors"))?;
-    let mut shapes = Vec::new();
-    for p in &params {
-        let dims = ours
-            .shape(&p.param)
-            .ok_or_else(|| mismatch(checkpoint, format!("has no parameter `{}`", p.param)))?;
-        for part in &p.parts {
-            let mut shape = dims.to_vec();
-            shape[0] = part.rows;
-            if part.transposed {
-                shape.reverse();
-            }
-            shapes.push((part.name.clone(), shape));
-        }
-    }
+    let shapes = export_shapes(checkpoint, &ours, &params, &spec)?;
     std::fs::create_dir_all(out).map_err(|e| Error::file("cannot create", out, e))?;
     let store = match dtype {
         ExportDtype::F32 => DType::F32,
@@ -335,4 +344,36 @@ pub fn export_weights(
         architecture: family.architecture(),
         tokenizer,
     })
+}
+
+/// The tensors an export writes, with their shapes, from our checkpoint's file `ours`. The
+/// parts must cover each parameter's rows: a header with other rows is refused here, before
+/// any tensor is read or cut.
+fn export_shapes(
+    checkpoint: &Path,
+    ours: &SafetensorsFile,
+    params: &[ParamLayout],
+    spec: &ModelSpec,
+) -> Result<Vec<(String, Vec<usize>)>> {
+    let mut shapes = Vec::new();
+    for p in params {
+        let dims = ours
+            .shape(&p.param)
+            .ok_or_else(|| mismatch(checkpoint, format!("has no parameter `{}`", p.param)))?;
+        let rows: usize = p.parts.iter().map(|part| part.rows).sum();
+        if dims.first() != Some(&rows) {
+            return Err(mismatch(
+                checkpoint,
+                format!(
+                    "parameter `{}` has shape {dims:?}; model `{}` has {rows} rows there",
+                    p.param, spec.name
+                ),
+            ));
+        }
+        for part in &p.parts {
+            let shape = stored_shape(dims, part).unwrap_or_default();
+            shapes.push((part.name.clone(), shape));
+        }
+    }
+    Ok(shapes)
 }

@@ -55,9 +55,11 @@ pub fn resolve_model(model: &str, seq_len: Option<usize>) -> crate::Result<Model
 }
 
 /// Whether `folder` holds weights (`model.safetensors`, or the shards its index lists).
+/// Whatever they are: a reader refuses weights that are no regular file, where skipping them
+/// would train from random weights unasked.
 pub fn holds_weights(folder: &std::path::Path) -> bool {
     let weights = ["model.safetensors", "model.safetensors.index.json"];
-    weights.iter().any(|w| folder.join(w).is_file())
+    weights.iter().any(|w| folder.join(w).exists())
 }
 
 /// The presets as a Markdown table, one row each from the registry: the README's table of

@@ -11,6 +11,10 @@
 //! and renamed into place, then `DIR/latest` is replaced atomically, so an interrupted save
 //! never leaves a half-written checkpoint behind `latest`. Weights that are not finite are
 //! never saved. `latest` holds a checkpoint's name, never a path: it cannot point outside `DIR`.
+//!
+//! A resume trusts nothing it reads: the manifest must list every file by its plain name, the
+//! state's step must be the one the directory is named for, each tensor's header entry is
+//! checked against the file before its bytes are read, and every tensor must be finite.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -182,11 +186,7 @@ fn write_files(
 pub fn first_non_finite(trainer: &Trainer) -> Result<Option<String>> {
     let params = trainer.model().params();
     for (name, var) in params.names().iter().zip(params.vars()) {
-        // `x - x` is 0 for every finite x and NaN for NaN and ±inf, so the sum is NaN exactly
-        // when some element is not finite (a plain sum could overflow to inf on finite values).
-        let t = var.as_tensor();
-        let probe = t.sub(t)?.sum_all()?.to_dtype(candle_core::DType::F32)?;
-        if probe.to_scalar::<f32>()?.is_nan() {
+        if !is_finite(var.as_tensor())? {
             return Ok(Some(name.clone()));
         }
     }
@@ -210,7 +210,7 @@ pub fn latest(dir: &Path) -> Result<Option<PathBuf>> {
     if !pointer.exists() {
         return Ok(None);
     }
-    let name = std::fs::read_to_string(&pointer)
+    let name = crate::input_file::read_to_string(&pointer, crate::input_file::DOCUMENT_LIMIT)
         .map_err(|e| Error::file("cannot read checkpoint pointer", &pointer, e))?;
     let name = name.trim();
     if !crate::train::checkpoint_dir::is_checkpoint_name(name) {
@@ -228,7 +228,7 @@ pub fn latest(dir: &Path) -> Result<Option<PathBuf>> {
 /// Reads a checkpoint's run state.
 pub fn read_state(checkpoint: &Path) -> Result<RunState> {
     let path = checkpoint.join(FILES[2]);
-    let text = std::fs::read_to_string(&path)
+    let text = crate::input_file::read_to_string(&path, crate::input_file::DOCUMENT_LIMIT)
         .map_err(|e| Error::file("cannot read checkpoint state", &path, e))?;
     let state = RunState::from_json(&text)
         .map_err(|e| Error::file("corrupt checkpoint state", &path, e))?;
@@ -288,19 +288,54 @@ pub fn verify(checkpoint: &Path) -> Result<()> {
         );
         return Ok(());
     }
-    let damage = match manifest::verify(checkpoint) {
-        Ok(()) => match read_state(checkpoint) {
-            Ok(_) => return Ok(()),
-            Err(e) => e.to_string(),
-        },
-        Err(damage) => damage,
+    let checked = manifest::verify(checkpoint).and_then(|()| {
+        let state = read_state(checkpoint).map_err(|e| with_causes(&e))?;
+        step_matches_name(checkpoint, &state)
+    });
+    match checked {
+        Ok(()) => Ok(()),
+        Err(damage) => Err(damaged(checkpoint, damage)),
+    }
+}
+
+/// `error` and every cause under it, in one line: the cause says which field is wrong.
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        text.push_str(&format!(" ({inner})"));
+        cause = inner.source();
+    }
+    text
+}
+
+/// A checkpoint named `step-N` holds step N: a state copied in from another checkpoint would
+/// resume at another step than its name says, and retention would keep the wrong one.
+fn step_matches_name(checkpoint: &Path, state: &RunState) -> std::result::Result<(), String> {
+    let Some(name) = checkpoint.file_name().and_then(|n| n.to_str()) else {
+        return Ok(());
     };
+    if !crate::train::checkpoint_dir::is_checkpoint_name(name) {
+        return Ok(());
+    }
+    match name["step-".len()..].parse::<u64>() {
+        Ok(step) if step == state.step => Ok(()),
+        _ => Err(format!(
+            "its state.json says field `step` is {}, but its directory is `{name}`",
+            state.step
+        )),
+    }
+}
+
+/// The error for `checkpoint`, damaged as `problem` says, naming the newest intact
+/// checkpoint beside it.
+fn damaged(checkpoint: &Path, problem: String) -> Error {
     let dir = checkpoint.parent().unwrap_or(Path::new("."));
-    Err(Error::CheckpointDamaged {
+    Error::CheckpointDamaged {
         path: checkpoint.to_path_buf(),
-        problem: damage,
+        problem,
         newest_intact: crate::train::checkpoint_dir::newest_intact(dir, checkpoint),
-    })
+    }
 }
 
 /// Loads weights, optimizer moments and counters from `checkpoint` into `trainer`.
@@ -323,14 +358,10 @@ pub fn restore(checkpoint: &Path, trainer: &mut Trainer) -> Result<RunState> {
     } else {
         trainer.device().clone()
     };
-    let model_file = checkpoint.join("model.safetensors");
-    let weights = candle_core::safetensors::load(&model_file, &device)
-        .map_err(|e| Error::file("corrupt checkpoint weights", &model_file, e))?;
+    let weights = load_tensors(checkpoint, FILES[0], &device)?;
     trainer.load_master_weights(&weights).map_err(mismatch)?;
     drop(weights);
-    let optim_file = checkpoint.join("optimizer.safetensors");
-    let moments = candle_core::safetensors::load(&optim_file, &device)
-        .map_err(|e| Error::file("corrupt checkpoint optimizer state", &optim_file, e))?;
+    let moments = load_tensors(checkpoint, FILES[1], &device)?;
     let names = trainer.model().params().names().to_vec();
     trainer
         .optimizer_mut()
@@ -339,6 +370,40 @@ pub fn restore(checkpoint: &Path, trainer: &mut Trainer) -> Result<RunState> {
     *trainer.scaler_mut() = state.scaler;
     trainer.set_steps(state.step);
     Ok(state)
+}
+
+/// The tensors of the checkpoint's file `name`, on `device`. Each is read only after the
+/// header's shape and offsets are checked against the file, one at a time, and checked
+/// finite: no save writes a NaN or an infinity, so one there was put there since.
+fn load_tensors(
+    checkpoint: &Path,
+    name: &str,
+    device: &Device,
+) -> Result<HashMap<String, candle_core::Tensor>> {
+    let file = crate::hf::safetensors::SafetensorsFile::open_state(&checkpoint.join(name))?;
+    let mut tensors = HashMap::new();
+    for tensor in file.names() {
+        let values = file.read(tensor)?;
+        if !is_finite(&values)? {
+            return Err(damaged(
+                checkpoint,
+                format!(
+                    "tensor `{tensor}` of `{name}` holds a value that is not finite (NaN or \
+                     infinity), which no save writes"
+                ),
+            ));
+        }
+        tensors.insert(tensor.to_string(), values.to_device(device)?);
+    }
+    Ok(tensors)
+}
+
+/// Whether every element of `t` is a finite number.
+fn is_finite(t: &candle_core::Tensor) -> Result<bool> {
+    // `x - x` is 0 for every finite x and NaN for NaN and ±inf, so the sum is NaN exactly
+    // when some element is not finite (a plain sum could overflow to inf on finite values).
+    let probe = t.sub(t)?.sum_all()?.to_dtype(candle_core::DType::F32)?;
+    Ok(!probe.to_scalar::<f32>()?.is_nan())
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename, so readers never see a

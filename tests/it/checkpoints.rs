@@ -268,7 +268,7 @@ fn a_checkpoint_with_nan_weights_is_never_saved_and_a_sealed_one_stops_a_resume(
         .next()
         .map(|(n, t)| (n.clone(), t.clone()))
         .unwrap();
-    weights.insert(name, (t * f64::NAN).unwrap());
+    weights.insert(name.clone(), (t * f64::NAN).unwrap());
     candle_core::safetensors::save(&weights, &model).unwrap();
     let names = ["model.safetensors", "optimizer.safetensors", "state.json"];
     Manifest::of(&step0, &names).unwrap().write(&step0).unwrap();
@@ -289,8 +289,12 @@ fn a_checkpoint_with_nan_weights_is_never_saved_and_a_sealed_one_stops_a_resume(
         "0",
     ];
     let out = autotune_in(dir.path(), &args);
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    assert!(stderr(&out).contains("not finite"), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("not finite") && err.contains("model.safetensors") && err.contains(&name),
+        "{err}"
+    );
     assert_eq!(latest_step(&ck), 0, "nothing was saved after it");
 }
 
@@ -400,4 +404,247 @@ fn counters_at_their_limit_in_a_checkpoint_get_an_answer_not_an_overflow() {
             stderr(&out)
         );
     }
+}
+
+/// Rewrites the header of the safetensors file at `path` with `edit`, keeping its data, as a
+/// crafted file would be.
+fn rewrite_header(path: &Path, edit: impl Fn(&mut serde_json::Map<String, serde_json::Value>)) {
+    let bytes = std::fs::read(path).unwrap();
+    let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + len]).unwrap();
+    edit(&mut header);
+    let mut json = serde_json::to_vec(&header).unwrap();
+    json.resize(json.len().next_multiple_of(8), b' ');
+    let mut out = (json.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&json);
+    out.extend_from_slice(&bytes[8 + len..]);
+    std::fs::write(path, out).unwrap();
+}
+
+/// The first tensor (by name) of a safetensors header.
+fn first_tensor(header: &serde_json::Map<String, serde_json::Value>) -> String {
+    header
+        .keys()
+        .find(|k| *k != "__metadata__")
+        .unwrap()
+        .clone()
+}
+
+/// Seals `step_dir`'s files into its manifest again, as a save elsewhere could have.
+fn reseal(step_dir: &Path) {
+    let names = ["model.safetensors", "optimizer.safetensors", "state.json"];
+    Manifest::of(step_dir, &names)
+        .unwrap()
+        .write(step_dir)
+        .unwrap();
+}
+
+/// Edits `step_dir`'s manifest with `edit`.
+fn edit_manifest(step_dir: &Path, edit: impl Fn(&mut serde_json::Value)) {
+    let path = step_dir.join("manifest.json");
+    let mut manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut manifest);
+    std::fs::write(&path, manifest.to_string()).unwrap();
+}
+
+/// A checkpoint changed after its save, and what the refusal must name.
+struct Tamper {
+    what: &'static str,
+    edit: fn(&Path),
+    names: &'static [&'static str],
+    /// Whether `export-weights` reads what was changed (it reads no optimizer state).
+    exported: bool,
+}
+
+fn tampers() -> Vec<Tamper> {
+    vec![
+        Tamper {
+            what: "a manifest that lists nothing, over a weight of 1e30",
+            edit: |d| {
+                let weights = d.join("model.safetensors");
+                let mut bytes = std::fs::read(&weights).unwrap();
+                let at = bytes.len() - 4;
+                bytes[at..].copy_from_slice(&1e30f32.to_le_bytes());
+                std::fs::write(&weights, bytes).unwrap();
+                std::fs::write(d.join("manifest.json"), r#"{"files": []}"#).unwrap();
+            },
+            names: &["manifest.json", "`files`", "model.safetensors"],
+            exported: true,
+        },
+        Tamper {
+            what: "an absolute entry",
+            edit: |d| edit_manifest(d, |m| m["files"][0]["name"] = "/dev/zero".into()),
+            names: &["manifest.json", "files[0].name", "/dev/zero"],
+            exported: true,
+        },
+        Tamper {
+            what: "an entry outside the checkpoint",
+            edit: |d| {
+                let outside = "../step-000001/model.safetensors";
+                edit_manifest(d, |m| m["files"][0]["name"] = outside.into());
+            },
+            names: &["manifest.json", "files[0].name", "../step-000001"],
+            exported: true,
+        },
+        Tamper {
+            what: "a file that is a link to /dev/zero",
+            edit: |d| {
+                let weights = d.join("model.safetensors");
+                std::fs::remove_file(&weights).unwrap();
+                std::os::unix::fs::symlink("/dev/zero", &weights).unwrap();
+            },
+            names: &["model.safetensors", "symbolic link"],
+            exported: true,
+        },
+        Tamper {
+            what: "the state of another step",
+            edit: |d| {
+                reseal_state(d, |state| {
+                    state["step"] = 1.into();
+                    state["optimizer_steps"] = 1.into();
+                })
+            },
+            names: &["state.json", "`step`", "step-000002"],
+            exported: true,
+        },
+        Tamper {
+            what: "a header claiming a tensor far larger than the file",
+            edit: |d| {
+                rewrite_header(&d.join("model.safetensors"), |h| {
+                    let name = first_tensor(h);
+                    h[&name]["shape"] = serde_json::json!([1u64 << 40, 1024]);
+                });
+                reseal(d);
+            },
+            names: &["model.safetensors", "shape"],
+            exported: true,
+        },
+        Tamper {
+            what: "a header giving a parameter no rows",
+            edit: |d| {
+                rewrite_header(&d.join("model.safetensors"), |h| {
+                    let name = first_tensor(h);
+                    let start = h[&name]["data_offsets"][0].as_u64().unwrap();
+                    h[&name]["shape"] = serde_json::json!([]);
+                    h[&name]["data_offsets"] = serde_json::json!([start, start + 4]);
+                });
+                reseal(d);
+            },
+            names: &["shape"],
+            exported: true,
+        },
+        Tamper {
+            what: "an infinite optimizer moment",
+            edit: |d| {
+                let moments = d.join("optimizer.safetensors");
+                let mut tensors = candle_core::safetensors::load(&moments, &Device::Cpu).unwrap();
+                let name = tensors.keys().min().unwrap().clone();
+                let inf = (&tensors[&name] + f64::INFINITY).unwrap();
+                tensors.insert(name, inf);
+                candle_core::safetensors::save(&tensors, &moments).unwrap();
+                reseal(d);
+            },
+            names: &["optimizer.safetensors", "not finite", "tensor `"],
+            exported: false,
+        },
+    ]
+}
+
+/// `train` of a small Llama (a model `export-weights` can write) for `steps` steps into `ck`,
+/// a checkpoint every step.
+fn train_llama(dir: &Path, steps: &str, extra: &[&str]) -> std::process::Output {
+    let spec = serde_json::to_string(&crate::util::small_llama(false)).unwrap();
+    std::fs::write(dir.join("llama.json"), spec).unwrap();
+    let args = [
+        "train",
+        "--model",
+        "llama.json",
+        "--micro-batch",
+        "2",
+        "--data",
+        "pattern",
+        "--checkpoint-every",
+        "1",
+        "--checkpoint-dir",
+        "ck",
+        "--steps",
+        steps,
+    ];
+    crate::inputs::run_bounded(dir, &[&args[..], extra].concat())
+}
+
+#[test]
+fn a_checkpoint_changed_after_its_save_is_refused_naming_the_file_and_field() {
+    for tamper in tampers() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = train_llama(dir.path(), "2", &[]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let ck = dir.path().join("ck");
+        (tamper.edit)(&ck.join("step-000002"));
+        let before = crate::inputs::snapshot(dir.path());
+        let resume = train_llama(dir.path(), "4", &["--resume"]);
+        let export = ["export-weights", "--checkpoint", "ck", "--out", "exported"];
+        let mut outcomes = vec![("resume", resume)];
+        if tamper.exported {
+            outcomes.push(("export", crate::inputs::run_bounded(dir.path(), &export)));
+        }
+        for (command, out) in outcomes {
+            let err = stderr(&out);
+            let case = format!("{} ({command}): {err}", tamper.what);
+            assert_eq!(out.status.code(), Some(2), "{case}");
+            for name in tamper.names {
+                assert!(err.contains(name), "{case}: no `{name}`");
+            }
+        }
+        assert_eq!(
+            crate::inputs::snapshot(dir.path()),
+            before,
+            "{}: something was written",
+            tamper.what
+        );
+    }
+}
+
+#[test]
+fn export_weights_never_writes_into_a_checkpoint_directory_or_its_tokenizer() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = train_llama(dir.path(), "2", &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    std::fs::create_dir(dir.path().join("tok")).unwrap();
+    std::fs::write(dir.path().join("tok/tokenizer.json"), "{}").unwrap();
+    let before = crate::inputs::snapshot(dir.path());
+    for (out_dir, checkpoint, input) in [
+        ("ck", "ck", "--checkpoint"),
+        ("ck/exported", "ck", "--checkpoint"),
+        ("ck/step-000002", "ck/step-000002", "--checkpoint"),
+        ("ck/new/deeper", "ck/step-000001", "--checkpoint"),
+        ("tok", "ck", "--tokenizer"),
+    ] {
+        let args = [
+            "export-weights",
+            "--checkpoint",
+            checkpoint,
+            "--out",
+            out_dir,
+            "--tokenizer",
+            "tok/tokenizer.json",
+        ];
+        let out = autotune_in(dir.path(), &args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{out_dir}: {err}");
+        assert!(
+            err.contains(&format!("--out {out_dir}"))
+                && err.contains(&format!("which {input} reads")),
+            "{out_dir}: {err}"
+        );
+        assert_eq!(crate::inputs::snapshot(dir.path()), before, "{out_dir}");
+    }
+    // Beside the checkpoints it is written.
+    let out = autotune_in(
+        dir.path(),
+        &["export-weights", "--checkpoint", "ck", "--out", "exported"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 }

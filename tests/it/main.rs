@@ -57,6 +57,8 @@ mod bounds;
 /// Configs, checkpoints and flags that would be read as something else: refused in the user's
 /// own terms, with nothing written.
 mod strict_configs;
+/// Inputs that are no regular file (a FIFO, a device) or larger than any real one: refused.
+mod inputs;
 
 /// Tuning on the CPU: exact boundaries, model error, plans that train, bad input.
 mod tune;

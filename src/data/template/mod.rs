@@ -79,8 +79,9 @@ impl ChatTemplate {
         let tokens = special_tokens(dir, config.as_ref())?;
         let jinja = dir.join("chat_template.jinja");
         if jinja.is_file() {
-            let source = std::fs::read_to_string(&jinja)
-                .map_err(|e| Error::file("cannot read", &jinja, e))?;
+            let source =
+                crate::input_file::read_to_string(&jinja, crate::input_file::DOCUMENT_LIMIT)
+                    .map_err(|e| Error::file("cannot read", &jinja, e))?;
             return Self::build(&source, jinja.display().to_string(), tokens).map(Some);
         }
         let found = config.as_ref().and_then(|c| c.get("chat_template"));
@@ -403,7 +404,8 @@ fn read_json_object(path: &Path) -> Result<Option<serde_json::Map<String, serde_
     if !path.is_file() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(path).map_err(|e| Error::file("cannot read", path, e))?;
+    let text = crate::input_file::read_to_string(path, crate::input_file::DOCUMENT_LIMIT)
+        .map_err(|e| Error::file("cannot read", path, e))?;
     match serde_json::from_str(&text).map_err(|e| Error::file("cannot parse", path, e))? {
         serde_json::Value::Object(map) => Ok(Some(map)),
         _ => Err(Error::file("cannot use", path, "it is not a JSON object")),

@@ -58,19 +58,72 @@ impl Manifest {
         super::write_synced(&dir.join(MANIFEST_FILE), &json)
     }
 
-    /// Reads `dir`'s manifest.
+    /// Reads `dir`'s manifest: one entry for every file a checkpoint holds, each a plain name
+    /// inside the checkpoint, none twice.
     pub fn read(dir: &Path) -> std::result::Result<Self, String> {
         let path = dir.join(MANIFEST_FILE);
-        let text = std::fs::read_to_string(&path)
+        let text = crate::input_file::read_to_string(&path, crate::input_file::DOCUMENT_LIMIT)
             .map_err(|e| format!("its manifest `{}` cannot be read ({e})", path.display()))?;
-        autotune_core::json::from_str("checkpoint manifest", &text)
-            .map_err(|e| format!("its manifest `{}` is not one ({e})", path.display()))
+        let manifest: Self = autotune_core::json::from_str("checkpoint manifest", &text)
+            .map_err(|e| format!("its manifest `{}` is not one ({e})", path.display()))?;
+        manifest
+            .check_names()
+            .map_err(|problem| format!("its manifest `{}`: {problem}", path.display()))?;
+        Ok(manifest)
+    }
+
+    /// Whether the entries name exactly the files a checkpoint holds: a manifest that leaves
+    /// one out would let it pass unchecked, and a name that is a path (absolute, `..`, a
+    /// folder) would check a file outside the checkpoint, or read a device.
+    fn check_names(&self) -> std::result::Result<(), String> {
+        for (i, file) in self.files.iter().enumerate() {
+            let plain = !file.name.is_empty()
+                && file.name != "."
+                && file.name != ".."
+                && !file.name.contains(['/', '\\', '\0']);
+            if !plain {
+                return Err(format!(
+                    "field `files[{i}].name` (`{}`) is not the name of a file in the checkpoint; \
+                     a manifest names its checkpoint's files by their plain names",
+                    file.name
+                ));
+            }
+            if self.files[..i].iter().any(|f| f.name == file.name) {
+                return Err(format!(
+                    "field `files[{i}].name` lists `{}` a second time",
+                    file.name
+                ));
+            }
+            if !super::FILES.contains(&file.name.as_str()) {
+                return Err(format!(
+                    "field `files[{i}].name` names `{}`, which is no file of a checkpoint ({})",
+                    file.name,
+                    super::FILES.join(", ")
+                ));
+            }
+        }
+        match super::FILES
+            .iter()
+            .find(|name| !self.files.iter().any(|f| f.name == **name))
+        {
+            Some(missing) => Err(format!(
+                "field `files` does not list `{missing}`, which every checkpoint holds"
+            )),
+            None => Ok(()),
+        }
     }
 
     /// What is wrong with `dir`'s files against this manifest, if anything.
     pub fn damage(&self, dir: &Path) -> Option<String> {
         for file in &self.files {
             let path = dir.join(&file.name);
+            // A link could lead the check to a file elsewhere, or to a device.
+            if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) {
+                return Some(format!(
+                    "`{}` is a symbolic link; a checkpoint holds its files themselves",
+                    file.name
+                ));
+            }
             let (bytes, sha256) = match digest(&path) {
                 Ok(found) => found,
                 Err(e) => return Some(format!("`{}` cannot be read ({e})", file.name)),
@@ -103,7 +156,7 @@ pub fn verify(dir: &Path) -> std::result::Result<(), String> {
 
 /// A file's length and SHA-256, read in blocks.
 fn digest(path: &Path) -> std::io::Result<(u64, String)> {
-    let mut file = std::fs::File::open(path)?;
+    let mut file = crate::input_file::open(path)?;
     let mut hasher = Sha256::new();
     let mut buffer = vec![0u8; 1 << 20];
     let mut total = 0u64;
@@ -127,24 +180,57 @@ fn digest(path: &Path) -> std::io::Result<(u64, String)> {
 mod tests {
     use super::*;
 
+    /// A checkpoint's files with short contents, and their manifest.
+    fn sealed(d: &Path) {
+        for (i, name) in super::super::FILES.iter().enumerate() {
+            std::fs::write(d.join(name), format!("{i}123456789")).unwrap();
+        }
+        Manifest::of(d, &super::super::FILES)
+            .unwrap()
+            .write(d)
+            .unwrap();
+    }
+
     #[test]
     fn a_flipped_byte_a_truncation_or_a_missing_file_is_damage() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        std::fs::write(d.join("a.bin"), b"0123456789").unwrap();
-        std::fs::write(d.join("b.json"), b"{}").unwrap();
-        Manifest::of(d, &["a.bin", "b.json"])
-            .unwrap()
-            .write(d)
-            .unwrap();
+        sealed(d);
         assert_eq!(verify(d), Ok(()));
-        std::fs::write(d.join("a.bin"), b"0123456788").unwrap();
+        let a = d.join(super::super::FILES[0]);
+        std::fs::write(&a, b"0123456788").unwrap();
         assert!(verify(d).unwrap_err().contains("checksum"));
-        std::fs::write(d.join("a.bin"), b"012345678").unwrap();
+        std::fs::write(&a, b"012345678").unwrap();
         assert!(verify(d).unwrap_err().contains("9 bytes"));
-        std::fs::remove_file(d.join("a.bin")).unwrap();
+        std::fs::remove_file(&a).unwrap();
         assert!(verify(d).unwrap_err().contains("cannot be read"));
+        std::os::unix::fs::symlink("/dev/zero", &a).unwrap();
+        assert!(verify(d).unwrap_err().contains("symbolic link"));
         std::fs::remove_file(d.join(MANIFEST_FILE)).unwrap();
         assert!(verify(d).unwrap_err().contains("manifest"));
+    }
+
+    #[test]
+    fn a_manifest_names_every_file_of_the_checkpoint_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        sealed(d);
+        let manifest = Manifest::read(d).unwrap();
+        let with = |edit: &dyn Fn(&mut Manifest)| {
+            let mut m = manifest.clone();
+            edit(&mut m);
+            m.write(d).unwrap();
+            verify(d).unwrap_err()
+        };
+        assert!(with(&|m| m.files.clear()).contains("does not list `model.safetensors`"));
+        assert!(with(&|m| m.files.truncate(2)).contains("does not list `state.json`"));
+        for bad in ["/dev/zero", "../state.json", "sub/state.json", "..", ""] {
+            let err = with(&|m| m.files[0].name = bad.into());
+            assert!(err.contains("files[0].name"), "{bad}: {err}");
+        }
+        let err = with(&|m| m.files[1].name = m.files[0].name.clone());
+        assert!(err.contains("a second time"), "{err}");
+        let err = with(&|m| m.files[0].name = "extra.bin".into());
+        assert!(err.contains("no file of a checkpoint"), "{err}");
     }
 }

@@ -1,0 +1,279 @@
+//! Inputs that are no regular file: a FIFO (which would block a reader forever) or a link to
+//! `/dev/zero` (which never ends) given where autotune reads a file is refused at once, exit
+//! 2, naming the file and what it is, and nothing is written.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use crate::util::{command, signal, stderr};
+
+/// What a row puts where a file is read.
+#[derive(Debug, Clone, Copy)]
+pub enum Special {
+    /// A named pipe no process writes.
+    Fifo,
+    /// A link to `/dev/zero`.
+    DevZero,
+}
+
+impl Special {
+    /// Creates it at `path`.
+    pub fn make(self, path: &Path) {
+        match self {
+            Special::Fifo => {
+                let made = std::process::Command::new("mkfifo")
+                    .arg(path)
+                    .status()
+                    .expect("mkfifo runs");
+                assert!(made.success(), "mkfifo {}", path.display());
+            }
+            Special::DevZero => std::os::unix::fs::symlink("/dev/zero", path).unwrap(),
+        }
+    }
+
+    /// How the refusal calls it.
+    pub fn words(self) -> &'static str {
+        match self {
+            Special::Fifo => "a FIFO",
+            Special::DevZero => "a character device",
+        }
+    }
+}
+
+/// Runs the binary in `dir`; one that has not ended after two minutes blocked on its input
+/// and fails the test (a watchdog, not a timing assertion: a refusal takes milliseconds).
+pub fn run_bounded(dir: &Path, args: &[&str]) -> Output {
+    let child = command()
+        .current_dir(dir)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the test binary starts");
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait_with_output()));
+    match rx.recv_timeout(Duration::from_secs(120)) {
+        Ok(out) => out.expect("the child ends"),
+        Err(_) => {
+            signal(pid, "-KILL");
+            panic!("{args:?} never ended: it blocked on an input");
+        }
+    }
+}
+
+/// Everything under `dir`: a regular file's bytes, a link's target, and what anything else
+/// is, so that a refused command is seen to have changed nothing. Special files are not read.
+pub fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut found = BTreeMap::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(path) = pending.pop() {
+        // A lock file notes its last holder's pid: every run that takes the lock rewrites it.
+        if path.file_name().is_some_and(|n| n == ".lock") {
+            continue;
+        }
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        let held = if meta.is_dir() {
+            for entry in std::fs::read_dir(&path).unwrap() {
+                pending.push(entry.unwrap().path());
+            }
+            b"folder".to_vec()
+        } else if meta.file_type().is_symlink() {
+            std::fs::read_link(&path)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+                .into_bytes()
+        } else if meta.is_file() {
+            std::fs::read(&path).unwrap()
+        } else {
+            b"special".to_vec()
+        };
+        found.insert(path, held);
+    }
+    found
+}
+
+/// The tiny Llama fixture copied into `dir/model`, without its weights when `weights` is off.
+fn model_folder(dir: &Path, weights: bool) -> PathBuf {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/tiny-llama");
+    let folder = dir.join("model");
+    std::fs::create_dir(&folder).unwrap();
+    std::fs::copy(fixture.join("config.json"), folder.join("config.json")).unwrap();
+    if weights {
+        let weights = "model.safetensors";
+        std::fs::copy(fixture.join(weights), folder.join(weights)).unwrap();
+    }
+    folder
+}
+
+/// One place autotune reads a file: how to lay out the rest of the inputs, which file is made
+/// special, and the command that reads it.
+struct Row {
+    what: &'static str,
+    setup: fn(&Path),
+    special: &'static str,
+    args: &'static [&'static str],
+    /// Refuses a link before it follows it (a checkpoint holds its files themselves).
+    refuses_links: bool,
+}
+
+const TRAIN_ONE: [&str; 6] = ["--steps", "1", "--micro-batch", "2", "--device", "cpu"];
+
+fn rows() -> Vec<Row> {
+    vec![
+        Row {
+            what: "a model spec",
+            setup: |_| {},
+            special: "spec.json",
+            args: &["train", "--model", "spec.json"],
+            refuses_links: false,
+        },
+        Row {
+            what: "a model folder's config.json",
+            setup: |d| {
+                let folder = model_folder(d, true);
+                std::fs::remove_file(folder.join("config.json")).unwrap();
+            },
+            special: "model/config.json",
+            args: &["train", "--model", "model", "--data", "pattern"],
+            refuses_links: false,
+        },
+        Row {
+            what: "a shard of sharded weights",
+            setup: |d| {
+                let folder = model_folder(d, false);
+                let index = r#"{"weight_map": {"model.embed_tokens.weight": "shard.safetensors"}}"#;
+                std::fs::write(folder.join("model.safetensors.index.json"), index).unwrap();
+            },
+            special: "model/shard.safetensors",
+            args: &["train", "--model", "model", "--data", "pattern"],
+            refuses_links: false,
+        },
+        Row {
+            what: "weights",
+            setup: |d| {
+                model_folder(d, false);
+            },
+            special: "model/model.safetensors",
+            args: &["train", "--model", "model", "--data", "pattern"],
+            refuses_links: false,
+        },
+        Row {
+            what: "a tokenizer",
+            setup: |d| std::fs::write(d.join("d.jsonl"), r#"{"text": "hello"}"#).unwrap(),
+            special: "tokenizer.json",
+            args: &[
+                "data",
+                "--model",
+                "tiny",
+                "--data",
+                "d.jsonl",
+                "--tokenizer",
+                "tokenizer.json",
+            ],
+            refuses_links: false,
+        },
+        Row {
+            what: "a token file",
+            setup: |_| {},
+            special: "tokens.bin",
+            args: &["train", "--model", "tiny", "--data", "tokens.bin"],
+            refuses_links: false,
+        },
+        Row {
+            what: "records",
+            setup: |d| {
+                let folder = model_folder(d, false);
+                let tokenizer = Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("tests/fixtures/data/tokenizers/llama3/tokenizer.json");
+                std::fs::copy(tokenizer, folder.join("tokenizer.json")).unwrap();
+            },
+            special: "d.jsonl",
+            args: &["data", "--model", "model", "--data", "d.jsonl"],
+            refuses_links: false,
+        },
+        Row {
+            what: "a plan",
+            setup: |_| {},
+            special: "plan.json",
+            args: &["export", "--plan", "plan.json", "--format", "deepspeed"],
+            refuses_links: false,
+        },
+        Row {
+            what: "a recorded profile",
+            setup: |_| {},
+            special: "profile.json",
+            args: &["check", "--profile", "profile.json"],
+            refuses_links: false,
+        },
+        Row {
+            what: "a checkpoint's state",
+            setup: |d| {
+                let args = [
+                    &["train", "--model", "tiny", "--checkpoint-dir", "ck"],
+                    &TRAIN_ONE[..],
+                ];
+                let out = run_bounded(d, &args.concat());
+                assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+                std::fs::remove_file(d.join("ck/step-000001/state.json")).unwrap();
+            },
+            special: "ck/step-000001/state.json",
+            args: &[
+                "train",
+                "--model",
+                "tiny",
+                "--checkpoint-dir",
+                "ck",
+                "--resume",
+            ],
+            refuses_links: true,
+        },
+    ]
+}
+
+#[test]
+fn an_input_that_is_no_regular_file_is_refused_at_once_naming_it() {
+    for row in rows() {
+        for special in [Special::Fifo, Special::DevZero] {
+            let dir = tempfile::tempdir().unwrap();
+            let d = dir.path();
+            (row.setup)(d);
+            special.make(&d.join(row.special));
+            let before = snapshot(d);
+            // `train` runs one short step on the CPU; the other commands take their own flags.
+            let args: Vec<&str> = if row.args[0] == "train" {
+                row.args.iter().chain(&TRAIN_ONE).copied().collect()
+            } else {
+                row.args.to_vec()
+            };
+            let out = run_bounded(d, &args);
+            let err = stderr(&out);
+            let case = format!("{} as {special:?}: {err}", row.what);
+            assert_eq!(out.status.code(), Some(2), "{case}");
+            let name = Path::new(row.special).file_name().unwrap();
+            assert!(err.contains(name.to_str().unwrap()), "{case}");
+            let words = match special {
+                Special::DevZero if row.refuses_links => "symbolic link",
+                _ => special.words(),
+            };
+            assert!(err.contains(words), "{case}");
+            assert_eq!(snapshot(d), before, "{case}: something was written");
+        }
+    }
+}
+
+#[test]
+fn a_document_larger_than_any_real_one_is_refused_before_it_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("spec.json");
+    // Sparse: 65 MiB long, no disk taken; past the bound for any JSON document.
+    let file = std::fs::File::create(&spec).unwrap();
+    file.set_len(65 << 20).unwrap();
+    let out = run_bounded(dir.path(), &["train", "--model", "spec.json"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("spec.json") && err.contains("bytes"), "{err}");
+}
