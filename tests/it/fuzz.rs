@@ -1,5 +1,5 @@
 //! Fuzzing every JSON reader (model spec, Hugging Face config, device spec, plan, recorded
-//! profile, checkpoint state) and the numeric command-line inputs: whatever the input, the answer is exit 0, 1 or
+//! profile, checkpoint state and manifest, a checkpoint's safetensors header) and the numeric command-line inputs: whatever the input, the answer is exit 0, 1 or
 //! 2 within the case's time limit, never a panic (101), an abort (134) or a hang.
 //!
 //! `every_reader_and_flag_ends_in_an_answer` is the bounded run of `cargo test`: the readers
@@ -60,6 +60,10 @@ struct Fixtures {
     plan: Value,
     profile: Value,
     state: Value,
+    manifest: Value,
+    /// The checkpoint's weights: the header as JSON and the tensor bytes after it.
+    header: Value,
+    tensor_bytes: Vec<u8>,
 }
 
 impl Fixtures {
@@ -93,10 +97,15 @@ impl Fixtures {
         let read = |path: &str| -> Value {
             serde_json::from_str(&std::fs::read_to_string(d.join(path)).unwrap()).unwrap()
         };
+        let weights = std::fs::read(d.join("base-ck/step-000002/model.safetensors")).unwrap();
+        let header_len = u64::from_le_bytes(weights[..8].try_into().unwrap()) as usize;
         Self {
             plan: read("plan.json"),
             profile: read("profile.json"),
             state: read("base-ck/step-000002/state.json"),
+            manifest: read("base-ck/step-000002/manifest.json"),
+            header: serde_json::from_slice(&weights[8..8 + header_len]).unwrap(),
+            tensor_bytes: weights[8 + header_len..].to_vec(),
             dir,
         }
     }
@@ -124,6 +133,8 @@ enum Reader {
     Plan,
     Profile,
     CheckpointState,
+    CheckpointManifest,
+    SafetensorsHeader,
 }
 
 /// Every numeric flag: the command, the flag, how its valid values can run.
@@ -168,6 +179,8 @@ fn case() -> impl Strategy<Value = Case> {
         Reader::Plan,
         Reader::Profile,
         Reader::CheckpointState,
+        Reader::CheckpointManifest,
+        Reader::SafetensorsHeader,
     ]);
     let flag = (0..FLAGS.len())
         .prop_flat_map(|i| mutate::flag_value(FLAGS[i].2).prop_map(move |v| Case::Flag(i, v)));
@@ -209,6 +222,8 @@ impl Case {
                     Reader::Plan => fx.plan.clone(),
                     Reader::Profile => fx.profile.clone(),
                     Reader::CheckpointState => fx.state.clone(),
+                    Reader::CheckpointManifest => fx.manifest.clone(),
+                    Reader::SafetensorsHeader => fx.header.clone(),
                 };
                 let text = mutate::apply(&base_doc, mutations);
                 match reader {
@@ -255,14 +270,21 @@ impl Case {
                             _ => args(&["report", "doc.json", "--out", "report.html"]),
                         }
                     }
-                    Reader::CheckpointState => {
+                    Reader::CheckpointState
+                    | Reader::CheckpointManifest
+                    | Reader::SafetensorsHeader => {
                         let ck = dir.join("ck");
                         copy_dir(&fx.path().join("base-ck"), &ck);
                         let step = ck.join("step-000002");
-                        std::fs::write(step.join("state.json"), text).unwrap();
-                        // A well-sealed wrong state reaches the reader; a broken seal is
+                        let (file, bytes) = match reader {
+                            Reader::CheckpointState => ("state.json", text),
+                            Reader::CheckpointManifest => ("manifest.json", text),
+                            _ => ("model.safetensors", safetensors(&text, &fx.tensor_bytes)),
+                        };
+                        std::fs::write(step.join(file), bytes).unwrap();
+                        // A well-sealed wrong file reaches its reader; a broken seal is
                         // refused before it.
-                        if mutations.len() != 2 {
+                        if mutations.len() != 2 && *reader != Reader::CheckpointManifest {
                             let names =
                                 ["model.safetensors", "optimizer.safetensors", "state.json"];
                             autotune::train::checkpoint::manifest::Manifest::of(&step, &names)
@@ -351,6 +373,14 @@ fn hf_config() -> Value {
     let path =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/tiny-llama/config.json");
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// A safetensors file of `header` (whatever bytes) and the tensor bytes after it.
+fn safetensors(header: &[u8], tensor_bytes: &[u8]) -> Vec<u8> {
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(header);
+    file.extend_from_slice(tensor_bytes);
+    file
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -490,8 +520,9 @@ fn fuzz_binary(cases: usize, seed: u8, parallel: usize) -> Found {
     found.into_inner().unwrap()
 }
 
-/// The readers in this process: a panic anywhere fails the property.
-fn read_in_process(reader: Reader, text: &str) {
+/// The readers in this process: a panic anywhere fails the property. `tensor_bytes` follow a
+/// safetensors header.
+fn read_in_process(reader: Reader, text: &str, tensor_bytes: &[u8]) {
     match reader {
         // A Hugging Face config is read by the spec's reader, as `--model` reads it.
         Reader::ModelSpec | Reader::HfConfig => {
@@ -527,6 +558,21 @@ fn read_in_process(reader: Reader, text: &str) {
         Reader::CheckpointState => {
             let _ = autotune::train::checkpoint::RunState::from_json(text);
         }
+        Reader::CheckpointManifest => {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("manifest.json"), text).unwrap();
+            let _ = autotune::train::checkpoint::manifest::verify(dir.path());
+        }
+        Reader::SafetensorsHeader => {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("model.safetensors");
+            std::fs::write(&path, safetensors(text.as_bytes(), tensor_bytes)).unwrap();
+            if let Ok(file) = autotune::hf::safetensors::SafetensorsFile::open_state(&path) {
+                for name in file.names() {
+                    let _ = file.read(name);
+                }
+            }
+        }
     }
 }
 
@@ -543,6 +589,8 @@ fn every_reader_and_flag_ends_in_an_answer() {
         (Reader::Plan, fx.plan.clone()),
         (Reader::Profile, fx.profile.clone()),
         (Reader::CheckpointState, fx.state.clone()),
+        (Reader::CheckpointManifest, fx.manifest.clone()),
+        (Reader::SafetensorsHeader, fx.header.clone()),
     ];
     let mut runner = TestRunner::new(Config {
         cases: 64,
@@ -553,7 +601,7 @@ fn every_reader_and_flag_ends_in_an_answer() {
         runner
             .run(&mutate::mutations(), |m| {
                 let text = mutate::apply(&base, &m);
-                read_in_process(reader, &String::from_utf8_lossy(&text));
+                read_in_process(reader, &String::from_utf8_lossy(&text), &fx.tensor_bytes);
                 Ok(())
             })
             .unwrap_or_else(|e| panic!("{reader:?}: {e}"));
