@@ -380,7 +380,7 @@ fn load_tensors(
     name: &str,
     device: &Device,
 ) -> Result<HashMap<String, candle_core::Tensor>> {
-    let file = crate::hf::safetensors::SafetensorsFile::open_state(&checkpoint.join(name))?;
+    let file = crate::train::tensor_reader::SafetensorsFile::open_state(&checkpoint.join(name))?;
     let mut tensors = HashMap::new();
     for tensor in file.names() {
         let values = file.read(tensor)?;

@@ -12,4 +12,5 @@ pub mod scaler;
 pub mod schedule;
 pub mod step;
 pub mod tensor_file;
+pub mod tensor_reader;
 pub(crate) mod update;

@@ -277,3 +277,45 @@ fn a_document_larger_than_any_real_one_is_refused_before_it_is_read() {
     let err = stderr(&out);
     assert!(err.contains("spec.json") && err.contains("bytes"), "{err}");
 }
+
+#[test]
+fn a_weights_header_claiming_a_huge_tensor_is_refused_before_it_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let folder = model_folder(d, true);
+    let weights = folder.join("model.safetensors");
+    let bytes = std::fs::read(&weights).unwrap();
+    let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + len]).unwrap();
+    // The embeddings claim 64 GiB of f32 past the real data: a sparse file holds them without
+    // a byte on disk, so only the shape tells them from real weights.
+    let data_len = (bytes.len() - 8 - len) as u64;
+    let claimed = 64u64 << 30;
+    let name = "model.embed_tokens.weight";
+    header[name]["dtype"] = "F32".into();
+    header[name]["shape"] = serde_json::json!([claimed / 4 / 64, 64]);
+    header[name]["data_offsets"] = serde_json::json!([data_len, data_len + claimed]);
+    let mut json = serde_json::to_vec(&header).unwrap();
+    json.resize(json.len().next_multiple_of(8), b' ');
+    let mut out = (json.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&json);
+    out.extend_from_slice(&bytes[8 + len..]);
+    std::fs::write(&weights, &out).unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(&weights).unwrap();
+    file.set_len(out.len() as u64 + claimed).unwrap();
+    let args = ["train", "--model", "model", "--data", "pattern"];
+    let out = run_bounded(d, &[&args[..], &TRAIN_ONE[..]].concat());
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("model") && err.contains(name) && err.contains("has shape"),
+        "{err}"
+    );
+    let mut names: Vec<_> = std::fs::read_dir(d)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["model"], "nothing was written beside the model");
+}
