@@ -8,7 +8,8 @@
 //! exchange a [`job::TrialJob`]. Data-parallel trials run as several ranks
 //! (`crate::dist::probe`), recorded ones are answered by the core's `ReplayProber`. Trials of
 //! another framework are asked of a trial runner, any program that speaks the trial protocol
-//! ([`exec`], through the runner processes of [`runner`]).
+//! ([`exec`], through the runner processes of [`runner`], each killed with its whole
+//! [`tree`]).
 //! [`crate::backend::host_memory`] counts the host memory a trial takes, and [`host_work`]
 //! measures the host update that bounds offloaded regimes before their first trial.
 
@@ -22,6 +23,7 @@ pub mod oom;
 pub mod runner;
 pub mod timeout;
 pub mod timing;
+pub mod tree;
 pub mod worker;
 
 pub use crate::trial::Prober;

@@ -6,16 +6,17 @@
 //! workers, a shell script that starts Python. Killing only the runner would leave them holding
 //! the GPU's memory (which the next trial would then lack) and the pipes open. After every
 //! trial the group is killed once the runner is done with it, so nothing of a trial outlives
-//! it. What a runner prints is read through bounded lines ([`MAX_LINE_BYTES`]), so a runner
-//! that prints without end costs autotune no memory.
+//! it, and so is every process marked as the runner's ([`ProcessTree`]: those that left the
+//! group with `setsid` too). What a runner prints is read through bounded lines
+//! ([`MAX_LINE_BYTES`]), so a runner that prints without end costs autotune no memory.
 
 use std::io::{Read, Write};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::tree::ProcessTree;
 use crate::trial_protocol::{parse_reply_line, BadReply, RunnerReply, PROTOCOL_VERSION};
 use crate::{Error, Result};
 
@@ -67,16 +68,35 @@ impl RunnerCommand {
     }
 }
 
-/// The process group of the runner that is running now, if any, for an interrupt handler:
-/// [`RunningGroup::stop`] kills the runner and everything it started. (The runner's group is
-/// not the terminal's, so Ctrl-C reaches only autotune.)
+/// The runner that is running now, if any, for an interrupt handler: [`RunningGroup::stop`]
+/// kills the runner and everything it started. (The runner's group is not the terminal's, so
+/// Ctrl-C reaches only autotune.)
 #[derive(Debug, Clone, Default)]
-pub struct RunningGroup(Arc<AtomicI32>);
+pub struct RunningGroup(Arc<Mutex<Option<(i32, ProcessTree)>>>);
 
 impl RunningGroup {
-    /// Kills the running runner's process group, if a runner is running.
+    /// Kills the running runner's process group and tree, if a runner is running.
     pub fn stop(&self) {
-        kill_group(self.0.load(Ordering::SeqCst));
+        let running = self.0.lock().map(|r| r.clone()).unwrap_or_default();
+        if let Some((pgid, tree)) = running {
+            kill_group(pgid);
+            tree.kill();
+        }
+    }
+
+    fn hold(&self, pgid: i32, tree: &ProcessTree) {
+        if let Ok(mut running) = self.0.lock() {
+            *running = Some((pgid, tree.clone()));
+        }
+    }
+
+    /// Forgets runner `pgid`, if it is the one held (a newer runner may hold the slot).
+    fn release(&self, pgid: i32) {
+        if let Ok(mut running) = self.0.lock() {
+            if running.as_ref().is_some_and(|(held, _)| *held == pgid) {
+                *running = None;
+            }
+        }
     }
 }
 
@@ -112,6 +132,7 @@ enum Stdout {
 pub(super) struct RunnerProcess {
     child: Child,
     pid: i32,
+    tree: ProcessTree,
     stdin: Option<ChildStdin>,
     stdout: Receiver<Stdout>,
     last_stdout: Arc<Mutex<String>>,
@@ -122,27 +143,33 @@ pub(super) struct RunnerProcess {
 }
 
 impl RunnerProcess {
-    /// Starts `command` in a process group of its own, with `AUTOTUNE_PROTOCOL` set to the
-    /// protocol version; `running` holds its group while it runs.
+    /// Starts `command` in a process group of its own, marked as a tree of its own, with
+    /// `AUTOTUNE_PROTOCOL` set to the protocol version; `running` holds it while it runs.
     pub fn start(command: &RunnerCommand, running: &RunningGroup) -> Result<Self> {
         use std::os::unix::process::CommandExt;
-        let mut child = Command::new(&command.program)
+        let tree = ProcessTree::new();
+        let mut spawn = Command::new(&command.program);
+        spawn
             .args(&command.args)
             .env("AUTOTUNE_PROTOCOL", PROTOCOL_VERSION.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .process_group(0)
+            .process_group(0);
+        tree.mark(&mut spawn);
+        let mut child = spawn
             .spawn()
             .map_err(|e| Error::file("cannot start the trial runner", &command.program, e))?;
         let pid = i32::try_from(child.id())
             .map_err(|_| Error::internal("the trial runner's pid is out of range"))?;
-        running.0.store(pid, Ordering::SeqCst);
+        running.hold(pid, &tree);
         let (Some(stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
             kill_group(pid);
+            tree.kill();
             let _ = child.wait();
+            running.release(pid);
             return Err(Error::internal(
                 "the trial runner started without its pipes",
             ));
@@ -175,6 +202,7 @@ impl RunnerProcess {
         Ok(Self {
             child,
             pid,
+            tree,
             stdin: Some(stdin),
             stdout: rx,
             last_stdout,
@@ -259,7 +287,7 @@ impl RunnerProcess {
         self.kill();
     }
 
-    /// Kills the runner's group and reaps the runner.
+    /// Kills the runner's group and tree, and reaps the runner.
     pub fn kill(&mut self) {
         if self.reaped {
             return;
@@ -268,9 +296,10 @@ impl RunnerProcess {
         kill_group(self.pid);
         // The runner may have left its group; it goes too.
         let _ = self.child.kill();
+        self.tree.kill();
         let _ = self.child.wait();
         self.reaped = true;
-        self.release_slot();
+        self.running.release(self.pid);
     }
 
     /// Whether the runner has exited; it stays unreaped, so that its process group id cannot
@@ -291,22 +320,16 @@ impl RunnerProcess {
     fn ended(&mut self) -> Ended {
         drop(self.stdin.take());
         kill_group(self.pid);
+        self.tree.kill();
         let status = self.child.wait();
         self.reaped = true;
-        self.release_slot();
+        self.running.release(self.pid);
         let last = |words: &Arc<Mutex<String>>| words.lock().map(|s| s.clone()).unwrap_or_default();
         Ended {
             status: status.ok(),
             last_stderr: last(&self.last_stderr),
             last_stdout: last(&self.last_stdout),
         }
-    }
-
-    fn release_slot(&self) {
-        let _ = self
-            .running
-            .0
-            .compare_exchange(self.pid, 0, Ordering::SeqCst, Ordering::SeqCst);
     }
 }
 

@@ -20,12 +20,12 @@ use crate::util::{autotune_in, stderr, stdout};
 
 const MIB: u64 = 1 << 20;
 
-fn fake_runner() -> PathBuf {
+pub(crate) fn fake_runner() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/exec/fake_runner.py")
 }
 
 /// The fake runner's command line with `args`.
-fn runner_argv(args: &[&str]) -> Vec<String> {
+pub(crate) fn runner_argv(args: &[&str]) -> Vec<String> {
     let mut argv = vec![
         "python3".to_string(),
         fake_runner().to_string_lossy().into_owned(),
@@ -35,7 +35,7 @@ fn runner_argv(args: &[&str]) -> Vec<String> {
 }
 
 /// A prober asking the fake runner, on a 4 GiB GPU target, each trial limited to 5 s.
-fn prober(args: &[&str]) -> ExecProber {
+pub(crate) fn prober(args: &[&str]) -> ExecProber {
     let setup = TrialSetup::new(&ModelSpec::tiny(), "cuda", Some(4 << 30), Some(32 << 30));
     let command = RunnerCommand::new(&runner_argv(args)).unwrap();
     ExecProber::new(
@@ -44,7 +44,7 @@ fn prober(args: &[&str]) -> ExecProber {
     )
 }
 
-fn request(micro_batch: usize) -> TrialRequest {
+pub(crate) fn request(micro_batch: usize) -> TrialRequest {
     request_of(Knobs::new(micro_batch, Precision::Bf16))
 }
 
@@ -80,7 +80,7 @@ fn logged(log: &Path) -> Vec<(u64, usize)> {
 }
 
 /// Whether process `pid` is gone (or a zombie about to be reaped).
-fn gone(pid: u32) -> bool {
+pub(crate) fn gone(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Err(_) => true,
         Ok(stat) => stat
@@ -89,7 +89,7 @@ fn gone(pid: u32) -> bool {
     }
 }
 
-fn wait_gone(pid: u32) -> bool {
+pub(crate) fn wait_gone(pid: u32) -> bool {
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline {
         if gone(pid) {
@@ -298,7 +298,7 @@ fn another_protocol_version_or_a_change_of_engine_is_an_error() {
 }
 
 /// A 4 GiB GPU target with a 32 GiB host, as a device spec file.
-fn device_file(dir: &Path) -> PathBuf {
+pub(crate) fn device_file(dir: &Path) -> PathBuf {
     let path = dir.join("card.json");
     let spec = serde_json::json!({
         "name": "fake-4g", "kind": "cuda", "gpu_memory_bytes": 4u64 << 30,
@@ -309,7 +309,7 @@ fn device_file(dir: &Path) -> PathBuf {
 }
 
 /// `tune --backend exec` of tiny on the fake 4 GiB card through the fake runner with `runner`.
-fn tune(dir: &Path, flags: &[&str], runner: &[&str]) -> std::process::Output {
+pub(crate) fn tune(dir: &Path, flags: &[&str], runner: &[&str]) -> std::process::Output {
     let device = device_file(dir);
     let mut args = vec![
         "tune",

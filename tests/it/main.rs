@@ -69,6 +69,9 @@ mod isolation;
 /// The exec backend through a fake trial runner: failures as outcomes, the boundary, engines.
 mod exec;
 
+/// The trial protocol against runners that break it: children that escape with `setsid`.
+mod trial_protocol;
+
 /// The PyTorch harness as a trial runner on the CPU (skipped without torch).
 mod harness;
 
