@@ -18,10 +18,14 @@
 //! | exits without a reply otherwise (crash, garbage on stdout) | crashed, with its last words |
 //! | replies nothing within the trial's time limit ([`TrialTimeout`](super::timeout::TrialTimeout)) | timed out; it is killed |
 //!
+//! Every request has an id of its own, which a reply of protocol 2 echoes: a reply to another
+//! request is skipped, never taken for this trial's. A runner that wrote a reply nobody asked
+//! for (the same reply twice) gets no further trial: its next reply could be the stale one.
+//!
 //! Two things are errors that end the search, because every trial would fail alike: a runner
-//! that cannot be started at all, and one that speaks another protocol version. So is a runner
-//! whose engine changes between trials (a plan would mix two frameworks' measurements), or is
-//! not the one expected ([`ExecProber::expecting_engine`], to re-measure a recording).
+//! that cannot be started at all, and one that speaks another protocol version. So is a runner whose engine changes between trials (a plan would mix two
+//! frameworks' measurements), or is not the one expected ([`ExecProber::expecting_engine`],
+//! to re-measure a recording).
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -31,7 +35,7 @@ use super::runner::{Ended, RunnerCommand, RunnerProcess, RunningGroup, Waited};
 use crate::knobs::Regime;
 use crate::trial::{MemoryKind, Outcome, Phase, Prober, TrialRequest, TrialResult};
 use crate::trial_protocol::{
-    unsupported_reason, BadReply, RunnerAnswer, RunnerIdentity, RunnerRequest, PROTOCOL_VERSION,
+    unsupported_reason, RunnerAnswer, RunnerIdentity, RunnerReply, RunnerRequest, PROTOCOL_VERSION,
 };
 use crate::Error;
 
@@ -52,6 +56,8 @@ pub struct ExecProber {
     /// Regimes the runner cannot run, with its reason.
     unsupported: HashMap<Regime, String>,
     started: usize,
+    /// The id of the last request written (ids start at 1).
+    last_id: u64,
 }
 
 impl ExecProber {
@@ -66,6 +72,7 @@ impl ExecProber {
             expected_engine: None,
             unsupported: HashMap::new(),
             started: 0,
+            last_id: 0,
         }
     }
 
@@ -145,8 +152,11 @@ impl ExecProber {
                 wall_s: 0.0,
             });
         }
+        self.last_id += 1;
+        let id = self.last_id;
         let setup = &self.trials.setup;
         let line = RunnerRequest::new(
+            id,
             &setup.model,
             request,
             setup.device_kind(),
@@ -154,50 +164,23 @@ impl ExecProber {
             setup.host_budget,
         )
         .to_line();
-        let mut runner = match self.runner.take() {
-            Some(kept) if kept.alive() => kept,
-            // A kept runner that has exited since is reaped as it drops.
-            _ => {
-                self.started += 1;
-                RunnerProcess::start(&self.trials.program, &self.running)?
-            }
-        };
-        // A runner that is gone already shows it in the wait: its end is the outcome.
+        let mut runner = self.runner_for_trial()?;
         runner.send(&line, self.fresh_per_trial);
         let limit = self.trials.timeout.limit(request);
-        let outcome = match runner.wait_reply(limit) {
-            Waited::Reply(Ok(reply)) => {
-                self.same_engine(&reply.identity)?;
-                if let RunnerAnswer::Unsupported { reason } = &reply.answer {
-                    self.unsupported.insert(regime, reason.clone());
-                }
-                let serves_again = reply.reusable
-                    && !self.fresh_per_trial
-                    && !matches!(reply.answer, RunnerAnswer::Error { .. });
-                if serves_again {
-                    self.runner = Some(runner);
-                } else {
-                    runner.finish();
-                }
-                reply.outcome(&request.knobs, self.trials.setup.model.seq_len)
+        let outcome = match runner.wait_reply(limit, id) {
+            Waited::Reply(reply) => {
+                self.answered(runner, &reply, regime)?;
+                reply
+                    .outcome(&request.knobs, self.trials.setup.model.seq_len)
+                    .unwrap_or_else(invalid_reply)
             }
-            Waited::Reply(Err(BadReply::Version(found))) => {
+            Waited::Invalid(e) => {
                 runner.kill();
-                return Err(Error::invalid(
-                    "trial runner reply",
-                    "protocol",
-                    format!(
-                        "is {found}, but this autotune speaks trial protocol {PROTOCOL_VERSION} \
-                         (docs/trial-protocol.md); runner `{}`",
-                        self.command().display()
-                    ),
-                ));
+                invalid_reply(e)
             }
-            Waited::Reply(Err(BadReply::Invalid(e))) => {
+            Waited::OtherVersion(found) => {
                 runner.kill();
-                Outcome::Crashed {
-                    reason: format!("the trial runner's reply is not valid: {e}"),
-                }
+                return Err(self.other_version(&found));
             }
             Waited::Ended(ended) => ended_outcome(&ended),
             Waited::TimedOut => Outcome::TimedOut {
@@ -211,6 +194,69 @@ impl ExecProber {
         };
         self.trials.timeout.observe(&result);
         Ok(result)
+    }
+
+    /// The runner kept from the last trial, if it is still running and wrote no reply that
+    /// was not asked for; else a new one.
+    fn runner_for_trial(&mut self) -> crate::Result<RunnerProcess> {
+        if let Some(mut kept) = self.runner.take() {
+            let unasked = kept.unasked_replies();
+            if unasked > 0 {
+                tracing::warn!(
+                    unasked,
+                    runner = %self.command().display(),
+                    "the trial runner replied more often than asked; a new one serves next"
+                );
+            } else if kept.alive() {
+                return Ok(kept);
+            }
+            // A kept runner that is not reused is killed, with its tree, as it drops.
+        }
+        self.started += 1;
+        RunnerProcess::start(&self.trials.program, &self.running)
+    }
+
+    /// Takes in a valid reply for `regime`: checks its engine, learns an unsupported regime,
+    /// and keeps the runner for the next trial or ends it.
+    fn answered(
+        &mut self,
+        runner: RunnerProcess,
+        reply: &RunnerReply,
+        regime: Regime,
+    ) -> crate::Result<()> {
+        self.same_engine(&reply.identity)?;
+        if let RunnerAnswer::Unsupported { reason } = &reply.answer {
+            self.unsupported.insert(regime, reason.clone());
+        }
+        let serves_again = reply.reusable
+            && !self.fresh_per_trial
+            && !matches!(reply.answer, RunnerAnswer::Error { .. });
+        if serves_again {
+            self.runner = Some(runner);
+        } else {
+            runner.finish();
+        }
+        Ok(())
+    }
+
+    /// The error of a runner that speaks protocol `found`, which no trial can be read in.
+    fn other_version(&self, found: &str) -> Error {
+        Error::invalid(
+            "trial runner reply",
+            "protocol",
+            format!(
+                "is {found}, but this autotune speaks trial protocol 1 and {PROTOCOL_VERSION} \
+                 (docs/trial-protocol.md); runner `{}`",
+                self.command().display()
+            ),
+        )
+    }
+}
+
+/// The outcome of a reply that cannot be used: a crash, naming the field.
+fn invalid_reply(e: autotune_core::Error) -> Outcome {
+    Outcome::Crashed {
+        reason: format!("the trial runner's reply is not valid: {e}"),
     }
 }
 

@@ -5,11 +5,12 @@
 //! A process group, because a runner is any program: a Python script that starts data-loader
 //! workers, a shell script that starts Python. Killing only the runner would leave them holding
 //! the GPU's memory (which the next trial would then lack) and the pipes open. After every
-//! trial the group is killed once the runner is done with it, so nothing of a trial outlives
-//! it, and so is every process marked as the runner's ([`ProcessTree`]: those that left the
-//! group with `setsid` too). What a runner prints is read through bounded lines
+//! trial the group is killed once the runner is done with it, and so is every process marked
+//! as the runner's ([`ProcessTree`]: those that left the group with `setsid` too), so nothing
+//! of a trial outlives it. What a runner prints is read through bounded lines
 //! ([`MAX_LINE_BYTES`]), so a runner that prints without end costs autotune no memory.
 
+use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -17,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::tree::ProcessTree;
-use crate::trial_protocol::{parse_reply_line, BadReply, RunnerReply, PROTOCOL_VERSION};
+use crate::trial_protocol::{parse_reply_line, BadReply, RunnerReply, REQUEST_PROTOCOL_VERSION};
 use crate::{Error, Result};
 
 /// The longest line kept from a runner's output; the rest of a longer line is dropped.
@@ -102,8 +103,12 @@ impl RunningGroup {
 
 /// What a wait for a reply ended with.
 pub(super) enum Waited {
-    /// A reply line, read (or why it cannot be used).
-    Reply(std::result::Result<RunnerReply, BadReply>),
+    /// The reply, read and checked.
+    Reply(RunnerReply),
+    /// A reply that is not valid, and why.
+    Invalid(autotune_core::Error),
+    /// A reply of another protocol version: the version found.
+    OtherVersion(String),
     /// The runner ended without a reply.
     Ended(Ended),
     /// No reply within the limit: the runner and its group were killed.
@@ -122,8 +127,9 @@ pub(super) struct Ended {
 
 /// What a runner's stdout reader passes on.
 enum Stdout {
-    /// A line that may be a reply (an object naming `protocol`).
-    Candidate(String),
+    /// The lines of one read that may be replies (objects naming `protocol`): together, so
+    /// that a reply written twice at once is seen twice before the next request is written.
+    Candidates(Vec<String>),
     /// End of the output: the runner exited or closed its stdout.
     Closed,
 }
@@ -135,6 +141,10 @@ pub(super) struct RunnerProcess {
     tree: ProcessTree,
     stdin: Option<ChildStdin>,
     stdout: Receiver<Stdout>,
+    /// Candidate lines received and not yet read.
+    pending: VecDeque<String>,
+    /// Whether the runner's stdout has ended.
+    closed: bool,
     last_stdout: Arc<Mutex<String>>,
     last_stderr: Arc<Mutex<String>>,
     running: RunningGroup,
@@ -144,14 +154,15 @@ pub(super) struct RunnerProcess {
 
 impl RunnerProcess {
     /// Starts `command` in a process group of its own, marked as a tree of its own, with
-    /// `AUTOTUNE_PROTOCOL` set to the protocol version; `running` holds it while it runs.
+    /// `AUTOTUNE_PROTOCOL` set to the requests' protocol version; `running` holds it while it
+    /// runs.
     pub fn start(command: &RunnerCommand, running: &RunningGroup) -> Result<Self> {
         use std::os::unix::process::CommandExt;
         let tree = ProcessTree::new();
         let mut spawn = Command::new(&command.program);
         spawn
             .args(&command.args)
-            .env("AUTOTUNE_PROTOCOL", PROTOCOL_VERSION.to_string())
+            .env("AUTOTUNE_PROTOCOL", REQUEST_PROTOCOL_VERSION.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -174,37 +185,17 @@ impl RunnerProcess {
                 "the trial runner started without its pipes",
             ));
         };
-        let (tx, rx) = mpsc::channel();
         let last_stdout = Arc::new(Mutex::new(String::new()));
-        let sink = Arc::clone(&last_stdout);
-        std::thread::spawn(move || {
-            for_each_line(stdout, |line| {
-                let text = String::from_utf8_lossy(line);
-                let text = text.trim();
-                if text.starts_with('{') && text.contains("\"protocol\"") {
-                    // The reader ends with the process; a closed receiver is not an error.
-                    let _ = tx.send(Stdout::Candidate(text.to_string()));
-                } else {
-                    keep_last(&sink, text);
-                }
-            });
-            let _ = tx.send(Stdout::Closed);
-        });
         let last_stderr = Arc::new(Mutex::new(String::new()));
-        let sink = Arc::clone(&last_stderr);
-        std::thread::spawn(move || {
-            for_each_line(stderr, |line| {
-                let text = String::from_utf8_lossy(line);
-                tracing::debug!("runner: {}", text.trim_end());
-                keep_last(&sink, text.trim());
-            });
-        });
+        read_stderr(stderr, Arc::clone(&last_stderr));
         Ok(Self {
             child,
             pid,
             tree,
             stdin: Some(stdin),
-            stdout: rx,
+            stdout: read_replies(stdout, Arc::clone(&last_stdout)),
+            pending: VecDeque::new(),
+            closed: false,
             last_stdout,
             last_stderr,
             running: running.clone(),
@@ -234,19 +225,30 @@ impl RunnerProcess {
         !self.reaped && !self.exited()
     }
 
-    /// Waits up to `limit` for the reply to the request just sent; lines of the runner's own
-    /// output (anything that is not a reply) are skipped.
-    pub fn wait_reply(&mut self, limit: Duration) -> Waited {
+    /// Waits up to `limit` for the reply to request `request_id`, just sent; lines of the
+    /// runner's own output (anything that is not a reply) and replies to other requests are
+    /// skipped.
+    pub fn wait_reply(&mut self, limit: Duration, request_id: u64) -> Waited {
         let deadline = Instant::now() + limit;
         let mut exited_at: Option<Instant> = None;
-        let mut closed = false;
         loop {
+            while let Some(line) = self.pending.pop_front() {
+                match parse_reply_line(&line, request_id) {
+                    Some(Ok(reply)) => return Waited::Reply(reply),
+                    Some(Err(BadReply::Invalid(e))) => return Waited::Invalid(e),
+                    Some(Err(BadReply::Version(found))) => return Waited::OtherVersion(found),
+                    Some(Err(BadReply::AnotherRequest(id))) => {
+                        tracing::warn!(id, request_id, "a reply to another request, skipped");
+                    }
+                    None => {}
+                }
+            }
             let now = Instant::now();
             if now >= deadline {
                 self.kill();
                 return Waited::TimedOut;
             }
-            if closed {
+            if self.closed {
                 // Nothing more can arrive: wait for the exit itself.
                 if self.exited() {
                     return Waited::Ended(self.ended());
@@ -255,12 +257,8 @@ impl RunnerProcess {
                 continue;
             }
             match self.stdout.recv_timeout(POLL.min(deadline - now)) {
-                Ok(Stdout::Candidate(line)) => {
-                    if let Some(reply) = parse_reply_line(&line) {
-                        return Waited::Reply(reply);
-                    }
-                }
-                Ok(Stdout::Closed) | Err(RecvTimeoutError::Disconnected) => closed = true,
+                Ok(Stdout::Candidates(lines)) => self.pending.extend(lines),
+                Ok(Stdout::Closed) | Err(RecvTimeoutError::Disconnected) => self.closed = true,
                 Err(RecvTimeoutError::Timeout) => {
                     // A runner that exited may have left a process holding its stdout open:
                     // what it wrote arrives within the drain time, or not at all.
@@ -274,6 +272,22 @@ impl RunnerProcess {
                 }
             }
         }
+    }
+
+    /// How many replies the runner wrote that no request is waiting for (a reply written
+    /// twice): they are dropped. A runner that wrote any is not trusted with the next trial,
+    /// since a reply of protocol 1 names no request and a late one would be taken for it.
+    pub fn unasked_replies(&mut self) -> usize {
+        while let Ok(message) = self.stdout.try_recv() {
+            match message {
+                Stdout::Candidates(lines) => self.pending.extend(lines),
+                Stdout::Closed => self.closed = true,
+            }
+        }
+        self.pending
+            .drain(..)
+            .filter(|line| parse_reply_line(line, 0).is_some())
+            .count()
     }
 
     /// Ends a runner that has answered and will not serve again: closes its input, gives it
@@ -347,6 +361,46 @@ fn kill_group(pgid: i32) {
     }
 }
 
+/// A thread that passes on the lines of the runner's `stdout` that may be replies, a read's
+/// worth at a time, and keeps the last other line in `last`.
+fn read_replies(stdout: impl Read + Send + 'static, last: Arc<Mutex<String>>) -> Receiver<Stdout> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut candidates = Vec::new();
+        for_each_line(stdout, |line| match line {
+            Some(line) => {
+                let text = String::from_utf8_lossy(line);
+                let text = text.trim();
+                if text.starts_with('{') && text.contains("\"protocol\"") {
+                    candidates.push(text.to_string());
+                } else {
+                    keep_last(&last, text);
+                }
+            }
+            None if !candidates.is_empty() => {
+                // The reader ends with the process; a closed receiver is not an error.
+                let _ = tx.send(Stdout::Candidates(std::mem::take(&mut candidates)));
+            }
+            None => {}
+        });
+        let _ = tx.send(Stdout::Closed);
+    });
+    rx
+}
+
+/// A thread that logs the runner's `stderr` and keeps its last line in `last`.
+fn read_stderr(stderr: impl Read + Send + 'static, last: Arc<Mutex<String>>) {
+    std::thread::spawn(move || {
+        for_each_line(stderr, |line| {
+            if let Some(line) = line {
+                let text = String::from_utf8_lossy(line);
+                tracing::debug!("runner: {}", text.trim_end());
+                keep_last(&last, text.trim());
+            }
+        });
+    });
+}
+
 /// `text`, if not empty, as the last words in `sink`, cut to [`LAST_WORDS_CHARS`].
 fn keep_last(sink: &Mutex<String>, text: &str) {
     if text.is_empty() {
@@ -363,8 +417,9 @@ fn keep_last(sink: &Mutex<String>, text: &str) {
 }
 
 /// Calls `f` with each line `reader` yields (without its newline), up to [`MAX_LINE_BYTES`]
-/// of each; stops at the end of the input or at an error reading it.
-fn for_each_line(mut reader: impl Read, mut f: impl FnMut(&[u8])) {
+/// of each, and with `None` after the lines each read completed; stops at the end of the
+/// input or at an error reading it.
+fn for_each_line(mut reader: impl Read, mut f: impl FnMut(Option<&[u8]>)) {
     let mut line = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -377,14 +432,16 @@ fn for_each_line(mut reader: impl Read, mut f: impl FnMut(&[u8])) {
         let mut rest = &buf[..n];
         while let Some(end) = rest.iter().position(|&b| b == b'\n') {
             take_within(&mut line, &rest[..end]);
-            f(&line);
+            f(Some(&line));
             line.clear();
             rest = &rest[end + 1..];
         }
         take_within(&mut line, rest);
+        f(None);
     }
     if !line.is_empty() {
-        f(&line);
+        f(Some(&line));
+        f(None);
     }
 }
 
@@ -406,7 +463,7 @@ mod tests {
         input.extend_from_slice(&long);
         input.extend_from_slice(b"\nlast");
         let mut lines = Vec::new();
-        for_each_line(&input[..], |l| lines.push(l.to_vec()));
+        for_each_line(&input[..], |l| lines.extend(l.map(<[u8]>::to_vec)));
         assert_eq!(lines.len(), 5);
         assert_eq!(lines[0], b"one");
         assert_eq!(lines[1], b"");

@@ -57,7 +57,7 @@ fn request_of(knobs: Knobs) -> TrialRequest {
     }
 }
 
-fn crash_reason(outcome: &Outcome) -> &str {
+pub(crate) fn crash_reason(outcome: &Outcome) -> &str {
     match outcome {
         Outcome::Crashed { reason } => reason,
         other => panic!("expected a crash, got {other:?}"),
@@ -273,9 +273,9 @@ fn an_unsupported_regime_is_answered_without_asking_again() {
 
 #[test]
 fn another_protocol_version_or_a_change_of_engine_is_an_error() {
-    let mut newer = prober(&["--protocol", "2"]);
+    let mut newer = prober(&["--protocol", "3"]);
     let err = newer.probe(&request(1)).unwrap_err().to_string();
-    assert!(err.contains("protocol") && err.contains("is 2"), "{err}");
+    assert!(err.contains("protocol") && err.contains("is 3"), "{err}");
 
     let mut switching = prober(&["--engine-at", "2:jax"]);
     assert!(switching.probe(&request(1)).is_ok());

@@ -69,7 +69,8 @@ mod isolation;
 /// The exec backend through a fake trial runner: failures as outcomes, the boundary, engines.
 mod exec;
 
-/// The trial protocol against runners that break it: children that escape with `setsid`.
+/// The trial protocol against runners that break it: double and late replies, children that
+/// escape with `setsid`, NaN.
 mod trial_protocol;
 
 /// The PyTorch harness as a trial runner on the CPU (skipped without torch).

@@ -1,13 +1,79 @@
 //! The trial protocol against runners that break it (`tests/fixtures/exec/fake_runner.py`): one
-//! whose child escapes with `setsid`. No process of a runner outlives its trial.
+//! that answers twice or late, one whose child escapes with `setsid`, one that answers NaN.
+//! The search stays correct, and no process of a runner outlives its trial.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use autotune::trial::{Outcome, Prober};
+use serde_json::Value;
 
-use crate::exec::{prober, request, tune, wait_gone};
-use crate::util::stderr;
+use autotune::probe::exec::ExecProber;
+use autotune::probe::job::{TrialProcesses, TrialSetup};
+use autotune::probe::runner::RunnerCommand;
+use autotune::probe::timeout::TrialTimeout;
+use autotune::trial::{Outcome, Prober};
+use autotune::ModelSpec;
+
+use crate::exec::{crash_reason, prober, request, runner_argv, tune, wait_gone};
+use crate::util::{stderr, stdout};
+
+const MIB: u64 = 1 << 20;
+
+/// The fake runner's device memory at `micro_batch` with its default law, 1024 + 100·mb MiB.
+fn law_bytes(micro_batch: u64) -> u64 {
+    (1024 + 100 * micro_batch) * MIB
+}
+
+/// Runs trials at micro-batches 1 to 9 and checks each measured its own micro-batch.
+fn each_trial_measures_its_own_setting(exec: &mut ExecProber) {
+    for mb in 1..=9 {
+        let result = exec.probe(&request(mb)).expect("a trial is an outcome");
+        let Outcome::Fits(m) = &result.outcome else {
+            panic!("{mb}: {result:?}");
+        };
+        assert_eq!(m.peak_gpu_bytes, law_bytes(mb as u64), "trial {mb}");
+    }
+}
+
+#[test]
+fn a_reply_written_twice_or_late_is_never_taken_for_another_trial() {
+    // A late duplicate arrives after the next request: only the id tells it apart, and the
+    // runner that wrote it still serves.
+    let mut late = prober(&["--serve", "--stale"]);
+    each_trial_measures_its_own_setting(&mut late);
+    assert_eq!(late.runners_started(), 1);
+    // A reply written twice at once is seen before the next request, of either version:
+    // the runner that wrote it serves no further trial.
+    for version in ["2", "1"] {
+        let mut twice = prober(&["--serve", "--twice", "--protocol", version]);
+        each_trial_measures_its_own_setting(&mut twice);
+        assert_eq!(twice.runners_started(), 9, "protocol {version}");
+    }
+}
+
+#[test]
+fn a_search_through_a_runner_of_version_1_that_answers_twice_finds_the_boundary() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = tune(
+        dir.path(),
+        &["--checkpointing", "none", "--offload", "none", "--json"],
+        &["--over", "mixed", "--serve", "--twice", "--protocol", "1"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let plan: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(plan["knobs"]["micro_batch"], 28, "{}", stderr(&out));
+    let evidence = plan["evidence"].as_array().unwrap();
+    let fits: Vec<&Value> = evidence.iter().filter(|t| t["outcome"] == "fits").collect();
+    assert!(fits.len() >= 3, "{evidence:?}");
+    for trial in fits {
+        let mb = trial["request"]["knobs"]["micro_batch"].as_u64().unwrap();
+        assert_eq!(
+            trial["peak_gpu_bytes"].as_u64(),
+            Some(law_bytes(mb)),
+            "trial at {mb} carries its own measurement: {trial}"
+        );
+    }
+}
 
 /// The pid a runner wrote to `file`.
 fn written_pid(file: &Path) -> u32 {
@@ -75,4 +141,38 @@ fn wait_gone_within(pid: u32, limit: Duration) -> bool {
         std::thread::sleep(Duration::from_millis(50));
     }
     false
+}
+
+#[test]
+fn a_reply_with_nan_is_refused_at_once_naming_the_field() {
+    let setup = TrialSetup::new(&ModelSpec::tiny(), "cuda", Some(4 << 30), Some(32 << 30));
+    let command = RunnerCommand::new(&runner_argv(&["--at", "1:nan"])).unwrap();
+    let mut exec = ExecProber::new(
+        TrialProcesses::new(command, setup)
+            .with_timeout(TrialTimeout::fixed(Duration::from_secs(600))),
+    );
+    let result = exec.probe(&request(1)).unwrap();
+    let reason = crash_reason(&result.outcome);
+    assert!(
+        reason.contains("step_times_s[1]") && reason.contains("NaN"),
+        "{reason}"
+    );
+    assert!(result.wall_s < 60.0, "not waited on: {}", result.wall_s);
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = tune(
+        dir.path(),
+        &["--checkpointing", "none", "--offload", "none", "--json"],
+        &["--over", "nan", "--serve"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let plan: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(plan["knobs"]["micro_batch"], 28, "{}", stderr(&out));
+    assert!(plan["evidence"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|t| t["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("step_times_s[1]"))));
 }

@@ -18,6 +18,16 @@ pub const MAX_TRIAL_STEPS: usize = 1 << 16;
 /// The longest step time a measurement may record: eleven days is not a trial's step.
 pub const MAX_STEP_TIME_S: f64 = 1e6;
 
+/// The shortest step time a measurement reported by another program may have: no optimizer
+/// step (forward, backward and update, each several kernels) runs within a microsecond; a
+/// shorter one is a clock misread, not a measurement.
+pub const MIN_STEP_TIME_S: f64 = 1e-6;
+
+/// The most tokens a second one trial may report: above any accelerator's dense arithmetic for
+/// a model worth tuning (10^15 FLOP/s at 6 FLOP a parameter a token is 10^10 tokens/s for a
+/// model of 16 000 parameters); more is a misread clock or a miscount.
+pub const MAX_TOKENS_PER_S: f64 = 1e10;
+
 /// Runs trials for a search: in this process, in child processes, on several GPUs, from a
 /// recording or a simulation. The search driver decides what to run; a prober only runs it.
 pub trait Prober {

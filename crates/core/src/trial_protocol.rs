@@ -4,24 +4,37 @@
 //!
 //! autotune writes a [`RunnerRequest`] as one JSON line on the runner's stdin and reads one
 //! reply line from its stdout, among whatever else the runner prints there: the reply is the
-//! line that is a JSON object with a `protocol` key ([`parse_reply_line`]). Both directions
-//! carry [`PROTOCOL_VERSION`]. A reply maps to a trial [`Outcome`]
-//! ([`RunnerReply::outcome`]); so does everything else a runner can do (crash, hang, print
-//! nonsense), which the process side (`autotune::probe::exec`) turns into outcomes.
+//! line that is a JSON object with a `protocol` key ([`parse_reply_line`]). Every request
+//! carries an `id`; a reply of version 2 ([`PROTOCOL_VERSION`]) echoes it, so that a reply to
+//! another request (a duplicate, a late one) is never taken for this trial's
+//! ([`BadReply::AnotherRequest`]). A reply of version 1 carries no id and is matched by order.
+//! A reply maps to a trial [`Outcome`] ([`RunnerReply::outcome`]) once its numbers are
+//! physically possible; so does everything else a runner can do (crash, hang, print nonsense),
+//! which the process side (`autotune::probe::exec`) turns into outcomes.
 //!
 //! Only a runner that speaks another version of the protocol is an error ([`BadReply::Version`]):
 //! every one of its trials would fail alike, so the search stops and says so.
+
+mod non_finite;
 
 use serde::{Deserialize, Serialize};
 
 use crate::knobs::Knobs;
 use crate::spec::device::DeviceKind;
 use crate::spec::model::ModelSpec;
-use crate::trial::{Measurement, MemoryKind, Outcome, Phase, TrialRequest, MAX_STEP_TIME_S};
+use crate::trial::{
+    Measurement, MemoryKind, Outcome, Phase, TrialRequest, MAX_STEP_TIME_S, MAX_TOKENS_PER_S,
+    MAX_TRIAL_STEPS, MIN_STEP_TIME_S,
+};
 use crate::{Error, Result};
 
-/// The protocol version this autotune speaks, in requests and expected in replies.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// The newest protocol version this autotune speaks: a reply may be of this version (it echoes
+/// its request's `id`) or of version 1.
+pub const PROTOCOL_VERSION: u32 = 2;
+
+/// The version requests say they are: a request of version 2 is one of version 1 with an
+/// `id`, which runners of version 1 do not read, so they keep working unchanged.
+pub const REQUEST_PROTOCOL_VERSION: u32 = 1;
 
 /// The longest engine name a reply may carry.
 pub const MAX_ENGINE_NAME_CHARS: usize = 64;
@@ -36,8 +49,10 @@ const WHAT: &str = "trial runner reply";
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunnerRequest {
-    /// Always [`PROTOCOL_VERSION`].
+    /// Always [`REQUEST_PROTOCOL_VERSION`].
     pub protocol: u32,
+    /// This request among all those of one search: a reply of version 2 echoes it.
+    pub id: u64,
     /// The model to train (the spec of plans; `name` is the preset or file name).
     pub model: ModelSpec,
     /// The setting: micro-batch, accumulation, precision, checkpointing, offload (as in plans).
@@ -56,8 +71,9 @@ pub struct RunnerRequest {
 }
 
 impl RunnerRequest {
-    /// The request for `trial` of `model` on a `device` target with those limits.
+    /// Request `id`: `trial` of `model` on a `device` target with those limits.
     pub fn new(
+        id: u64,
         model: &ModelSpec,
         trial: &TrialRequest,
         device: DeviceKind,
@@ -65,7 +81,8 @@ impl RunnerRequest {
         host_budget_bytes: Option<u64>,
     ) -> Self {
         Self {
-            protocol: PROTOCOL_VERSION,
+            protocol: REQUEST_PROTOCOL_VERSION,
+            id,
             model: model.clone(),
             knobs: trial.knobs,
             warmup_steps: trial.warmup_steps,
@@ -146,6 +163,9 @@ pub enum BadReply {
     /// The runner speaks another protocol version (the value found): no trial of it can be
     /// read, so the search stops.
     Version(String),
+    /// A reply to another request (the id it echoes): a duplicate or a late reply, which is
+    /// not this trial's and is skipped.
+    AnotherRequest(u64),
     /// Not a valid reply: this trial failed.
     Invalid(Error),
 }
@@ -190,21 +210,77 @@ struct ReasonFields {
 /// The keys of [`Common`], split from the outcome's own.
 const COMMON_KEYS: [&str; 4] = ["engine", "engine_version", "device", "reusable"];
 
-/// Reads one line of a runner's stdout: `None` when it is not a reply (anything but a JSON
-/// object with a `protocol` key: the runner's own output), else the reply or why it is bad.
-pub fn parse_reply_line(line: &str) -> Option<std::result::Result<RunnerReply, BadReply>> {
+/// Reads one line of a runner's stdout, written after request `request_id`: `None` when it is
+/// not a reply (anything but a JSON object with a `protocol` key: the runner's own output),
+/// else the reply or why it cannot be this request's.
+pub fn parse_reply_line(
+    line: &str,
+    request_id: u64,
+) -> Option<std::result::Result<RunnerReply, BadReply>> {
     let trimmed = line.trim();
     if !trimmed.starts_with('{') {
         return None;
     }
-    let serde_json::Value::Object(mut object) = serde_json::from_str(trimmed).ok()? else {
-        return None;
+    let mut object = match serde_json::from_str(trimmed) {
+        Ok(serde_json::Value::Object(object)) => object,
+        Ok(_) => return None,
+        Err(_) => return non_finite_reply(trimmed, request_id),
     };
     let version = object.remove("protocol")?;
-    if version.as_u64() != Some(u64::from(PROTOCOL_VERSION)) {
-        return Some(Err(BadReply::Version(version.to_string())));
+    Some(
+        addressed(&version, &mut object, request_id)
+            .and_then(|()| reply_fields(object).map_err(BadReply::Invalid)),
+    )
+}
+
+/// Checks that a reply (its `protocol` and `id` taken from `object`) is of a version this
+/// autotune reads, and answers request `request_id`.
+fn addressed(
+    version: &serde_json::Value,
+    object: &mut serde_json::Map<String, serde_json::Value>,
+    request_id: u64,
+) -> std::result::Result<(), BadReply> {
+    match version.as_u64() {
+        Some(1) => Ok(()),
+        Some(v) if v == u64::from(PROTOCOL_VERSION) => {
+            let id = object.remove("id");
+            match id.as_ref().and_then(serde_json::Value::as_u64) {
+                Some(id) if id == request_id => Ok(()),
+                Some(id) => Err(BadReply::AnotherRequest(id)),
+                None => Err(BadReply::Invalid(Error::invalid(
+                    WHAT,
+                    "id",
+                    format!(
+                        "is {}; a reply of protocol {PROTOCOL_VERSION} echoes its request's \
+                         `id` (here {request_id})",
+                        id.map_or("missing".to_string(), |v| v.to_string())
+                    ),
+                ))),
+            }
+        }
+        _ => Err(BadReply::Version(version.to_string())),
     }
-    Some(reply_fields(object).map_err(BadReply::Invalid))
+}
+
+/// A reply line that is JSON but for a `NaN` or an `Infinity` (as Python writes a float that
+/// is not finite): refused at once, naming the field, not skipped as output.
+fn non_finite_reply(
+    line: &str,
+    request_id: u64,
+) -> Option<std::result::Result<RunnerReply, BadReply>> {
+    let (mut object, field, token) = non_finite::read_marked(line)?;
+    let version = object.remove("protocol")?;
+    if let Err(not_this) = addressed(&version, &mut object, request_id) {
+        return Some(Err(not_this));
+    }
+    Some(Err(BadReply::Invalid(Error::invalid(
+        WHAT,
+        field,
+        format!(
+            "is {token}, which is no JSON number; a trial that measured no finite value \
+             answers \"outcome\": \"error\" with a reason"
+        ),
+    ))))
 }
 
 /// A reply's fields (its `protocol` taken): the outcome first, then the fields every reply
@@ -261,23 +337,35 @@ fn answer(outcome: &serde_json::Value, rest: serde_json::Value) -> Result<Runner
     })
 }
 
-/// A fit, once every step time is seconds within bounds and the rate a finite number.
+/// A fit, once there are step times, each seconds within physical bounds, and the rate a
+/// finite number within them too.
 fn fits(f: FitsFields) -> Result<RunnerAnswer> {
+    if f.step_times_s.is_empty() || f.step_times_s.len() > MAX_TRIAL_STEPS {
+        return Err(Error::invalid(
+            WHAT,
+            "step_times_s",
+            format!(
+                "has {} step times; a fit reports the seconds of each timed step, 1 to \
+                 {MAX_TRIAL_STEPS} of them",
+                f.step_times_s.len()
+            ),
+        ));
+    }
     for (i, &t) in f.step_times_s.iter().enumerate() {
-        if !(t.is_finite() && t > 0.0 && t <= MAX_STEP_TIME_S) {
+        if !(t.is_finite() && (MIN_STEP_TIME_S..=MAX_STEP_TIME_S).contains(&t)) {
             return Err(Error::invalid(
                 WHAT,
                 format!("step_times_s[{i}]"),
-                format!("({t}) must be seconds above 0 and at most {MAX_STEP_TIME_S:e}"),
+                format!("({t}) must be seconds from {MIN_STEP_TIME_S:e} to {MAX_STEP_TIME_S:e}"),
             ));
         }
     }
     if let Some(t) = f.tokens_per_s {
-        if !(t.is_finite() && t >= 0.0) {
+        if !(t.is_finite() && (0.0..=MAX_TOKENS_PER_S).contains(&t)) {
             return Err(Error::invalid(
                 WHAT,
                 "tokens_per_s",
-                format!("({t}) must be a finite number, at least 0"),
+                format!("({t}) must be a number from 0 to {MAX_TOKENS_PER_S:e}"),
             ));
         }
     }
@@ -320,9 +408,10 @@ impl RunnerReply {
     /// The trial outcome this reply means for `knobs` of a model of `seq_len` tokens a
     /// sequence: a fit with its median and spread computed here from the step times, as for
     /// autotune's own trials; an error or an unsupported regime is a crash, which the search
-    /// treats as infeasible.
-    pub fn outcome(&self, knobs: &Knobs, seq_len: usize) -> Outcome {
-        match &self.answer {
+    /// treats as infeasible. A fit whose throughput is beyond [`MAX_TOKENS_PER_S`] is an
+    /// invalid reply, naming its step times.
+    pub fn outcome(&self, knobs: &Knobs, seq_len: usize) -> Result<Outcome> {
+        Ok(match &self.answer {
             RunnerAnswer::Fits {
                 step_times_s,
                 peak_gpu_bytes,
@@ -336,6 +425,17 @@ impl RunnerReply {
                     *peak_gpu_bytes,
                     *peak_host_bytes,
                 );
+                if m.tokens_per_s > MAX_TOKENS_PER_S {
+                    return Err(Error::invalid(
+                        WHAT,
+                        "step_times_s",
+                        format!(
+                            "(median {:e} s) makes {tokens} tokens a step {:e} tokens/s, \
+                             above the physical bound {MAX_TOKENS_PER_S:e}",
+                            m.step_time_median_s, m.tokens_per_s
+                        ),
+                    ));
+                }
                 if let Some(t) = tokens_per_s {
                     m.tokens_per_s = *t;
                 }
@@ -351,7 +451,7 @@ impl RunnerReply {
             RunnerAnswer::Unsupported { reason } => Outcome::Crashed {
                 reason: unsupported_reason(knobs, reason),
             },
-        }
+        })
     }
 }
 

@@ -9,8 +9,11 @@ fn knobs(micro_batch: usize) -> Knobs {
     }
 }
 
+/// The id of the request the replies of these tests answer.
+const ID: u64 = 7;
+
 fn reply(line: &str) -> RunnerReply {
-    match parse_reply_line(line) {
+    match parse_reply_line(line, ID) {
         Some(Ok(reply)) => reply,
         Some(Err(e)) => panic!("{line}: {e:?}"),
         None => panic!("{line}: not taken for a reply"),
@@ -19,7 +22,7 @@ fn reply(line: &str) -> RunnerReply {
 
 /// The field an invalid reply names.
 fn invalid_field(line: &str) -> String {
-    match parse_reply_line(line) {
+    match parse_reply_line(line, ID) {
         Some(Err(BadReply::Invalid(Error::InvalidSpec { field, .. }))) => field,
         other => panic!("{line}: expected an invalid reply, got {other:?}"),
     }
@@ -34,6 +37,7 @@ fn a_request_carries_the_version_the_knobs_the_model_and_the_limits() {
         remeasure: false,
     };
     let request = RunnerRequest::new(
+        ID,
         &ModelSpec::tiny(),
         &trial,
         DeviceKind::Cuda,
@@ -43,7 +47,8 @@ fn a_request_carries_the_version_the_knobs_the_model_and_the_limits() {
     let line = request.to_line();
     assert!(!line.contains('\n'));
     let value: serde_json::Value = serde_json::from_str(&line).unwrap();
-    assert_eq!(value["protocol"], 1);
+    assert_eq!(value["protocol"], 1, "runners of version 1 read it");
+    assert_eq!(value["id"], ID);
     assert_eq!(value["model"]["name"], "tiny");
     assert_eq!(value["model"]["seq_len"], 64);
     assert_eq!(value["knobs"]["micro_batch"], 8);
@@ -81,7 +86,7 @@ fn a_fit_is_measured_from_its_step_times_as_autotunes_own_trials_are() {
         }
     );
     assert!(r.reusable);
-    let Outcome::Fits(m) = r.outcome(&knobs(8), 64) else {
+    let Outcome::Fits(m) = r.outcome(&knobs(8), 64).unwrap() else {
         panic!("a fit");
     };
     assert_eq!(
@@ -108,7 +113,7 @@ fn a_fit_is_measured_from_its_step_times_as_autotunes_own_trials_are() {
         "a runner serves one trial unless it says otherwise"
     );
     assert_eq!(own.identity.engine_version, None);
-    let Outcome::Fits(m) = own.outcome(&knobs(8), 64) else {
+    let Outcome::Fits(m) = own.outcome(&knobs(8), 64).unwrap() else {
         panic!("a fit");
     };
     assert_eq!(m.tokens_per_s, 42.5, "the runner's own count wins");
@@ -120,7 +125,7 @@ fn out_of_memory_errors_and_unsupported_regimes_are_outcomes() {
         r#"{"protocol": 1, "outcome": "out_of_memory", "engine": "pytorch", "memory": "gpu"}"#,
     );
     assert_eq!(
-        oom.outcome(&knobs(8), 64),
+        oom.outcome(&knobs(8), 64).unwrap(),
         Outcome::OutOfMemory {
             memory: MemoryKind::Gpu,
             phase: Phase::ForwardBackward
@@ -131,7 +136,7 @@ fn out_of_memory_errors_and_unsupported_regimes_are_outcomes() {
             "phase": "optimizer_step"}"#,
     );
     assert_eq!(
-        host.outcome(&knobs(8), 64),
+        host.outcome(&knobs(8), 64).unwrap(),
         Outcome::OutOfMemory {
             memory: MemoryKind::Host,
             phase: Phase::OptimizerStep
@@ -141,7 +146,7 @@ fn out_of_memory_errors_and_unsupported_regimes_are_outcomes() {
         r#"{"protocol": 1, "outcome": "error", "engine": "pytorch", "reason": "bad\nbatch"}"#,
     );
     assert_eq!(
-        error.outcome(&knobs(8), 64),
+        error.outcome(&knobs(8), 64).unwrap(),
         Outcome::Crashed {
             reason: "trial runner: bad batch".into()
         }
@@ -154,7 +159,7 @@ fn out_of_memory_errors_and_unsupported_regimes_are_outcomes() {
         offload: Offload::Optimizer,
         ..knobs(4)
     };
-    let Outcome::Crashed { reason } = unsupported.outcome(&offloaded, 64) else {
+    let Outcome::Crashed { reason } = unsupported.outcome(&offloaded, 64).unwrap() else {
         panic!("unsupported is infeasible");
     };
     assert!(reason.contains("offload=optimizer"), "{reason}");
@@ -172,18 +177,18 @@ fn only_json_objects_with_a_protocol_key_are_replies() {
         r#"{"step": 3, "loss": 2.5}"#,
         "\u{0}\u{1}binary",
     ] {
-        assert!(parse_reply_line(line).is_none(), "{line:?}");
+        assert!(parse_reply_line(line, ID).is_none(), "{line:?}");
     }
 }
 
 #[test]
 fn another_protocol_version_is_told_apart_from_a_bad_reply() {
     for (line, found) in [
-        (r#"{"protocol": 2, "outcome": "fits"}"#, "2"),
+        (r#"{"protocol": 3, "id": 7, "outcome": "fits"}"#, "3"),
         (r#"{"protocol": "1", "outcome": "fits"}"#, "\"1\""),
         (r#"{"protocol": null}"#, "null"),
     ] {
-        match parse_reply_line(line) {
+        match parse_reply_line(line, ID) {
             Some(Err(BadReply::Version(v))) => assert_eq!(v, found),
             other => panic!("{line}: {other:?}"),
         }
@@ -202,6 +207,20 @@ fn invalid_replies_name_the_field() {
     assert_eq!(
         invalid_field(&fits(r#", "step_times_s": [0.1, 0.0]"#)),
         "step_times_s[1]"
+    );
+    assert_eq!(
+        invalid_field(&fits(r#", "step_times_s": []"#)),
+        "step_times_s",
+        "a fit without a step time is no measurement"
+    );
+    assert_eq!(
+        invalid_field(&fits(r#", "step_times_s": [0.1, 1e-300]"#)),
+        "step_times_s[1]",
+        "below the physical floor"
+    );
+    assert_eq!(
+        invalid_field(&fits(r#", "step_times_s": [0.1], "tokens_per_s": 1e12"#)),
+        "tokens_per_s"
     );
     assert_eq!(
         invalid_field(&fits(r#", "step_times_s": [1e7]"#)),
@@ -261,5 +280,76 @@ fn an_engine_name_is_trimmed_and_bounded_in_characters() {
         (too_long.as_str(), None),
     ] {
         assert_eq!(engine_name(given).ok().as_deref(), expected, "{given:?}");
+    }
+}
+
+#[test]
+fn a_reply_of_version_2_answers_only_the_request_whose_id_it_echoes() {
+    let line = |id: &str| {
+        format!(
+            r#"{{"protocol": 2{id}, "outcome": "out_of_memory", "engine": "pytorch",
+                "memory": "gpu"}}"#
+        )
+    };
+    assert!(matches!(
+        reply(&line(r#", "id": 7"#)).answer,
+        RunnerAnswer::OutOfMemory { .. }
+    ));
+    assert!(matches!(
+        parse_reply_line(&line(r#", "id": 6"#), ID),
+        Some(Err(BadReply::AnotherRequest(6)))
+    ));
+    assert_eq!(invalid_field(&line("")), "id");
+    assert_eq!(invalid_field(&line(r#", "id": "7""#)), "id");
+    // Version 1 carries no id: matched by order, and an id there is a field it lacks.
+    let v1 = r#"{"protocol": 1, "outcome": "error", "engine": "pytorch", "reason": "x"}"#;
+    assert!(matches!(reply(v1).answer, RunnerAnswer::Error { .. }));
+    assert_eq!(
+        invalid_field(
+            r#"{"protocol": 1, "id": 7, "outcome": "error", "engine": "pytorch", "reason": "x"}"#
+        ),
+        "id"
+    );
+}
+
+#[test]
+fn a_reply_with_nan_or_infinity_is_refused_naming_the_field_unless_it_is_anothers() {
+    let nan = r#"{"protocol": 2, "id": 7, "outcome": "fits", "engine": "pytorch",
+                  "step_times_s": [0.1, NaN], "peak_gpu_bytes": 1, "peak_host_bytes": 1}"#;
+    match parse_reply_line(nan, ID) {
+        Some(Err(BadReply::Invalid(e))) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("step_times_s[1]") && text.contains("NaN"),
+                "{text}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let v1 = r#"{"protocol": 1, "outcome": "fits", "tokens_per_s": Infinity}"#;
+    assert_eq!(invalid_field(v1), "tokens_per_s");
+    assert!(matches!(
+        parse_reply_line(&nan.replace("\"id\": 7", "\"id\": 3"), ID),
+        Some(Err(BadReply::AnotherRequest(3)))
+    ));
+    assert!(parse_reply_line(r#"{"loss": NaN}"#, ID).is_none());
+}
+
+#[test]
+fn a_fit_faster_than_physically_possible_is_refused_naming_its_step_times() {
+    // 16 sequences of 64 tokens in 2 µs: 5e8 tokens/s is possible, in 1 µs at 2^20 tokens not.
+    let fit = |t: &str| {
+        reply(&format!(
+            r#"{{"protocol": 1, "outcome": "fits", "engine": "pytorch", "step_times_s": [{t}],
+                "peak_gpu_bytes": 1, "peak_host_bytes": 1}}"#
+        ))
+    };
+    assert!(fit("2e-6").outcome(&knobs(8), 64).is_ok());
+    match fit("1e-6").outcome(&knobs(8), 1 << 16) {
+        Err(Error::InvalidSpec { field, problem, .. }) => {
+            assert_eq!(field, "step_times_s");
+            assert!(problem.contains("tokens/s"), "{problem}");
+        }
+        other => panic!("{other:?}"),
     }
 }
