@@ -22,13 +22,15 @@
 //! request is skipped, never taken for this trial's. A runner that wrote a reply nobody asked
 //! for (the same reply twice) gets no further trial: its next reply could be the stale one.
 //!
-//! Two things are errors that end the search, because every trial would fail alike: a runner
-//! that cannot be started at all, and one that speaks another protocol version. So is a runner whose engine changes between trials (a plan would mix two
+//! Some things are errors that end the search, because every trial would fail alike: a runner
+//! that cannot be started at all, one that speaks another protocol version, and one that has
+//! never replied while [`MAX_SILENT_TIMEOUTS`] trials timed out (each costs the whole time
+//! limit). So is a runner whose engine changes between trials (a plan would mix two
 //! frameworks' measurements), or is not the one expected ([`ExecProber::expecting_engine`],
 //! to re-measure a recording).
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::job::TrialProcesses;
 use super::runner::{Ended, RunnerCommand, RunnerProcess, RunningGroup, Waited};
@@ -38,6 +40,10 @@ use crate::trial_protocol::{
     unsupported_reason, RunnerAnswer, RunnerIdentity, RunnerReply, RunnerRequest, PROTOCOL_VERSION,
 };
 use crate::Error;
+
+/// How many trials of a runner that has never replied may time out before the search stops:
+/// a runner that does not speak the protocol would otherwise cost every trial's whole limit.
+pub const MAX_SILENT_TIMEOUTS: usize = 2;
 
 /// Runs each trial through a trial runner.
 pub struct ExecProber {
@@ -58,6 +64,10 @@ pub struct ExecProber {
     started: usize,
     /// The id of the last request written (ids start at 1).
     last_id: u64,
+    /// Whether any runner has replied yet.
+    replied: bool,
+    /// Trials that timed out while no runner had replied.
+    silent_timeouts: usize,
 }
 
 impl ExecProber {
@@ -73,6 +83,8 @@ impl ExecProber {
             unsupported: HashMap::new(),
             started: 0,
             last_id: 0,
+            replied: false,
+            silent_timeouts: 0,
         }
     }
 
@@ -169,12 +181,14 @@ impl ExecProber {
         let limit = self.trials.timeout.limit(request);
         let outcome = match runner.wait_reply(limit, id) {
             Waited::Reply(reply) => {
+                self.replied = true;
                 self.answered(runner, &reply, regime)?;
                 reply
                     .outcome(&request.knobs, self.trials.setup.model.seq_len)
                     .unwrap_or_else(invalid_reply)
             }
             Waited::Invalid(e) => {
+                self.replied = true;
                 runner.kill();
                 invalid_reply(e)
             }
@@ -183,9 +197,7 @@ impl ExecProber {
                 return Err(self.other_version(&found));
             }
             Waited::Ended(ended) => ended_outcome(&ended),
-            Waited::TimedOut => Outcome::TimedOut {
-                after_s: limit.as_secs_f64(),
-            },
+            Waited::TimedOut => self.timed_out(limit)?,
         };
         let result = TrialResult {
             request: *request,
@@ -250,6 +262,30 @@ impl ExecProber {
                 self.command().display()
             ),
         )
+    }
+
+    /// A trial that timed out; an error once [`MAX_SILENT_TIMEOUTS`] have while no runner
+    /// ever replied.
+    fn timed_out(&mut self, limit: Duration) -> crate::Result<Outcome> {
+        if !self.replied {
+            self.silent_timeouts += 1;
+            if self.silent_timeouts >= MAX_SILENT_TIMEOUTS {
+                return Err(autotune_core::Error::trial(format!(
+                    "the trial runner `{}` has not replied to any trial: {} trials timed out \
+                     after {} s each. A runner reads one request line on stdin and writes one \
+                     reply line on stdout, flushed, before it reads on \
+                     (docs/trial-protocol.md); check it by hand with a request line, or give \
+                     a first trial longer with `--trial-timeout SECONDS`",
+                    self.command().display(),
+                    self.silent_timeouts,
+                    limit.as_secs_f64()
+                ))
+                .into());
+            }
+        }
+        Ok(Outcome::TimedOut {
+            after_s: limit.as_secs_f64(),
+        })
     }
 }
 

@@ -9,11 +9,15 @@
 //! as the runner's ([`ProcessTree`]: those that left the group with `setsid` too), so nothing
 //! of a trial outlives it. What a runner prints is read through bounded lines
 //! ([`MAX_LINE_BYTES`]), so a runner that prints without end costs autotune no memory.
+//!
+//! Requests are written by a thread of their own: a runner that does not read its stdin would
+//! otherwise block autotune in the write once the pipe is full, beyond any time limit. The
+//! write is then part of the wait for the reply, which the trial's limit bounds.
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -139,7 +143,8 @@ pub(super) struct RunnerProcess {
     child: Child,
     pid: i32,
     tree: ProcessTree,
-    stdin: Option<ChildStdin>,
+    /// Request lines to the writer thread; dropped, the runner's stdin is closed.
+    requests: Option<Sender<String>>,
     stdout: Receiver<Stdout>,
     /// Candidate lines received and not yet read.
     pending: VecDeque<String>,
@@ -192,7 +197,7 @@ impl RunnerProcess {
             child,
             pid,
             tree,
-            stdin: Some(stdin),
+            requests: Some(write_requests(stdin)),
             stdout: read_replies(stdout, Arc::clone(&last_stdout)),
             pending: VecDeque::new(),
             closed: false,
@@ -203,21 +208,18 @@ impl RunnerProcess {
         })
     }
 
-    /// Writes one request line; with `last`, closes stdin after it (the runner then sees the
-    /// end of its input). `false` when the runner no longer reads (it has exited).
-    pub fn send(&mut self, line: &str, last: bool) -> bool {
-        let sent = match self.stdin.as_mut() {
-            Some(stdin) => stdin
-                .write_all(line.as_bytes())
-                .and_then(|()| stdin.write_all(b"\n"))
-                .and_then(|()| stdin.flush())
-                .is_ok(),
-            None => false,
-        };
-        if last {
-            drop(self.stdin.take());
+    /// Hands one request line to the writer; with `last`, closes stdin after it (the runner
+    /// then sees the end of its input). A runner that does not read shows it in the wait for
+    /// its reply, which is bounded; one that is gone, in its end.
+    pub fn send(&mut self, line: &str, last: bool) {
+        if let Some(requests) = &self.requests {
+            // A writer that has stopped (the runner closed its stdin) leaves the reply's wait
+            // to tell what the runner did.
+            let _ = requests.send(line.to_string());
         }
-        sent
+        if last {
+            self.requests = None;
+        }
     }
 
     /// Whether the runner is still running (it may serve the next trial).
@@ -293,7 +295,7 @@ impl RunnerProcess {
     /// Ends a runner that has answered and will not serve again: closes its input, gives it
     /// [`EXIT_GRACE`] to exit, then kills whatever of its group is left.
     pub fn finish(mut self) {
-        drop(self.stdin.take());
+        self.requests = None;
         let deadline = Instant::now() + EXIT_GRACE;
         while !self.exited() && Instant::now() < deadline {
             std::thread::sleep(POLL);
@@ -306,7 +308,7 @@ impl RunnerProcess {
         if self.reaped {
             return;
         }
-        drop(self.stdin.take());
+        self.requests = None;
         kill_group(self.pid);
         // The runner may have left its group; it goes too.
         let _ = self.child.kill();
@@ -332,7 +334,7 @@ impl RunnerProcess {
 
     /// How a runner that exited without a reply ended (its group is killed and it is reaped).
     fn ended(&mut self) -> Ended {
-        drop(self.stdin.take());
+        self.requests = None;
         kill_group(self.pid);
         self.tree.kill();
         let status = self.child.wait();
@@ -359,6 +361,24 @@ fn kill_group(pgid: i32) {
         // Gone already is fine: the group ended on its own.
         let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
     }
+}
+
+/// A thread that writes each request line it is handed to the runner's `stdin`, and closes it
+/// when the sender is dropped or a write fails (the runner closed it, or was killed).
+fn write_requests(mut stdin: ChildStdin) -> Sender<String> {
+    let (tx, rx) = mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in rx {
+            let written = stdin
+                .write_all(line.as_bytes())
+                .and_then(|()| stdin.write_all(b"\n"))
+                .and_then(|()| stdin.flush());
+            if written.is_err() {
+                break;
+            }
+        }
+    });
+    tx
 }
 
 /// A thread that passes on the lines of the runner's `stdout` that may be replies, a read's

@@ -69,8 +69,8 @@ mod isolation;
 /// The exec backend through a fake trial runner: failures as outcomes, the boundary, engines.
 mod exec;
 
-/// The trial protocol against runners that break it: double and late replies, children that
-/// escape with `setsid`, NaN.
+/// The trial protocol against runners that break it: double and late replies, a runner that
+/// never reads, children that escape with `setsid`, NaN.
 mod trial_protocol;
 
 /// The PyTorch harness as a trial runner on the CPU (skipped without torch).

@@ -1,6 +1,7 @@
 //! The trial protocol against runners that break it (`tests/fixtures/exec/fake_runner.py`): one
-//! that answers twice or late, one whose child escapes with `setsid`, one that answers NaN.
-//! The search stays correct, and no process of a runner outlives its trial.
+//! that answers twice or late, one that never reads its requests, one whose child escapes
+//! with `setsid`, one that answers NaN. The search stays correct and bounded in time, and no
+//! process of a runner outlives its trial.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -73,6 +74,63 @@ fn a_search_through_a_runner_of_version_1_that_answers_twice_finds_the_boundary(
             "trial at {mb} carries its own measurement: {trial}"
         );
     }
+}
+
+/// A prober of a model whose request line is larger than a pipe holds, asking `runner`.
+fn large_request_prober(args: &[&str], limit: Duration) -> ExecProber {
+    let model = ModelSpec {
+        name: "m".repeat(4 * MIB as usize),
+        ..ModelSpec::tiny()
+    };
+    let setup = TrialSetup::new(&model, "cuda", Some(4 << 30), Some(32 << 30));
+    let command = RunnerCommand::new(&runner_argv(args)).unwrap();
+    ExecProber::new(TrialProcesses::new(command, setup).with_timeout(TrialTimeout::fixed(limit)))
+}
+
+#[test]
+fn a_runner_that_never_reads_times_out_and_stops_the_search_on_the_second_trial() {
+    let started = Instant::now();
+    let mut deaf = large_request_prober(&["--deaf"], Duration::from_secs(2));
+    let first = deaf.probe(&request(1)).expect("a timeout is an outcome");
+    assert_eq!(first.outcome, Outcome::TimedOut { after_s: 2.0 });
+    let err = deaf.probe(&request(2)).unwrap_err().to_string();
+    assert!(
+        err.contains("fake_runner.py --deaf")
+            && err.contains("has not replied")
+            && err.contains("--trial-timeout"),
+        "names the runner and the fix: {err}"
+    );
+    // Two limits of 2 s, not a write that blocks for ever.
+    assert!(started.elapsed() < Duration::from_secs(60));
+
+    // A runner that has replied once may time out as often as the search meets it.
+    let mut hangs = prober(&["--at", "2:hang", "--at", "3:hang"]);
+    assert!(matches!(
+        hangs.probe(&request(1)).unwrap().outcome,
+        Outcome::Fits(_)
+    ));
+    for mb in [2, 3] {
+        let result = hangs.probe(&request(mb)).unwrap();
+        assert!(
+            matches!(result.outcome, Outcome::TimedOut { .. }),
+            "{result:?}"
+        );
+    }
+}
+
+#[test]
+fn a_search_through_a_runner_that_never_answers_stops_with_exit_2_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let out = tune(dir.path(), &[], &["--deaf"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("fake_runner.py --deaf`") && err.contains("--trial-timeout"),
+        "{err}"
+    );
+    // Two trials of 5 s each, not one for each of the search's trials.
+    assert!(started.elapsed() < Duration::from_secs(120));
 }
 
 /// The pid a runner wrote to `file`.
