@@ -84,8 +84,8 @@ impl RunningGroup {
     pub fn stop(&self) {
         let running = self.0.lock().map(|r| r.clone()).unwrap_or_default();
         if let Some((pgid, tree)) = running {
+            tree.kill(pgid);
             kill_group(pgid);
-            tree.kill();
         }
     }
 
@@ -182,8 +182,8 @@ impl RunnerProcess {
         let (Some(stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
+            tree.kill(pid);
             kill_group(pid);
-            tree.kill();
             let _ = child.wait();
             running.release(pid);
             return Err(Error::internal(
@@ -308,11 +308,13 @@ impl RunnerProcess {
         if self.reaped {
             return;
         }
-        self.requests = None;
+        // Stopped before its input ends: a runner that exited at the end of its input would
+        // leave its children to be found by their mark alone.
+        self.tree.kill(self.pid);
         kill_group(self.pid);
-        // The runner may have left its group; it goes too.
+        // The runner may have left its group and cleared its environment; it goes too.
         let _ = self.child.kill();
-        self.tree.kill();
+        self.requests = None;
         let _ = self.child.wait();
         self.reaped = true;
         self.running.release(self.pid);
@@ -335,8 +337,8 @@ impl RunnerProcess {
     /// How a runner that exited without a reply ended (its group is killed and it is reaped).
     fn ended(&mut self) -> Ended {
         self.requests = None;
+        self.tree.kill(self.pid);
         kill_group(self.pid);
-        self.tree.kill();
         let status = self.child.wait();
         self.reaped = true;
         self.running.release(self.pid);

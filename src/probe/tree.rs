@@ -1,6 +1,6 @@
 //! Every process a trial runner started, wherever it went: each runner is started with a mark
 //! of its own in its environment ([`TREE_VARIABLE`]), which every process it starts inherits,
-//! and [`ProcessTree::kill`] kills every process that carries it.
+//! and [`ProcessTree::kill`] kills every process that carries it, with their children.
 //!
 //! The runner's process group alone does not hold its tree: a process that calls `setsid`
 //! (a daemonising library, `subprocess.Popen(start_new_session=True)`) leaves the group, and
@@ -9,8 +9,9 @@
 //! but could not tell them from the other children of the process it is set on (a test
 //! process runs many probers at once), so it would not say which to kill; cgroups need a
 //! delegated hierarchy that most hosts do not give. Only a process that starts with an emptied
-//! environment escapes the mark; the runner's process group still catches it while it stays
-//! in the group. Where there is no `/proc` (not Linux), the group is all that is killed.
+//! environment and whose parent has exited escapes the mark; the runner's process group still
+//! catches it while it stays in the group. Where there is no `/proc` (not Linux), the group is
+//! all that is killed.
 
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -52,41 +53,67 @@ impl ProcessTree {
         }
     }
 
-    /// Kills every process of the tree that is still running (SIGKILL); returns how many.
-    pub fn kill(&self) -> usize {
-        let mut killed = 0;
+    /// Kills every process of the tree of `root` (the runner) that is still running: those
+    /// that carry the mark, `root`, and the children of any of them. They are all stopped
+    /// first, until a scan finds no other, so that none can start another process or leave
+    /// while they are looked for (a child between `fork` and `exec` is found by its parent,
+    /// which stays until the kill); then all are killed. Returns how many were.
+    pub fn kill(&self, root: i32) -> usize {
+        let mut stopped: Vec<i32> = Vec::new();
         for _ in 0..MAX_SCANS {
-            let marked = self.marked_pids();
-            if marked.is_empty() {
+            let found: Vec<i32> = self
+                .members(root)
+                .into_iter()
+                .filter(|pid| !stopped.contains(pid))
+                .collect();
+            if found.is_empty() {
                 break;
             }
-            for pid in marked {
-                // Gone already is fine: it ended between the scan and now.
-                if rustix::process::kill_process(pid, rustix::process::Signal::KILL).is_ok() {
-                    killed += 1;
-                }
+            for &pid in &found {
+                signal(pid, rustix::process::Signal::STOP);
             }
+            stopped.extend(found);
         }
-        killed
+        stopped
+            .iter()
+            .filter(|&&pid| signal(pid, rustix::process::Signal::KILL))
+            .count()
     }
 
-    /// The processes whose environment carries the mark (a process that has exited and waits
-    /// to be reaped has no environment left, so it is not found again).
-    fn marked_pids(&self) -> Vec<rustix::process::Pid> {
+    /// The processes of the tree: those that carry the mark, `root`, and their descendants.
+    fn members(&self, root: i32) -> Vec<i32> {
         let Ok(entries) = std::fs::read_dir("/proc") else {
             return Vec::new();
         };
-        let own = std::process::id();
-        entries
-            .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        let own = i32::try_from(std::process::id()).unwrap_or(0);
+        let processes: Vec<(i32, i32)> = entries
+            .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
             .filter(|&pid| pid != own)
-            .filter(|pid| {
-                // Unreadable (another user's process, or one gone since): not ours.
-                std::fs::read(format!("/proc/{pid}/environ"))
-                    .is_ok_and(|environ| self.is_in(&environ))
-            })
-            .filter_map(|pid| rustix::process::Pid::from_raw(i32::try_from(pid).ok()?))
-            .collect()
+            .filter_map(|pid| Some((pid, parent(pid)?)))
+            .collect();
+        let mut members: Vec<i32> = processes
+            .iter()
+            .map(|&(pid, _)| pid)
+            .filter(|&pid| pid == root || self.marks(pid))
+            .collect();
+        // Children of members join, then theirs, until none is left to join.
+        loop {
+            let joining: Vec<i32> = processes
+                .iter()
+                .filter(|(pid, ppid)| members.contains(ppid) && !members.contains(pid))
+                .map(|&(pid, _)| pid)
+                .collect();
+            if joining.is_empty() {
+                return members;
+            }
+            members.extend(joining);
+        }
+    }
+
+    /// Whether process `pid` carries the mark (a process that has exited and waits to be
+    /// reaped has no environment left; another user's cannot be read: neither does).
+    fn marks(&self, pid: i32) -> bool {
+        std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|environ| self.is_in(&environ))
     }
 
     /// Whether `environ` (NUL-separated `NAME=value` entries) holds the mark.
@@ -95,6 +122,20 @@ impl ProcessTree {
             .split_inclusive(|&b| b == 0)
             .any(|entry| entry == self.entry.as_slice())
     }
+}
+
+/// The parent of process `pid`, from `/proc/PID/stat` (`None` if it is gone).
+fn parent(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The name, in parentheses, may hold spaces and parentheses: the fields follow the last.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Sends `signal` to process `pid`; `false` when it is gone already.
+fn signal(pid: i32, signal: rustix::process::Signal) -> bool {
+    rustix::process::Pid::from_raw(pid)
+        .is_some_and(|pid| rustix::process::kill_process(pid, signal).is_ok())
 }
 
 impl Default for ProcessTree {
