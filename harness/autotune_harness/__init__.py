@@ -42,7 +42,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Iterable, Optional, TextIO
 
-from .protocol import PROTOCOL, Replier, Request, requests
+from .protocol import PROTOCOL, REQUEST_PROTOCOL, Replier, Request, requests
 from .trial import Failed, Hooks, Unsupported, default_loss, default_optimizer
 
 __all__ = ["serve", "Unsupported", "PROTOCOL", "default_loss", "default_optimizer"]
@@ -69,9 +69,9 @@ class _Runner:
         if "unreadable" in message:
             r.error(f"the request is not a JSON object: {message['unreadable']}", reusable=True)
             return True
-        if message.get("protocol") != PROTOCOL:
-            r.error(f"this harness speaks trial protocol {PROTOCOL}, the request "
-                    f"{message.get('protocol')!r}", reusable=False)
+        if message.get("protocol") != REQUEST_PROTOCOL:
+            r.error(f"this harness reads requests of trial protocol {REQUEST_PROTOCOL}, the "
+                    f"request is {message.get('protocol')!r}", reusable=False)
             return False
         try:
             request = Request(message)
@@ -176,6 +176,7 @@ def serve(build_model: Callable[[dict], Any], make_batch: Callable[..., Any], *,
     replier = Replier(ENGINE, version, stdout)
     runner = _Runner(Hooks(build_model, make_batch, blocks, loss_fn, build_optimizer), replier)
     for message in requests(stdin):
+        replier.answering(message)
         if torch_missing is not None:
             replier.unsupported(torch_missing, reusable=True)
             continue

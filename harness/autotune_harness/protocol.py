@@ -2,7 +2,9 @@
 reply line out. Python standard library only.
 
 autotune writes one request per line on the runner's stdin; the runner answers each with one
-JSON line on stdout that carries ``"protocol": 1``. Anything else the runner (or a library it
+JSON line on stdout that carries ``"protocol": 2`` and echoes the request's ``id``, so that
+autotune never takes a reply for another request's (a request without an id, from an older
+autotune, is answered in protocol 1, without one). Anything else the runner (or a library it
 uses) prints on stdout is skipped by autotune, so printing is safe; only the reply must be one
 line and flushed.
 """
@@ -13,7 +15,10 @@ import json
 import sys
 from typing import Iterator, Optional, TextIO
 
-PROTOCOL = 1
+# The version of replies that echo their request's id.
+PROTOCOL = 2
+# The version requests say they are: a version-2 request is a version-1 request with an id.
+REQUEST_PROTOCOL = 1
 
 PHASES = ("setup", "forward_backward", "optimizer_step", "eval", "checkpoint")
 
@@ -90,10 +95,19 @@ class Replier:
         self.engine_version = engine_version
         self.device: Optional[str] = None
         self.out = out
+        self.request_id: Optional[int] = None
+
+    def answering(self, message: dict) -> None:
+        """Makes the next replies answer ``message``: they echo its ``id``."""
+        request_id = message.get("id")
+        valid = isinstance(request_id, int) and not isinstance(request_id, bool)
+        self.request_id = request_id if valid and request_id >= 0 else None
 
     def _send(self, outcome: str, reusable: bool, **fields) -> dict:
-        message = {"protocol": PROTOCOL, "outcome": outcome, "engine": self.engine,
+        message = {"protocol": 1, "outcome": outcome, "engine": self.engine,
                    "reusable": bool(reusable)}
+        if self.request_id is not None:
+            message.update(protocol=PROTOCOL, id=self.request_id)
         if self.engine_version:
             message["engine_version"] = self.engine_version
         if self.device:

@@ -21,12 +21,15 @@ SPEC = {"name": "tiny", "vocab_size": 256, "d_model": 64, "n_heads": 4, "n_layer
         "d_ff": 256, "seq_len": 64}
 
 
-def request(**knobs):
+def request(id=None, **knobs):
     base = {"micro_batch": 8, "grad_accum": 2, "precision": "bf16",
             "checkpointing": {"mode": "every_kth", "k": 2}, "offload": "optimizer"}
     base.update(knobs)
-    return {"protocol": 1, "model": SPEC, "knobs": base, "warmup_steps": 1, "timed_steps": 3,
-            "device": "cuda", "gpu_capacity_bytes": 1 << 34, "host_budget_bytes": 1 << 35}
+    message = {"protocol": 1, "model": SPEC, "knobs": base, "warmup_steps": 1, "timed_steps": 3,
+               "device": "cuda", "gpu_capacity_bytes": 1 << 34, "host_budget_bytes": 1 << 35}
+    if id is not None:
+        message["id"] = id
+    return message
 
 
 class Stdin(io.StringIO):
@@ -60,9 +63,13 @@ class ProtocolTest(unittest.TestCase):
         r.fits([0.2, 0.1], 123, 456)
         r.out_of_memory("gpu", "eval", reusable=False)
         r.error("x" * 5000)
+        r.answering(request(id=41))
+        r.error("late")
         lines = out.getvalue().splitlines()
-        self.assertEqual(len(lines), 3)
-        fits, oom, error = (json.loads(line) for line in lines)
+        self.assertEqual(len(lines), 4)
+        fits, oom, error, answered = (json.loads(line) for line in lines)
+        # Protocol 2 echoes the request's id; a request without one is answered in protocol 1.
+        self.assertEqual((answered["protocol"], answered["id"]), (2, 41))
         self.assertEqual(fits, {"protocol": 1, "outcome": "fits", "engine": "pytorch",
                                 "reusable": True, "engine_version": "2.11.0",
                                 "device": "NVIDIA H200", "step_times_s": [0.2, 0.1],
@@ -76,7 +83,7 @@ class ProtocolTest(unittest.TestCase):
         saved = sys.modules.get("torch")
         sys.modules["torch"] = None  # `import torch` now raises ImportError
         try:
-            lines = "".join(json.dumps(request(micro_batch=b)) + "\n" for b in (1, 2))
+            lines = "".join(json.dumps(request(id=b, micro_batch=b)) + "\n" for b in (1, 2))
             stdin, stdout = Stdin(lines + "not json\n"), io.StringIO()
             code = serve(lambda spec: None, lambda *a: None, stdin=stdin, stdout=stdout)
         finally:
@@ -87,6 +94,7 @@ class ProtocolTest(unittest.TestCase):
         self.assertEqual(code, 0)
         replies = [json.loads(line) for line in stdout.getvalue().splitlines()]
         self.assertEqual(len(replies), 3)
+        self.assertEqual([r.get("id") for r in replies], [1, 2, None])
         for reply in replies:
             self.assertEqual(reply["outcome"], "unsupported")
             self.assertIn("PyTorch is not importable", reply["reason"])
