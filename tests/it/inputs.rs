@@ -302,7 +302,10 @@ fn a_weights_header_claiming_a_huge_tensor_is_refused_before_it_is_read() {
     out.extend_from_slice(&json);
     out.extend_from_slice(&bytes[8 + len..]);
     std::fs::write(&weights, &out).unwrap();
-    let file = std::fs::OpenOptions::new().write(true).open(&weights).unwrap();
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&weights)
+        .unwrap();
     file.set_len(out.len() as u64 + claimed).unwrap();
     let args = ["train", "--model", "model", "--data", "pattern"];
     let out = run_bounded(d, &[&args[..], &TRAIN_ONE[..]].concat());

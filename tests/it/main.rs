@@ -54,11 +54,11 @@ mod chat_template;
 /// Big numbers in flags and specs: refused naming the field, or answered as not fitting.
 mod bounds;
 
+/// Inputs that are no regular file (a FIFO, a device) or larger than any real one: refused.
+mod inputs;
 /// Configs, checkpoints and flags that would be read as something else: refused in the user's
 /// own terms, with nothing written.
 mod strict_configs;
-/// Inputs that are no regular file (a FIFO, a device) or larger than any real one: refused.
-mod inputs;
 
 /// Tuning on the CPU: exact boundaries, model error, plans that train, bad input.
 mod tune;
