@@ -168,7 +168,7 @@ impl SearchDriver {
         let mut doublings = Vec::with_capacity(2);
         for (hi, low) in [(lo, previous), (previous, earlier)] {
             let (top, bottom) = (measured(hi)?, measured(low)?);
-            if !(bottom.1.tokens_per_s > 0.0) {
+            if bottom.1.tokens_per_s.is_nan() || bottom.1.tokens_per_s <= 0.0 {
                 return None;
             }
             let gain = top.1.tokens_per_s / bottom.1.tokens_per_s - 1.0;
