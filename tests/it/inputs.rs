@@ -116,8 +116,9 @@ struct Row {
     setup: fn(&Path),
     special: &'static str,
     args: &'static [&'static str],
-    /// Refuses a link before it follows it (a checkpoint holds its files themselves).
-    refuses_links: bool,
+    /// What a link to `/dev/zero` is refused for, where that comes before the file's kind: a
+    /// checkpoint holds its files themselves, and a model's weights lie inside its folder.
+    link_refused_as: Option<&'static str>,
 }
 
 const TRAIN_ONE: [&str; 6] = ["--steps", "1", "--micro-batch", "2", "--device", "cpu"];
@@ -129,7 +130,7 @@ fn rows() -> Vec<Row> {
             setup: |_| {},
             special: "spec.json",
             args: &["train", "--model", "spec.json"],
-            refuses_links: false,
+            link_refused_as: None,
         },
         Row {
             what: "a model folder's config.json",
@@ -139,7 +140,7 @@ fn rows() -> Vec<Row> {
             },
             special: "model/config.json",
             args: &["train", "--model", "model", "--data", "pattern"],
-            refuses_links: false,
+            link_refused_as: None,
         },
         Row {
             what: "a shard of sharded weights",
@@ -150,7 +151,7 @@ fn rows() -> Vec<Row> {
             },
             special: "model/shard.safetensors",
             args: &["train", "--model", "model", "--data", "pattern"],
-            refuses_links: false,
+            link_refused_as: Some("outside the model folder"),
         },
         Row {
             what: "weights",
@@ -159,7 +160,7 @@ fn rows() -> Vec<Row> {
             },
             special: "model/model.safetensors",
             args: &["train", "--model", "model", "--data", "pattern"],
-            refuses_links: false,
+            link_refused_as: Some("outside the model folder"),
         },
         Row {
             what: "a tokenizer",
@@ -174,14 +175,14 @@ fn rows() -> Vec<Row> {
                 "--tokenizer",
                 "tokenizer.json",
             ],
-            refuses_links: false,
+            link_refused_as: None,
         },
         Row {
             what: "a token file",
             setup: |_| {},
             special: "tokens.bin",
             args: &["train", "--model", "tiny", "--data", "tokens.bin"],
-            refuses_links: false,
+            link_refused_as: None,
         },
         Row {
             what: "records",
@@ -193,21 +194,21 @@ fn rows() -> Vec<Row> {
             },
             special: "d.jsonl",
             args: &["data", "--model", "model", "--data", "d.jsonl"],
-            refuses_links: false,
+            link_refused_as: None,
         },
         Row {
             what: "a plan",
             setup: |_| {},
             special: "plan.json",
             args: &["export", "--plan", "plan.json", "--format", "deepspeed"],
-            refuses_links: false,
+            link_refused_as: None,
         },
         Row {
             what: "a recorded profile",
             setup: |_| {},
             special: "profile.json",
             args: &["check", "--profile", "profile.json"],
-            refuses_links: false,
+            link_refused_as: None,
         },
         Row {
             what: "a checkpoint's state",
@@ -229,7 +230,7 @@ fn rows() -> Vec<Row> {
                 "ck",
                 "--resume",
             ],
-            refuses_links: true,
+            link_refused_as: Some("symbolic link"),
         },
     ]
 }
@@ -255,8 +256,8 @@ fn an_input_that_is_no_regular_file_is_refused_at_once_naming_it() {
             assert_eq!(out.status.code(), Some(2), "{case}");
             let name = Path::new(row.special).file_name().unwrap();
             assert!(err.contains(name.to_str().unwrap()), "{case}");
-            let words = match special {
-                Special::DevZero if row.refuses_links => "symbolic link",
+            let words = match (special, row.link_refused_as) {
+                (Special::DevZero, Some(words)) => words,
                 _ => special.words(),
             };
             assert!(err.contains(words), "{case}");
