@@ -1,5 +1,6 @@
 //! Fuzzing every JSON reader (model spec, Hugging Face config, device spec, plan, recorded
-//! profile, checkpoint state and manifest, a checkpoint's safetensors header) and the numeric command-line inputs: whatever the input, the answer is exit 0, 1 or
+//! profile, checkpoint state and manifest, a checkpoint's safetensors header, a trial runner's
+//! reply) and the numeric command-line inputs: whatever the input, the answer is exit 0, 1 or
 //! 2 within the case's time limit, never a panic (101), an abort (134) or a hang.
 //!
 //! `every_reader_and_flag_ends_in_an_answer` is the bounded run of `cargo test`: the readers
@@ -40,6 +41,34 @@ const SMALL: &str = r#"{"name": "fuzz", "vocab_size": 32, "d_model": 16, "n_head
 /// A CPU target with 4 GiB of host memory.
 const DEVICE: &str = r#"{"name": "fuzz-cpu", "kind": "cpu", "gpu_memory_bytes": null, "gpu_count": 1,
   "host_memory_bytes": 4294967296, "host_to_device_gbps": null, "notes": "fuzz"}"#;
+
+/// A protocol-2 reply of a trial that fit, on a CPU target (no device memory). Its `id` is
+/// [`REPLY_ID`], which the runner replaces with the id of the request it answers.
+const REPLY: &str = r#"{"protocol": 2, "id": 918273645, "outcome": "fits", "engine": "fuzz-runner",
+  "engine_version": "0.0-fuzz", "device": "fuzz cpu", "reusable": false, "step_times_s": [0.01, 0.011],
+  "peak_gpu_bytes": 0, "peak_host_bytes": 104857600}"#;
+
+/// The reply's `id`, a number no mutation writes (they write bounds, not this), so that the
+/// runner finds it where the valid reply has it, and a mutation of it stays a wrong id.
+const REPLY_ID: &str = "918273645";
+
+/// A trial runner that answers every request line with the reply in the file it is given,
+/// the request's `id` in place of [`REPLY_ID`]. It reads each request before answering, as the
+/// protocol asks, so that a reply autotune skips leaves it waiting, as a real runner would.
+const REPLY_RUNNER: &str = r#"import json, sys
+reply = open(sys.argv[1], "rb").read()
+while True:
+    line = sys.stdin.buffer.readline()
+    if not line:
+        break
+    request_id = str(json.loads(line)["id"]).encode()
+    sys.stdout.buffer.write(reply.replace(b"REPLY_ID", request_id) + b"\n")
+    sys.stdout.buffer.flush()
+"#;
+
+/// The trial limit of a case through a runner: a reply autotune skips (a mutated `id`) leaves
+/// each trial waiting this long, and a runner is a Python process of milliseconds.
+const REPLY_TRIAL_TIMEOUT: &str = "3";
 
 /// How long one case may take before it counts as a hang.
 const CASE_LIMIT: Duration = Duration::from_secs(120);
@@ -135,6 +164,7 @@ enum Reader {
     CheckpointState,
     CheckpointManifest,
     SafetensorsHeader,
+    TrialReply,
 }
 
 /// Every numeric flag: the command, the flag, how its valid values can run.
@@ -181,6 +211,7 @@ fn case() -> impl Strategy<Value = Case> {
         Reader::CheckpointState,
         Reader::CheckpointManifest,
         Reader::SafetensorsHeader,
+        Reader::TrialReply,
     ]);
     let flag = (0..FLAGS.len())
         .prop_flat_map(|i| mutate::flag_value(FLAGS[i].2).prop_map(move |v| Case::Flag(i, v)));
@@ -224,6 +255,7 @@ impl Case {
                     Reader::CheckpointState => fx.state.clone(),
                     Reader::CheckpointManifest => fx.manifest.clone(),
                     Reader::SafetensorsHeader => fx.header.clone(),
+                    Reader::TrialReply => serde_json::from_str(REPLY).unwrap(),
                 };
                 let text = mutate::apply(&base_doc, mutations);
                 match reader {
@@ -269,6 +301,11 @@ impl Case {
                             ]),
                             _ => args(&["report", "doc.json", "--out", "report.html"]),
                         }
+                    }
+                    Reader::TrialReply => {
+                        let mut a = args(&["tune", "--model", &small, "--target", &device]);
+                        a.extend(short_tune());
+                        through_runner(dir, &text, a)
                     }
                     Reader::CheckpointState
                     | Reader::CheckpointManifest
@@ -365,6 +402,26 @@ impl Case {
             }
         }
     }
+}
+
+/// `tune` (its arguments so far) with its trials asked of a runner in `dir` that answers every
+/// request with `reply`, each trial limited to [`REPLY_TRIAL_TIMEOUT`].
+fn through_runner(dir: &Path, reply: &[u8], mut tune: Vec<String>) -> Vec<String> {
+    std::fs::write(dir.join("reply.json"), reply).unwrap();
+    let runner = REPLY_RUNNER.replace("REPLY_ID", REPLY_ID);
+    std::fs::write(dir.join("runner.py"), runner).unwrap();
+    let limit = tune.iter().position(|f| f == "--trial-timeout").unwrap();
+    tune[limit + 1] = REPLY_TRIAL_TIMEOUT.into();
+    let runner = [
+        "--backend",
+        "exec",
+        "--",
+        "python3",
+        "runner.py",
+        "reply.json",
+    ];
+    tune.extend(runner.iter().map(|s| s.to_string()));
+    tune
 }
 
 /// The tiny Llama fixture's `config.json`: a Hugging Face config of a model that trains in
@@ -573,6 +630,14 @@ fn read_in_process(reader: Reader, text: &str, tensor_bytes: &[u8]) {
                 }
             }
         }
+        Reader::TrialReply => {
+            // As the runner writes it to request 1, and as the search reads it for a trial.
+            let line = text.replace(REPLY_ID, "1");
+            if let Some(Ok(reply)) = autotune::trial_protocol::parse_reply_line(&line, 1) {
+                let knobs = autotune::Knobs::new(2, autotune::Precision::Fp32);
+                let _ = reply.outcome(&knobs, 8);
+            }
+        }
     }
 }
 
@@ -591,6 +656,7 @@ fn every_reader_and_flag_ends_in_an_answer() {
         (Reader::CheckpointState, fx.state.clone()),
         (Reader::CheckpointManifest, fx.manifest.clone()),
         (Reader::SafetensorsHeader, fx.header.clone()),
+        (Reader::TrialReply, serde_json::from_str(REPLY).unwrap()),
     ];
     let mut runner = TestRunner::new(Config {
         cases: 64,
@@ -606,6 +672,11 @@ fn every_reader_and_flag_ends_in_an_answer() {
             })
             .unwrap_or_else(|e| panic!("{reader:?}: {e}"));
     }
+    // The valid reply gives a plan: the runner works, so the mutated replies reach the reader.
+    let dir = tempfile::tempdir().unwrap();
+    let args = Case::Document(Reader::TrialReply, vec![]).prepare(&fx, dir.path());
+    let ended = run(dir.path(), &args, CASE_LIMIT);
+    assert_eq!(ended.code, Some(0), "{args:?}\n{}", ended.last_words);
     drop(fx);
     let found = fuzz_binary(100, 7, 1);
     assert!(
