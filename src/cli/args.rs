@@ -55,6 +55,10 @@ pub struct GlobalArgs {
     /// More log detail on stderr (-v debug, -vv trace); RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
+    /// Write an output named through a symbolic link (`--out`, `--record`, `--report`,
+    /// `--metrics`) to the file the link points to; without it such an output is refused.
+    #[arg(long, global = true)]
+    pub follow_symlinks: bool,
 }
 
 #[derive(Debug, Subcommand)]

@@ -12,6 +12,7 @@ mod estimate;
 mod export;
 mod export_weights;
 mod interrupt;
+mod links;
 mod printer;
 mod probe;
 
@@ -52,12 +53,19 @@ pub fn main() -> ExitCode {
         }
     };
     init_tracing(cli.global.verbose, cli.global.quiet);
+    let mut command = cli.command;
+    if cli.global.follow_symlinks {
+        if let Err(err) = links::follow_output_links(&mut command) {
+            print_error(&anyhow::Error::from(err));
+            return ExitCode::from(2);
+        }
+    }
     let printer = Printer::new(
         cli.global.quiet,
         cli.global.verbose > 0,
-        cli.command.wants_json(),
+        command.wants_json(),
     );
-    match run(cli.command, &printer) {
+    match run(command, &printer) {
         Ok(Status::Success) => ExitCode::SUCCESS,
         Ok(Status::Negative) => ExitCode::from(1),
         Ok(Status::Interrupted) => ExitCode::from(130),

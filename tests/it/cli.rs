@@ -309,3 +309,54 @@ fn an_output_over_an_input_another_output_or_a_device_is_refused_before_any_work
     );
     assert!(!dir.path().join("p.json").exists());
 }
+
+#[test]
+fn an_output_through_a_symbolic_link_is_refused_or_written_to_its_target_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir(d.join("plans")).unwrap();
+    std::fs::write(d.join("plans/plan.json"), "old").unwrap();
+    std::os::unix::fs::symlink("plans/plan.json", d.join("latest.json")).unwrap();
+    std::os::unix::fs::symlink("plans/missing/none.json", d.join("dangling.json")).unwrap();
+    let tune = |extra: &[&str]| {
+        let mut args = vec![
+            "tune",
+            "--model",
+            "tiny",
+            "--target",
+            "cpu",
+            "--max-trials",
+            "1",
+            "--timed-steps",
+            "1",
+            "--edge-trials",
+            "0",
+        ];
+        args.extend_from_slice(extra);
+        autotune_in(d, &args)
+    };
+    // Refused by default, naming the flag and the way to write through it; nothing written.
+    let refused = tune(&["--out", "latest.json"]);
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+    assert!(stderr(&refused).contains("--out latest.json"));
+    assert!(stderr(&refused).contains("--follow-symlinks"));
+    assert_eq!(
+        std::fs::read_to_string(d.join("plans/plan.json")).unwrap(),
+        "old"
+    );
+    // Followed when asked: the target holds the plan and the link is still a link to it.
+    let followed = tune(&["--out", "latest.json", "--follow-symlinks"]);
+    assert_eq!(followed.status.code(), Some(0), "{}", stderr(&followed));
+    let plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("plans/plan.json")).unwrap()).unwrap();
+    assert_eq!(plan["tool"]["name"], "autotune");
+    assert!(std::fs::symlink_metadata(d.join("latest.json"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    // A link to nothing has no target to write.
+    let dangling = tune(&["--out", "dangling.json", "--follow-symlinks"]);
+    assert_eq!(dangling.status.code(), Some(2), "{}", stderr(&dangling));
+    assert!(stderr(&dangling).contains("--out dangling.json"));
+    assert!(!d.join("plans/missing").exists());
+}

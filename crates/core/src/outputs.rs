@@ -60,6 +60,24 @@ pub fn check_output_folder(flag: &str, folder: &Path, inputs: &[(&str, &Path)]) 
     Ok(())
 }
 
+/// Where an output named `path` (by `flag`) is written when links are followed
+/// (`--follow-symlinks`): the file a symbolic link finally points to, so that the link stays a
+/// link and its target is replaced; any other path as it is. A link to nothing is refused: there
+/// is no file to write through it that the user could have meant.
+pub fn follow_link(flag: &str, path: &Path) -> Result<PathBuf> {
+    let is_link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+    if !is_link {
+        return Ok(path.to_path_buf());
+    }
+    std::fs::canonicalize(path).map_err(|e| {
+        refused(
+            flag,
+            path,
+            format!("is a symbolic link to nothing that can be opened ({e}); name a file"),
+        )
+    })
+}
+
 /// A path that exists must be a regular file: anything else (a device, a FIFO, a socket, a
 /// directory) would be replaced by one, or written into, and a link's target is not what the
 /// user named.
@@ -69,7 +87,8 @@ fn check_target(flag: &str, path: &Path) -> Result<()> {
     };
     let kind = meta.file_type();
     let problem = if kind.is_symlink() {
-        "is a symbolic link; name the file it points to, or a new path"
+        "is a symbolic link; name the file it points to, a new path, or pass --follow-symlinks \
+         to write the file it points to"
     } else if kind.is_dir() {
         "is a directory; name a file in it"
     } else if !kind.is_file() {
@@ -177,5 +196,27 @@ mod tests {
         std::fs::write(&file, b"x").unwrap();
         let err = check_output_folder("--out", &file, &[]).unwrap_err();
         assert!(err.to_string().contains("name a folder"), "{err}");
+    }
+
+    #[test]
+    fn a_followed_link_is_its_target_and_a_link_to_nothing_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("plan.json");
+        std::fs::write(&target, b"{}").unwrap();
+        let link = dir.path().join("latest.json");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert_eq!(
+            follow_link("--out", &link).unwrap(),
+            std::fs::canonicalize(&target).unwrap()
+        );
+        let fresh = dir.path().join("new.json");
+        assert_eq!(follow_link("--out", &fresh).unwrap(), fresh);
+        // Without following, the link itself is refused, and the message names the flag.
+        let err = check_outputs(&[("--out", &link)], &[]).unwrap_err();
+        assert!(err.to_string().contains("--follow-symlinks"), "{err}");
+        let dangling = dir.path().join("dangling.json");
+        std::os::unix::fs::symlink(dir.path().join("gone/x.json"), &dangling).unwrap();
+        let err = follow_link("--out", &dangling).unwrap_err();
+        assert!(err.to_string().contains("--out"), "{err}");
     }
 }
