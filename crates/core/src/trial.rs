@@ -10,7 +10,7 @@ use crate::knobs::Knobs;
 use crate::{Error, Result};
 
 mod spread;
-pub use spread::Z_95;
+pub use spread::{MEDIAN_EFFICIENCY, Z_95};
 
 /// The most warm-up or timed steps of one trial.
 pub const MAX_TRIAL_STEPS: usize = 1 << 16;

@@ -10,7 +10,7 @@
 //! **Step time.** With `Δ = now / recorded − 1` (medians), a trial is [`Verdict::Slower`] when
 //! `Δ > band` and [`Verdict::Faster`] when `Δ < −band`, where
 //! `band = max(time_threshold, z · √(se_recorded² + se_now²))` and, per trial,
-//! `se = 1.2533 · (spread / 2.5631) / √timed_steps`:
+//! `se = 1.2533 · (spread / 2.5631) / √timed_steps` ([`Measurement::relative_error`]):
 //!
 //! - `spread / 2.5631` is the relative standard deviation (p90 − p10 spans 2.5631 σ of a
 //!   normal distribution), and `1.2533 σ / √n` the standard error of a median of `n` steps;
@@ -45,7 +45,9 @@ use serde::{Deserialize, Serialize};
 
 use super::record::Profile;
 use crate::search::{Event, Purpose, Reporter};
-use crate::trial::{Measurement, MemoryKind, Outcome, Phase, Prober, TrialRequest, TrialResult};
+use crate::trial::{
+    Measurement, MemoryKind, Outcome, Phase, Prober, TrialRequest, TrialResult, MEDIAN_EFFICIENCY,
+};
 use crate::{Error, Result};
 
 /// What separates a change from noise; see the module docs for the rule.
@@ -93,16 +95,7 @@ impl Tolerance {
 
     /// The relative step-time change `recorded` and `now` must exceed to count.
     pub fn time_band(&self, recorded: &Measurement, now: &Measurement) -> f64 {
-        let se = |m: &Measurement| {
-            let n = m.timed_steps.max(1) as f64;
-            let spread = if m.step_time_spread.is_finite() {
-                m.step_time_spread.max(0.0)
-            } else {
-                0.0
-            };
-            1.2533 * (spread / 2.5631) / n.sqrt()
-        };
-        let noise = self.significance_z * se(recorded).hypot(se(now));
+        let noise = self.significance_z * recorded.relative_error().hypot(now.relative_error());
         self.time_threshold.max(noise)
     }
 
@@ -391,7 +384,7 @@ fn median_change_is_significant(changes: &[f64], tolerance: &Tolerance) -> bool 
     let n = sorted.len() as f64;
     let mean = sorted.iter().sum::<f64>() / n;
     let deviation = (sorted.iter().map(|c| (c - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
-    let error = 1.2533 * deviation / n.sqrt();
+    let error = MEDIAN_EFFICIENCY * deviation / n.sqrt();
     median
         > tolerance
             .time_threshold

@@ -13,7 +13,7 @@ use super::Measurement;
 pub const Z_95: f64 = 1.96;
 
 /// The standard error of a median of `n` samples over that of their mean.
-const MEDIAN_EFFICIENCY: f64 = 1.2533;
+pub const MEDIAN_EFFICIENCY: f64 = 1.2533;
 
 /// The width of the p10–p90 range of a normal distribution, in standard deviations.
 const P10_P90_SIGMAS: f64 = 2.5631;
