@@ -37,7 +37,6 @@ gpu_libraries "$GPU_DIR" wheels
 record_header > "$OUTDIR/env.txt"
 gpu_line >> "$OUTDIR/env.txt"
 
-wants() { [[ " $STAGES " == *" $1 "* ]]; }
 
 if wants state; then
   say "state: gpt-1.3b probes at mb 1 and 2, both updates"

@@ -44,7 +44,6 @@ need_bin "build it with cuda-build.sh --out $GPU_DIR --bin autotune --test it"
 gpu_libraries "$GPU_DIR" wheels
 record_header > "$OUTDIR/env.txt"
 gpu_line >> "$OUTDIR/env.txt"
-wants() { [[ " $STAGES " == *" $1 "* ]]; }
 SITE=/tmp/compact_site
 if wants bnb || wants torchtune; then
   mapfile -t wheels < <(ls "$WHEELS"/{torchtune,torchao,omegaconf,antlr4,bitsandbytes}*.whl \

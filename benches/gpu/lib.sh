@@ -37,6 +37,9 @@ usage() {
   exit 2
 }
 
+# wants STAGE: whether the script's $STAGES (a space-separated list) names STAGE.
+wants() { [[ " $STAGES " == *" $1 "* ]]; }
+
 # help_asked ARG...: whether the first argument is -h or --help.
 help_asked() { [[ "${1:-}" == -h || "${1:-}" == --help ]]; }
 

@@ -33,7 +33,6 @@ need_bin "build it with cuda-build.sh --out $GPU_DIR"
 gpu_libraries "$GPU_DIR" wheels
 record_header > "$OUTDIR/env.txt"
 gpu_line >> "$OUTDIR/env.txt"
-wants() { [[ " $STAGES " == *" $1 "* ]]; }
 CASES=("llama-3.2-1b 1,2" "qwen2.5-0.5b 2,4")
 
 if wants probe; then

@@ -38,7 +38,6 @@ gpu_libraries "$GPU_DIR" wheels
 record_header > "$OUTDIR/env.txt"
 gpu_line >> "$OUTDIR/env.txt"
 nproc >> "$OUTDIR/env.txt"
-wants() { [[ " $STAGES " == *" $1 "* ]]; }
 
 if wants ours; then
   warm_up 120 "$OUTDIR/ours.log" cuda bf16

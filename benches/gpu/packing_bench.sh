@@ -36,7 +36,6 @@ need_bin "build it with cuda-build.sh --out $GPU_DIR --bin autotune --test it"
 gpu_libraries "$GPU_DIR" wheels
 record_header > "$OUTDIR/env.txt"
 gpu_line >> "$OUTDIR/env.txt"
-wants() { [[ " $STAGES " == *" $1 "* ]]; }
 
 if wants data; then
   say "data: $CONVERSATIONS conversations"

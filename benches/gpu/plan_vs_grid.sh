@@ -32,7 +32,6 @@ need_bin "build it with cuda-build.sh --out $GPU_DIR --bin autotune"
 gpu_libraries "$GPU_DIR" wheels
 record_header > "$OUTDIR/env.txt"
 gpu_line >> "$OUTDIR/env.txt"
-wants() { [[ " $STAGES " == *" $1 "* ]]; }
 COMPACT=(--precision bf16 --checkpointing all --update in-backward --moments int8
   --masters bf16-sr --moments-on host)
 

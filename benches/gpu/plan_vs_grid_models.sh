@@ -35,7 +35,7 @@ gpu_libraries "$GPU_DIR" wheels
 record_header > "$OUTDIR/env.txt"
 gpu_line >> "$OUTDIR/env.txt"
 
-if [[ " $STAGES " == *" tune "* ]]; then
+if wants tune; then
   say "tune: $MODEL on rtx4090-32g"
   T0="$(date +%s.%N)"
   timeout --kill-after=10 "$TUNE_TIMEOUT" "$BIN" tune --model "$MODEL" --target rtx4090-32g \
@@ -72,7 +72,7 @@ for line in sys.stdin:
   say "  $regime mb $mb: $(tail -n1 "$OUTDIR/$MODEL.grid.jsonl" | grep -o '"tokens_per_s": [0-9.]*\|out_of_memory' | head -1)"
   tail -n1 "$OUTDIR/$MODEL.grid.jsonl" | grep -q '"fits"'
 }
-if [[ " $STAGES " == *" grid "* ]]; then
+if wants grid; then
   for regime in $REGIMES; do
     list="$MBS"
     if [[ "$regime" == "$PLAN_REGIME" && -n "$PLAN_MB" ]]; then
