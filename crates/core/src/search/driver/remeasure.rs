@@ -62,15 +62,11 @@ pub(super) fn pooled_history(history: &[TrialResult]) -> Vec<TrialResult> {
             .collect();
         let entry = &mut pooled[first];
         entry.wall_s = all.iter().map(|r| r.wall_s).sum();
-        entry.outcome = match all.iter().find(|r| r.outcome.measurement().is_none()) {
-            Some(failed) => failed.outcome.clone(),
-            None => Outcome::Fits(Measurement::pooled(&measurements).unwrap_or_else(|| {
-                *history[first]
-                    .outcome
-                    .measurement()
-                    .expect("every run fitted")
-            })),
-        };
+        if let Some(failed) = all.iter().find(|r| r.outcome.measurement().is_none()) {
+            entry.outcome = failed.outcome.clone();
+        } else if let Some(pooled) = Measurement::pooled(&measurements) {
+            entry.outcome = Outcome::Fits(pooled);
+        }
     }
     pooled
 }
@@ -79,7 +75,7 @@ pub(super) fn pooled_history(history: &[TrialResult]) -> Vec<TrialResult> {
 /// interval of the difference, and that interval is wider than the search's resolution (below
 /// it a difference would not matter anyway).
 pub(super) fn indistinguishable(a: &Measurement, b: &Measurement) -> bool {
-    let noise = Z_95 * a.relative_error().hypot(b.relative_error());
+    let noise = difference_noise(a, b);
     let (fast, slow) = if a.tokens_per_s >= b.tokens_per_s {
         (a, b)
     } else {
@@ -91,7 +87,12 @@ pub(super) fn indistinguishable(a: &Measurement, b: &Measurement) -> bool {
 /// The relative throughput difference below which two measurements count as equally fast:
 /// the search's resolution, or the 95 % interval of their difference where that is wider.
 pub(super) fn tie_band(a: &Measurement, b: &Measurement) -> f64 {
-    RESOLUTION_GAIN.max(Z_95 * a.relative_error().hypot(b.relative_error()))
+    RESOLUTION_GAIN.max(difference_noise(a, b))
+}
+
+/// The half-width of the 95 % interval of the relative difference between `a` and `b`.
+fn difference_noise(a: &Measurement, b: &Measurement) -> f64 {
+    Z_95 * a.relative_error().hypot(b.relative_error())
 }
 
 /// Of two measured settings, the one to run again: the one run fewer times, then the noisier,
@@ -172,7 +173,7 @@ impl SearchDriver {
                 return None;
             }
             let gain = top.1.tokens_per_s / bottom.1.tokens_per_s - 1.0;
-            let noise = Z_95 * top.1.relative_error().hypot(bottom.1.relative_error());
+            let noise = difference_noise(top.1, bottom.1);
             if gain - noise >= threshold {
                 return Some(Saturation::Growing);
             }
