@@ -4,6 +4,7 @@
 
 use serde::Serialize;
 
+use autotune::data::table::ExampleTokens;
 use autotune::data::tokenizer::Tokenizer;
 use autotune::plan::LengthBucket;
 use autotune::session::data::{inspect, Inspection};
@@ -28,7 +29,8 @@ pub fn run(args: DataArgs, printer: &Printer) -> anyhow::Result<Status> {
     let inspection = inspection?;
     let table = &inspection.examples;
     for i in 0..table.len() {
-        let (ids, trained) = table.get(i);
+        let tokens = table.get(i)?;
+        let (ids, trained) = (&*tokens.ids, &*tokens.trained);
         let labels = ids
             .iter()
             .zip(trained)
@@ -43,7 +45,7 @@ pub fn run(args: DataArgs, printer: &Printer) -> anyhow::Result<Status> {
         printer.data_text(format!(
             "example {}:\n{}\n",
             i + 1,
-            marked(&inspection.tokenizer, table.get(i))?
+            marked(&inspection.tokenizer, &table.get(i)?)?
         ));
     }
     printer.data_text(counts(
@@ -55,7 +57,8 @@ pub fn run(args: DataArgs, printer: &Printer) -> anyhow::Result<Status> {
 }
 
 /// The example as text, the trained spans between `⟦` and `⟧`.
-fn marked(tokenizer: &Tokenizer, (ids, trained): (&[u32], &[u8])) -> anyhow::Result<String> {
+fn marked(tokenizer: &Tokenizer, tokens: &ExampleTokens) -> anyhow::Result<String> {
+    let (ids, trained) = (&*tokens.ids, &*tokens.trained);
     let mut text = String::new();
     let mut start = 0;
     while start < ids.len() {

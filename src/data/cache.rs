@@ -1,4 +1,4 @@
-//! The token cache: a dataset's examples, tokenized once, in a file that later runs map instead
+//! The token cache: a dataset's examples, tokenized once, in a file that later runs read instead
 //! of tokenizing again. A file is named by its key, a hash of everything that shapes the
 //! examples (the data files' bytes, the tokenizer's and its template's, the masking, the
 //! columns, and this cache's format and autotune's version), so a changed input is a different
@@ -11,11 +11,10 @@
 //! (`u8` × tokens).
 //!
 //! A file is written whole to a temporary name and renamed into place, never changed after: a
-//! run that has one mapped keeps reading the file it mapped even if another run replaces it.
+//! run that has one open keeps reading the file it opened even if another run replaces it.
 
+use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-
-use memmap2::Mmap;
 
 use super::table::{ExampleTable, Layout};
 use crate::{Error, Result};
@@ -29,7 +28,7 @@ const KEY_LEN: usize = 64;
 
 /// What a lookup found.
 pub enum Lookup {
-    /// The examples, mapped.
+    /// The examples, read from the file as batches need them.
     Hit(ExampleTable),
     /// No file for the key.
     Missing,
@@ -62,14 +61,20 @@ impl TokenCache {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Lookup::Missing),
             Err(e) => return Err(Error::file("cannot read the token cache", &path, e)),
         };
-        // SAFETY: read-only and private. autotune never changes a cache file in place (it
-        // writes a new one and renames it over), so the mapped file keeps its length; only a
-        // hand edit under a running job could fault.
-        #[allow(unsafe_code)]
-        let map = unsafe { Mmap::map(&file) }
-            .map_err(|e| Error::file("cannot map the token cache", &path, e))?;
-        Ok(match layout(&map, key) {
-            Ok(layout) => match ExampleTable::mapped(map, layout) {
+        let len = file
+            .metadata()
+            .map_err(|e| Error::file("cannot read the token cache", &path, e))?
+            .len();
+        let mut head = [0u8; HEADER];
+        if len < HEADER as u64 {
+            return Ok(Lookup::Unreadable(
+                "not a token cache of this version".into(),
+            ));
+        }
+        file.read_exact_at(&mut head, 0)
+            .map_err(|e| Error::file("cannot read the token cache", &path, e))?;
+        Ok(match layout(&head, len, key) {
+            Ok(layout) => match ExampleTable::read_from(file, path, layout) {
                 Ok(table) => Lookup::Hit(table),
                 Err(problem) => Lookup::Unreadable(problem),
             },
@@ -80,7 +85,11 @@ impl TokenCache {
     /// Stores `table` under `key`, replacing any file there.
     pub fn store(&self, key: &str, table: &ExampleTable) -> Result<PathBuf> {
         let path = self.path(key);
-        let runs = table.runs();
+        let Some(runs) = table.runs() else {
+            return Err(Error::internal(
+                "a table read from the token cache is stored again",
+            ));
+        };
         let written = autotune_core::atomic_file::write_with(&path, |out| {
             out.write_all(&header(key, table.len() as u64, runs.ids.len() as u64))?;
             out.write_all(bytemuck::cast_slice(runs.starts))?;
@@ -103,43 +112,40 @@ fn header(key: &str, examples: u64, tokens: u64) -> [u8; HEADER] {
     header
 }
 
-/// Where the sections of `map` lie, if it is a cache file of `key` whose length matches its
-/// counts.
-fn layout(map: &[u8], key: &str) -> std::result::Result<Layout, String> {
+/// Where the sections lie in a file of `len` bytes that starts with `head`, if it is a cache
+/// file of `key` whose length matches its counts.
+fn layout(head: &[u8; HEADER], len: u64, key: &str) -> std::result::Result<Layout, String> {
     if cfg!(target_endian = "big") {
         return Err("the cache is little-endian and this machine is not".into());
     }
-    if map.len() < HEADER || &map[..8] != MAGIC {
+    if &head[..8] != MAGIC {
         return Err("not a token cache of this version".into());
     }
-    if &map[..HEADER] != header(key, count(map, 72), count(map, 80)).as_slice() {
+    let (examples, tokens) = (count(head, 72), count(head, 80));
+    if head != &header(key, examples, tokens) {
         return Err("its header names another key".into());
     }
-    let (examples, tokens) = (count(map, 72), count(map, 80));
-    let sizes = usize::try_from(examples)
-        .ok()
-        .zip(usize::try_from(tokens).ok())
-        .and_then(|(e, t)| {
-            let starts = e.checked_add(1)?.checked_mul(8)?;
-            let ids = t.checked_mul(4)?;
-            Some((starts, ids, t))
-        });
-    let Some((starts, ids, trained)) = sizes else {
+    let sizes = examples.checked_add(1).and_then(|e| {
+        let starts = e.checked_mul(8)?;
+        let ids = tokens.checked_mul(4)?;
+        let end = (HEADER as u64)
+            .checked_add(starts)?
+            .checked_add(ids)?
+            .checked_add(tokens)?;
+        Some((starts, ids, end))
+    });
+    let Some((starts, ids, end)) = sizes else {
         return Err("its counts are out of range".into());
     };
-    let layout = Layout {
-        starts: HEADER..HEADER + starts,
-        ids: HEADER + starts..HEADER + starts + ids,
-        trained: HEADER + starts + ids..HEADER + starts + ids + trained,
-    };
-    if layout.trained.end != map.len() {
-        return Err(format!(
-            "it is {} bytes long and its counts say {}",
-            map.len(),
-            layout.trained.end
-        ));
+    if end != len {
+        return Err(format!("it is {len} bytes long and its counts say {end}"));
     }
-    Ok(layout)
+    let header = HEADER as u64;
+    Ok(Layout {
+        starts: header..header + starts,
+        ids: header + starts..header + starts + ids,
+        trained: header + starts + ids..end,
+    })
 }
 
 /// The `u64` at `at`.
@@ -185,18 +191,18 @@ mod tests {
     }
 
     #[test]
-    fn a_stored_table_maps_back_whole_under_its_key_only() {
+    fn a_stored_table_reads_back_whole_under_its_key_only() {
         let dir = tempfile::tempdir().unwrap();
         let cache = TokenCache::new(dir.path().join("cache"));
         assert!(matches!(cache.lookup(&key('a')).unwrap(), Lookup::Missing));
         cache.store(&key('a'), &table()).unwrap();
-        let Lookup::Hit(mapped) = cache.lookup(&key('a')).unwrap() else {
+        let Lookup::Hit(cached) = cache.lookup(&key('a')).unwrap() else {
             panic!("the stored table")
         };
-        assert!(mapped.is_mapped());
-        assert_eq!(mapped.len(), 2);
+        assert!(cached.is_cached());
+        assert_eq!(cached.len(), 2);
         for i in 0..2 {
-            assert_eq!(mapped.example(i), table().example(i));
+            assert_eq!(cached.example(i).unwrap(), table().example(i).unwrap());
         }
         assert!(matches!(cache.lookup(&key('b')).unwrap(), Lookup::Missing));
         std::fs::copy(cache.path(&key('a')), cache.path(&key('b'))).unwrap();
@@ -226,6 +232,36 @@ mod tests {
                 matches!(cache.lookup(&key('c')).unwrap(), Lookup::Unreadable(_)),
                 "{what}"
             );
+        }
+    }
+
+    #[test]
+    fn a_file_cut_short_under_a_table_that_reads_it_is_a_data_change_not_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = TokenCache::new(dir.path().to_path_buf());
+        let path = cache.store(&key('d'), &table()).unwrap();
+        let Lookup::Hit(cached) = cache.lookup(&key('d')).unwrap() else {
+            panic!("the stored table")
+        };
+        // Keep the header and the starts, which the table has read; lose the ids.
+        let kept = (HEADER + 3 * 8 + 4) as u64;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(kept)
+            .unwrap();
+        assert_eq!(cached.len(), 2, "the starts were read when the file was");
+        match cached.get(1) {
+            Err(Error::DataChanged {
+                path: named,
+                problem,
+                ..
+            }) => {
+                assert_eq!(named, path);
+                assert!(problem.contains("token cache"), "{problem}");
+            }
+            other => panic!("a data change, not {other:?}"),
         }
     }
 }

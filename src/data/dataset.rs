@@ -10,6 +10,7 @@
 //! the same epoch, and data-parallel ranks take disjoint micro-batches of each step as they do
 //! of synthetic data.
 
+use std::borrow::Cow;
 use std::sync::{Arc, Mutex};
 
 use candle_core::{Device, Tensor};
@@ -18,7 +19,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use super::pack::{pack_rows, PackedEpochs};
-use super::table::ExampleTable;
+use super::table::{ExampleTable, ExampleTokens};
 use crate::model::batch::{Batch, LossMask};
 use crate::model::dropout::Dropout;
 use crate::plan::Truncation;
@@ -95,19 +96,20 @@ impl Dataset {
         let mut kept = Vec::new();
         let chosen: Vec<usize> = chosen.into_iter().collect();
         for &i in &chosen {
-            let (ids, trained) = table.get(i);
-            if truncation == Truncation::Drop && ids.len() > seq_len + 1 {
+            let length = table.length(i);
+            if truncation == Truncation::Drop && length > seq_len + 1 {
                 cut.too_long += 1;
                 continue;
             }
-            let len = ids.len().min(seq_len + 1);
+            let len = length.min(seq_len + 1);
+            let trained = table.trained(i)?;
             let counted = trained[..len].iter().skip(1).filter(|&&t| t != 0).count();
             if counted == 0 || len < 2 {
                 cut.dropped += 1;
                 continue;
             }
             cut.kept += 1;
-            cut.truncated += usize::from(ids.len() > len);
+            cut.truncated += usize::from(length > len);
             cut.tokens += len;
             cut.trained_tokens += counted;
             kept.push((i, len));
@@ -157,19 +159,18 @@ impl Dataset {
     }
 
     /// Example `i` as cut: its ids and trained flags.
-    pub fn get(&self, i: usize) -> (&[u32], &[u8]) {
+    pub fn get(&self, i: usize) -> Result<ExampleTokens<'_>> {
         let (at, len) = self.kept[i];
-        let (ids, trained) = self.table.get(at);
-        (&ids[..len], &trained[..len])
+        let tokens = self.table.get(at)?;
+        Ok(ExampleTokens {
+            ids: cut_to(tokens.ids, len),
+            trained: cut_to(tokens.trained, len),
+        })
     }
 
     /// Example `i` as cut, copied out.
-    pub fn example(&self, i: usize) -> Example {
-        let (ids, trained) = self.get(i);
-        Example {
-            ids: ids.to_vec(),
-            trained: trained.iter().map(|&t| t != 0).collect(),
-        }
+    pub fn example(&self, i: usize) -> Result<Example> {
+        Ok(self.get(i)?.to_example())
     }
 
     /// Sets the micro-batches one optimizer step takes over all ranks (accumulation × ranks),
@@ -202,7 +203,7 @@ impl Dataset {
 
     /// The length of every example chosen, kept or not, before any cut, in tokens.
     pub fn lengths_before_cut(&self) -> impl Iterator<Item = usize> + '_ {
-        self.chosen.iter().map(|&i| self.table.get(i).0.len())
+        self.chosen.iter().map(|&i| self.table.length(i))
     }
 
     /// The length of every example kept, in tokens, in dataset order.
@@ -305,7 +306,7 @@ impl Dataset {
     /// The micro-batch of sequences `rows` (each the examples it holds) in host memory: packed
     /// sequences with their position ids, padded to the longest, or one example a sequence
     /// padded to the longest.
-    pub fn host_batch_of_rows(&self, rows: &[Vec<usize>]) -> HostBatch {
+    pub fn host_batch_of_rows(&self, rows: &[Vec<usize>]) -> Result<HostBatch> {
         if self.packing.is_none() {
             let picks: Vec<usize> = rows.iter().flatten().copied().collect();
             return self.host_batch(&picks);
@@ -324,16 +325,16 @@ impl Dataset {
         };
         for row in rows {
             for &i in row {
-                let (ids, trained) = self.get(i);
-                batch.push_example(ids, trained);
+                let tokens = self.get(i)?;
+                batch.push_example(&tokens.ids, &tokens.trained);
             }
             batch.pad_to(self.pad_id, width);
         }
-        batch
+        Ok(batch)
     }
 
     /// The micro-batch of examples `picks` in host memory, padded to the longest of them.
-    pub fn host_batch(&self, picks: &[usize]) -> HostBatch {
+    pub fn host_batch(&self, picks: &[usize]) -> Result<HostBatch> {
         let width = picks.iter().map(|&i| self.kept[i].1 - 1).max().unwrap_or(1);
         let rows = picks.len() * width;
         let mut batch = HostBatch {
@@ -346,19 +347,19 @@ impl Dataset {
             real_tokens: 0,
         };
         for &i in picks {
-            let (ids, trained) = self.get(i);
-            batch.push_example(ids, trained);
+            let tokens = self.get(i)?;
+            batch.push_example(&tokens.ids, &tokens.trained);
             // Padding on the right: causal attention keeps the example's positions from
             // seeing it, and its targets weigh nothing.
             batch.pad_to(self.pad_id, width);
         }
-        batch
+        Ok(batch)
     }
 
     /// The micro-batch of examples `picks`, padded to the longest of them: inputs, targets one
     /// further, and a mask counting the trained targets.
     pub fn batch_of(&self, picks: &[usize], device: &Device) -> Result<Batch> {
-        self.host_batch(picks).to_device(device)
+        self.host_batch(picks)?.to_device(device)
     }
 
     /// The micro-batch at `(step, micro)` of a run seeded with `seed`.
@@ -371,7 +372,18 @@ impl Dataset {
         device: &Device,
     ) -> Result<Batch> {
         let rows = self.micro_batch_rows(seed, step, micro, micro_batch);
-        self.host_batch_of_rows(&rows).to_device(device)
+        self.host_batch_of_rows(&rows)?.to_device(device)
+    }
+}
+
+/// The first `len` values of `values`, borrowed or owned as they came.
+fn cut_to<T: Clone>(values: Cow<'_, [T]>, len: usize) -> Cow<'_, [T]> {
+    match values {
+        Cow::Borrowed(values) => Cow::Borrowed(&values[..len]),
+        Cow::Owned(mut values) => {
+            values.truncate(len);
+            Cow::Owned(values)
+        }
     }
 }
 
@@ -462,7 +474,11 @@ mod tests {
         let examples = vec![example(5, 1), example(12, 2), example(9, 9), example(4, 6)];
         let (set, cut) = Dataset::of_examples(&examples, 8, 0).unwrap();
         assert_eq!(set.len(), 2);
-        assert_eq!(set.get(1).0.len(), 9, "8 inputs and the target one further");
+        assert_eq!(
+            set.get(1).unwrap().ids.len(),
+            9,
+            "8 inputs and the target one further"
+        );
         assert_eq!((cut.kept, cut.truncated, cut.dropped), (2, 1, 2));
         assert_eq!(cut.trained_tokens, 4 + 7);
         let none = Dataset::of_examples(&[example(4, 4)], 8, 0)
@@ -485,7 +501,7 @@ mod tests {
             "9 tokens are 8 inputs and their last target: kept"
         );
         assert_eq!((cut.kept, cut.truncated, cut.too_long), (2, 0, 1));
-        assert_eq!(set.get(1).0.len(), 9);
+        assert_eq!(set.get(1).unwrap().ids.len(), 9);
         let (_, cut) = Dataset::new(table.clone(), 0..3, 8, 0, Truncation::Cut).unwrap();
         assert_eq!((cut.kept, cut.truncated, cut.too_long), (3, 1, 0));
         let all_long = Dataset::new(table, [1], 4, 0, Truncation::Drop)
@@ -521,7 +537,7 @@ mod tests {
         let (mut set, _) =
             Dataset::of_examples(&[example(3, 1), example(5, 3), example(4, 0)], 6, 7).unwrap();
         set.set_packing(Some(6));
-        let batch = set.host_batch_of_rows(&[vec![0, 1], vec![2]]);
+        let batch = set.host_batch_of_rows(&[vec![0, 1], vec![2]]).unwrap();
         assert_eq!((batch.sequences, batch.width), (2, 6));
         assert_eq!(
             batch.inputs,

@@ -79,7 +79,7 @@ pub enum LoadEvent {
         /// The cache file.
         path: PathBuf,
     },
-    /// The examples were mapped from the token cache, with nothing tokenized.
+    /// The examples were found in the token cache, with nothing tokenized.
     FromCache {
         /// The cache file.
         path: PathBuf,
@@ -541,7 +541,7 @@ mod tests {
             .load(&model, &quiet)
             .unwrap()
             .train;
-        let all: Vec<Example> = (0..all.len()).map(|i| all.example(i)).collect();
+        let all: Vec<Example> = (0..all.len()).map(|i| all.example(i).unwrap()).collect();
         let split = spec(dir.path(), HeldOut::PerMillion(250_000));
         let (a, b) = (
             split.load(&model, &quiet).unwrap(),
@@ -550,13 +550,13 @@ mod tests {
         let held = a.held_out.unwrap();
         assert_eq!(held.len(), 5, "a quarter of twenty");
         assert_eq!(a.train.len(), 15);
-        let train: Vec<Example> = (0..15).map(|i| a.train.example(i)).collect();
+        let train: Vec<Example> = (0..15).map(|i| a.train.example(i).unwrap()).collect();
         let b_held = b.held_out.unwrap();
         for i in 0..held.len() {
-            let example = held.example(i);
+            let example = held.example(i).unwrap();
             assert!(!train.contains(&example), "held out of training");
             assert!(all.contains(&example));
-            assert_eq!(example, b_held.example(i), "the same in every run");
+            assert_eq!(example, b_held.example(i).unwrap(), "the same in every run");
         }
         assert_ne!(
             spec(dir.path(), HeldOut::None).fingerprint,

@@ -1,6 +1,6 @@
 //! The loader: while the device runs a step, the next step's micro-batches are assembled on
-//! their own thread (the examples picked, their pages of a mapped cache read, padded and
-//! masked), so that the step after waits only to move them to the device.
+//! their own thread (the examples picked, read from a cache file where the table is one, padded
+//! and masked), so that the step after waits only to move them to the device.
 //!
 //! Steps are asked for in order, so the loader guesses that the step after the one asked for
 //! comes next, with the same micro-batches; a run that asks for another (a resume, an
@@ -11,6 +11,7 @@ use std::sync::Mutex;
 use std::thread::JoinHandle;
 
 use super::dataset::{Dataset, HostBatch};
+use crate::Result;
 
 /// Which micro-batches one step takes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,7 +39,7 @@ impl StepBatches {
 /// A dataset's step batches, assembled a step ahead.
 pub struct Loader {
     dataset: Dataset,
-    ahead: Mutex<Option<(StepBatches, JoinHandle<Vec<HostBatch>>)>>,
+    ahead: Mutex<Option<(StepBatches, JoinHandle<Result<Vec<HostBatch>>>)>>,
 }
 
 impl Loader {
@@ -50,8 +51,9 @@ impl Loader {
         }
     }
 
-    /// The micro-batches of `wanted`, in host memory; the next step's start assembling.
-    pub fn step(&self, wanted: &StepBatches) -> Vec<HostBatch> {
+    /// The micro-batches of `wanted`, in host memory; the next step's start assembling. A
+    /// cache file cut short under the run is [`crate::Error::DataChanged`].
+    pub fn step(&self, wanted: &StepBatches) -> Result<Vec<HostBatch>> {
         let mut ahead = self
             .ahead
             .lock()
@@ -75,7 +77,7 @@ impl Loader {
 }
 
 /// The micro-batches of `wanted`.
-fn assemble(dataset: &Dataset, wanted: &StepBatches) -> Vec<HostBatch> {
+fn assemble(dataset: &Dataset, wanted: &StepBatches) -> Result<Vec<HostBatch>> {
     wanted
         .micros
         .clone()
@@ -111,8 +113,8 @@ mod tests {
         };
         for step in [0, 1, 2, 7, 8, 3] {
             assert_eq!(
-                loader.step(&key(step)),
-                assemble(&dataset, &key(step)),
+                loader.step(&key(step)).unwrap(),
+                assemble(&dataset, &key(step)).unwrap(),
                 "{step}"
             );
         }

@@ -1,6 +1,6 @@
 //! Training data: what a `--data` file is ([`mod@format`]) and which formats autotune reads, so
 //! that nothing is ever trained on as raw bytes by accident; the sources training draws
-//! batches from ([`source`]: synthetic sequences, memory-mapped token files, tokenized
+//! batches from ([`source`]: synthetic sequences, token files read a window at a time, tokenized
 //! examples); a dataset's records as the user wrote them ([`records`]); and tokenized examples
 //! walked in epochs and cut into padded or packed ([`pack`]), masked micro-batches
 //! ([`dataset`]); the model's

@@ -3,7 +3,7 @@
 //!
 //! Batch `(step, micro)` is a pure function of the run seed and its coordinates, so a resumed
 //! run sees exactly the batches an uninterrupted run would have seen. Token files are
-//! memory-mapped ([`TokenFile`]): a batch reads only the tokens it uses. Examples are walked in
+//! read a window at a time ([`TokenFile`]): a batch reads only the tokens it uses. Examples are walked in
 //! seeded epochs and padded to the longest of each micro-batch, the padding and the untrained
 //! tokens masked out of the loss ([`Dataset`]).
 
@@ -198,7 +198,7 @@ impl Data {
             micro_batch: batch,
         };
         loader
-            .step(&wanted)
+            .step(&wanted)?
             .into_iter()
             .map(|host| host.to_device(device))
             .collect()

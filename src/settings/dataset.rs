@@ -21,7 +21,7 @@ use crate::{Error, Result};
 pub struct DatasetArgs {
     /// Training data: `pattern` (learnable synthetic sequences, the default), `random` (the
     /// seed's random tokens: nothing to learn, for benchmarks), a token file (`.bin`/`.u16`:
-    /// u16, `.u32`: u32; memory-mapped), or records read by the model's tokenizer: text
+    /// u16, `.u32`: u32; read a window at a time), or records read by the model's tokenizer: text
     /// (`.txt`), JSON lines, JSON, Parquet, Arrow (a `datasets` `save_to_disk` folder), or a
     /// folder of them; repeat it for several files. Text is read as raw bytes only with
     /// `--tokenizer bytes`, and model files never.

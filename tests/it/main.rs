@@ -120,7 +120,7 @@ mod layers;
 /// The analytic memory estimate against the GPU recordings and CPU probes.
 mod estimate;
 
-/// Token files: memory-mapped, so a large corpus costs only the pages batches touch (reads
+/// Token files: read a window at a time, so a large corpus costs only the pages batches touch (reads
 /// the peak resident memory from /proc).
 #[cfg(target_os = "linux")]
 mod token_files;

@@ -52,15 +52,24 @@ fn a_packed_batch_has_the_loss_and_gradients_of_its_examples_one_a_sequence() {
     let examples = examples(spec.vocab_size as u32);
     let (mut dataset, _) = Dataset::of_examples(&examples, spec.seq_len, 0).unwrap();
     let all: Vec<usize> = (0..dataset.len()).collect();
-    let padded = dataset.host_batch(&all).to_device(&Device::Cpu).unwrap();
+    let padded = dataset
+        .host_batch(&all)
+        .unwrap()
+        .to_device(&Device::Cpu)
+        .unwrap();
     dataset.set_packing(Some(spec.seq_len));
-    let rows = pack_rows(&all, |i| dataset.get(i).0.len() - 1, spec.seq_len);
+    let rows = pack_rows(
+        &all,
+        |i| dataset.get(i).unwrap().ids.len() - 1,
+        spec.seq_len,
+    );
     assert!(
         rows.len() < all.len() && rows.iter().any(|r| r.len() >= 3),
         "{rows:?}"
     );
     let packed = dataset
         .host_batch_of_rows(&rows)
+        .unwrap()
         .to_device(&Device::Cpu)
         .unwrap();
     assert!(packed.positions.is_some());

@@ -1,4 +1,4 @@
-//! A dataset is tokenized once: a later run (of `data` or of training) maps its examples from
+//! A dataset is tokenized once: a later run (of `data` or of training) reads its examples from
 //! the token cache, and a changed input is tokenized again, never served stale.
 
 use std::path::Path;
@@ -6,7 +6,7 @@ use std::path::Path;
 use serde_json::json;
 
 use crate::fine_tune::chat_model;
-use crate::util::{autotune_in, stderr, stdout};
+use crate::util::{autotune_in, exit_code, read_until, spawn_in, stderr, stdout};
 
 fn conversations(dir: &Path, n: usize) {
     let lines: Vec<String> = (0..n)
@@ -22,7 +22,7 @@ fn conversations(dir: &Path, n: usize) {
 }
 
 #[test]
-fn a_second_run_maps_the_cached_examples_and_a_changed_file_is_tokenized_again() {
+fn a_second_run_reads_the_cached_examples_and_a_changed_file_is_tokenized_again() {
     let dir = tempfile::tempdir().unwrap();
     let folder = chat_model(dir.path()).to_string_lossy().into_owned();
     conversations(dir.path(), 12);
@@ -60,7 +60,7 @@ fn a_second_run_maps_the_cached_examples_and_a_changed_file_is_tokenized_again()
     let second = data(&[]);
     assert!(second.status.success(), "{}", stderr(&second));
     assert!(
-        stderr(&second).contains("12 examples mapped from the token cache"),
+        stderr(&second).contains("12 examples from the token cache"),
         "{}",
         stderr(&second)
     );
@@ -103,7 +103,7 @@ fn a_second_run_maps_the_cached_examples_and_a_changed_file_is_tokenized_again()
     );
     assert!(train.status.success(), "{}", stderr(&train));
     assert!(
-        stderr(&train).contains("12 examples mapped from the token cache"),
+        stderr(&train).contains("12 examples from the token cache"),
         "{}",
         stderr(&train)
     );
@@ -162,4 +162,86 @@ fn a_damaged_cache_file_is_tokenized_again_with_a_warning() {
     );
     assert_eq!(stdout(&first), stdout(&again));
     assert_eq!(std::fs::read(&file).unwrap(), bytes, "written whole again");
+}
+
+#[test]
+fn a_cache_file_cut_short_under_a_run_ends_it_with_a_checkpoint_and_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = chat_model(dir.path()).to_string_lossy().into_owned();
+    conversations(dir.path(), 40);
+    let run = [
+        "train",
+        "--model",
+        &folder,
+        "--data",
+        "chat.jsonl",
+        "--micro-batch",
+        "2",
+        "--cache-dir",
+        "cache",
+        "--checkpoint-dir",
+        "ck",
+        "--checkpoint-every",
+        "1000000",
+    ];
+    let cached = autotune_in(
+        dir.path(),
+        &[
+            "data",
+            "--model",
+            &folder,
+            "--data",
+            "chat.jsonl",
+            "--json",
+            "--cache-dir",
+            "cache",
+        ],
+    );
+    assert!(cached.status.success(), "{}", stderr(&cached));
+    let file = std::fs::read_dir(dir.path().join("cache"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+
+    let (child, lines) = spawn_in(dir.path(), &[&run[..], &["--steps", "1000000"]].concat());
+    let started = read_until(&lines, "step 1:").join("\n");
+    assert!(started.contains("from the token cache"), "{started}");
+    // Only the header is left: every example the next step reads lies past the end.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_len(96)
+        .unwrap();
+    let said = read_until(&lines, "error:").join("\n");
+    let said = [said, lines.iter().collect::<Vec<_>>().join("\n")].join("\n");
+    assert_eq!(exit_code(child), Some(2), "no SIGBUS: {said}");
+    let name = file.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        said.contains(&name) && said.contains("changed while the run read it"),
+        "{said}"
+    );
+    let ck = dir.path().join("ck");
+    let saved = std::fs::read_to_string(ck.join("latest")).expect("a checkpoint was saved");
+    assert!(
+        said.contains(saved.trim()),
+        "the error names the checkpoint: {said}"
+    );
+    autotune::train::checkpoint::verify(&ck.join(saved.trim())).unwrap();
+
+    // The resume tokenizes the data again, as the error said, and goes on.
+    let step: u64 = saved.trim()["step-".len()..].parse().unwrap();
+    let steps = (step + 1).to_string();
+    let resumed = autotune_in(
+        dir.path(),
+        &[&run[..], &["--steps", &steps, "--resume"]].concat(),
+    );
+    assert_eq!(resumed.status.code(), Some(0), "{}", stderr(&resumed));
+    assert!(
+        stderr(&resumed).contains("tokenizing again"),
+        "{}",
+        stderr(&resumed)
+    );
 }

@@ -1,4 +1,4 @@
-//! Token files are memory-mapped: a large corpus costs the training process only the pages its
+//! Token files are read a window at a time: a large corpus costs the training process only the pages its
 //! batches touch, not a copy of the file.
 
 use std::io::Write;

@@ -203,7 +203,7 @@ pub fn load_line(event: &LoadEvent) -> String {
             path.display()
         ),
         LoadEvent::FromCache { path, examples } => format!(
-            "{examples} examples mapped from the token cache {}",
+            "{examples} examples from the token cache {}",
             path.display()
         ),
         LoadEvent::CacheSkipped { reason } => format!("the token cache is not used: {reason}"),
