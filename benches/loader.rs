@@ -73,7 +73,8 @@ fn main() {
             step,
             micros: 0..micros,
             micro_batch,
-        });
+        })
+        .expect("the cache reads back");
         for batch in batches {
             positions += batch.inputs.len();
             real += batch.inputs.iter().filter(|&&id| id != pad).count();

@@ -36,10 +36,13 @@ impl StepBatches {
     }
 }
 
+/// The batches of one step being assembled on another thread.
+type Assembling = JoinHandle<Result<Vec<HostBatch>>>;
+
 /// A dataset's step batches, assembled a step ahead.
 pub struct Loader {
     dataset: Dataset,
-    ahead: Mutex<Option<(StepBatches, JoinHandle<Result<Vec<HostBatch>>>)>>,
+    ahead: Mutex<Option<(StepBatches, Assembling)>>,
 }
 
 impl Loader {

@@ -222,6 +222,11 @@ impl Data {
         }])
     }
 
+    /// What the data was opened as.
+    pub fn spec(&self) -> &DataSpec {
+        &self.spec
+    }
+
     /// The examples held out for the evaluation, if the dataset holds some out.
     pub fn held_out(&self) -> Option<&Dataset> {
         self.held_out.as_ref()

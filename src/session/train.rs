@@ -127,7 +127,7 @@ pub fn train_with_plan(
 }
 
 /// Tokenizes a dataset of records into the token cache before a launcher starts its ranks, so
-/// that they map it from there instead of each tokenizing it at once.
+/// that they read it from there instead of each tokenizing it at once.
 fn tokenize_once(
     training: &Training,
     spec: &ModelSpec,

@@ -81,6 +81,11 @@ pub fn save(dir: &Path, trainer: &Trainer, data: &DataSpec, tokens_seen: u64) ->
     save_with_moments(dir, trainer, data, tokens_seen, None)
 }
 
+/// Where a checkpoint of the run at `step` lies in `dir`.
+pub fn path_for_step(dir: &Path, step: u64) -> PathBuf {
+    dir.join(format!("step-{step:06}"))
+}
+
 /// [`save`], with the optimizer moments given (those a sharded optimizer gathered from every
 /// rank, see [`Trainer::gather_optimizer_state`]) instead of read from the trainer's optimizer.
 pub fn save_with_moments(
@@ -98,8 +103,11 @@ pub fn save_with_moments(
     }
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::file("cannot create checkpoint directory", dir, e))?;
-    let name = format!("step-{:06}", trainer.steps());
-    let final_path = dir.join(&name);
+    let final_path = path_for_step(dir, trainer.steps());
+    let name = final_path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp)

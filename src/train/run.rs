@@ -314,9 +314,10 @@ impl Run<'_> {
 
 /// The held-out loss: the mean over the counted targets of the batches no training step draws
 /// (a dataset's held-out examples, else one batch of the source's).
-pub fn eval(trainer: &Trainer, data: &Data) -> Result<f64> {
+pub fn eval(trainer: &mut Trainer, data: &Data) -> Result<f64> {
     let micro_batch = trainer.knobs().micro_batch;
-    let batches = data.eval_batches(trainer.seed(), micro_batch, trainer.device())?;
+    let batches = data.eval_batches(trainer.seed(), micro_batch, trainer.device());
+    let batches = trainer.agree_on_data(batches, data)?;
     let (mut total, mut counted) = (0.0, 0.0);
     for batch in &batches {
         let weight = batch.reduction().divisor();
@@ -335,8 +336,8 @@ struct Stop<'a> {
 
 impl Stop<'_> {
     /// `result`; where the data changed under the run, the same error once a checkpoint of the
-    /// steps done is saved, so that restoring the file and resuming loses nothing. Alone
-    /// only: ranks may meet the change at different steps, and a save takes all of them.
+    /// steps done is saved, so that restoring the file and resuming loses nothing. Every rank
+    /// meets the change at the same step ([`Trainer::agree_on_data`]), so they save together.
     fn on_data_change<T>(
         &self,
         result: Result<T>,
@@ -346,19 +347,23 @@ impl Stop<'_> {
         let Err(Error::DataChanged { path, problem, .. }) = result else {
             return result;
         };
-        let checkpoint = if trainer.group().world_size() == 1 {
-            match save(
-                trainer,
-                self.data_spec,
-                self.config,
-                tokens_seen,
-                self.observer,
-            )? {
-                Saved::To(path) => path,
-                Saved::NotFinite(_) => None,
+        let saved = save(
+            trainer,
+            self.data_spec,
+            self.config,
+            tokens_seen,
+            self.observer,
+        )?;
+        let checkpoint = match saved {
+            Saved::To(path) if trainer.group().world_size() > 1 => {
+                // Rank 0 writes the checkpoint. The others wait until it has, because the
+                // launcher stops every rank once one exits, and name it as rank 0 does.
+                trainer.any_rank(false)?;
+                let dir = self.config.checkpoint_dir.as_deref();
+                path.or_else(|| dir.map(|d| checkpoint::path_for_step(d, trainer.steps())))
             }
-        } else {
-            None
+            Saved::To(path) => path,
+            Saved::NotFinite(_) => None,
         };
         Err(Error::DataChanged {
             path,

@@ -41,7 +41,7 @@ use crate::train::passes::Passes;
 use crate::train::scaler::{LossScaler, ScaleDecision};
 use crate::train::schedule::LrSchedule;
 use crate::train::update::{self, StepEnv, Updater};
-use crate::Result;
+use crate::{Error, Result};
 
 /// What one optimizer step did.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -351,7 +351,8 @@ impl Trainer {
             first..first + knobs.grad_accum as u64,
             knobs.micro_batch,
             &self.passes.device,
-        )?;
+        );
+        let batches = self.agree_on_data(batches, data)?;
         let prepared = started.elapsed();
         let report = self.step_on(&batches)?;
         tracing::trace!(
@@ -361,6 +362,25 @@ impl Trainer {
             "step queued (the optimizer update may still run)"
         );
         Ok(report)
+    }
+
+    /// `batches`, read by this rank from `data`, unless the data changed under any rank: then
+    /// every rank stops at this step with [`Error::DataChanged`], so that they save a
+    /// checkpoint together (ranks read different examples, and would otherwise meet the change
+    /// at different steps). Every rank must call it at every read of the data.
+    pub fn agree_on_data<T>(&mut self, batches: Result<T>, data: &Data) -> Result<T> {
+        if self.passes.ranks == 1 {
+            return batches;
+        }
+        let changed_here = matches!(batches, Err(Error::DataChanged { .. }));
+        if !self.group.any(changed_here)? || changed_here {
+            return batches;
+        }
+        Err(Error::DataChanged {
+            path: data.spec().to_string().into(),
+            problem: "another rank read it cut short at this step".into(),
+            checkpoint: None,
+        })
     }
 
     /// Runs one optimizer step on explicit micro-batches (this rank's share of the step).

@@ -329,6 +329,14 @@ fn launched_ranks_leave_the_checkpoint_one_process_leaves() {
 
 /// Starts a long launched run; its stderr lines arrive on the receiver.
 fn start_long_run(dir: &Path) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    start_long_run_with(dir, &[])
+}
+
+/// [`start_long_run`] with `extra` arguments.
+fn start_long_run_with(
+    dir: &Path,
+    extra: &[&str],
+) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_autotune"))
         .current_dir(dir)
         .args([
@@ -346,6 +354,7 @@ fn start_long_run(dir: &Path) -> (std::process::Child, std::sync::mpsc::Receiver
             "--checkpoint-every",
             "100000",
         ])
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -426,6 +435,35 @@ fn an_interrupt_reaches_every_rank_which_checkpoint_and_stop_together() {
     assert_eq!(wait_with_timeout(&mut launcher), Some(130), "{seen:#?}");
     let latest = std::fs::read_to_string(dir.path().join("ckpt").join("latest")).unwrap();
     assert!(latest.starts_with("step-"), "{latest}");
+}
+
+#[test]
+fn data_cut_short_under_one_rank_stops_every_rank_at_one_step_with_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("tokens.bin");
+    let tokens: Vec<u8> = (0..200_000u32)
+        .flat_map(|i| ((i * 31 % 256) as u16).to_le_bytes())
+        .collect();
+    std::fs::write(&data, &tokens).unwrap();
+    let (mut launcher, rx) = start_long_run_with(dir.path(), &["--data", "tokens.bin"]);
+    let mut seen = Vec::new();
+    read_until(&rx, "rank 1: started", &mut seen);
+    read_until(&rx, "step 1:", &mut seen);
+    // Emptied: whichever window a rank reads next lies past the end.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&data)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    assert_eq!(wait_with_timeout(&mut launcher), Some(2), "{seen:#?}");
+    let rest: Vec<String> = rx.try_iter().collect();
+    let text = [seen, rest].concat().join("\n");
+    assert!(text.contains("changed while the run read it"), "{text}");
+    let ckpt = dir.path().join("ckpt");
+    let latest = std::fs::read_to_string(ckpt.join("latest")).expect("a checkpoint was saved");
+    assert!(text.contains(latest.trim()), "the error names it: {text}");
+    autotune::train::checkpoint::verify(&ckpt.join(latest.trim())).unwrap();
 }
 
 #[test]
@@ -578,7 +616,7 @@ fn a_data_parallel_probe_measures_every_rank_and_sharding_saves_their_memory() {
 }
 
 #[test]
-fn a_launcher_tokenizes_a_dataset_once_and_its_ranks_map_it() {
+fn a_launcher_tokenizes_a_dataset_once_and_its_ranks_read_its_cache() {
     let dir = tempfile::tempdir().unwrap();
     let folder = crate::fine_tune::chat_model(dir.path());
     let lines: Vec<String> = (0..16)

@@ -39,7 +39,7 @@ mod data_plans;
 /// The longest single sequence a plan or an estimate takes.
 mod longest_sequence;
 
-/// A dataset is tokenized once: later runs map it from the token cache.
+/// A dataset is tokenized once: later runs read it from the token cache.
 mod token_cache;
 
 /// Parquet tables and Arrow files (`datasets`' `save_to_disk`) read as records.

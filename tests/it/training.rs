@@ -167,7 +167,7 @@ fn loss_falls_well_below_uniform_entropy_on_learnable_data() {
     for _ in 0..120 {
         last = trainer.step(&data).unwrap().loss;
     }
-    let eval = autotune::train::run::eval(&trainer, &data).unwrap();
+    let eval = autotune::train::run::eval(&mut trainer, &data).unwrap();
     assert!(
         last < 0.5 * uniform,
         "train loss {last} vs uniform {uniform}"
