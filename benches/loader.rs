@@ -68,13 +68,14 @@ fn main() {
     let (mut real, mut positions) = (0usize, 0usize);
     let started = Instant::now();
     for step in 0..steps {
-        let batches = loader.step(&StepBatches {
-            seed: 1,
-            step,
-            micros: 0..micros,
-            micro_batch,
-        })
-        .expect("the cache reads back");
+        let batches = loader
+            .step(&StepBatches {
+                seed: 1,
+                step,
+                micros: 0..micros,
+                micro_batch,
+            })
+            .expect("the cache reads back");
         for batch in batches {
             positions += batch.inputs.len();
             real += batch.inputs.iter().filter(|&&id| id != pad).count();

@@ -11,8 +11,10 @@
 #            M.tune.{log,time}; then its four exports, without --allow-engine-mismatch →
 #            M.{deepspeed,trainer,lightning}.json, M.accelerate.yaml, M.exports.json (exit codes)
 #   exact    PyTorch's exact largest feasible micro-batch at the plan's knobs, by bisection with
-#            real steps through the same runner and cap (harness_exact.py), then every micro-batch
-#            from the plan's to that boundary (--scan: feasibility need not be monotone) → M.exact.json
+#            real steps through the same runner, cap and allocator setting (harness_exact.py),
+#            then every micro-batch from the plan's to that boundary (--scan: feasibility need
+#            not be monotone) → M.exact.json; with EXACT_DEFAULT=1, the same under PyTorch's
+#            default allocator → M.exact-default.json
 #   finders  Lightning's binsearch finder and Accelerate's finder on the same model and cap
 #            (finders.py) → M.finders.jsonl
 #   train    20 steps with the DeepSpeed export (deepspeed.initialize with it as it is) and with the
@@ -59,6 +61,7 @@ CONTEXT_MIB="${CONTEXT_MIB:-512}"
 STEPS="${STEPS:-20}"
 WHEELS="${WHEELS:-.whl}"
 FINDERS="${FINDERS-lightning-binsearch,accelerate}"
+EXACT_DEFAULT="${EXACT_DEFAULT:-}"
 BIN="${BIN:-$GPU_DIR/autotune}"
 read -r -a EXTRA <<< "${EXTRA_TUNE_ARGS:-}"
 START="$(date +%s)"
@@ -183,6 +186,16 @@ bench_model() {
       --out "$OUTDIR/$model.exact.json" --total-timeout "$limit" \
       --log "$OUTDIR/$model.exact.log" --scan -- "$PYTHON" "$runner" 2>> "$OUTDIR/$model.exact.log"
     say "  exact: exit $?: $(grep -o '"feasible_max": [0-9]*' "$OUTDIR/$model.exact.json" 2>/dev/null)"
+  fi
+  # The same boundary under PyTorch's default allocator, for comparison with the plan's setting.
+  limit="$(stage_limit $(( is_gpt ? 150 : 60 )))"
+  if [[ -n "$EXACT_DEFAULT" ]] && (( limit > 0 )); then
+    say "$model: exact boundary under PyTorch's default allocator (limit ${limit}s)"
+    timeout --kill-after=10 $(( limit + 30 )) "${TORCH_ENV[@]}" "$PYTHON" benches/gpu/harness_exact.py \
+      --plan "$OUTDIR/$model.plan.json" --profile "$OUTDIR/$model.profile.json" --allocator default \
+      --out "$OUTDIR/$model.exact-default.json" --total-timeout "$limit" \
+      --log "$OUTDIR/$model.exact-default.log" --scan -- "$PYTHON" "$runner" 2>> "$OUTDIR/$model.exact-default.log"
+    say "  exact (default allocator): exit $?: $(grep -o '"feasible_max": [0-9]*' "$OUTDIR/$model.exact-default.json" 2>/dev/null)"
   fi
 
   limit="$(stage_limit $(( is_gpt ? 100 : 80 )))"

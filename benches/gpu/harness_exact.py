@@ -11,7 +11,9 @@ the plan's device capacity and host budget. Feasible means what it means to auto
 fits and its peaks stay within the plan's budget less its headroom. The bisection grows from the
 plan's micro-batch by doubling to the first infeasible one, then halves the bracket to the exact
 boundary; it then does the same for the largest micro-batch that runs at all (peaks inside the
-headroom count). Micro-batches above the search's own largest (``--profile``) are not tried. Writes one JSON document: both boundaries, the plan's micro-batch, their ratio,
+headroom count). Micro-batches above the search's own largest (``--profile``) are not tried. The runner runs under
+the plan's allocator setting (``PYTORCH_CUDA_ALLOC_CONF``, as autotune gave it to the tune's
+runner), or the one ``--allocator`` names. Writes one JSON document: both boundaries, the plan's micro-batch, their ratio,
 whether the plan is within 2 % of the feasible boundary, and every trial. Standard library only.
 """
 
@@ -28,6 +30,8 @@ import threading
 import time
 
 TOLERANCE = 0.02
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+ALLOCATORS = {"expandable": "expandable_segments:True", "default": ""}
 
 
 class Runner:
@@ -35,14 +39,20 @@ class Runner:
     trial with ``fresh`` (the reference's default: a process that already ran a trial can peak
     lower at the same micro-batch than a fresh one, and a training run starts fresh)."""
 
-    def __init__(self, argv, log, fresh=True):
+    def __init__(self, argv, log, fresh=True, allocator=None):
         self.argv, self.log, self.fresh = argv, log, fresh
+        # PYTORCH_CUDA_ALLOC_CONF for the runner: None leaves ours, "" removes it.
+        self.allocator = allocator
         self.proc = None
         self.lines: queue.Queue = queue.Queue()
         self.started = 0
 
     def _start(self):
         env = dict(os.environ, AUTOTUNE_PROTOCOL="1")
+        if self.allocator is not None:
+            env.pop(ALLOC_CONF, None)
+            if self.allocator:
+                env[ALLOC_CONF] = self.allocator
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.log, text=True, env=env, start_new_session=True)
         self.started += 1
@@ -116,6 +126,10 @@ def main() -> int:
     ap.add_argument("--reuse-runner", action="store_true",
                     help="let one runner serve the trials it can (default: a fresh process each, "
                          "as a training run starts)")
+    ap.add_argument("--allocator", choices=["plan", *ALLOCATORS], default="plan",
+                    help="PyTorch's allocator setting for the runner: the plan's (its "
+                         "provenance.allocator, where recorded), expandable segments, or PyTorch's "
+                         "default")
     ap.add_argument("runner", nargs=argparse.REMAINDER)
     args = ap.parse_args()
     argv = args.runner[1:] if args.runner[:1] == ["--"] else args.runner
@@ -141,7 +155,9 @@ def main() -> int:
                 "host_budget_bytes": device["host_memory_bytes"]}
 
     log = open(args.log, "a") if args.log else sys.stderr
-    runner = Runner(argv, log, fresh=not args.reuse_runner)
+    allocator = (plan.get("provenance") or {}).get("allocator") if args.allocator == "plan" \
+        else ALLOCATORS[args.allocator]
+    runner = Runner(argv, log, fresh=not args.reuse_runner, allocator=allocator)
     trials: dict[int, dict] = {}
     started = time.monotonic()
     out_of_time = False
@@ -220,6 +236,7 @@ def main() -> int:
     ratio = plan_mb / feasible_max if feasible_max else None
     result = {
         "model": plan["model"]["name"], "knobs": plan["knobs"], "plan_micro_batch": plan_mb,
+        "allocator": allocator,
         "feasible_max": feasible_max, "first_infeasible": feasible_hi,
         "runs_max": runs_max, "first_failing": runs_hi,
         "ratio": ratio, "within_2pct": None if ratio is None else abs(1 - ratio) <= TOLERANCE,

@@ -38,6 +38,7 @@ def model_summary(out: Path, model: str) -> dict:
     tune = load(out / f"{model}.tune.time") or {}
     plan = load(out / f"{model}.plan.json")
     exact = load(out / f"{model}.exact.json")
+    exact_default = load(out / f"{model}.exact-default.json")
     exports = load(out / f"{model}.exports.json") or {}
     finders = {r.get("finder"): r for r in lines(out / f"{model}.finders.jsonl")}
     trains = {tool: load(out / f"{model}.train-{tool}.json") for tool in ("deepspeed", "trainer")}
@@ -60,8 +61,12 @@ def model_summary(out: Path, model: str) -> dict:
     if exact:
         s["exact"] = {k: exact.get(k) for k in ("plan_micro_batch", "feasible_max", "first_infeasible",
                                                 "runs_max", "first_failing", "ratio", "within_2pct",
-                                                "exact", "seconds")}
+                                                "exact", "seconds", "allocator", "contiguous_max")}
         s["exact"]["trials"] = len(exact.get("trials", []))
+    if exact_default:
+        s["exact_default"] = {k: exact_default.get(k) for k in (
+            "plan_micro_batch", "feasible_max", "first_infeasible", "contiguous_max", "ratio",
+            "exact", "seconds")}
     s["exports"] = exports
     s["train"] = trains
     s["finders"] = finders
@@ -118,6 +123,15 @@ def main(argv: list[str]) -> int:
                   f"(first infeasible {e['first_infeasible']}); largest that runs at all {e['runs_max']} "
                   f"(first failing {e['first_failing']}). Plan {e['plan_micro_batch']}: "
                   f"{e['ratio']:.3f} of it, {verdict}.\n")
+            allocator = e.get("allocator")
+            setting = ("PyTorch's default allocator" if allocator == "" else
+                       f"PYTORCH_CUDA_ALLOC_CONF={allocator}" if allocator else "the runner's environment")
+            print(f"The runner ran under {setting}, as the plan's trials did.\n")
+            d = s.get("exact_default")
+            if d and d.get("feasible_max"):
+                print(f"Under PyTorch's default allocator instead: largest feasible **{d['feasible_max']}** "
+                      f"(first infeasible {d['first_infeasible']}), every one up to "
+                      f"{d['contiguous_max']} feasible; the plan is {d['ratio']:.3f} of it.\n")
             if model == HEADLINE_MODEL:
                 headline.append({
                     "metric": f"{model} harness plan batch vs PyTorch exact max",
@@ -126,7 +140,8 @@ def main(argv: list[str]) -> int:
                     "reference_is": f"PyTorch {meta.get('torch', '')} eager's largest micro-batch at the "
                                     "plan's knobs whose peak stays within the same emulated card less "
                                     f"{headroom:.0%} headroom, by bisection with real steps through the "
-                                    "same harness, same call",
+                                    f"same harness under the plan's allocator setting ({setting}), "
+                                    "same call",
                 })
         else:
             print("No bisection result (see the log).\n")

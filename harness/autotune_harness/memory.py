@@ -10,7 +10,8 @@ reference's fixed cap). The GPU peak a trial reports is what counts against the 
 allocator's reserved high-water mark (``torch.cuda.max_memory_reserved``, not the smaller
 allocated one: reserved memory is what the card must hold) plus that outside part. The host
 peak is the process's resident high-water mark (``VmHWM``), reset before each trial where Linux
-allows it.
+allows it. The allocator runs as ``PYTORCH_CUDA_ALLOC_CONF`` says, which autotune sets for the
+runner (expandable segments by default; docs/trial-protocol.md, *The allocator*).
 """
 
 from __future__ import annotations

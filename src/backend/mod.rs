@@ -30,6 +30,7 @@ pub fn provenance(backend: &str, device: &str) -> crate::plan::Provenance {
         candle_version: Some(CANDLE_VERSION.into()),
         git_revision: GIT_REVISION.map(str::to_string),
         device: device.into(),
+        allocator: None,
     }
 }
 

@@ -14,6 +14,7 @@ pub fn run(args: ExportArgs, printer: &Printer) -> anyhow::Result<Status> {
     }
     let knobs = &settings.plan.knobs;
     let optimizer = &settings.plan.model.optimizer;
+    let environment = exports::environment_line(settings.plan.provenance.as_ref());
     let notes = match settings.format {
         ExportFormat::DeepSpeed => {
             let (config, notes) = exports::deepspeed_config(knobs, optimizer, settings.world_size);
@@ -27,9 +28,14 @@ pub fn run(args: ExportArgs, printer: &Printer) -> anyhow::Result<Status> {
         }
         ExportFormat::Accelerate => {
             let (yaml, notes) = exports::accelerate_config(knobs);
-            let stated = settings.lossy.as_ref().map_or(String::new(), |what| {
+            let mut stated = settings.lossy.as_ref().map_or(String::new(), |what| {
                 format!("# autotune: exported with changes to the plan: {what}\n")
             });
+            if let Some(line) = &environment {
+                stated.push_str(&format!(
+                    "# autotune: start `accelerate launch` with this in its environment: {line}\n"
+                ));
+            }
             printer.document(format!("{stated}{}", yaml.trim_end()).as_str());
             notes
         }
@@ -39,7 +45,8 @@ pub fn run(args: ExportArgs, printer: &Printer) -> anyhow::Result<Status> {
             notes
         }
     };
-    for note in notes {
+    let environment = environment.map(|line| exports::environment_note(&line, settings.format));
+    for note in notes.into_iter().chain(environment) {
         printer.note(note);
     }
     Ok(Status::Success)

@@ -45,6 +45,8 @@ const EXIT_GRACE: Duration = Duration::from_secs(10);
 pub struct RunnerCommand {
     program: String,
     args: Vec<String>,
+    /// Variables set (`Some`) or removed (`None`) in the runner's environment.
+    env: Vec<(String, Option<String>)>,
 }
 
 impl RunnerCommand {
@@ -54,7 +56,25 @@ impl RunnerCommand {
         Some(Self {
             program: program.clone(),
             args: args.to_vec(),
+            env: Vec::new(),
         })
+    }
+
+    /// The same command with `name` set to `value` in its environment, or removed from it
+    /// when `value` is `None`.
+    pub fn with_env(mut self, name: &str, value: Option<String>) -> Self {
+        self.env.retain(|(n, _)| n != name);
+        self.env.push((name.to_string(), value));
+        self
+    }
+
+    /// What the command's environment holds for `name`, where it sets or removes it
+    /// (`Some(None)`: removed); `None` where it leaves the variable as this process has it.
+    pub fn env(&self, name: &str) -> Option<Option<&str>> {
+        self.env
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_deref())
     }
 
     /// The command as a person would type it, for messages.
@@ -165,8 +185,14 @@ impl RunnerProcess {
         use std::os::unix::process::CommandExt;
         let tree = ProcessTree::new();
         let mut spawn = Command::new(&command.program);
+        spawn.args(&command.args);
+        for (name, value) in &command.env {
+            match value {
+                Some(value) => spawn.env(name, value),
+                None => spawn.env_remove(name),
+            };
+        }
         spawn
-            .args(&command.args)
             .env("AUTOTUNE_PROTOCOL", REQUEST_PROTOCOL_VERSION.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

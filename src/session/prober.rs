@@ -16,7 +16,7 @@ use crate::probe::Prober;
 use crate::settings::tune::{LiveSettings, ProbeIsolation};
 use crate::spec::device::DeviceKind;
 use crate::spec::model::ModelSpec;
-use crate::trial_protocol::RunnerIdentity;
+use crate::trial_protocol::{allocator, RunnerIdentity};
 
 /// Where a live search's trials run.
 pub enum Trials {
@@ -51,6 +51,7 @@ impl Trials {
                     device: identity
                         .and_then(|i| i.device.clone())
                         .unwrap_or_else(|| device.to_string()),
+                    allocator: runner_allocator(exec),
                 }
             }
         }
@@ -66,6 +67,15 @@ impl Trials {
         }
     }
 
+    /// The allocator setting the trial runner's trials ran under (see
+    /// [`Provenance::allocator`]); `None` for autotune's engine.
+    pub fn runner_allocator(&self) -> Option<String> {
+        match self {
+            Trials::Engine(_) => None,
+            Trials::Runner(exec) => runner_allocator(exec),
+        }
+    }
+
     /// The engine the trial runner reported, and the device it saw, once it has replied;
     /// `None` for autotune's engine.
     pub fn runner_identity(&self) -> Option<&RunnerIdentity> {
@@ -74,6 +84,14 @@ impl Trials {
             Trials::Runner(exec) => exec.identity(),
         }
     }
+}
+
+/// The allocator setting `exec`'s runner gets: the value autotune set, empty where it removed
+/// the variable (PyTorch's default); `None` where it left the variable as it found it.
+fn runner_allocator(exec: &ExecProber) -> Option<String> {
+    exec.command()
+        .env(allocator::VARIABLE)
+        .map(|setting| setting.unwrap_or_default().to_string())
 }
 
 /// One-GPU trials isolated as `settings.isolation` says; data-parallel trials on their ranks,

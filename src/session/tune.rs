@@ -45,6 +45,9 @@ pub struct Tuned {
     pub outcome: SearchOutcome,
     /// The trial runner's engine, when one measured the trials (or measured the recording).
     pub measured_by: Option<RunnerIdentity>,
+    /// The allocator setting the runner's trials ran under (`PYTORCH_CUDA_ALLOC_CONF`, empty for
+    /// PyTorch's default), where autotune set it.
+    pub allocator: Option<String>,
 }
 
 impl Tuned {
@@ -59,7 +62,9 @@ impl Tuned {
             now(),
         );
         match &self.measured_by {
-            Some(runner) => profile.measured_by(&runner.engine, runner.engine_version.as_deref()),
+            Some(runner) => profile
+                .measured_by(&runner.engine, runner.engine_version.as_deref())
+                .under_allocator(self.allocator.as_deref()),
             None => profile,
         }
     }
@@ -111,6 +116,7 @@ fn replay(path: &Path, profile: &Profile, observer: &dyn TuneObserver) -> crate:
             provenance.engine = runner.engine.clone();
             provenance.engine_version = runner.engine_version.clone();
             provenance.candle_version = None;
+            provenance.allocator = profile.allocator.clone();
         }
         plan.provenance = Some(provenance);
     }
@@ -122,6 +128,7 @@ fn replay(path: &Path, profile: &Profile, observer: &dyn TuneObserver) -> crate:
         plan,
         outcome,
         measured_by,
+        allocator: profile.allocator.clone(),
     })
 }
 
@@ -136,7 +143,7 @@ fn live(settings: &LiveSettings, observer: &dyn TuneObserver) -> crate::Result<T
     let driver = SearchDriver::new(settings.space.clone(), settings.facts.clone(), *budget)?;
     observer.tuning(settings);
     let mut recorded = backend::recorded_device(target.kind == DeviceKind::Cuda, target);
-    let tuned = |recorded, driver, plan, outcome, measured_by| Tuned {
+    let tuned = |recorded, driver, plan, outcome, measured_by, allocator| Tuned {
         spec: spec.clone(),
         target: target.clone(),
         recorded,
@@ -144,6 +151,7 @@ fn live(settings: &LiveSettings, observer: &dyn TuneObserver) -> crate::Result<T
         plan,
         outcome,
         measured_by,
+        allocator,
     };
     // A model whose state alone exceeds the budget is answered before any trial: building it
     // to find out would take more memory than the machine has.
@@ -154,7 +162,7 @@ fn live(settings: &LiveSettings, observer: &dyn TuneObserver) -> crate::Result<T
                 hint: with_way_out(hint, settings),
             },
         };
-        return Ok(tuned(recorded, driver, None, outcome, None));
+        return Ok(tuned(recorded, driver, None, outcome, None, None));
     }
     let mut trials = live_prober(settings)?;
     if let Some(group) = trials.runner_group() {
@@ -176,6 +184,7 @@ fn live(settings: &LiveSettings, observer: &dyn TuneObserver) -> crate::Result<T
         plan.model_folder = settings.model_folder.clone();
     }
     let measured_by = trials.runner_identity().cloned();
+    let allocator = trials.runner_allocator();
     if let Some(seen) = measured_by.as_ref().and_then(|m| m.device.as_ref()) {
         // The runner saw the device; this process, which opened none, may only know its kind.
         recorded.name = seen.clone();
@@ -185,7 +194,14 @@ fn live(settings: &LiveSettings, observer: &dyn TuneObserver) -> crate::Result<T
     if let Some(plan) = plan.as_mut() {
         plan.longest_sequence = Some(longest::longest_sequence(settings, plan, observer)?);
     }
-    Ok(tuned(recorded, driver, plan, outcome, measured_by))
+    Ok(tuned(
+        recorded,
+        driver,
+        plan,
+        outcome,
+        measured_by,
+        allocator,
+    ))
 }
 
 /// `hint` (why nothing searched fits), followed by the opt-in regime that would, when the

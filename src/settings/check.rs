@@ -9,6 +9,7 @@ use super::tune::{runner_command, Backend};
 use crate::probe::runner::RunnerCommand;
 use crate::profile::check::Tolerance;
 use crate::profile::record::Profile;
+use crate::trial_protocol::allocator;
 use crate::{Error, Result};
 
 /// The flags of `autotune check`.
@@ -105,7 +106,17 @@ impl CheckSettings {
                     other: Box::new(other),
                 }
             }
-            (Backend::Exec, Some(runner)) => FreshTrials::Exec(runner),
+            (Backend::Exec, Some(runner)) => {
+                // Re-measured under the allocator setting the recording ran under.
+                let value = profile
+                    .allocator
+                    .clone()
+                    .map(|s| (!s.is_empty()).then_some(s));
+                match value {
+                    Some(value) => FreshTrials::Exec(runner.with_env(allocator::VARIABLE, value)),
+                    None => FreshTrials::Exec(runner),
+                }
+            }
             (Backend::Exec, None) => {
                 return Err(Error::Usage(
                     "--backend exec needs the trial runner after `--`".into(),

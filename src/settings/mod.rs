@@ -4,6 +4,7 @@
 //! settings, never the raw flags. [`flags`] maps the core's field names back to the flags that
 //! set them.
 
+pub mod allocator;
 pub mod check;
 pub mod data;
 pub mod dataset;

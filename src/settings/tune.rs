@@ -20,7 +20,9 @@ use crate::search::MachineFacts;
 use crate::spec::budget::Budget;
 use crate::spec::device::{DeviceKind, DeviceSpec};
 use crate::spec::model::ModelSpec;
+use crate::trial_protocol::allocator;
 
+use super::allocator::{runner_allocator, Allocator};
 use super::dataset::DatasetArgs;
 use super::flags::{self, as_flag};
 use super::model::model_folder;
@@ -119,6 +121,11 @@ pub struct TuneArgs {
     /// The trial runner of `--backend exec` and its arguments, after `--`.
     #[arg(last = true, value_name = "RUNNER")]
     pub runner: Vec<String>,
+    /// With `--backend exec`: PyTorch's CUDA allocator setting the runner's trials run under,
+    /// given to it as PYTORCH_CUDA_ALLOC_CONF and carried by the plan to its exports. Default:
+    /// the PYTORCH_CUDA_ALLOC_CONF of this environment if set, else expandable segments.
+    #[arg(long, value_enum)]
+    pub allocator: Option<Allocator>,
     /// Record every trial into a profile file (for `autotune check` and replays).
     #[arg(long)]
     pub record: Option<PathBuf>,
@@ -301,7 +308,7 @@ impl TuneSettings {
                 })?;
             }
         }
-        let runner = runner_command(&args.backend, &args.runner)?;
+        let runner = with_allocator(runner_command(&args.backend, &args.runner)?, args)?;
         args.check_longest(data.is_some())?;
         if let (Some(_), Backend::Replay(_) | Backend::Exec) = (&data, &args.backend) {
             return Err(autotune_core::Error::InvalidFlag {
@@ -394,6 +401,30 @@ pub fn runner_command(backend: &Backend, argv: &[String]) -> crate::Result<Optio
         }
         .into()),
     }
+}
+
+/// `runner` with the allocator setting its trials run under in its environment; `--allocator`
+/// without a runner is refused.
+fn with_allocator(
+    runner: Option<RunnerCommand>,
+    args: &TuneArgs,
+) -> crate::Result<Option<RunnerCommand>> {
+    let Some(runner) = runner else {
+        return match args.allocator {
+            Some(_) => Err(autotune_core::Error::InvalidFlag {
+                flag: "--allocator".into(),
+                problem: "sets the allocator of a PyTorch trial runner; add --backend exec \
+                          -- RUNNER, or drop it (autotune's engine has an allocator of its own)"
+                    .into(),
+            }
+            .into()),
+            None => Ok(None),
+        };
+    };
+    let environment = std::env::var(allocator::VARIABLE).ok();
+    let setting = runner_allocator(args.allocator, environment.as_deref());
+    let value = (!setting.is_empty()).then_some(setting);
+    Ok(Some(runner.with_env(allocator::VARIABLE, value)))
 }
 
 impl LiveSettings {

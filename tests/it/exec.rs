@@ -473,6 +473,142 @@ fn a_plan_measured_by_a_pytorch_runner_exports_without_an_override() {
     assert_eq!(export.status.code(), Some(2));
 }
 
+/// The allocator setting each trial in the fake runner's `log` ran under, in order.
+fn allocators_logged(log: &Path) -> Vec<Option<String>> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            v["allocator"].as_str().map(str::to_string)
+        })
+        .collect()
+}
+
+#[test]
+fn a_runner_trains_under_expandable_segments_which_the_plan_and_its_exports_carry() {
+    const EXPANDABLE: &str = "expandable_segments:True";
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("trials.log");
+    // Under PyTorch's default allocator micro-batches 12 to 20 run out of memory (its block
+    // splitting); under expandable segments memory follows the law, whose boundary is 28.
+    let runner = [
+        "--engine",
+        "pytorch",
+        "--offload",
+        "unsupported",
+        "--serve",
+        "--fragmented",
+        "12-20",
+        "--log",
+        log.to_str().unwrap(),
+    ];
+    let plain = ["--checkpointing", "none", "--offload", "none"];
+    let flags = [
+        &plain[..],
+        &["--out", "plan.json", "--record", "profile.json"],
+    ]
+    .concat();
+    let out = tune(dir.path(), &flags, &runner);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let read = |name: &str| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join(name)).unwrap()).unwrap()
+    };
+    let plan = read("plan.json");
+    assert_eq!(plan["knobs"]["micro_batch"], 28, "{}", stderr(&out));
+    assert_eq!(plan["provenance"]["allocator"], EXPANDABLE);
+    assert_eq!(read("profile.json")["allocator"], EXPANDABLE);
+    let seen = allocators_logged(&log);
+    assert!(!seen.is_empty() && seen.iter().all(|a| a.as_deref() == Some(EXPANDABLE)));
+    let line = format!("PYTORCH_CUDA_ALLOC_CONF={EXPANDABLE}");
+    for format in ["deepspeed", "trainer", "accelerate", "lightning"] {
+        let export = autotune_in(
+            dir.path(),
+            &["export", "--plan", "plan.json", "--format", format],
+        );
+        assert_eq!(export.status.code(), Some(0), "{}", stderr(&export));
+        assert!(
+            stderr(&export).contains(&format!("environment: {line}")),
+            "{format}"
+        );
+        if format == "accelerate" {
+            assert!(stdout(&export).starts_with("# autotune: start `accelerate launch`"));
+            assert!(stdout(&export).lines().next().unwrap().ends_with(&line));
+        }
+    }
+
+    // Under PyTorch's default the runner sees no setting, meets the split blocks, and its plan
+    // asks for no environment.
+    std::fs::remove_file(&log).unwrap();
+    let flags = [
+        &plain[..],
+        &["--allocator", "pytorch-default", "--out", "default.json"],
+    ]
+    .concat();
+    let out = tune(dir.path(), &flags, &runner);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let plan = read("default.json");
+    assert_eq!(plan["provenance"]["allocator"], "");
+    assert!(allocators_logged(&log).iter().all(Option::is_none));
+    assert!(plan["evidence"].as_array().unwrap().iter().any(|t| {
+        let mb = t["request"]["knobs"]["micro_batch"].as_u64().unwrap();
+        (12..=20).contains(&mb) && t["outcome"] == "out_of_memory"
+    }));
+    let export = autotune_in(
+        dir.path(),
+        &["export", "--plan", "default.json", "--format", "trainer"],
+    );
+    assert!(
+        !stderr(&export).contains("PYTORCH_CUDA_ALLOC_CONF"),
+        "{}",
+        stderr(&export)
+    );
+
+    // The user's own setting is kept, and a check runs the runner under the recording's.
+    std::fs::remove_file(&log).unwrap();
+    let mut args = vec![
+        "check",
+        "--profile",
+        "profile.json",
+        "--backend",
+        "exec",
+        "--",
+    ];
+    let argv = runner_argv(&runner);
+    args.extend(argv.iter().map(String::as_str));
+    let checked = crate::util::command()
+        .current_dir(dir.path())
+        .env("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64")
+        .args(&args)
+        .output()
+        .unwrap();
+    assert_eq!(checked.status.code(), Some(0), "{}", stderr(&checked));
+    assert!(allocators_logged(&log)
+        .iter()
+        .all(|a| a.as_deref() == Some(EXPANDABLE)));
+    let own = crate::util::command()
+        .current_dir(dir.path())
+        .env("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64")
+        .args(["tune", "--backend", "replay:profile.json", "--json"])
+        .output()
+        .unwrap();
+    let replayed: Value = serde_json::from_str(&stdout(&own)).unwrap();
+    assert_eq!(
+        replayed["provenance"]["allocator"], EXPANDABLE,
+        "the recording's"
+    );
+
+    // Only a trial runner takes an allocator setting.
+    let refused = autotune_in(
+        dir.path(),
+        &["tune", "--model", "tiny", "--allocator", "pytorch-default"],
+    );
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        stderr(&refused).contains("`--allocator`") && stderr(&refused).contains("--backend exec")
+    );
+}
+
 #[test]
 fn a_runner_that_never_answers_well_is_no_feasible_plan() {
     let dir = tempfile::tempdir().unwrap();

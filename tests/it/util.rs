@@ -3,13 +3,16 @@ use std::process::{Command, Output};
 
 use autotune::spec::model::ModelSpec;
 
-/// The binary, with its token cache in the build's scratch folder rather than the user's.
+/// The binary, with its token cache in the build's scratch folder rather than the user's, and
+/// PyTorch's allocator setting left to autotune's default whatever the caller's is.
 pub fn command() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_autotune"));
-    command.env(
-        "XDG_CACHE_HOME",
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join("cache"),
-    );
+    command
+        .env(
+            "XDG_CACHE_HOME",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("cache"),
+        )
+        .env_remove("PYTORCH_CUDA_ALLOC_CONF");
     command
 }
 

@@ -15,6 +15,7 @@
 //! Only a runner that speaks another version of the protocol is an error ([`BadReply::Version`]):
 //! every one of its trials would fail alike, so the search stops and says so.
 
+pub mod allocator;
 mod non_finite;
 
 use serde::{Deserialize, Serialize};

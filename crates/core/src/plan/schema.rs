@@ -29,7 +29,7 @@
 //! | `model_error` | object | Worst leave-one-out relative error of the chosen regime's fits: `memory_loo_rel_error`, `time_loo_rel_error` (`null` below three trials). |
 //! | `alternatives` | array | Up to five other feasible settings, best first: `{"knobs": …, "tokens_per_s": T, "tokens_per_s_interval": [LOW, HIGH], "peak_gpu_bytes": B, "peak_host_bytes": B}`, measured without accumulation (a remeasured setting's runs pooled), with the 95 % interval of its tokens/s. The best of each other regime is always included. |
 //! | `data_parallel` | object | Version 2 only: `degree`, `shard_optimizer` (as in `knobs`), `global_batch` (sequences per step over all GPUs), `single_gpu_tokens_per_s` (the trial of the same per-GPU setting on one GPU: the search's, or one run after the search when it ran none; `null` if that did not fit), `scaling_efficiency` (the chosen setting's search trial tokens/s ÷ (degree × `single_gpu_tokens_per_s`), `null` with it). Both throughputs are measured, never modelled. |
-//! | `provenance` | object | What measured the plan (absent in older plans, which autotune's engine measured): `engine` (`"autotune"`, or the framework a trial runner reported, e.g. `"pytorch"`), `engine_version` (a trial runner's, when it reported one), `backend` (`"live"`: autotune's engine on this machine; `"exec"`: a trial runner, `tune --backend exec`; `"replay"`: a recorded profile), `candle_version` (autotune's engine only), `git_revision` (each absent when unknown), `device` (the device the trials ran on, as detected). `autotune export` refuses a plan whose engine is not the target tool's unless `--allow-engine-mismatch` is given. |
+//! | `provenance` | object | What measured the plan (absent in older plans, which autotune's engine measured): `engine` (`"autotune"`, or the framework a trial runner reported, e.g. `"pytorch"`), `engine_version` (a trial runner's, when it reported one), `backend` (`"live"`: autotune's engine on this machine; `"exec"`: a trial runner, `tune --backend exec`; `"replay"`: a recorded profile), `candle_version` (autotune's engine only), `git_revision` (each absent when unknown), `device` (the device the trials ran on, as detected), `allocator` (a trial runner's only: the `PYTORCH_CUDA_ALLOC_CONF` its trials ran under, `""` for PyTorch's default; the exports name it). `autotune export` refuses a plan whose engine is not the target tool's unless `--allow-engine-mismatch` is given. |
 //! | `model_folder` | string | The Hugging Face folder the model was read from, as an absolute path (absent for presets and spec files): `autotune train --plan` starts from its weights and reads the data with its tokenizer. |
 //! | `non_monotone` | array | Neighbouring trials of one regime (without accumulation) where memory did not grow with the micro-batch, absent when it always did: `{"regime": …, "smaller": B, "larger": B, "what": "…"}`, the peak falling as the batch grows, or a larger batch fitting the budget above a smaller one that did not. The search assumes growth, so these say how far its boundary can be trusted. |
 //! | `longest_sequence` | object | The longest single sequence the plan's setting can take, one a micro-batch (absent in replays and older plans): `predicted_tokens` (the memory estimate within the budget, scaled by the plan's measured peak over its estimate; `null` when not even one token fits), `measured_tokens` (the longest a trial fitted: at the edge, or the plan's own length when no longer one was tried), `exceeded_tokens` (the shortest that ran out of memory or above the budget, `null` when none did), `trials` (`[{"tokens": N, "fits": bool}]`, in order), `note` (why no trial ran, when none did). |
@@ -144,6 +144,11 @@ pub struct Provenance {
     /// The device the trials ran on, as detected (`"NVIDIA H200"`, `"cpu"`): larger than the
     /// target when the target was emulated.
     pub device: String,
+    /// The allocator setting a trial runner's trials ran under: the value of
+    /// `PYTORCH_CUDA_ALLOC_CONF` ([`crate::trial_protocol::allocator`]), empty for PyTorch's
+    /// default. `None` for autotune's engine, and where it was not recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocator: Option<String>,
 }
 
 impl Provenance {
@@ -160,6 +165,7 @@ impl Provenance {
             candle_version: None,
             git_revision: None,
             device: "cpu".into(),
+            allocator: None,
         }
     }
 }

@@ -28,6 +28,7 @@
 //! | `chosen` | object or null | The knobs the search chose, or `null` when nothing was feasible. |
 //! | `engine` | string | The framework a trial runner trained with (`"pytorch"`), for a profile recorded through one (`tune --backend exec`); absent for autotune's own engine. Replays of it make plans of that engine. `candle_version` is then the recording autotune's, not what the trials ran on. |
 //! | `engine_version` | string | That framework's version, when the runner reported it; absent otherwise. |
+//! | `allocator` | string | The `PYTORCH_CUDA_ALLOC_CONF` the runner's trials ran under (`""`: PyTorch's default), when autotune set it; `check --backend exec` runs the runner under it again. |
 //! | `spec_hash` | string | SHA-256 of the model spec and the target device spec as recorded (see [`spec_hash`]); a reader recomputes it and refuses a profile whose model or device was edited after recording. Profiles recorded before it have none, and are read unchecked. |
 
 use std::path::{Path, PathBuf};
@@ -95,6 +96,10 @@ pub struct Profile {
     /// That framework's version, if the runner reported it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine_version: Option<String>,
+    /// The allocator setting the runner's trials ran under (`PYTORCH_CUDA_ALLOC_CONF`, empty
+    /// for PyTorch's default), which a re-measurement runs under again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocator: Option<String>,
 }
 
 /// What identifies the setup a profile's trials measured: the SHA-256, lowercase hex, of the
@@ -219,6 +224,7 @@ impl Profile {
             spec_hash: Some(hash),
             engine: None,
             engine_version: None,
+            allocator: None,
         }
     }
 
@@ -226,6 +232,12 @@ impl Profile {
     pub fn measured_by(mut self, engine: &str, version: Option<&str>) -> Self {
         self.engine = Some(engine.to_string());
         self.engine_version = version.map(str::to_string);
+        self
+    }
+
+    /// The profile of trials run under the allocator `setting` (see [`Profile::allocator`]).
+    pub fn under_allocator(mut self, setting: Option<&str>) -> Self {
+        self.allocator = setting.map(str::to_string);
         self
     }
 

@@ -89,9 +89,41 @@ pub fn engine_mismatch(provenance: Option<&Provenance>, format: ExportFormat) ->
     })
 }
 
+/// The environment line a training from the plan needs (`PYTORCH_CUDA_ALLOC_CONF=…`): the
+/// allocator setting its trial runner's trials ran under, where that is not PyTorch's default.
+/// A batch measured under one allocator setting may run out of memory under another.
+pub fn environment_line(provenance: Option<&Provenance>) -> Option<String> {
+    let setting = provenance?.allocator.as_deref()?;
+    crate::trial_protocol::allocator::environment_line(setting)
+}
+
+/// The note that tells a user of `format` to start their training with `line` (see
+/// [`environment_line`]).
+pub fn environment_note(line: &str, format: ExportFormat) -> String {
+    format!(
+        "environment: {line} -- start {tool} with it set: the plan's batch was measured under \
+         this allocator setting, and PyTorch's default allocator can run out of memory at it",
+        tool = format.tool_name()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_runner_plan_names_its_allocator_setting_unless_it_is_the_default() {
+        let mut provenance = Provenance::for_test("pytorch");
+        assert_eq!(environment_line(Some(&provenance)), None, "not recorded");
+        provenance.allocator = Some(String::new());
+        assert_eq!(environment_line(Some(&provenance)), None, "the default");
+        provenance.allocator = Some("expandable_segments:True".into());
+        let line = environment_line(Some(&provenance)).unwrap();
+        assert_eq!(line, "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True");
+        let note = environment_note(&line, ExportFormat::DeepSpeed);
+        assert!(note.contains(&line) && note.contains("DeepSpeed"), "{note}");
+        assert_eq!(environment_line(None), None);
+    }
 
     #[test]
     fn an_export_to_another_engine_is_flagged_and_the_same_engine_is_not() {
