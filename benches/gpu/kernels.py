@@ -30,19 +30,26 @@ def kind(name):
     return "elementwise / other"
 
 
-def main():
-    path, steps = sys.argv[1], int(sys.argv[2])
+def read_rows(path):
+    """(kernel name, nanoseconds) per profiled launch, in launch order. ncu's own `==PROF==`
+    lines and whatever the profiled program printed share the file: only CSV lines (those that
+    start with a quote) are read."""
     rows = []
-    with open(path, newline="") as f:
+    with open(path, newline="", errors="replace") as f:
         lines = [l for l in f if l.startswith('"')]
-    reader = csv.DictReader(lines)
-    for r in reader:
-        value = r.get("gpu__time_duration.sum", "")
+    for r in csv.DictReader(lines):
+        value = r.get("gpu__time_duration.sum") or ""
         try:
             ns = float(value.replace(",", ""))
         except ValueError:
             continue  # the units row
-        rows.append((r.get("Kernel Name", "?"), ns))
+        rows.append((r.get("Kernel Name") or "?", ns))
+    return rows
+
+
+def main():
+    path, steps = sys.argv[1], int(sys.argv[2])
+    rows = read_rows(path)
     if not rows:
         print(f"no kernel rows in {path}")
         return

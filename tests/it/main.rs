@@ -76,6 +76,9 @@ mod trial_protocol;
 /// The PyTorch harness as a trial runner on the CPU (skipped without torch).
 mod harness;
 
+/// The GPU bench scripts' Python on the CPU: the kernel-time breakdown and the GEMM shapes.
+mod bench_scripts;
+
 /// Compact optimizer state against exact AdamW: loss curves, bytes, resume, refusals.
 mod compact_state;
 
