@@ -52,7 +52,7 @@ pub use permute::permute_contiguous;
 pub use rotary::{rotate_in_place, rotate_packed_in_place, Rotation};
 pub use softmax::{attention_softmax, attention_softmax_backward, softmax_last_dim};
 pub use swiglu::{swiglu, swiglu_backward};
-pub use widen::{accumulate_into, to_f32};
+pub use widen::{accumulate_into, to_f32, to_half};
 
 use std::borrow::Cow;
 

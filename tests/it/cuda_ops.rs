@@ -463,6 +463,13 @@ fn cuda_decoder_ops_match_the_cpu() {
             let (g, c) = (run(&dev), run(&Device::Cpu));
             check("widen", dtype, &n.to_string(), "x", &g.0, &c.0, 0.0);
             check("accumulate", dtype, &n.to_string(), "sum", &g.1, &c.1, 0.0);
+            // Narrowed: bit for bit candle's cast on the CPU (both round to nearest even).
+            if dtype != DType::F32 {
+                let narrow = |dev: &Device| ops::to_half(&acc.to_device(dev).unwrap(), dtype);
+                let (g, c) = (narrow(&dev).unwrap(), acc.to_dtype(dtype).unwrap());
+                assert_eq!(g.dtype(), dtype);
+                check("narrow", dtype, &n.to_string(), "x", &g, &c, 0.0);
+            }
         }
         // Weight gradients summed into f32 by the product itself (cuBLAS GemmEx, β = 1), at an
         // odd shape and at one of the vocabulary head's; the CPU sums in the products' dtype.

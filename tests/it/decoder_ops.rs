@@ -222,6 +222,41 @@ fn gradients_widen_exactly_and_sum_in_place() {
 }
 
 #[test]
+fn masters_narrow_as_the_cast_rounds() {
+    // Values at and between half-precision neighbours: ties round to even, as the cast does.
+    let master = random(&[37, 24], 3.0, 0.0, 46, DType::F32);
+    let ties = Tensor::new(
+        &[1.0f32 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, -2.0e-3, 65520.0],
+        &Device::Cpu,
+    )
+    .unwrap();
+    for dtype in [DType::BF16, DType::F16] {
+        for x in [&master, &ties] {
+            let narrowed = ops::to_half(x, dtype).unwrap();
+            assert_eq!(narrowed.dtype(), dtype);
+            let cast = x.to_dtype(dtype).unwrap();
+            let (a, b) = (
+                narrowed
+                    .to_dtype(DType::F32)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap(),
+                cast.to_dtype(DType::F32)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap(),
+            );
+            let same = a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{dtype:?}: {a:?} vs {b:?}");
+        }
+    }
+}
+
+#[test]
 fn weight_gradients_sum_into_f32_straight_from_their_product() {
     for dtype in DTYPES {
         let (rows, out, width) = (19, 7, 12);

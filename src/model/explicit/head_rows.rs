@@ -117,12 +117,12 @@ impl<'a> SlicedHead<'a> {
 
     /// Slice `s` of the weight in the compute dtype, zero rows up to its padded height.
     fn weight_slice(&self, s: Slice) -> Result<Tensor> {
-        let w = self
+        let rows = self
             .weight
             .as_tensor()
             .detach()
-            .narrow(0, s.first, s.rows)?
-            .to_dtype(self.dtype)?;
+            .narrow(0, s.first, s.rows)?;
+        let w = ops::to_half(&rows, self.dtype)?;
         pad_rows(&w, s.padded)
     }
 

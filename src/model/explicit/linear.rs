@@ -24,7 +24,7 @@ impl<'a> Lin<'a> {
     /// Casts the weight once per pass (a no-op for half-precision working copies).
     pub(crate) fn new(layer: &'a Linear, dtype: DType) -> Result<Self> {
         // Detached: nothing here may record a graph.
-        let weight = layer.weight().as_tensor().detach().to_dtype(dtype)?;
+        let weight = ops::to_half(&layer.weight().as_tensor().detach(), dtype)?;
         Ok(Self {
             outputs: weight.dim(0)?,
             weight,

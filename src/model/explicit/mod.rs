@@ -329,13 +329,9 @@ fn embed(
     mask: Option<DropoutMask>,
 ) -> Result<Tensor> {
     let s = tokens.dim(1)?;
-    let table = model
-        .token_embedding()
-        .as_tensor()
-        .detach()
-        .to_dtype(dtype)?;
+    let table = ops::to_half(&model.token_embedding().as_tensor().detach(), dtype)?;
     let positions = match model.position_embedding() {
-        Some(p) => Some(p.as_tensor().detach().to_dtype(dtype)?),
+        Some(p) => Some(ops::to_half(&p.as_tensor().detach(), dtype)?),
         None => None,
     };
     Ok(ops::embed(tokens, &table, positions.as_ref(), s, mask)?)

@@ -1,5 +1,5 @@
-//! CUDA launches for widening and in-place sums (`kernels/widen.cu`): grid-stride, eight
-//! elements per thread where the buffers allow.
+//! CUDA launches for widening, narrowing and in-place sums (`kernels/widen.cu`): grid-stride,
+//! eight elements per thread where the buffers allow.
 
 #![allow(unsafe_code)]
 
@@ -27,6 +27,28 @@ pub(super) fn widen<T: Elem>(
     let mut args = stream.launch_builder(&func);
     args.arg(&x).arg(&mut y).arg(&n).arg(&vec);
     // SAFETY: the arguments match `widen_<T>(const T*, float*, size_t, int)`; `x` and `y` hold
+    // n elements.
+    unsafe { args.launch(cuda::elementwise_config(threads)) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
+}
+
+/// `x` (f32) as `T` (bf16 or f16), rounded to nearest even.
+pub(super) fn narrow<T: Elem>(
+    x: &CudaSlice<f32>,
+    l: &Layout,
+    dev: &CudaDevice,
+) -> Result<CudaStorage> {
+    let n = l.shape().elem_count();
+    let x = cuda::slice_view(x, l, NAME)?;
+    let func = cuda::kernel(dev, &cuda::WIDEN, "narrow", T::DTYPE)?;
+    // SAFETY: the kernel launched below writes every element.
+    let mut y = unsafe { cuda::output::<T>(dev, n) }?;
+    let vec = cuda::eight_wide(&[n], &[cuda::byte_offset::<f32>(l)]);
+    let threads = if vec == 1 { n / 8 } else { n };
+    let stream = dev.cuda_stream();
+    let mut args = stream.launch_builder(&func);
+    args.arg(&x).arg(&mut y).arg(&n).arg(&vec);
+    // SAFETY: the arguments match `narrow_<T>(const float*, T*, size_t, int)`; `x` and `y` hold
     // n elements.
     unsafe { args.launch(cuda::elementwise_config(threads)) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
