@@ -18,8 +18,9 @@
 #   finders  Lightning's binsearch finder and Accelerate's finder on the same model and cap
 #            (finders.py) → M.finders.jsonl
 #   train    20 steps with the DeepSpeed export (deepspeed.initialize with it as it is) and with the
-#            Trainer export (HfArgumentParser + transformers.Trainer), on the same model and cap
-#            (harness_train.py) → M.train-{deepspeed,trainer}.json
+#            Trainer export (HfArgumentParser + transformers.Trainer), on the same model and cap,
+#            with the environment line the exports print (harness_train.py)
+#            → M.train-{deepspeed,trainer}.json
 # then summary.md, summary.json and headline.json (harness_report.py).
 #
 # Expected times on the H200 (each stage's limit in brackets; the whole run stops starting stages
@@ -208,7 +209,10 @@ bench_model() {
     cat "$OUTDIR/$model.finders.jsonl" >&2
   fi
 
-  local tool extra
+  # The training runs as the exports tell a user to: with the environment line they print.
+  local tool extra line plan_env=()
+  line="$(grep -o 'environment: [A-Z_]*=[^ ]*' "$OUTDIR/$model.exports.log" 2>/dev/null | head -n 1 | cut -d' ' -f2)"
+  [[ -n "$line" ]] && plan_env=(env "$line") && say "  training with $line, as the exports say"
   for tool in deepspeed trainer; do
     if [[ "$tool" == deepspeed && -z "$ds_version" ]]; then continue; fi
     if [[ "$tool" == deepspeed && -n "$ds_prebuild_pid" ]]; then
@@ -219,7 +223,7 @@ bench_model() {
     say "$model: $STEPS steps with the $tool export (limit ${limit}s)"
     extra=()
     [[ "$tool" == trainer ]] && extra=(--deepspeed-config "$OUTDIR/$model.deepspeed.json")
-    timeout --kill-after=10 "$limit" "${TORCH_ENV[@]}" "$PYTHON" benches/gpu/harness_train.py --tool "$tool" \
+    timeout --kill-after=10 "$limit" "${TORCH_ENV[@]}" "${plan_env[@]}" "$PYTHON" benches/gpu/harness_train.py --tool "$tool" \
       --plan "$OUTDIR/$model.plan.json" --config "$OUTDIR/$model.$tool.json" --steps "$STEPS" \
       --out "$OUTDIR/$model.train-$tool.json" "${extra[@]}" > /dev/null 2> "$OUTDIR/$model.train-$tool.log"
     say "  $tool: exit $?: $(head -c 400 "$OUTDIR/$model.train-$tool.json" 2>/dev/null)"
@@ -229,7 +233,7 @@ bench_model() {
         "$OUTDIR/$model.train-$tool.json" 2>/dev/null && (( $(stage_limit 90) > 0 )); then
       say "  deepspeed: the optimizer op did not build; again with torch_adam"
       mv "$OUTDIR/$model.train-$tool.json" "$OUTDIR/$model.train-$tool.first.json"
-      timeout --kill-after=10 "$(stage_limit 90)" "${TORCH_ENV[@]}" "$PYTHON" benches/gpu/harness_train.py \
+      timeout --kill-after=10 "$(stage_limit 90)" "${TORCH_ENV[@]}" "${plan_env[@]}" "$PYTHON" benches/gpu/harness_train.py \
         --tool deepspeed --torch-adam --plan "$OUTDIR/$model.plan.json" --config "$OUTDIR/$model.deepspeed.json" \
         --steps "$STEPS" --out "$OUTDIR/$model.train-$tool.json" > /dev/null 2>> "$OUTDIR/$model.train-$tool.log"
       say "  deepspeed (torch_adam): exit $?: $(head -c 400 "$OUTDIR/$model.train-$tool.json" 2>/dev/null)"
