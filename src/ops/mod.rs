@@ -22,6 +22,7 @@ mod cross_entropy;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod epilogue;
+pub mod fp8;
 mod grad_product;
 pub mod host_optim;
 mod layer_norm;
