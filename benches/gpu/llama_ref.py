@@ -9,6 +9,11 @@ One JSON line per micro-batch on stdout with the fields of `autotune probe --jso
 
     python3 llama_ref.py --model llama-3.2-1b --seq 2048 --micro-batch 1,2,4 [--cap-mib N]
     python3 llama_ref.py --self-test          # CPU: the configs build to the published counts
+
+--liger swaps in Liger's kernels for Llama and Qwen2 (RoPE, RMSNorm, SwiGLU, and the fused
+linear cross-entropy, which never materialises the logits: the loss comes from the model given
+the labels); --compile wraps the model in torch.compile (its first steps compile: raise
+--warmup). Both together are the strongest PyTorch stack for these models.
 """
 
 from __future__ import annotations
@@ -51,12 +56,24 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
-def measure(name, mb, seq, warmup, steps, device, checkpointing=False):
+def apply_liger(name: str) -> None:
+    """Patches transformers' model classes with Liger's kernels (before the model is built)."""
+    import liger_kernel.transformers as liger
+
+    patch = liger.apply_liger_kernel_to_llama if name.startswith(("llama", "smollm2")) \
+        else liger.apply_liger_kernel_to_qwen2
+    patch(rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+          fused_linear_cross_entropy=True)
+
+
+def measure(name, mb, seq, warmup, steps, device, checkpointing=False, liger=False,
+            compiled=False):
     model, config = build(name, device)
     if checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
     params = sum(p.numel() for p in model.parameters())
+    forward = torch.compile(model) if compiled else model
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
                             weight_decay=0.1, fused=device.type == "cuda")
     vocab = config.vocab_size
@@ -67,8 +84,12 @@ def measure(name, mb, seq, warmup, steps, device, checkpointing=False):
     def step():
         opt.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=torch.bfloat16):
-            logits = model(input_ids=inputs).logits
-            loss = F.cross_entropy(logits.reshape(-1, vocab).float(), targets.reshape(-1))
+            if liger:
+                # The fused linear cross-entropy takes the labels and returns only the loss.
+                loss = forward(input_ids=inputs, labels=targets).loss
+            else:
+                logits = forward(input_ids=inputs).logits
+                loss = F.cross_entropy(logits.reshape(-1, vocab).float(), targets.reshape(-1))
         loss.backward()
         opt.step()
         return loss
@@ -86,7 +107,7 @@ def measure(name, mb, seq, warmup, steps, device, checkpointing=False):
     times.sort()
     median = times[len(times) // 2]
     return {
-        "impl": "pytorch-transformers", "model": name, "precision": "bf16", "micro_batch": mb,
+        "impl": impl_name(liger, compiled), "model": name, "precision": "bf16", "micro_batch": mb,
         "seq_len": seq, "checkpointing": checkpointing, "outcome": "fits",
         "step_time_median_s": median,
         "step_time_spread": (times[int(0.9 * (len(times) - 1))] - times[int(0.1 * (len(times) - 1))]) / median,
@@ -94,6 +115,10 @@ def measure(name, mb, seq, warmup, steps, device, checkpointing=False):
         "peak_reserved_bytes": torch.cuda.max_memory_reserved(device), "timed_steps": steps,
         "params": params, "loss": float(loss.item()),
     }
+
+
+def impl_name(liger: bool, compiled: bool) -> str:
+    return "pytorch-transformers" + ("+liger" if liger else "") + ("+compile" if compiled else "")
 
 
 def main() -> int:
@@ -105,6 +130,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--cap-mib", type=int, default=0)
     ap.add_argument("--checkpointing", action="store_true")
+    ap.add_argument("--liger", action="store_true")
+    ap.add_argument("--compile", action="store_true")
     ap.add_argument("--self-test", action="store_true")
     a = ap.parse_args()
     if a.self_test:
@@ -118,16 +145,19 @@ def main() -> int:
             ok &= n == want
         return 0 if ok else 1
     device = torch.device("cuda")
+    if a.liger:
+        apply_liger(a.model)
     if a.cap_mib:
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(a.cap_mib * 2**20 / total, device)
     for mb in [int(x) for x in a.micro_batch.split(",")]:
         try:
-            r = measure(a.model, mb, a.seq, a.warmup, a.steps, device, a.checkpointing)
+            r = measure(a.model, mb, a.seq, a.warmup, a.steps, device, a.checkpointing,
+                        a.liger, a.compile)
         except Exception as exc:  # noqa: BLE001 - only OOM is an expected outcome
             if not is_oom(exc):
                 raise
-            r = {"impl": "pytorch-transformers", "model": a.model, "precision": "bf16",
+            r = {"impl": impl_name(a.liger, a.compile), "model": a.model, "precision": "bf16",
                  "micro_batch": mb, "seq_len": a.seq, "checkpointing": a.checkpointing,
                  "outcome": "out_of_memory"}
         gc.collect()
