@@ -96,7 +96,7 @@ mod compare;
 mod device;
 mod host;
 
-pub use compare::{compare, RecordedError};
+pub use compare::{compare, compare_host, RecordedError};
 
 use serde::{Deserialize, Serialize};
 
