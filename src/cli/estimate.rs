@@ -64,6 +64,11 @@ struct ComparisonOutput<'a> {
     trials: Vec<RecordedError>,
     worst_relative_error: Option<f64>,
     mean_relative_error: Option<f64>,
+    /// The host peaks of the GPU trials that keep state in host memory.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    host_trials: Vec<RecordedError>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    host_worst_relative_error: Option<f64>,
 }
 
 pub fn run(args: EstimateArgs, printer: &Printer) -> anyhow::Result<Status> {
@@ -129,6 +134,7 @@ fn compare(
         trials,
         worst,
         mean,
+        host_trials,
     } = session::estimate::against_recording(profile, engine)?;
     let memory = match target.kind {
         DeviceKind::Cuda => "GPU",
@@ -138,23 +144,11 @@ fn compare(
         "{} on {}: the estimate of each fitted trial's {memory} peak\n",
         profile.model.name, target.name
     );
-    for t in &trials {
-        text.push_str(&format!(
-            "{}: measured {}, estimated {} ({:+.1}%)\n",
-            t.knobs,
-            bytes(t.measured_bytes),
-            bytes(t.estimated_bytes),
-            t.relative_error * 100.0
-        ));
-    }
-    match (worst, mean) {
-        (Some(w), Some(m)) => text.push_str(&format!(
-            "{} trials: worst {:.1}%, mean {:.1}%",
-            trials.len(),
-            w * 100.0,
-            m * 100.0
-        )),
-        _ => text.push_str("no trial fitted, nothing to compare"),
+    push_errors(&mut text, &trials, "no trial fitted, nothing to compare");
+    let (host_worst, _) = session::estimate::worst_and_mean(&host_trials);
+    if !host_trials.is_empty() {
+        text.push_str("\nthe host peak of each that keeps state in host memory\n");
+        push_errors(&mut text, &host_trials, "");
     }
     printer.data_json(&ComparisonOutput {
         profile: path,
@@ -163,7 +157,31 @@ fn compare(
         trials,
         worst_relative_error: worst,
         mean_relative_error: mean,
+        host_trials,
+        host_worst_relative_error: host_worst,
     });
     printer.data_text(text);
     Ok(Status::Success)
+}
+
+/// One line per trial of `errors`, then their worst and mean (`none` where there are none).
+fn push_errors(text: &mut String, errors: &[RecordedError], none: &str) {
+    for t in errors {
+        text.push_str(&format!(
+            "{}: measured {}, estimated {} ({:+.1}%)\n",
+            t.knobs,
+            bytes(t.measured_bytes),
+            bytes(t.estimated_bytes),
+            t.relative_error * 100.0
+        ));
+    }
+    match session::estimate::worst_and_mean(errors) {
+        (Some(w), Some(m)) => text.push_str(&format!(
+            "{} trials: worst {:.1}%, mean {:.1}%",
+            errors.len(),
+            w * 100.0,
+            m * 100.0
+        )),
+        _ => text.push_str(none),
+    }
 }

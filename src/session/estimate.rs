@@ -6,7 +6,7 @@ use crate::model::Engine;
 use crate::profile::record::Profile;
 use crate::settings::estimate::attention;
 use crate::spec::budget::Budget;
-use crate::spec::device::DeviceSpec;
+use crate::spec::device::{DeviceKind, DeviceSpec};
 use crate::spec::model::ModelSpec;
 use crate::{Knobs, Result};
 
@@ -60,12 +60,23 @@ pub fn setting(
 /// A recording's fitted trials against their estimates.
 #[derive(Debug)]
 pub struct Comparison {
-    /// Each fitted trial's measured and estimated peak.
+    /// Each fitted trial's measured and estimated peak on its training device.
     pub trials: Vec<RecordedError>,
     /// The largest relative error, if any trial fitted.
     pub worst: Option<f64>,
     /// The mean relative error, if any trial fitted.
     pub mean: Option<f64>,
+    /// On a GPU, the host peak of each fitted trial that keeps training state in host memory
+    /// (offload, or moments in host memory) against the estimate's host total.
+    pub host_trials: Vec<RecordedError>,
+}
+
+/// The largest and the mean relative error of `trials`, if there are any.
+pub fn worst_and_mean(trials: &[RecordedError]) -> (Option<f64>, Option<f64>) {
+    let errors: Vec<f64> = trials.iter().map(|t| t.relative_error.abs()).collect();
+    let worst = errors.iter().copied().reduce(f64::max);
+    let mean = (!errors.is_empty()).then(|| errors.iter().sum::<f64>() / errors.len() as f64);
+    (worst, mean)
 }
 
 /// Every fitted trial of `profile` against the estimate of `engine`; each trial's precision
@@ -73,22 +84,21 @@ pub struct Comparison {
 pub fn against_recording(profile: &Profile, engine: Engine) -> Result<Comparison> {
     let target = &profile.device.target;
     let mut trials = Vec::new();
+    let mut host_trials = Vec::new();
     for trial in &profile.trials {
         let precision = trial.request.knobs.precision;
         let at = attention(engine, &profile.model, target, precision)?;
-        trials.extend(estimate::compare(
-            &profile.model,
-            target.kind,
-            at,
-            std::slice::from_ref(trial),
-        ));
+        let one = std::slice::from_ref(trial);
+        trials.extend(estimate::compare(&profile.model, target.kind, at, one));
+        if target.kind == DeviceKind::Cuda {
+            host_trials.extend(estimate::compare_host(&profile.model, at, one));
+        }
     }
-    let errors: Vec<f64> = trials.iter().map(|t| t.relative_error.abs()).collect();
-    let worst = errors.iter().copied().reduce(f64::max);
-    let mean = (!errors.is_empty()).then(|| errors.iter().sum::<f64>() / errors.len() as f64);
+    let (worst, mean) = worst_and_mean(&trials);
     Ok(Comparison {
         trials,
         worst,
         mean,
+        host_trials,
     })
 }

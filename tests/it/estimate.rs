@@ -438,4 +438,22 @@ fn the_command_compares_the_estimate_with_a_recording() {
     assert_eq!(trials.len(), fitted);
     let worst = json["worst_relative_error"].as_f64().unwrap();
     assert!(worst > 0.0 && worst <= WORST, "{worst}");
+    // gpt-2b's offloaded trials keep the optimizer in host memory: their host peaks too.
+    let host = json["host_trials"].as_array().unwrap();
+    assert!(!host.is_empty());
+    assert!(
+        host.iter().all(|t| t["knobs"]["offload"] == "optimizer"),
+        "{host:?}"
+    );
+    let host_worst = json["host_worst_relative_error"].as_f64().unwrap();
+    assert!(host_worst <= WORST, "{host_worst}");
+    let text = stdout(&autotune(&[
+        "estimate",
+        "--profile",
+        repo(CURRENT[1]).to_str().unwrap(),
+    ]));
+    assert!(
+        text.contains("the host peak of each that keeps state in host memory"),
+        "{text}"
+    );
 }
