@@ -19,8 +19,14 @@
 //! finite value and its small values keep their precision. [`TensorScaler`] chooses the scale
 //! from the tensor itself (current scaling) or from the largest magnitudes of the last steps
 //! (delayed scaling, which needs no pass over the tensor before its conversion).
+//!
+//! [`emulated_product`] is an fp8 matrix product as the host emulates it: both operands
+//! converted at their scales, multiplied with f32 accumulation, the scales divided out; what an
+//! fp8 step runs on the CPU, and the reference a GPU product is checked against.
 
 use std::collections::VecDeque;
+
+use candle_core::{DType, Result, Tensor};
 
 /// An 8-bit float format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,6 +169,36 @@ pub fn amax(values: &[f32]) -> f32 {
         .iter()
         .filter(|v| !v.is_nan())
         .fold(0.0f32, |m, v| m.max(v.abs()))
+}
+
+/// `t` as an fp8 product reads it: each value times the scale `scaler` picks, converted to its
+/// format and decoded, still scaled (so the values are the format's own, exact in bf16 and
+/// f32), in f32; and that scale. Converted on the host: this is the emulation that CPU
+/// training and the tests run, not a GPU path.
+pub fn quantize_tensor(t: &Tensor, scaler: &mut TensorScaler) -> Result<(Tensor, f32)> {
+    let values = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+    let quantized = scaler.quantize(&values);
+    let format = quantized.format;
+    let decoded: Vec<f32> = quantized.codes.iter().map(|&c| format.decode(c)).collect();
+    let scaled = Tensor::from_vec(decoded, t.shape(), t.device())?;
+    Ok((scaled, quantized.scale))
+}
+
+/// `a · bᵀ` as an fp8 matrix product computes it: `a` converted to `a_format` and `b` to
+/// `b_format`, each at its own current scale, multiplied with f32 accumulation, and the two
+/// scales divided out; in `a`'s dtype. E4M3 × E4M3 is the forward product (activations and
+/// weights), E5M2 × E4M3 the backward ones (a gradient and a weight or an activation).
+pub fn emulated_product(
+    a: &Tensor,
+    b: &Tensor,
+    a_format: Fp8Format,
+    b_format: Fp8Format,
+) -> Result<Tensor> {
+    let (qa, sa) = quantize_tensor(a, &mut TensorScaler::new(a_format, Scaling::Current))?;
+    let (qb, sb) = quantize_tensor(b, &mut TensorScaler::new(b_format, Scaling::Current))?;
+    let product = qa.matmul(&qb.t()?)?;
+    let descaled = product.affine(1.0 / (f64::from(sa) * f64::from(sb)), 0.0)?;
+    descaled.to_dtype(a.dtype())
 }
 
 /// How a tensor's scale is chosen.
@@ -429,6 +465,69 @@ mod tests {
             let mut copy = values.clone();
             round_trip(&mut copy, format, quantized.scale);
             assert_eq!(copy, back, "round_trip is quantize then dequantize");
+        }
+    }
+
+    #[test]
+    fn an_emulated_product_is_the_product_of_the_codes_with_the_scales_divided_out() {
+        use candle_core::Device;
+        let (m, n, k) = (7, 5, 33);
+        let draw = |count: usize, seed: u64, spread: f64| {
+            let mut state = seed;
+            (0..count)
+                .map(|_| {
+                    state = state
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let unit = (state >> 11) as f64 / (1u64 << 53) as f64;
+                    ((unit - 0.5) * spread) as f32
+                })
+                .collect::<Vec<f32>>()
+        };
+        let (a, b) = (draw(m * k, 3, 2.0), draw(n * k, 5, 0.02));
+        let at = Tensor::from_vec(a.clone(), (m, k), &Device::Cpu).unwrap();
+        let bt = Tensor::from_vec(b.clone(), (n, k), &Device::Cpu).unwrap();
+        for (fa, fb) in [
+            (Fp8Format::E4m3, Fp8Format::E4m3),
+            (Fp8Format::E5m2, Fp8Format::E4m3),
+        ] {
+            let got = emulated_product(&at, &bt, fa, fb)
+                .unwrap()
+                .to_vec2::<f32>()
+                .unwrap();
+            // The reference: the codes decoded in f64, multiplied and summed in f64.
+            let qa = Quantized::new(&a, fa, fa.max_finite() / amax(&a));
+            let qb = Quantized::new(&b, fb, fb.max_finite() / amax(&b));
+            let mut exact_error = 0.0f64;
+            let mut exact_norm = 0.0f64;
+            for i in 0..m {
+                for j in 0..n {
+                    let mut sum = 0.0f64;
+                    let mut exact = 0.0f64;
+                    for p in 0..k {
+                        let x = f64::from(fa.decode(qa.codes[i * k + p]));
+                        let y = f64::from(fb.decode(qb.codes[j * k + p]));
+                        sum += x * y;
+                        exact += f64::from(a[i * k + p]) * f64::from(b[j * k + p]);
+                    }
+                    let want = sum / (f64::from(qa.scale) * f64::from(qb.scale));
+                    let g = f64::from(got[i][j]);
+                    assert!(
+                        (g - want).abs() <= 1e-5 * want.abs().max(1e-6),
+                        "{fa:?}: {g} vs {want}"
+                    );
+                    exact_error += (g - exact).powi(2);
+                    exact_norm += exact.powi(2);
+                }
+            }
+            // Against the unquantized product: fp8's rounding, a few per cent (3.4 % and 6.8 %
+            // here), about twice as much with E5M2's one mantissa bit fewer.
+            let relative = (exact_error / exact_norm).sqrt();
+            let bound = if fa == Fp8Format::E4m3 { 0.06 } else { 0.12 };
+            assert!(
+                relative < bound && relative > 0.0,
+                "{fa:?} x {fb:?}: {relative}"
+            );
         }
     }
 
