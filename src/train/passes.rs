@@ -11,6 +11,7 @@ use crate::knobs::Knobs;
 use crate::model::autograd::forward_backward;
 use crate::model::batch::Batch;
 use crate::model::dropout::Dropout;
+use crate::model::explicit::Products;
 use crate::model::gradients::GradientSink;
 use crate::model::layers::cast;
 use crate::model::recompute::RecomputedBlocks;
@@ -32,6 +33,8 @@ pub(crate) struct Passes {
     pub(crate) micro_offset: u64,
     /// Ranks whose gradients are summed: each loss is scaled by `1 / (micro-batches · ranks)`.
     pub(crate) ranks: usize,
+    /// How the explicit engine's block products run.
+    pub(crate) products: Products,
 }
 
 impl Passes {
@@ -56,7 +59,7 @@ impl Passes {
                     &self.model,
                     &self.plan,
                     batch,
-                    dtype,
+                    (dtype, self.products),
                     attention,
                     self.head,
                     &Dropout::hashed(p, &self.device, key),

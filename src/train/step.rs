@@ -30,6 +30,7 @@ use crate::data::source::Data;
 use crate::knobs::{Knobs, UpdateStrategy};
 use crate::model::batch::Batch;
 use crate::model::dropout::Dropout;
+use crate::model::explicit::Products;
 use crate::model::layers::cross_entropy;
 use crate::model::params::InitValues;
 use crate::model::recompute::RecomputedBlocks;
@@ -167,6 +168,7 @@ impl Trainer {
                 head: update.head_gradient(),
                 micro_offset: (group.rank() * knobs.grad_accum) as u64,
                 ranks: group.world_size(),
+                products: Products::Compute,
             },
             update,
             scaler,
@@ -205,6 +207,12 @@ impl Trainer {
     /// The learning-rate schedule.
     pub fn schedule(&self) -> LrSchedule {
         self.schedule
+    }
+    /// Runs the explicit engine's block products as `products` says: in fp8, emulated on the
+    /// host, to see what fp8 does to training before a GPU runs it (the head and the loss keep
+    /// the compute dtype).
+    pub fn set_products(&mut self, products: Products) {
+        self.passes.products = products;
     }
     /// Chooses the fused or the composite (reference) implementation of norms, softmax and loss.
     pub fn set_engine(&mut self, engine: Engine) {
@@ -435,7 +443,8 @@ impl Trainer {
     pub fn eval_loss(&self, batch: &Batch) -> Result<f64> {
         let dtype = crate::backend::compute_dtype(self.passes.knobs.precision);
         if let Some(attention) = self.passes.engine.explicit_attention() {
-            return explicit::eval_loss(&self.passes.model, batch, dtype, attention);
+            let numerics = (dtype, self.passes.products);
+            return explicit::eval_loss(&self.passes.model, batch, numerics, attention);
         }
         let ctx = Ctx {
             dropout: Dropout::disabled(),

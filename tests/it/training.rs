@@ -228,3 +228,41 @@ fn resuming_from_a_checkpoint_continues_bit_identically() {
         );
     }
 }
+
+#[test]
+fn emulated_fp8_products_train_within_two_percent_of_bf16() {
+    use autotune::model::explicit::Products;
+    let spec = ModelSpec::tiny();
+    let data = Data::open(&DataSpec::Pattern, &spec).unwrap();
+    let run = |products| {
+        let mut trainer =
+            Trainer::new(&spec, Knobs::new(16, Precision::Bf16), &Device::Cpu, 11).unwrap();
+        trainer.set_products(products);
+        (0..300)
+            .map(|_| trainer.step(&data).unwrap().loss)
+            .collect::<Vec<f64>>()
+    };
+    let (bf16, fp8) = (run(Products::Compute), run(Products::Fp8Emulated));
+    assert_ne!(fp8[0], bf16[0], "the fp8 products changed the arithmetic");
+    assert!(
+        bf16[299] < 0.1 * bf16[0],
+        "bf16 learned: {} -> {}",
+        bf16[0],
+        bf16[299]
+    );
+    // The whole curve (its mean over the 300 steps) and its course (steps 91-100 and 191-200)
+    // within 2 %. Near the floor, below a tenth of a nat, any two arithmetics differ by more
+    // than that from step to step, so the last steps are not compared.
+    let mean = |l: &[f64]| l.iter().sum::<f64>() / l.len() as f64;
+    for (what, range) in [
+        ("all 300 steps", 0..300),
+        ("steps 91-100", 90..100),
+        ("steps 191-200", 190..200),
+    ] {
+        let (b, f) = (mean(&bf16[range.clone()]), mean(&fp8[range]));
+        assert!(
+            ((f - b) / b).abs() <= 0.02,
+            "{what}: fp8 {f} against bf16 {b}"
+        );
+    }
+}

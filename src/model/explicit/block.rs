@@ -9,7 +9,7 @@
 use candle_core::{DType, Tensor};
 
 use super::attention::{self, Attention};
-use super::linear::{Lin, Norm};
+use super::linear::{Lin, Norm, Products};
 use super::Grads;
 use crate::model::batch::Batch;
 use crate::model::block::BlockLayers;
@@ -99,16 +99,17 @@ impl<'a> BlockWeights<'a> {
     /// ([`ops::rotary::frequencies`]) when the model has rotary positions.
     pub(crate) fn new(
         layers: &BlockLayers<'a>,
-        dtype: DType,
+        (dtype, products): (DType, Products),
         attention: Attention,
         causal: bool,
         rope: Option<Tensor>,
     ) -> Result<Self> {
+        let lin = |layer| Lin::new(layer, dtype)?.with_products(products);
         Ok(Self {
-            qkv: Lin::new(layers.qkv, dtype)?,
-            out: Lin::new(layers.out, dtype)?,
-            ff_in: Lin::new(layers.ff_in, dtype)?,
-            ff_out: Lin::new(layers.ff_out, dtype)?,
+            qkv: lin(layers.qkv)?,
+            out: lin(layers.out)?,
+            ff_in: lin(layers.ff_in)?,
+            ff_out: lin(layers.ff_out)?,
             norm1: Norm::new(layers.norm1),
             norm2: Norm::new(layers.norm2),
             heads: layers.n_heads,

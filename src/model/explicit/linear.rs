@@ -4,9 +4,22 @@ use candle_core::{DType, Tensor, Var};
 
 use super::Grads;
 use crate::model::layers::{Linear, Norm as NormLayer};
+use crate::ops::fp8::{self, Fp8Format, Scaling, TensorScaler};
 use crate::ops::{self, DropoutMask};
 use crate::spec::model::Activation;
 use crate::Result;
+
+/// How a block's matrix products run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Products {
+    /// In the compute dtype.
+    #[default]
+    Compute,
+    /// In fp8, emulated on the host (see [`ops::fp8`]): the weight and the input in E4M3, the
+    /// output's gradient in E5M2, each at its own current scale, accumulated in f32 and
+    /// written in the compute dtype. Masters, norms, the head and the loss are untouched.
+    Fp8Emulated,
+}
 
 /// A linear layer's weight in the compute dtype and its f32 bias, with the `Var`s their
 /// gradients belong to.
@@ -18,6 +31,8 @@ pub(crate) struct Lin<'a> {
     /// The layer's output features; `weight` may have zero rows beyond them (see
     /// [`Lin::pad_outputs`]).
     outputs: usize,
+    /// With fp8 products, the scale `weight` holds its E4M3 values at.
+    fp8_weight_scale: Option<f32>,
 }
 
 impl<'a> Lin<'a> {
@@ -34,7 +49,32 @@ impl<'a> Lin<'a> {
             },
             weight_var: layer.weight(),
             bias_var: layer.bias(),
+            fp8_weight_scale: None,
         })
+    }
+
+    /// The same layer with its products run as `products` says.
+    pub(crate) fn with_products(mut self, products: Products) -> Result<Self> {
+        if products == Products::Fp8Emulated {
+            let mut scaler = TensorScaler::new(Fp8Format::E4m3, Scaling::Current);
+            let (weight, scale) = fp8::quantize_tensor(&self.weight, &mut scaler)?;
+            // E4M3 values are exact in any compute dtype.
+            self.weight = weight.to_dtype(self.weight.dtype())?;
+            self.fp8_weight_scale = Some(scale);
+        }
+        Ok(self)
+    }
+
+    /// `t` in `format` at its own current scale, still scaled, in `t`'s dtype; and that scale.
+    fn fp8(t: &Tensor, format: Fp8Format) -> Result<(Tensor, f32)> {
+        let (scaled, scale) =
+            fp8::quantize_tensor(t, &mut TensorScaler::new(format, Scaling::Current))?;
+        Ok((scaled.to_dtype(t.dtype())?, scale))
+    }
+
+    /// `product` divided by the two scales its operands were taken at.
+    fn descale(product: Tensor, a: f32, b: f32) -> Result<Tensor> {
+        Ok(product.affine(1.0 / (f64::from(a) * f64::from(b)), 0.0)?)
     }
 
     /// Pads the output features with zero weights (and biases) up to a multiple of `multiple`,
@@ -62,7 +102,11 @@ impl<'a> Lin<'a> {
 
     /// `x · Wᵀ` for `x` of `(rows, in)`: the product before the epilogue.
     pub(crate) fn product(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(x.matmul(&self.weight.t()?)?)
+        let Some(sw) = self.fp8_weight_scale else {
+            return Ok(x.matmul(&self.weight.t()?)?);
+        };
+        let (qx, sx) = Self::fp8(x, Fp8Format::E4m3)?;
+        Self::descale(qx.matmul(&self.weight.t()?)?, sx, sw)
     }
 
     /// The f32 bias, if the layer has one.
@@ -121,7 +165,17 @@ impl<'a> Lin<'a> {
         dy: &Tensor,
         x: &Tensor,
     ) -> Result<(Tensor, Option<Tensor>)> {
-        Ok((dy.t()?.matmul(x)?, self.bias_grad(dy)?))
+        Ok((self.weight_grad(dy, x)?, self.bias_grad(dy)?))
+    }
+
+    /// `dyᵀ · x`, in fp8 (E5M2 · E4M3) with fp8 products.
+    fn weight_grad(&self, dy: &Tensor, x: &Tensor) -> Result<Tensor> {
+        if self.fp8_weight_scale.is_none() {
+            return Ok(dy.t()?.matmul(x)?);
+        }
+        let (qdy, sdy) = Self::fp8(dy, Fp8Format::E5m2)?;
+        let (qx, sx) = Self::fp8(x, Fp8Format::E4m3)?;
+        Self::descale(qdy.t()?.matmul(&qx)?, sdy, sx)
     }
 
     /// Adds the weight's gradient from `dy` and `x` into `acc`, an f32 sum of the padded
@@ -132,6 +186,9 @@ impl<'a> Lin<'a> {
         dy: &Tensor,
         x: &Tensor,
     ) -> Result<()> {
+        if self.fp8_weight_scale.is_some() {
+            return Ok(ops::accumulate_into(acc, &self.weight_grad(dy, x)?)?);
+        }
         Ok(ops::accumulate_product_tn(acc, dy, x)?)
     }
 
@@ -174,7 +231,11 @@ impl<'a> Lin<'a> {
 
     /// Gradient of the product's input: `dy · W`.
     pub(crate) fn input_grad(&self, dy: &Tensor) -> Result<Tensor> {
-        Ok(dy.matmul(&self.weight)?)
+        let Some(sw) = self.fp8_weight_scale else {
+            return Ok(dy.matmul(&self.weight)?);
+        };
+        let (qdy, sdy) = Self::fp8(dy, Fp8Format::E5m2)?;
+        Self::descale(qdy.matmul(&self.weight)?, sdy, sw)
     }
 
     /// [`Lin::backward`] through the epilogue first: `dout` is the gradient of the epilogue's

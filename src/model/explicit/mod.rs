@@ -43,6 +43,7 @@ use self::block::{BlockWeights, Rows, Saved};
 use self::head::{head_row_multiple, Head};
 use self::head_rows::{slice_rows, Deferred, SlicedHead};
 use self::linear::column_sum;
+pub use self::linear::Products;
 
 /// Dropout site of the embeddings (blocks use their own parts, see [`Dropout::mask`]).
 const EMBED_PART: u64 = u64::MAX;
@@ -62,7 +63,7 @@ pub fn forward_backward(
     model: &Transformer,
     plan: &RecomputedBlocks,
     batch: &Batch,
-    dtype: DType,
+    (dtype, products): (DType, Products),
     attention: Attention,
     head: HeadGradient,
     dropout: &Dropout,
@@ -72,7 +73,7 @@ pub fn forward_backward(
     let started = std::time::Instant::now();
     let mut grads = Grads::new(model, sink);
     let rows = Rows::of(model, batch)?;
-    let weights = BlockCaster::new(model, dtype, attention, batch.inputs.device())?;
+    let weights = BlockCaster::new(model, (dtype, products), attention, batch.inputs.device())?;
     let embed_mask = embed_mask(model, dropout);
     let x = embed(model, &batch.inputs, dtype, embed_mask)?;
     let (x, saved) = forward_blocks(&weights, plan, x, rows, dropout)?;
@@ -221,14 +222,14 @@ fn backward_blocks(
 pub fn eval_loss(
     model: &Transformer,
     batch: &Batch,
-    dtype: DType,
+    (dtype, products): (DType, Products),
     attention: Attention,
 ) -> Result<f64> {
     let rows = Rows::of(model, batch)?;
     let off = Dropout::disabled();
     let mut x = embed(model, &batch.inputs, dtype, None)?;
     // One block's weights at a time: evaluation never holds more than a training step.
-    let weights = BlockCaster::new(model, dtype, attention, batch.inputs.device())?;
+    let weights = BlockCaster::new(model, (dtype, products), attention, batch.inputs.device())?;
     for i in 0..model.blocks().len() {
         x = weights
             .block(i)?
@@ -247,6 +248,7 @@ pub fn eval_loss(
 struct BlockCaster<'a> {
     model: &'a Transformer,
     dtype: DType,
+    products: Products,
     attention: Attention,
     rope: Option<Tensor>,
 }
@@ -254,7 +256,7 @@ struct BlockCaster<'a> {
 impl<'a> BlockCaster<'a> {
     fn new(
         model: &'a Transformer,
-        dtype: DType,
+        (dtype, products): (DType, Products),
         attention: Attention,
         device: &candle_core::Device,
     ) -> Result<Self> {
@@ -270,6 +272,7 @@ impl<'a> BlockCaster<'a> {
         Ok(Self {
             model,
             dtype,
+            products,
             attention,
             rope,
         })
@@ -280,7 +283,7 @@ impl<'a> BlockCaster<'a> {
         let block = &self.model.blocks()[i];
         BlockWeights::new(
             &block.layers(),
-            self.dtype,
+            (self.dtype, self.products),
             self.attention,
             self.model.spec().causal,
             self.rope.clone(),
