@@ -171,34 +171,68 @@ pub fn amax(values: &[f32]) -> f32 {
         .fold(0.0f32, |m, v| m.max(v.abs()))
 }
 
+/// A tensor as an fp8 product reads it: the format's own values (still scaled, so exact in
+/// bf16 and f32), in f32, and the scale they were taken at.
+#[derive(Debug, Clone)]
+pub struct ScaledTensor {
+    /// The decoded codes, scaled.
+    pub values: Tensor,
+    /// What the tensor was multiplied by before conversion.
+    pub scale: f32,
+}
+
+impl ScaledTensor {
+    /// The same values transposed (a per-tensor scale does not care).
+    pub fn t(&self) -> Result<Self> {
+        Ok(Self {
+            values: self.values.t()?,
+            scale: self.scale,
+        })
+    }
+}
+
 /// `t` as an fp8 product reads it: each value times the scale `scaler` picks, converted to its
-/// format and decoded, still scaled (so the values are the format's own, exact in bf16 and
-/// f32), in f32; and that scale. Converted on the host: this is the emulation that CPU
-/// training and the tests run, not a GPU path.
-pub fn quantize_tensor(t: &Tensor, scaler: &mut TensorScaler) -> Result<(Tensor, f32)> {
+/// format and decoded. Converted on the host: this is the emulation that CPU training and the
+/// tests run, not a GPU path.
+pub fn quantize_tensor(t: &Tensor, scaler: &mut TensorScaler) -> Result<ScaledTensor> {
     let values = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
     let quantized = scaler.quantize(&values);
     let format = quantized.format;
     let decoded: Vec<f32> = quantized.codes.iter().map(|&c| format.decode(c)).collect();
-    let scaled = Tensor::from_vec(decoded, t.shape(), t.device())?;
-    Ok((scaled, quantized.scale))
+    Ok(ScaledTensor {
+        values: Tensor::from_vec(decoded, t.shape(), t.device())?,
+        scale: quantized.scale,
+    })
+}
+
+/// [`quantize_tensor`] at `t`'s own current scale into `format`.
+pub fn quantize_current(t: &Tensor, format: Fp8Format) -> Result<ScaledTensor> {
+    quantize_tensor(t, &mut TensorScaler::new(format, Scaling::Current))
+}
+
+/// `a · bᵀ` of two converted tensors as an fp8 matrix product computes it: multiplied with f32
+/// accumulation, the two scales divided out, written in `dtype`.
+pub fn scaled_product(a: &ScaledTensor, b: &ScaledTensor, dtype: DType) -> Result<Tensor> {
+    let product = a.values.matmul(&b.values.t()?)?;
+    let descaled = product.affine(1.0 / (f64::from(a.scale) * f64::from(b.scale)), 0.0)?;
+    descaled.to_dtype(dtype)
 }
 
 /// `a · bᵀ` as an fp8 matrix product computes it: `a` converted to `a_format` and `b` to
-/// `b_format`, each at its own current scale, multiplied with f32 accumulation, and the two
-/// scales divided out; in `a`'s dtype. E4M3 × E4M3 is the forward product (activations and
-/// weights), E5M2 × E4M3 the backward ones (a gradient and a weight or an activation).
+/// `b_format`, each at its own current scale, then [`scaled_product`] in `a`'s dtype. E4M3 ×
+/// E4M3 is the forward product (activations and weights), E5M2 × E4M3 the backward ones (a
+/// gradient and a weight or an activation).
 pub fn emulated_product(
     a: &Tensor,
     b: &Tensor,
     a_format: Fp8Format,
     b_format: Fp8Format,
 ) -> Result<Tensor> {
-    let (qa, sa) = quantize_tensor(a, &mut TensorScaler::new(a_format, Scaling::Current))?;
-    let (qb, sb) = quantize_tensor(b, &mut TensorScaler::new(b_format, Scaling::Current))?;
-    let product = qa.matmul(&qb.t()?)?;
-    let descaled = product.affine(1.0 / (f64::from(sa) * f64::from(sb)), 0.0)?;
-    descaled.to_dtype(a.dtype())
+    let (qa, qb) = (
+        quantize_current(a, a_format)?,
+        quantize_current(b, b_format)?,
+    );
+    scaled_product(&qa, &qb, a.dtype())
 }
 
 /// How a tensor's scale is chosen.

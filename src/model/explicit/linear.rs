@@ -4,7 +4,7 @@ use candle_core::{DType, Tensor, Var};
 
 use super::Grads;
 use crate::model::layers::{Linear, Norm as NormLayer};
-use crate::ops::fp8::{self, Fp8Format, Scaling, TensorScaler};
+use crate::ops::fp8::{self, Fp8Format};
 use crate::ops::{self, DropoutMask};
 use crate::spec::model::Activation;
 use crate::Result;
@@ -31,8 +31,8 @@ pub(crate) struct Lin<'a> {
     /// The layer's output features; `weight` may have zero rows beyond them (see
     /// [`Lin::pad_outputs`]).
     outputs: usize,
-    /// With fp8 products, the scale `weight` holds its E4M3 values at.
-    fp8_weight_scale: Option<f32>,
+    /// With fp8 products, the weight in E4M3 (its scaled values and their scale).
+    fp8_weight: Option<fp8::ScaledTensor>,
 }
 
 impl<'a> Lin<'a> {
@@ -49,32 +49,16 @@ impl<'a> Lin<'a> {
             },
             weight_var: layer.weight(),
             bias_var: layer.bias(),
-            fp8_weight_scale: None,
+            fp8_weight: None,
         })
     }
 
     /// The same layer with its products run as `products` says.
     pub(crate) fn with_products(mut self, products: Products) -> Result<Self> {
         if products == Products::Fp8Emulated {
-            let mut scaler = TensorScaler::new(Fp8Format::E4m3, Scaling::Current);
-            let (weight, scale) = fp8::quantize_tensor(&self.weight, &mut scaler)?;
-            // E4M3 values are exact in any compute dtype.
-            self.weight = weight.to_dtype(self.weight.dtype())?;
-            self.fp8_weight_scale = Some(scale);
+            self.fp8_weight = Some(fp8::quantize_current(&self.weight, Fp8Format::E4m3)?);
         }
         Ok(self)
-    }
-
-    /// `t` in `format` at its own current scale, still scaled, in `t`'s dtype; and that scale.
-    fn fp8(t: &Tensor, format: Fp8Format) -> Result<(Tensor, f32)> {
-        let (scaled, scale) =
-            fp8::quantize_tensor(t, &mut TensorScaler::new(format, Scaling::Current))?;
-        Ok((scaled.to_dtype(t.dtype())?, scale))
-    }
-
-    /// `product` divided by the two scales its operands were taken at.
-    fn descale(product: Tensor, a: f32, b: f32) -> Result<Tensor> {
-        Ok(product.affine(1.0 / (f64::from(a) * f64::from(b)), 0.0)?)
     }
 
     /// Pads the output features with zero weights (and biases) up to a multiple of `multiple`,
@@ -102,11 +86,11 @@ impl<'a> Lin<'a> {
 
     /// `x · Wᵀ` for `x` of `(rows, in)`: the product before the epilogue.
     pub(crate) fn product(&self, x: &Tensor) -> Result<Tensor> {
-        let Some(sw) = self.fp8_weight_scale else {
+        let Some(w) = &self.fp8_weight else {
             return Ok(x.matmul(&self.weight.t()?)?);
         };
-        let (qx, sx) = Self::fp8(x, Fp8Format::E4m3)?;
-        Self::descale(qx.matmul(&self.weight.t()?)?, sx, sw)
+        let qx = fp8::quantize_current(x, Fp8Format::E4m3)?;
+        Ok(fp8::scaled_product(&qx, w, x.dtype())?)
     }
 
     /// The f32 bias, if the layer has one.
@@ -170,12 +154,15 @@ impl<'a> Lin<'a> {
 
     /// `dyᵀ · x`, in fp8 (E5M2 · E4M3) with fp8 products.
     fn weight_grad(&self, dy: &Tensor, x: &Tensor) -> Result<Tensor> {
-        if self.fp8_weight_scale.is_none() {
+        if self.fp8_weight.is_none() {
             return Ok(dy.t()?.matmul(x)?);
         }
-        let (qdy, sdy) = Self::fp8(dy, Fp8Format::E5m2)?;
-        let (qx, sx) = Self::fp8(x, Fp8Format::E4m3)?;
-        Self::descale(qdy.t()?.matmul(&qx)?, sdy, sx)
+        Ok(fp8::emulated_product(
+            &dy.t()?,
+            &x.t()?,
+            Fp8Format::E5m2,
+            Fp8Format::E4m3,
+        )?)
     }
 
     /// Adds the weight's gradient from `dy` and `x` into `acc`, an f32 sum of the padded
@@ -186,7 +173,7 @@ impl<'a> Lin<'a> {
         dy: &Tensor,
         x: &Tensor,
     ) -> Result<()> {
-        if self.fp8_weight_scale.is_some() {
+        if self.fp8_weight.is_some() {
             return Ok(ops::accumulate_into(acc, &self.weight_grad(dy, x)?)?);
         }
         Ok(ops::accumulate_product_tn(acc, dy, x)?)
@@ -231,11 +218,11 @@ impl<'a> Lin<'a> {
 
     /// Gradient of the product's input: `dy · W`.
     pub(crate) fn input_grad(&self, dy: &Tensor) -> Result<Tensor> {
-        let Some(sw) = self.fp8_weight_scale else {
+        let Some(w) = &self.fp8_weight else {
             return Ok(dy.matmul(&self.weight)?);
         };
-        let (qdy, sdy) = Self::fp8(dy, Fp8Format::E5m2)?;
-        Self::descale(qdy.matmul(&self.weight)?, sdy, sw)
+        let qdy = fp8::quantize_current(dy, Fp8Format::E5m2)?;
+        Ok(fp8::scaled_product(&qdy, &w.t()?, dy.dtype())?)
     }
 
     /// [`Lin::backward`] through the epilogue first: `dout` is the gradient of the epilogue's
