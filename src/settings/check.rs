@@ -108,12 +108,10 @@ impl CheckSettings {
             }
             (Backend::Exec, Some(runner)) => {
                 // Re-measured under the allocator setting the recording ran under.
-                let value = profile
-                    .allocator
-                    .clone()
-                    .map(|s| (!s.is_empty()).then_some(s));
-                match value {
-                    Some(value) => FreshTrials::Exec(runner.with_env(allocator::VARIABLE, value)),
+                match profile.allocator.as_deref() {
+                    Some(setting) => FreshTrials::Exec(
+                        runner.with_env(allocator::VARIABLE, allocator::variable_value(setting)),
+                    ),
                     None => FreshTrials::Exec(runner),
                 }
             }

@@ -423,7 +423,7 @@ fn with_allocator(
     };
     let environment = std::env::var(allocator::VARIABLE).ok();
     let setting = runner_allocator(args.allocator, environment.as_deref());
-    let value = (!setting.is_empty()).then_some(setting);
+    let value = allocator::variable_value(&setting);
     Ok(Some(runner.with_env(allocator::VARIABLE, value)))
 }
 

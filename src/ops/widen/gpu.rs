@@ -6,30 +6,18 @@
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, PushKernelArg};
 use candle_core::cuda_backend::{CudaStorageSlice, WrapErr};
-use candle_core::{bail, CudaDevice, CudaStorage, Layout, Result};
+use candle_core::{bail, CudaDevice, CudaStorage, DType, Layout, Result};
 
 use super::NAME;
 use crate::ops::cuda::{self, Elem};
 
+/// `x` (`T`) widened to f32, exactly.
 pub(super) fn widen<T: Elem>(
     x: &CudaSlice<T>,
     l: &Layout,
     dev: &CudaDevice,
 ) -> Result<CudaStorage> {
-    let n = l.shape().elem_count();
-    let x = cuda::slice_view(x, l, NAME)?;
-    let func = cuda::kernel(dev, &cuda::WIDEN, "widen", T::DTYPE)?;
-    // SAFETY: the kernel launched below writes every element.
-    let mut y = unsafe { cuda::output::<f32>(dev, n) }?;
-    let vec = cuda::eight_wide(&[n], &[cuda::byte_offset::<T>(l)]);
-    let threads = if vec == 1 { n / 8 } else { n };
-    let stream = dev.cuda_stream();
-    let mut args = stream.launch_builder(&func);
-    args.arg(&x).arg(&mut y).arg(&n).arg(&vec);
-    // SAFETY: the arguments match `widen_<T>(const T*, float*, size_t, int)`; `x` and `y` hold
-    // n elements.
-    unsafe { args.launch(cuda::elementwise_config(threads)) }.w()?;
-    Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
+    convert::<T, f32>(x, l, dev, "widen", T::DTYPE)
 }
 
 /// `x` (f32) as `T` (bf16 or f16), rounded to nearest even.
@@ -38,18 +26,31 @@ pub(super) fn narrow<T: Elem>(
     l: &Layout,
     dev: &CudaDevice,
 ) -> Result<CudaStorage> {
+    convert::<f32, T>(x, l, dev, "narrow", T::DTYPE)
+}
+
+/// `x` converted by kernel `<base>_<dtype>(const In*, Out*, size_t n, int vec)`, which writes
+/// every element of its output.
+fn convert<In: Elem, Out: Elem>(
+    x: &CudaSlice<In>,
+    l: &Layout,
+    dev: &CudaDevice,
+    base: &str,
+    dtype: DType,
+) -> Result<CudaStorage> {
     let n = l.shape().elem_count();
     let x = cuda::slice_view(x, l, NAME)?;
-    let func = cuda::kernel(dev, &cuda::WIDEN, "narrow", T::DTYPE)?;
+    let func = cuda::kernel(dev, &cuda::WIDEN, base, dtype)?;
     // SAFETY: the kernel launched below writes every element.
-    let mut y = unsafe { cuda::output::<T>(dev, n) }?;
-    let vec = cuda::eight_wide(&[n], &[cuda::byte_offset::<f32>(l)]);
+    let mut y = unsafe { cuda::output::<Out>(dev, n) }?;
+    let vec = cuda::eight_wide(&[n], &[cuda::byte_offset::<In>(l)]);
     let threads = if vec == 1 { n / 8 } else { n };
     let stream = dev.cuda_stream();
     let mut args = stream.launch_builder(&func);
     args.arg(&x).arg(&mut y).arg(&n).arg(&vec);
-    // SAFETY: the arguments match `narrow_<T>(const float*, T*, size_t, int)`; `x` and `y` hold
-    // n elements.
+    // SAFETY: the arguments match `widen_<T>(const T*, float*, size_t, int)` and
+    // `narrow_<T>(const float*, T*, size_t, int)`, the only kernels passed here; `x` and `y`
+    // hold n elements of the types those kernels take.
     unsafe { args.launch(cuda::elementwise_config(threads)) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
 }

@@ -23,6 +23,19 @@ pub struct RecordedError {
     pub relative_error: f64,
 }
 
+impl RecordedError {
+    /// The error of `estimated_bytes` against a nonzero `measured_bytes` at `knobs`.
+    fn new(knobs: Knobs, measured_bytes: u64, estimated_bytes: u64) -> Self {
+        Self {
+            knobs,
+            measured_bytes,
+            estimated_bytes,
+            relative_error: (estimated_bytes as f64 - measured_bytes as f64)
+                / measured_bytes as f64,
+        }
+    }
+}
+
 /// The estimate of every trial in `trials` that fitted (and measured a nonzero peak), in order,
 /// for `model` trained on a device of `kind` with `attention`.
 pub fn compare(
@@ -44,13 +57,7 @@ pub fn compare(
             }
             let knobs = trial.request.knobs;
             let estimated_bytes = estimate(model, &knobs, kind, attention).device_total();
-            Some(RecordedError {
-                knobs,
-                measured_bytes,
-                estimated_bytes,
-                relative_error: (estimated_bytes as f64 - measured_bytes as f64)
-                    / measured_bytes as f64,
-            })
+            Some(RecordedError::new(knobs, measured_bytes, estimated_bytes))
         })
         .collect()
 }
@@ -76,13 +83,7 @@ pub fn compare_host(
             let estimated_bytes = estimate(model, &knobs, DeviceKind::Cuda, attention)
                 .host
                 .total();
-            Some(RecordedError {
-                knobs,
-                measured_bytes,
-                estimated_bytes,
-                relative_error: (estimated_bytes as f64 - measured_bytes as f64)
-                    / measured_bytes as f64,
-            })
+            Some(RecordedError::new(knobs, measured_bytes, estimated_bytes))
         })
         .collect()
 }

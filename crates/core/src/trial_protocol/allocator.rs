@@ -13,10 +13,16 @@ pub const VARIABLE: &str = "PYTORCH_CUDA_ALLOC_CONF";
 /// The setting with expandable segments.
 pub const EXPANDABLE_SEGMENTS: &str = "expandable_segments:True";
 
+/// What [`VARIABLE`] holds for `setting` as recorded: the setting, or `None` (the variable
+/// removed) for PyTorch's default, which is recorded empty.
+pub fn variable_value(setting: &str) -> Option<String> {
+    (!setting.is_empty()).then(|| setting.to_string())
+}
+
 /// The environment line that reproduces `setting` (a value of [`VARIABLE`] as recorded; empty
 /// for PyTorch's default, which needs no line).
 pub fn environment_line(setting: &str) -> Option<String> {
-    (!setting.is_empty()).then(|| format!("{VARIABLE}={setting}"))
+    variable_value(setting).map(|value| format!("{VARIABLE}={value}"))
 }
 
 #[cfg(test)]
