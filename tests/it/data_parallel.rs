@@ -15,6 +15,7 @@ use autotune::spec::model::ModelSpec;
 use autotune::train::optimizer::OptimizerState;
 use autotune::train::step::Trainer;
 
+use crate::token_files::{empty_in_place, token_file};
 use crate::util::{autotune, autotune_in, small_gpt, small_seed, stderr, stdout};
 
 /// What a run left behind: the loss of every step and the final weights.
@@ -441,21 +442,13 @@ fn an_interrupt_reaches_every_rank_which_checkpoint_and_stop_together() {
 fn data_cut_short_under_one_rank_stops_every_rank_at_one_step_with_a_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("tokens.bin");
-    let tokens: Vec<u8> = (0..200_000u32)
-        .flat_map(|i| ((i * 31 % 256) as u16).to_le_bytes())
-        .collect();
-    std::fs::write(&data, &tokens).unwrap();
+    token_file(&data, 200_000);
     let (mut launcher, rx) = start_long_run_with(dir.path(), &["--data", "tokens.bin"]);
     let mut seen = Vec::new();
     read_until(&rx, "rank 1: started", &mut seen);
     read_until(&rx, "step 1:", &mut seen);
     // Emptied: whichever window a rank reads next lies past the end.
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&data)
-        .unwrap()
-        .set_len(0)
-        .unwrap();
+    empty_in_place(&data);
     assert_eq!(wait_with_timeout(&mut launcher), Some(2), "{seen:#?}");
     let rest: Vec<String> = rx.try_iter().collect();
     let text = [seen, rest].concat().join("\n");

@@ -18,7 +18,7 @@ fn peak_rss(pid: u32) -> u64 {
 }
 
 /// Writes `tokens` u16 ids below 256 (the tiny model's vocabulary), a megabyte at a time.
-fn token_file(path: &Path, tokens: usize) {
+pub(crate) fn token_file(path: &Path, tokens: usize) {
     let mut out = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
     let block: Vec<u8> = (0..1 << 19)
         .flat_map(|i: u32| (((i * 31 + i / 7) % 256) as u16).to_le_bytes())
@@ -30,6 +30,12 @@ fn token_file(path: &Path, tokens: usize) {
         left -= n;
     }
     out.flush().unwrap();
+}
+
+/// Cuts the file at `path` to nothing in place, as a run reading it would meet it.
+pub(crate) fn empty_in_place(path: &Path) {
+    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    file.set_len(0).unwrap();
 }
 
 /// The peak resident memory of `train` on `data` after 40 steps of the tiny model.
@@ -100,12 +106,7 @@ fn a_token_file_cut_short_under_a_run_ends_it_with_a_checkpoint_and_exit_2() {
     let (child, lines) = spawn_in(dir.path(), &[&run[..], &["--steps", "1000000"]].concat());
     read_until(&lines, "step 1:");
     // Emptied: whichever window the next step reads now lies past the end.
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&data)
-        .unwrap()
-        .set_len(0)
-        .unwrap();
+    empty_in_place(&data);
     let said = read_until(&lines, "error:").join("\n");
     let said = [said, lines.iter().collect::<Vec<_>>().join("\n")].join("\n");
     assert_eq!(exit_code(child), Some(2), "{said}");
