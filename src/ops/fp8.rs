@@ -85,8 +85,10 @@ impl Fp8Format {
         // format's smallest value), no lower than the formats' smallest normal one, whose
         // spacing the subnormals below it share.
         let binade = ((x.abs().to_bits() >> 23) as i32 - 127).max(1 - self.bias());
-        // Exact: a division by a power of two in f64.
-        let steps = (magnitude / 2f64.powi(binade - mantissa)).round_ties_even();
+        // Exact: a division by a power of two in f64 (built from its exponent bits: the
+        // quantum lies within f64's normal range for both formats).
+        let quantum = f64::from_bits(((binade - mantissa + 1023) as u64) << 52);
+        let steps = (magnitude / quantum).round_ties_even();
         // `steps` counts from 2^mantissa in a normal binade, so the code is the binade's
         // first code plus the steps past it; in the smallest binade the same sum gives the
         // subnormals (exponent field 0), and a carry to 2^(mantissa+1) steps is the next
@@ -198,7 +200,13 @@ pub fn quantize_tensor(t: &Tensor, scaler: &mut TensorScaler) -> Result<ScaledTe
     let values = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
     let quantized = scaler.quantize(&values);
     let format = quantized.format;
-    let decoded: Vec<f32> = quantized.codes.iter().map(|&c| format.decode(c)).collect();
+    // Every code's value once, then a lookup per element.
+    let table: Vec<f32> = (0..=255u8).map(|c| format.decode(c)).collect();
+    let decoded: Vec<f32> = quantized
+        .codes
+        .iter()
+        .map(|&c| table[usize::from(c)])
+        .collect();
     Ok(ScaledTensor {
         values: Tensor::from_vec(decoded, t.shape(), t.device())?,
         scale: quantized.scale,
