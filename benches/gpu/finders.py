@@ -116,6 +116,13 @@ class Setup:
         return batch * self.p.seq_len / median if median > 0 else None
 
 
+def setup_s(args) -> float | None:
+    """Seconds from the parent starting this finder's process to the finder's call: the
+    interpreter, the framework's imports, the model and the trainer. A tool that searches from a
+    fresh process pays the same, so it belongs in a comparison with one."""
+    return time.time() - args.started_at if args.started_at else None
+
+
 def is_oom(exc: BaseException) -> bool:
     import torch_ref
     msg = str(exc)
@@ -206,6 +213,7 @@ def run_lightning(args, s: Setup) -> dict:
     )
     module = Module(batch_size=args.start or default_start("lightning-binsearch", args.model))
     s.sync()
+    setup = setup_s(args)
     t0 = time.perf_counter()
     found = Tuner(trainer).scale_batch_size(
         module, mode="binsearch", steps_per_trial=STEPS_PER_TRIAL,
@@ -228,7 +236,8 @@ def run_lightning(args, s: Setup) -> dict:
                 err = f"timed run: {type(exc).__name__}: {str(exc)[:300]}"
             oom_after = is_oom(exc)
     shutil.rmtree(root, ignore_errors=True)
-    return {"batch": found, "wall_s": wall, "trials": n_trials, "trial_batches": trial_batches,
+    return {"batch": found, "wall_s": wall, "setup_s": setup, "trials": n_trials,
+            "trial_batches": trial_batches,
             "tokens_per_s": tps, "oom_after": oom_after, "timed_steps": len(step_times[WARMUP_AFTER:]),
             "framework": f"lightning {version}", **({"error": err} if err else {})}
 
@@ -282,6 +291,7 @@ def run_accelerate(args, s: Setup) -> dict:
         return batch_size
 
     s.sync()
+    setup = setup_s(args)
     t0 = time.perf_counter()
     err = None
     try:
@@ -310,7 +320,7 @@ def run_accelerate(args, s: Setup) -> dict:
             if not is_oom(exc):
                 err = f"timed run: {type(exc).__name__}: {str(exc)[:300]}"
             oom_after = is_oom(exc)
-    return {"batch": found, "wall_s": wall, "trials": len(trials), "trial_batches": trials,
+    return {"batch": found, "wall_s": wall, "setup_s": setup, "trials": len(trials), "trial_batches": trials,
             "tokens_per_s": tps, "oom_after": oom_after, "timed_steps": len(times),
             "framework": f"accelerate {accelerate.__version__}", **({"error": err} if err else {})}
 
@@ -380,7 +390,7 @@ def parent(args) -> int:
         os.close(fd)
         cmd = [sys.executable, os.path.abspath(__file__), "--finder", f, "--result-file", result,
                "--model", args.model, "--precision", args.precision, "--cap-mib", str(args.cap_mib),
-               "--seed", str(args.seed)]
+               "--seed", str(args.seed), "--started-at", repr(time.time())]
         if args.start:
             cmd += ["--start", str(args.start)]
         if args.simulate_oom_above is not None:
@@ -430,6 +440,7 @@ def main() -> int:
     ap.add_argument("--simulate-oom-above", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--finder", choices=FINDERS, help=argparse.SUPPRESS)
     ap.add_argument("--result-file", help=argparse.SUPPRESS)
+    ap.add_argument("--started-at", type=float, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     import torch_ref  # noqa: F401 - fail early on a bad checkout
     if args.model not in torch_ref.PRESETS:

@@ -195,6 +195,37 @@ impl SearchDriver {
         Some(Saturation::Stopped { gain })
     }
 
+    /// Before a regime converges at `lo`, its largest feasible micro-batch: the trial to run
+    /// again when `lo` measured slower than a smaller feasible micro-batch of the regime beyond
+    /// their tie band. The convergence bound grows from `lo`'s throughput, and throughput does
+    /// not fall as the batch grows, so one of the two was off; a slow `lo` would otherwise end
+    /// the regime short of its boundary. `None` when the two agree or their runs are spent.
+    pub(super) fn convergence_remeasure(
+        &self,
+        trials: &Trials<'_>,
+        lo: usize,
+        remeasures: &Remeasures,
+    ) -> Option<Remeasure> {
+        let feasible = || {
+            trials
+                .iter()
+                .filter(|(_, r)| self.is_feasible(r))
+                .filter_map(|(_, r)| Some((r.request.knobs, r.outcome.measurement()?)))
+        };
+        let top = feasible().find(|(k, _)| k.micro_batch == lo)?;
+        let fastest = feasible()
+            .filter(|(k, _)| k.micro_batch < lo)
+            .max_by(|(_, a), (_, b)| a.tokens_per_s.total_cmp(&b.tokens_per_s))?;
+        let band = tie_band(top.1, fastest.1);
+        if top.1.tokens_per_s >= fastest.1.tokens_per_s * (1.0 - band) {
+            return None;
+        }
+        let gap = fastest.1.tokens_per_s / top.1.tokens_per_s - 1.0;
+        let (knobs, m) = next_to_remeasure(remeasures, [top, fastest])?;
+        let timed_steps = steps_to_resolve(m, gap.abs(), self.space.timed_steps);
+        Some(Remeasure { knobs, timed_steps })
+    }
+
     /// Before the choice is verified: the search trial to run again when the best's lead is in
     /// doubt, against
     ///

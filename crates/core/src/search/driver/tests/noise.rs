@@ -101,3 +101,77 @@ fn twenty_seeded_searches_agree_up_to_the_interval_each_states() {
         }
     }
 }
+
+/// The PyTorch harness's gpt-124m search on an H100 capped at 24 GB (2026-12-06): 16 fitted at
+/// 202.6k tokens/s, 32 and 24 ran out of memory, 20 fitted at 171.9k in its first trial and
+/// 191.4k when run again. Peaks grow by 0.61 GiB a sequence, so 21 and 22 may fit the
+/// headroom (PyTorch's exact largest feasible batch was 21).
+#[test]
+fn a_slow_first_trial_below_a_faster_smaller_batch_is_run_again_before_the_regime_converges() {
+    let b = Budget {
+        gpu_bytes: Some(25_757_220_864),
+        host_bytes: 32 * GIB,
+        headroom: 0.05,
+    };
+    let s = SearchSpace {
+        max_micro_batch: 554,
+        warmup_steps: 1,
+        timed_steps: 3,
+        ..SearchSpace::new(vec![bf16(), ckpt()])
+    };
+    let driver = SearchDriver::new(s.clone(), MachineFacts::default(), b).unwrap();
+    let fits =
+        |mb: usize, gib: f64, step_s: f64, spread: f64, steps: usize, again: bool| TrialResult {
+            request: TrialRequest {
+                timed_steps: steps,
+                remeasure: again,
+                ..s.search_request(bf16(), mb)
+            },
+            outcome: Outcome::Fits(Measurement {
+                peak_gpu_bytes: (gib * GIB as f64) as u64,
+                peak_host_bytes: GIB,
+                step_time_median_s: step_s,
+                step_time_spread: spread,
+                timed_steps: steps,
+                tokens_per_s: 1024.0 * mb as f64 / step_s,
+                host_link: None,
+            }),
+            wall_s: 1.0,
+        };
+    let oom = |mb: usize| TrialResult {
+        request: s.search_request(bf16(), mb),
+        outcome: Outcome::OutOfMemory {
+            memory: MemoryKind::Gpu,
+            phase: Phase::ForwardBackward,
+        },
+        wall_s: 0.3,
+    };
+    let mut history = vec![
+        fits(16, 18.877, 0.080856, 0.0054, 3, false),
+        oom(32),
+        oom(24),
+        fits(20, 21.320, 0.119145, 0.0252, 3, false),
+    ];
+    // Before: the slow 20 ended the regime ("converged") and the plan stopped at 20.
+    match driver.next(&history) {
+        Next::Probe(r) => {
+            assert!(r.remeasure, "{r:?}");
+            assert_eq!(
+                r.knobs.micro_batch, 20,
+                "the slower, noisier trial goes first"
+            );
+            assert!(r.timed_steps > 3, "{r:?}");
+        }
+        other => panic!("expected the slow trial run again, got {other:?}"),
+    }
+    history.push(fits(20, 21.320, 0.107003, 0.2594, 6, true));
+    // Pooled, 20 no longer rules out a gain past it: the bracket (20, 24) is refined.
+    match driver.next(&history) {
+        Next::Probe(r) => {
+            assert!(!r.remeasure, "{r:?}");
+            assert_eq!(r.knobs.regime(), bf16());
+            assert!((21..24).contains(&r.knobs.micro_batch), "{r:?}");
+        }
+        other => panic!("expected the bracket refined, got {other:?}"),
+    }
+}
