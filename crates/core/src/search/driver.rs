@@ -127,8 +127,7 @@
 //!   slower than a smaller one beyond the tie band: the bound that ends the regime starts from
 //!   it, and throughput does not fall as the batch grows, so one of the two was off (on the
 //!   PyTorch harness, gpt-124m at 20 sequences measured 171.9k tokens/s against 202.6k at 16
-//!   in its first trial and 191.4k when run again; the first figure ended the regime one
-//!   below its memory boundary).
+//!   in its first trial and 191.4k when run again; the first figure alone ended the regime).
 //! - **Choice**: before verifying, a setting of another regime that the best cannot be told
 //!   apart from, or a larger batch of its own regime that measured slower beyond the tie band
 //!   (throughput does not fall as the batch grows, so one of the two was off).
