@@ -22,9 +22,73 @@ use autotune::spec::model::NormKind;
 
 fn main() {
     let dev = Device::new_cuda(0).expect("this bench needs a CUDA device");
-    flash_attention(&dev);
-    fused_ops(&dev);
-    host_time_per_op(&dev);
+    // `cuda_timings fp8` (any argument naming sections) runs only those; none runs them all.
+    let asked: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let wants = |section: &str| asked.is_empty() || asked.iter().any(|a| a == section);
+    if wants("attention") {
+        flash_attention(&dev);
+    }
+    if wants("fused") {
+        fused_ops(&dev);
+    }
+    if wants("host") {
+        host_time_per_op(&dev);
+    }
+    if wants("fp8") {
+        fp8_products(&dev);
+    }
+}
+
+/// The block products of gpt-1.3b at micro-batch 4 (4,096 rows of width 2,048, the MLP 8,192
+/// wide), each in bf16 (candle's cuBLAS product) and in fp8 (cuBLASLt, E4M3 × E4M3, bf16 out):
+/// the product alone from operands converted beforehand, and with the activation's conversion
+/// (its largest magnitude, scale and codes), as a step pays it when the weight's codes are
+/// kept. The backward's products have the same sizes.
+fn fp8_products(dev: &Device) {
+    use autotune::ops::fp8::{self, Fp8Format, OperandLayout};
+    let Device::Cuda(_) = dev else { return };
+    if !fp8::has_fp8_tensor_cores(dev).expect("compute capability") {
+        println!("cuda timing fp8: this GPU has no fp8 tensor cores (compute capability < 8.9)");
+        return;
+    }
+    let rows = 4096;
+    for (name, k, n) in [
+        ("qkv", 2048, 6144),
+        ("attention out", 2048, 2048),
+        ("mlp up", 2048, 8192),
+        ("mlp down", 8192, 2048),
+    ] {
+        let x = random(&[rows, k], DType::BF16, dev);
+        let w = random(&[n, k], DType::BF16, dev);
+        let flops = 2.0 * (rows * k * n) as f64;
+        let wt = w.t().expect("transpose");
+        let bf16 = median_ms(dev, 20, || {
+            x.matmul(&wt).expect("bf16 product");
+        });
+        let quantize = |t: &Tensor| {
+            fp8::quantize_operand(t, Fp8Format::E4m3, OperandLayout::Rows).expect("quantize")
+        };
+        let (qx, qw) = (quantize(&x), quantize(&w));
+        let product = median_ms(dev, 20, || {
+            fp8::fp8_product(&qx, &qw, DType::BF16).expect("fp8 product");
+        });
+        let with_conversion = median_ms(dev, 20, || {
+            fp8::fp8_product(&quantize(&x), &qw, DType::BF16).expect("fp8 product");
+        });
+        let rate = |ms: f64| flops / (ms * 1e-3) / 1e12;
+        println!(
+            "cuda timing fp8 {name:<14} {rows}x{k}x{n}: bf16 {bf16:7.3} ms ({:5.0} TFLOP/s), \
+             fp8 {product:7.3} ms ({:5.0} TFLOP/s, {:.2}x), with the input's conversion \
+             {with_conversion:7.3} ms ({:.2}x)",
+            rate(bf16),
+            rate(product),
+            bf16 / product,
+            bf16 / with_conversion,
+        );
+    }
 }
 
 /// Random values of `shape` in `dtype` on `dev`.

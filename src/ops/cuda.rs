@@ -63,6 +63,11 @@ pub(crate) const WIDEN: Module = Module {
     ptx: include_str!(concat!(env!("OUT_DIR"), "/widen.ptx")),
 };
 
+pub(crate) const FP8: Module = Module {
+    name: "autotune_fp8",
+    ptx: include_str!(concat!(env!("OUT_DIR"), "/fp8.ptx")),
+};
+
 pub(crate) const LAYER_NORM: Module = Module {
     name: "autotune_layer_norm",
     ptx: include_str!(concat!(env!("OUT_DIR"), "/layer_norm.ptx")),

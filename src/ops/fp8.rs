@@ -23,10 +23,18 @@
 //! [`emulated_product`] is an fp8 matrix product as the host emulates it: both operands
 //! converted at their scales, multiplied with f32 accumulation, the scales divided out; what an
 //! fp8 step runs on the CPU, and the reference a GPU product is checked against.
+//! [`quantize_operand`] and [`fp8_product`] (`operand.rs`) are the same conversion and product on
+//! the tensors' own device: cuBLASLt's fp8 product on a GPU with fp8 tensor cores.
 
 use std::collections::VecDeque;
 
 use candle_core::{DType, Result, Tensor};
+
+#[cfg(feature = "cuda")]
+mod gpu;
+mod operand;
+
+pub use operand::{fp8_product, has_fp8_tensor_cores, quantize_operand, Fp8Operand, OperandLayout};
 
 /// An 8-bit float format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -304,6 +312,11 @@ impl TensorScaler {
             }
         }
         quantized
+    }
+
+    /// The scale current scaling picks for `values`, without converting them.
+    pub(crate) fn current_scale(&self, values: &[f32]) -> f32 {
+        self.scale_for(amax(values))
     }
 
     /// The scale that puts `reference` (a largest magnitude) at the format's largest finite

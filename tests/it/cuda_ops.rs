@@ -826,3 +826,91 @@ fn cuda_embedding_ids_past_the_vocabulary_touch_no_memory() {
         "only the two valid ids add their rows"
     );
 }
+
+/// fp8 conversion on the GPU gives the host's codes and scale to the bit (f32 and bf16 inputs,
+/// both formats, both layouts, shapes that end inside a 32 × 32 tile, values past the largest
+/// finite one and a NaN); on a GPU with fp8 tensor cores, cuBLASLt's product of those codes
+/// equals the host's product of the same codes up to summation order.
+#[test]
+fn cuda_fp8_conversion_and_products_match_the_host() {
+    use autotune::ops::fp8::{self, Fp8Format, OperandLayout};
+    let dev = gpu();
+    let (rows, cols) = (67, 96);
+    let mut values: Vec<f32> = random(&[rows, cols], 2.0, 0.0, 11, DType::F32)
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    // A spike that sets the scale, values that land on subnormal codes, an exact zero, a NaN.
+    values[5] = 4.0e4;
+    values[6] = -1.0e-3;
+    values[7] = 0.0;
+    values[8] = f32::NAN;
+    let host = Tensor::from_vec(values, (rows, cols), &Device::Cpu).unwrap();
+    for dtype in [DType::F32, DType::BF16] {
+        let host = host.to_dtype(dtype).unwrap();
+        let device = host.to_device(&dev).unwrap();
+        for format in [Fp8Format::E4m3, Fp8Format::E5m2] {
+            for layout in [OperandLayout::Rows, OperandLayout::Transposed] {
+                let want = fp8::quantize_operand(&host, format, layout).unwrap();
+                let got = fp8::quantize_operand(&device, format, layout).unwrap();
+                let codes = |o: &fp8::Fp8Operand| o.codes.flatten_all().unwrap().to_vec1::<u8>();
+                assert_eq!(
+                    codes(&got).unwrap(),
+                    codes(&want).unwrap(),
+                    "{dtype:?} {format:?} {layout:?}"
+                );
+                let inverse = |o: &fp8::Fp8Operand| o.scale_inv.to_vec1::<f32>().unwrap();
+                assert_eq!(
+                    inverse(&got),
+                    inverse(&want),
+                    "{dtype:?} {format:?} {layout:?}"
+                );
+            }
+        }
+    }
+    eprintln!("cuda-vs-cpu fp8 conversion: codes and scales identical");
+
+    let a = random(&[48, 128], 1.0, 0.0, 12, DType::BF16);
+    let b = random(&[80, 128], 1.0, 0.0, 13, DType::BF16);
+    let operand =
+        |t: &Tensor, format| fp8::quantize_operand(t, format, OperandLayout::Rows).unwrap();
+    if !fp8::has_fp8_tensor_cores(&dev).unwrap() {
+        let (qa, qb) = (
+            operand(&a.to_device(&dev).unwrap(), Fp8Format::E4m3),
+            operand(&b.to_device(&dev).unwrap(), Fp8Format::E4m3),
+        );
+        let err = fp8::fp8_product(&qa, &qb, DType::BF16)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("8.9"), "{err}");
+        eprintln!("cuda fp8 products: no fp8 tensor cores here, refused: {err}");
+        return;
+    }
+    for (fa, fb) in [
+        (Fp8Format::E4m3, Fp8Format::E4m3),
+        (Fp8Format::E5m2, Fp8Format::E4m3),
+    ] {
+        let want = fp8::fp8_product(&operand(&a, fa), &operand(&b, fb), DType::F32).unwrap();
+        let (qa, qb) = (
+            operand(&a.to_device(&dev).unwrap(), fa),
+            operand(&b.to_device(&dev).unwrap(), fb),
+        );
+        for (dtype, tolerance) in [(DType::F32, 1e-5), (DType::BF16, 1e-2)] {
+            let got = fp8::fp8_product(&qa, &qb, dtype)
+                .unwrap()
+                .to_dtype(DType::F32)
+                .unwrap();
+            let what = format!("{fa:?}x{fb:?}");
+            check(
+                "fp8 product",
+                dtype,
+                "48x128x80",
+                &what,
+                &got,
+                &want,
+                tolerance,
+            );
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! The fp8 conversion kernels (`kernels/fp8.cu`) and cuBLASLt's fp8 matrix product, on
+//! candle's stream.
+
+#![allow(unsafe_code)]
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Mutex, OnceLock};
+
+use candle_core::cuda_backend::cudarc::cublaslt::{result as lt, sys};
+use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
+use candle_core::cuda_backend::WrapErr;
+use candle_core::{bail, CudaDevice, CudaStorage, DType, Layout, Result, Tensor};
+
+use super::operand::{Fp8Operand, OperandLayout};
+use super::Fp8Format;
+use crate::ops::cuda::{self, Elem};
+
+const NAME: &str = "fp8";
+
+fn format_code(format: Fp8Format) -> i32 {
+    match format {
+        Fp8Format::E4m3 => 0,
+        Fp8Format::E5m2 => 1,
+    }
+}
+
+/// `[scale, 1/scale]` for `x` at current scaling: its largest magnitude, then the scale.
+pub(super) fn scales<T: Elem>(
+    x: &CudaSlice<T>,
+    l: &Layout,
+    dev: &CudaDevice,
+    format: Fp8Format,
+) -> Result<CudaStorage> {
+    let n = l.shape().elem_count();
+    let x = cuda::slice_view(x, l, NAME)?;
+    let stream = dev.cuda_stream();
+    let mut amax_bits = dev.alloc_zeros::<u32>(1)?;
+    let func = cuda::kernel(dev, &cuda::FP8, "fp8_amax", T::DTYPE)?;
+    let mut args = stream.launch_builder(&func);
+    args.arg(&x).arg(&n).arg(&mut amax_bits);
+    // SAFETY: `fp8_amax_<T>(const T*, size_t, unsigned*)`; `x` holds n elements of T and
+    // `amax_bits` one zeroed u32. Blocks are whole warps (256 threads), as its reduction needs.
+    unsafe { args.launch(cuda::elementwise_config(n)) }.w()?;
+    // SAFETY: `fp8_scale` writes both elements.
+    let mut out = unsafe { cuda::output::<f32>(dev, 2) }?;
+    let (mut scale, mut inverse) = out.split_at_mut(1);
+    let func = cuda::kernel_untyped(dev, &cuda::FP8, "fp8_scale")?;
+    let (code, margin) = (format_code(format), 0i32);
+    let mut args = stream.launch_builder(&func);
+    args.arg(&amax_bits)
+        .arg(&code)
+        .arg(&margin)
+        .arg(&mut scale)
+        .arg(&mut inverse);
+    // SAFETY: `fp8_scale(const unsigned*, int, int, float*, float*)`, one thread.
+    unsafe { args.launch(single_thread()) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+}
+
+fn single_thread() -> candle_core::cuda_backend::cudarc::driver::LaunchConfig {
+    candle_core::cuda_backend::cudarc::driver::LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (1, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// `x`'s codes at `scale[0]`, laid out as `layout` says.
+pub(super) fn encode<T: Elem>(
+    x: &CudaSlice<T>,
+    l: &Layout,
+    dev: &CudaDevice,
+    scale: &CudaView<'_, f32>,
+    format: Fp8Format,
+    layout: OperandLayout,
+) -> Result<CudaStorage> {
+    let (rows, cols) = l.shape().dims2()?;
+    let n = rows * cols;
+    let x = cuda::slice_view(x, l, NAME)?;
+    let stream = dev.cuda_stream();
+    // SAFETY: both kernels below write every code.
+    let mut codes = unsafe { cuda::output::<u8>(dev, n) }?;
+    let code = format_code(format);
+    match layout {
+        OperandLayout::Rows => {
+            let func = cuda::kernel(dev, &cuda::FP8, "fp8_quantize", T::DTYPE)?;
+            let mut args = stream.launch_builder(&func);
+            args.arg(&x).arg(&n).arg(scale).arg(&code).arg(&mut codes);
+            // SAFETY: `fp8_quantize_<T>(const T*, size_t, const float*, int, uchar*)`; `x` and
+            // `codes` hold n elements, `scale` at least one.
+            unsafe { args.launch(cuda::elementwise_config(n)) }.w()?;
+        }
+        OperandLayout::Transposed => {
+            let tiles_y = rows.div_ceil(32);
+            if tiles_y > 65_535 {
+                bail!("{NAME}: {rows} rows are more than the transposing conversion's grid holds");
+            }
+            let (r, c) = (cuda::dim(rows, "rows")?, cuda::dim(cols, "columns")?);
+            let func = cuda::kernel(dev, &cuda::FP8, "fp8_quantize_transposed", T::DTYPE)?;
+            let mut args = stream.launch_builder(&func);
+            args.arg(&x)
+                .arg(&r)
+                .arg(&c)
+                .arg(scale)
+                .arg(&code)
+                .arg(&mut codes);
+            let config = candle_core::cuda_backend::cudarc::driver::LaunchConfig {
+                grid_dim: (cols.div_ceil(32) as u32, tiles_y as u32, 1),
+                block_dim: (32, 8, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: `fp8_quantize_transposed_<T>(const T*, int, int, const float*, int,
+            // uchar*)` with 32 × 8 blocks over 32 × 32 tiles; `x` and `codes` hold rows·cols
+            // elements.
+            unsafe { args.launch(config) }.w()?;
+        }
+    }
+    Ok(CudaStorage::wrap_cuda_slice(codes, dev.clone()))
+}
+
+/// Compute capability 8.9 (Ada) or newer: fp8 tensor cores.
+pub(super) fn has_fp8_tensor_cores(dev: &CudaDevice) -> Result<bool> {
+    let context = dev.cuda_stream().context().clone();
+    let major = context
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+        .w()?;
+    let minor = context
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+        .w()?;
+    Ok((major, minor) >= (8, 9))
+}
+
+/// A cuBLASLt handle and its workspace for one device, made once and kept for the process.
+struct Handle {
+    handle: sys::cublasLtHandle_t,
+    workspace: CudaSlice<u8>,
+}
+
+// SAFETY: a cuBLASLt handle may be used from any thread; calls on it are serialised by the
+// stream they are issued on (candle's), and the map below hands out shared references only.
+unsafe impl Send for Handle {}
+// SAFETY: as above.
+unsafe impl Sync for Handle {}
+
+/// NVIDIA's recommended workspace for Hopper, enough for Ada.
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+fn handle(dev: &CudaDevice) -> Result<&'static Handle> {
+    static HANDLES: OnceLock<Mutex<HashMap<candle_core::cuda_backend::DeviceId, &'static Handle>>> =
+        OnceLock::new();
+    let mut handles = HANDLES
+        .get_or_init(Default::default)
+        .lock()
+        .map_err(|_| candle_core::Error::Msg(format!("{NAME}: a product panicked")))?;
+    if let Some(h) = handles.get(&dev.id()) {
+        return Ok(h);
+    }
+    let handle = lt::create_handle().map_err(lt_error)?;
+    let workspace = dev.alloc_zeros::<u8>(WORKSPACE_BYTES)?;
+    // Kept for the process: products on this device reuse it.
+    let made: &'static Handle = Box::leak(Box::new(Handle { handle, workspace }));
+    handles.insert(dev.id(), made);
+    Ok(made)
+}
+
+fn lt_error(e: lt::CublasError) -> candle_core::Error {
+    candle_core::Error::Msg(format!("{NAME}: cuBLASLt: {e:?}"))
+}
+
+fn lt_type(format: Fp8Format) -> sys::cudaDataType_t {
+    match format {
+        Fp8Format::E4m3 => sys::cudaDataType_t::CUDA_R_8F_E4M3,
+        Fp8Format::E5m2 => sys::cudaDataType_t::CUDA_R_8F_E5M2,
+    }
+}
+
+/// `a · bᵀ` as one cuBLASLt fp8 product.
+///
+/// cuBLASLt is column-major, and row-major `D (m × n)` is column-major `Dᵀ (n × m)` =
+/// `b · aᵀ` with `b` read as the column-major `k × n` matrix it already is, transposed, and `a`
+/// as the column-major `k × m` one, not transposed: "TN", the one layout fp8 products take.
+pub(super) fn product(a: &Fp8Operand, b: &Fp8Operand, dtype: DType) -> Result<Tensor> {
+    let ((m, k), (n, _)) = (a.codes.dims2()?, b.codes.dims2()?);
+    let candle_core::Device::Cuda(dev) = a.codes.device() else {
+        bail!("{NAME}: the product's operands are not on a GPU");
+    };
+    if a.format == Fp8Format::E5m2 && b.format == Fp8Format::E5m2 {
+        bail!("{NAME}: cuBLASLt has no E5M2 × E5M2 product");
+    }
+    if k % 16 != 0 {
+        bail!("{NAME}: fp8 products need an inner dimension that is a multiple of 16, got {k}");
+    }
+    let out_type = match dtype {
+        DType::BF16 => sys::cudaDataType_t::CUDA_R_16BF,
+        DType::F32 => sys::cudaDataType_t::CUDA_R_32F,
+        other => bail!("{NAME}: fp8 products write bf16 or f32, not {other:?}"),
+    };
+    let out = Tensor::zeros((m, n), dtype, a.codes.device())?;
+    if m == 0 || n == 0 {
+        return Ok(out);
+    }
+    let lt = handle(dev)?;
+    let address = |t: &Tensor| cuda::address(t, NAME);
+    let (pa, pb, pd) = (address(&a.codes)?, address(&b.codes)?, address(&out)?);
+    let (sa, sb) = (address(&a.scale_inv)?, address(&b.scale_inv)?);
+    let call = Call {
+        rows: n as u64,
+        cols: m as u64,
+        inner: k as u64,
+        a: (pb, lt_type(b.format), sb),
+        b: (pa, lt_type(a.format), sa),
+        d: (pd, out_type),
+    };
+    // SAFETY: the addresses come from live, contiguous tensors of the checked shapes: `b`'s
+    // codes hold n·k bytes, `a`'s m·k, `out` m·n elements of `out_type`, each scale one f32.
+    unsafe { call.run(lt, dev) }?;
+    Ok(out)
+}
+
+/// One column-major `D (rows × cols) = (sa·A)ᵀ (sb·B)` with `A` stored `inner × rows`, `B`
+/// `inner × cols` (addresses, types, scale addresses) and `D` `rows × cols` (address, type).
+struct Call {
+    rows: u64,
+    cols: u64,
+    inner: u64,
+    a: (u64, sys::cudaDataType_t, u64),
+    b: (u64, sys::cudaDataType_t, u64),
+    d: (u64, sys::cudaDataType_t),
+}
+
+impl Call {
+    /// # Safety
+    ///
+    /// The addresses must hold the matrices and scales `self` describes, on `dev`, and stay
+    /// alive until candle's stream has run the product.
+    unsafe fn run(&self, lt: &Handle, dev: &CudaDevice) -> Result<()> {
+        let desc = lt::create_matmul_desc(
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            sys::cudaDataType_t::CUDA_R_32F,
+        )
+        .map_err(lt_error)?;
+        let layouts = [
+            lt::create_matrix_layout(self.a.1, self.inner, self.rows, self.inner as i64),
+            lt::create_matrix_layout(self.b.1, self.inner, self.cols, self.inner as i64),
+            lt::create_matrix_layout(self.d.1, self.rows, self.cols, self.rows as i64),
+        ];
+        let result = match layouts {
+            [Ok(a), Ok(b), Ok(d)] => {
+                // SAFETY: forwarded from the caller; the descriptors are live until destroyed
+                // below.
+                let run = unsafe { self.run_with(lt, dev, desc, [a, b, d]) };
+                for layout in [a, b, d] {
+                    // SAFETY: made above, destroyed once.
+                    let _ = unsafe { lt::destroy_matrix_layout(layout) };
+                }
+                run
+            }
+            ref other => {
+                for layout in other.iter().flatten() {
+                    // SAFETY: made above, destroyed once.
+                    let _ = unsafe { lt::destroy_matrix_layout(*layout) };
+                }
+                Err(candle_core::Error::Msg(format!(
+                    "{NAME}: cuBLASLt could not describe a matrix"
+                )))
+            }
+        };
+        // SAFETY: made above, destroyed once.
+        let _ = unsafe { lt::destroy_matmul_desc(desc) };
+        result
+    }
+
+    /// # Safety
+    ///
+    /// As [`Call::run`]; `desc` and `layouts` (A, B, D) are live descriptors.
+    unsafe fn run_with(
+        &self,
+        lt: &Handle,
+        dev: &CudaDevice,
+        desc: sys::cublasLtMatmulDesc_t,
+        [a, b, d]: [sys::cublasLtMatrixLayout_t; 3],
+    ) -> Result<()> {
+        use sys::cublasLtMatmulDescAttributes_t as Attr;
+        let set = |attr: Attr, value: *const c_void, size: usize| {
+            // SAFETY: `value` points at `size` bytes of the attribute's type.
+            unsafe { lt::set_matmul_desc_attribute(desc, attr, value, size) }.map_err(lt_error)
+        };
+        let (transposed, plain) = (1i32, 0i32);
+        set(
+            Attr::CUBLASLT_MATMUL_DESC_TRANSA,
+            (&raw const transposed).cast(),
+            4,
+        )?;
+        set(
+            Attr::CUBLASLT_MATMUL_DESC_TRANSB,
+            (&raw const plain).cast(),
+            4,
+        )?;
+        let pointer = std::mem::size_of::<u64>();
+        set(
+            Attr::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+            (&raw const self.a.2).cast(),
+            pointer,
+        )?;
+        set(
+            Attr::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+            (&raw const self.b.2).cast(),
+            pointer,
+        )?;
+        let pref = lt::create_matmul_pref().map_err(lt_error)?;
+        let size = WORKSPACE_BYTES;
+        // SAFETY: a live preference and a usize attribute.
+        let heuristic = unsafe {
+            lt::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&raw const size).cast(),
+                std::mem::size_of::<usize>(),
+            )
+            .and_then(|()| lt::get_matmul_algo_heuristic(lt.handle, desc, a, b, d, d, pref))
+        };
+        // SAFETY: made above, destroyed once.
+        let _ = unsafe { lt::destroy_matmul_pref(pref) };
+        let heuristic = heuristic.map_err(|e| {
+            candle_core::Error::Msg(format!(
+                "{NAME}: cuBLASLt has no fp8 product for this GPU and shape ({e:?}); fp8 needs \
+                 compute capability 8.9 or newer"
+            ))
+        })?;
+        let (alpha, beta) = (1f32, 0f32);
+        let stream = dev.cuda_stream();
+        use candle_core::cuda_backend::cudarc::driver::DevicePtr;
+        let (workspace, _guard) = lt.workspace.device_ptr(&stream);
+        // SAFETY: forwarded from the caller; C is D (beta 0 reads nothing).
+        unsafe {
+            lt::matmul(
+                lt.handle,
+                desc,
+                (&raw const alpha).cast(),
+                (&raw const beta).cast(),
+                self.a.0 as *const c_void,
+                a,
+                self.b.0 as *const c_void,
+                b,
+                self.d.0 as *const c_void,
+                d,
+                self.d.0 as *mut c_void,
+                d,
+                &raw const heuristic.algo,
+                workspace as *mut c_void,
+                WORKSPACE_BYTES,
+                stream.cu_stream() as *mut _,
+            )
+        }
+        .map_err(lt_error)
+    }
+}

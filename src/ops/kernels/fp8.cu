@@ -1,0 +1,122 @@
+// fp8 conversion on the GPU: the largest magnitude of a tensor, the scale that fits it into an
+// fp8 format, and the conversion itself (optionally transposed, for the operand layout an fp8
+// matrix product takes). The encoding mirrors `Fp8Format::encode` in src/ops/fp8.rs bit for
+// bit: round to nearest even, saturate to the largest finite value, NaN stays NaN. It is written
+// out in integer and power-of-two arithmetic rather than with `cvt.rn.satfinite.e4m3x2.f32`,
+// which needs sm_89 PTX, where these kernels are compute_80 PTX that loads on every GPU.
+#include "common.cuh"
+
+// format: 0 = E4M3 (3 mantissa bits, bias 7, largest code 0x7e), 1 = E5M2 (2, 15, 0x7b).
+__device__ __forceinline__ unsigned char fp8_encode(float x, int format) {
+    const int mantissa = format == 0 ? 3 : 2;
+    const int bias = format == 0 ? 7 : 15;
+    const float max_code = format == 0 ? 126.f : 123.f;
+    const unsigned int bits = __float_as_uint(x);
+    const unsigned char sign = (bits >> 31) ? 0x80 : 0;
+    if (isnan(x)) return sign | 0x7f;
+    const float magnitude = fabsf(x);
+    if (magnitude == 0.f) return sign;
+    // The f32's binade, no lower than the format's smallest normal one (whose spacing the
+    // subnormals share); an infinity's is 128, which saturates below.
+    const int binade = max((int)((bits >> 23) & 0xff) - 127, 1 - bias);
+    // Exact: a scaling by a power of two into [0, 2^(mantissa+1)).
+    const float steps = rintf(ldexpf(magnitude, mantissa - binade));
+    const float field = (float)((binade + bias - 1) << mantissa) + steps;
+    return sign | (unsigned char)fminf(field, max_code);
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    }
+    return v;
+}
+
+// The largest magnitude of x (NaNs ignored, as fmaxf does) into *amax_bits, which the caller
+// zeroes first: non-negative floats order as their bit patterns, so an integer atomicMax
+// combines the blocks exactly and in any order.
+template <typename T>
+__device__ void amax(const T *x, size_t n, unsigned int *amax_bits) {
+    __shared__ float partial[32];
+    const size_t start = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    const size_t step = (size_t)gridDim.x * blockDim.x;
+    float m = 0.f;
+    for (size_t i = start; i < n; i += step) m = fmaxf(m, fabsf(to_f32(x[i])));
+    m = warp_max(m);
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    if (lane == 0) partial[warp] = m;
+    __syncthreads();
+    if (warp == 0) {
+        float t = lane < (int)(blockDim.x >> 5) ? partial[lane] : 0.f;
+        t = warp_max(t);
+        if (lane == 0) atomicMax(amax_bits, __float_as_uint(t));
+    }
+}
+
+// The scale that puts the largest magnitude at the format's largest finite value less `margin`
+// binades, in the same f32 operations as `TensorScaler::scale_for`; 1 where there is no finite,
+// nonzero magnitude. Writes the scale and its reciprocal (what the product multiplies by).
+extern "C" __global__ void fp8_scale(const unsigned int *amax_bits, int format, int margin,
+                                     float *scale, float *scale_inv) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    const float reference = __uint_as_float(*amax_bits);
+    const float max_finite = format == 0 ? 448.f : 57344.f;
+    float s = 1.f;
+    if (isfinite(reference) && reference > 0.f) {
+        s = max_finite / reference / ldexpf(1.f, margin);
+        if (!isfinite(s)) s = 3.402823466e38f;
+    }
+    *scale = s;
+    *scale_inv = 1.f / s;
+}
+
+template <typename T>
+__device__ void quantize(const T *x, size_t n, const float *scale, int format,
+                         unsigned char *codes) {
+    const float s = *scale;
+    const size_t start = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    const size_t step = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = start; i < n; i += step) codes[i] = fp8_encode(to_f32(x[i]) * s, format);
+}
+
+// x (rows × cols, row-major) converted and written transposed (cols × rows), through a 32 × 32
+// tile in shared memory so that reads and writes are both along rows. Blocks of 32 × 8 threads,
+// each thread four rows of the tile.
+template <typename T>
+__device__ void quantize_transposed(const T *x, int rows, int cols, const float *scale,
+                                    int format, unsigned char *codes_t) {
+    __shared__ unsigned char tile[32][33];
+    const float s = *scale;
+    const int col0 = blockIdx.x * 32, row0 = blockIdx.y * 32;
+    for (int k = threadIdx.y; k < 32; k += 8) {
+        const int r = row0 + k, c = col0 + threadIdx.x;
+        if (r < rows && c < cols) {
+            tile[k][threadIdx.x] = fp8_encode(to_f32(x[(size_t)r * cols + c]) * s, format);
+        }
+    }
+    __syncthreads();
+    for (int k = threadIdx.y; k < 32; k += 8) {
+        const int c = col0 + k, r = row0 + threadIdx.x;
+        if (r < rows && c < cols) codes_t[(size_t)c * rows + r] = tile[threadIdx.x][k];
+    }
+}
+
+#define FP8_KERNELS(T, NAME)                                                                   \
+    extern "C" __global__ void fp8_amax_##NAME(const T *x, size_t n, unsigned int *amax_bits) { \
+        amax<T>(x, n, amax_bits);                                                              \
+    }                                                                                          \
+    extern "C" __global__ void fp8_quantize_##NAME(const T *x, size_t n, const float *scale,   \
+                                                   int format, unsigned char *codes) {         \
+        quantize<T>(x, n, scale, format, codes);                                               \
+    }                                                                                          \
+    extern "C" __global__ void fp8_quantize_transposed_##NAME(                                 \
+        const T *x, int rows, int cols, const float *scale, int format,                        \
+        unsigned char *codes_t) {                                                              \
+        quantize_transposed<T>(x, rows, cols, scale, format, codes_t);                         \
+    }
+
+FP8_KERNELS(float, f32)
+FP8_KERNELS(__nv_bfloat16, bf16)
+FP8_KERNELS(__half, f16)
