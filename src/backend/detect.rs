@@ -44,6 +44,9 @@ pub fn detect_gpu_profile() -> Result<Option<DeviceSpec>> {
             gpu_count: alike,
             host_memory_bytes: host_memory_bytes().unwrap_or(32 << 30),
             host_to_device_gbps: None,
+            fp8_tensor_cores: gpu
+                .cuda_compute_capability()
+                .is_ok_and(|c| (c.major, c.minor) >= (8, 9)),
             notes: Some(format!(
                 "detected through NVML{}",
                 driver.map(|d| format!(", driver {d}")).unwrap_or_default()

@@ -44,7 +44,8 @@ pub const CANDLE_VERSION: &str = "0.11.1";
 pub fn compute_dtype(precision: Precision) -> DType {
     match precision {
         Precision::Fp32 => DType::F32,
-        Precision::Bf16 => DType::BF16,
+        // fp8 runs only the blocks' products in fp8; everything else is bf16.
+        Precision::Bf16 | Precision::Fp8 => DType::BF16,
         Precision::Fp16 => DType::F16,
     }
 }

@@ -48,7 +48,8 @@ pub struct KnobArgs {
     /// Micro-batches accumulated per optimizer step.
     #[arg(long, default_value_t = 1)]
     pub grad_accum: usize,
-    /// fp32, bf16 or fp16.
+    /// fp32, bf16, fp16, or fp8: bf16 with the Transformer blocks' matrix products in fp8 (on
+    /// a GPU with fp8 tensor cores, compute capability 8.9 or newer; emulated on the CPU).
     #[arg(long, default_value = "fp32")]
     pub precision: Precision,
     /// Activation checkpointing: none, all, or every-K.

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use crate::data::profile::DataShape;
-use crate::knobs::Update;
+use crate::knobs::{Precision, Update};
 use crate::ops::FLASH_HEAD_DIMS;
 use crate::probe::host_work::adam_update_floor_s;
 use crate::probe::runner::RunnerCommand;
@@ -81,6 +81,13 @@ pub struct TuneArgs {
     /// card without offloading the update to the CPU.
     #[arg(long)]
     pub allow_compact_state: bool,
+    /// Also search fp8 matrix products in the Transformer blocks (E4M3 weights and
+    /// activations, E5M2 gradients, per-tensor scaling): faster where the GPU has fp8 tensor
+    /// cores (RTX 40xx, L4, L40, H100, H200), with a loss that may differ from bf16's by about
+    /// 1 %; the plan says so. Tried only where both the target and this machine's GPU have
+    /// them; otherwise the tune says why.
+    #[arg(long)]
+    pub allow_fp8: bool,
     /// Untimed steps at the start of each trial (default 1).
     #[arg(long, value_name = "N")]
     pub trial_warmup_steps: Option<usize>,
@@ -273,6 +280,8 @@ pub struct LiveSettings {
     pub model_folder: Option<PathBuf>,
     /// Trials spent measuring the longest sequence the plan takes.
     pub edge_trials: usize,
+    /// What people should know about the space as searched (fp8 asked for but not tried).
+    pub notes: Vec<String>,
 }
 
 impl TuneSettings {
@@ -319,13 +328,16 @@ impl TuneSettings {
             }
             .into());
         }
+        let mut notes = renamed_flags(args);
         let source = match &args.backend {
             Backend::Replay(path) => Source::Replay {
                 path: path.clone(),
                 profile: Box::new(Profile::load(path)?),
             },
             Backend::Live | Backend::Exec => {
-                Source::Live(Box::new(LiveSettings::from_args(args, runner, data)?))
+                let live = LiveSettings::from_args(args, runner, data)?;
+                notes.extend(live.notes.iter().cloned());
+                Source::Live(Box::new(live))
             }
         };
         Ok(Self {
@@ -333,7 +345,7 @@ impl TuneSettings {
             record: args.record.clone(),
             out: args.out.clone(),
             report: args.report.clone(),
-            notes: renamed_flags(args),
+            notes,
         })
     }
 }
@@ -448,6 +460,25 @@ impl LiveSettings {
         if runner.is_some() {
             exec_space(&mut request)?;
         }
+        let mut notes = Vec::new();
+        let fp8_named = request.precisions.contains(&Precision::Fp8);
+        if request.fp8 || fp8_named {
+            match fp8_not_searched(&target) {
+                // Asked by name, it would be the only thing searched: refused.
+                Some(why) if fp8_named => {
+                    return Err(autotune_core::Error::InvalidFlag {
+                        flag: "--precision fp8".into(),
+                        problem: why,
+                    }
+                    .into())
+                }
+                Some(why) => {
+                    request.fp8 = false;
+                    notes.push(why);
+                }
+                None => {}
+            }
+        }
         let isolation_asked = runner_isolation(&runner, args.isolation);
         let trial_timeout = trial_timeout(args.trial_timeout);
         // A refused flag costs no measurement: the host floor is measured only when every flag
@@ -472,7 +503,25 @@ impl LiveSettings {
             data,
             model_folder: model_folder(&args.planned.model).and_then(|f| f.canonicalize().ok()),
             edge_trials: args.edge_trials as usize,
+            notes,
         })
+    }
+}
+
+/// Why `--allow-fp8` searches nothing here, if it does not: the target has no fp8 tensor
+/// cores, or this machine's first GPU, which runs the trials, has none (its products would
+/// fail there).
+fn fp8_not_searched(target: &DeviceSpec) -> Option<String> {
+    if let Some(why) = SearchSpace::fp8_not_searched(target) {
+        return Some(why);
+    }
+    match crate::backend::detect::detect_gpu_profile() {
+        Ok(Some(gpu)) if !gpu.fp8_tensor_cores => Some(format!(
+            "fp8 is not searched: this machine's GPU ({}) has no fp8 tensor cores (compute \
+             capability 8.9 or newer) to measure it on",
+            gpu.name
+        )),
+        _ => None,
     }
 }
 
@@ -522,6 +571,20 @@ fn exec_space(request: &mut SpaceRequest) -> crate::Result<()> {
             flag: format!("--data-parallel {degree}"),
             problem: "a trial runner trains in one process on one GPU; data-parallel trials \
                       run on autotune's own engine (--backend live)"
+                .into(),
+        }
+        .into());
+    }
+    if request.fp8 || request.precisions.contains(&Precision::Fp8) {
+        let flag = if request.fp8 {
+            "--allow-fp8"
+        } else {
+            "--precision fp8"
+        };
+        return Err(autotune_core::Error::InvalidFlag {
+            flag: flag.into(),
+            problem: "fp8 products are autotune's own engine's; a trial runner trains with its \
+                      own (drop it, or tune with --backend live)"
                 .into(),
         }
         .into());
@@ -585,6 +648,7 @@ fn space_request(args: &TuneArgs) -> SpaceRequest {
         max_trials: args.max_trials,
         saturation_gain: args.saturation_gain,
         compact_state: args.allow_compact_state,
+        fp8: args.allow_fp8,
     }
 }
 

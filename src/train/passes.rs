@@ -49,6 +49,14 @@ impl Passes {
         sink: &mut dyn StepSink,
     ) -> Result<f64> {
         let dtype = crate::backend::compute_dtype(self.knobs.precision);
+        if self.products != Products::Compute && self.engine.explicit_attention().is_none() {
+            // The autograd engines would run the products in bf16 and report fp8.
+            return Err(crate::Error::Usage(format!(
+                "fp8 matrix products run in the explicit engine only, not the {:?} one; drop \
+                 --engine or use --engine explicit",
+                self.engine
+            )));
+        }
         let factor = scale / (batches.len() * self.ranks) as f64;
         let mut loss_total = 0.0;
         for (micro, batch) in batches.iter().enumerate() {

@@ -27,7 +27,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::collective::Collective;
 use crate::data::source::Data;
-use crate::knobs::{Knobs, UpdateStrategy};
+use crate::knobs::{Knobs, Precision, UpdateStrategy};
 use crate::model::batch::Batch;
 use crate::model::dropout::Dropout;
 use crate::model::explicit::Products;
@@ -168,7 +168,10 @@ impl Trainer {
                 head: update.head_gradient(),
                 micro_offset: (group.rank() * knobs.grad_accum) as u64,
                 ranks: group.world_size(),
-                products: Products::Compute,
+                products: match knobs.precision {
+                    Precision::Fp8 => Products::Fp8,
+                    _ => Products::Compute,
+                },
             },
             update,
             scaler,
@@ -208,9 +211,9 @@ impl Trainer {
     pub fn schedule(&self) -> LrSchedule {
         self.schedule
     }
-    /// Runs the explicit engine's block products as `products` says: in fp8, emulated on the
-    /// host, to see what fp8 does to training before a GPU runs it (the head and the loss keep
-    /// the compute dtype).
+    /// Runs the explicit engine's block products as `products` says (the knobs' precision sets
+    /// them: fp8 for [`Precision::Fp8`]): in fp8 at a bf16 or f32 compute dtype, on the GPU's
+    /// fp8 tensor cores or emulated on the CPU (the head and the loss keep the compute dtype).
     pub fn set_products(&mut self, products: Products) {
         self.passes.products = products;
     }

@@ -105,9 +105,9 @@ fn resume_continues_and_reports_json() {
 
 #[test]
 fn bad_flag_values_exit_2() {
-    let out = autotune(&["train", "--precision", "fp8"]);
+    let out = autotune(&["train", "--precision", "fp4"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("fp8"));
+    assert!(stderr(&out).contains("fp4"));
     let out = autotune(&["train", "--micro-batch", "0", "--steps", "1"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("`--micro-batch`"), "{}", stderr(&out));

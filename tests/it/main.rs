@@ -82,6 +82,9 @@ mod bench_scripts;
 /// Compact optimizer state against exact AdamW: loss curves, bytes, resume, refusals.
 mod compact_state;
 
+/// `--precision fp8` and `--allow-fp8`: training, refusals and what the search takes.
+mod fp8;
+
 /// Fused operations against their composite references.
 mod ops;
 

@@ -165,7 +165,7 @@ fn what_the_plan_reader_refuses_the_schema_refuses() {
         ),
         (
             "an unknown precision",
-            Box::new(|p| p["knobs"]["precision"] = "fp8".into()),
+            Box::new(|p| p["knobs"]["precision"] = "fp4".into()),
         ),
         (
             "a micro-batch of 0",

@@ -32,11 +32,39 @@ pub enum Precision {
     Bf16,
     /// f32 master weights and optimizer; forward and backward in f16 with dynamic loss scaling.
     Fp16,
+    /// As [`Precision::Bf16`], with the Transformer blocks' matrix products in fp8: E4M3
+    /// weights and activations, E5M2 output gradients, each at its own per-tensor scale, f32
+    /// accumulation. Masters, norms, attention, the head and the loss stay as in bf16. Needs
+    /// fp8 tensor cores (Ada, Hopper); searched only when asked (`--allow-fp8`).
+    Fp8,
 }
 
 impl Precision {
     /// All precisions, fastest-first on tensor-core GPUs.
-    pub const ALL: [Precision; 3] = [Precision::Bf16, Precision::Fp16, Precision::Fp32];
+    pub const ALL: [Precision; 4] = [
+        Precision::Fp8,
+        Precision::Bf16,
+        Precision::Fp16,
+        Precision::Fp32,
+    ];
+
+    /// The precision of everything but the blocks' matrix products: bf16 for fp8.
+    pub fn compute(self) -> Precision {
+        match self {
+            Precision::Fp8 => Precision::Bf16,
+            p => p,
+        }
+    }
+
+    /// How an fp8 step differs from bf16's, for a plan's readers; `None` for the others.
+    pub fn note(self) -> Option<&'static str> {
+        (self == Precision::Fp8).then_some(
+            "as bf16, with the Transformer blocks' matrix products in fp8: weights and \
+             activations in E4M3, output gradients in E5M2, each scaled per tensor from its own \
+             largest magnitude, accumulated in f32; masters, norms, attention, the head and the \
+             loss as in bf16. The loss may differ from bf16's by about 1 %",
+        )
+    }
 
     /// Whether the step needs dynamic loss scaling (f16's narrow exponent range).
     pub fn needs_loss_scaling(self) -> bool {
@@ -49,6 +77,7 @@ impl Precision {
             Precision::Fp32 => "fp32",
             Precision::Bf16 => "bf16",
             Precision::Fp16 => "fp16",
+            Precision::Fp8 => "fp8",
         }
     }
 }
@@ -66,8 +95,9 @@ impl FromStr for Precision {
             "fp32" | "f32" => Ok(Precision::Fp32),
             "bf16" => Ok(Precision::Bf16),
             "fp16" | "f16" => Ok(Precision::Fp16),
+            "fp8" => Ok(Precision::Fp8),
             _ => Err(format!(
-                "unknown precision `{s}`; expected fp32, bf16 or fp16"
+                "unknown precision `{s}`; expected fp32, bf16, fp16 or fp8"
             )),
         }
     }
@@ -693,7 +723,9 @@ mod tests {
             assert_eq!(c.to_string().parse::<Checkpointing>().unwrap(), c);
         }
         assert!("every-0".parse::<Checkpointing>().is_err());
-        assert!("fp8".parse::<Precision>().is_err());
+        assert!("fp4".parse::<Precision>().is_err());
+        assert_eq!(Precision::Fp8.compute(), Precision::Bf16);
+        assert!(Precision::Fp8.note().is_some() && Precision::Bf16.note().is_none());
     }
 
     #[test]

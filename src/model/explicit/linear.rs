@@ -4,7 +4,7 @@ use candle_core::{DType, Tensor, Var};
 
 use super::Grads;
 use crate::model::layers::{Linear, Norm as NormLayer};
-use crate::ops::fp8::{self, Fp8Format};
+use crate::ops::fp8::{self, Fp8Format, Fp8Operand, OperandLayout};
 use crate::ops::{self, DropoutMask};
 use crate::spec::model::Activation;
 use crate::Result;
@@ -15,10 +15,12 @@ pub enum Products {
     /// In the compute dtype.
     #[default]
     Compute,
-    /// In fp8, emulated on the host (see [`ops::fp8`]): the weight and the input in E4M3, the
-    /// output's gradient in E5M2, each at its own current scale, accumulated in f32 and
-    /// written in the compute dtype. Masters, norms, the head and the loss are untouched.
-    Fp8Emulated,
+    /// In fp8 (see [`ops::fp8`]): the weight and the input in E4M3, the output's gradient in
+    /// E5M2, each at its own current scale, accumulated in f32 and written in the compute dtype
+    /// (bf16 on a GPU). On a GPU with fp8 tensor cores the products run on them; on the CPU the
+    /// same codes are decoded and multiplied (the emulation). Masters, norms, the head and the
+    /// loss are untouched.
+    Fp8,
 }
 
 /// A linear layer's weight in the compute dtype and its f32 bias, with the `Var`s their
@@ -31,8 +33,8 @@ pub(crate) struct Lin<'a> {
     /// The layer's output features; `weight` may have zero rows beyond them (see
     /// [`Lin::pad_outputs`]).
     outputs: usize,
-    /// With fp8 products, the weight in E4M3 (its scaled values and their scale).
-    fp8_weight: Option<fp8::ScaledTensor>,
+    /// With fp8 products, the weight in E4M3, in the two layouts its products read.
+    fp8_weight: Option<Fp8Weight>,
 }
 
 impl<'a> Lin<'a> {
@@ -55,8 +57,15 @@ impl<'a> Lin<'a> {
 
     /// The same layer with its products run as `products` says.
     pub(crate) fn with_products(mut self, products: Products) -> Result<Self> {
-        if products == Products::Fp8Emulated {
-            self.fp8_weight = Some(fp8::quantize_current(&self.weight, Fp8Format::E4m3)?);
+        if products == Products::Fp8 {
+            self.fp8_weight = Some(Fp8Weight {
+                rows: fp8::quantize_operand(&self.weight, Fp8Format::E4m3, OperandLayout::Rows)?,
+                columns: fp8::quantize_operand(
+                    &self.weight,
+                    Fp8Format::E4m3,
+                    OperandLayout::Transposed,
+                )?,
+            });
         }
         Ok(self)
     }
@@ -89,8 +98,8 @@ impl<'a> Lin<'a> {
         let Some(w) = &self.fp8_weight else {
             return Ok(x.matmul(&self.weight.t()?)?);
         };
-        let qx = fp8::quantize_current(x, Fp8Format::E4m3)?;
-        Ok(fp8::scaled_product(&qx, w, x.dtype())?)
+        let qx = fp8::quantize_operand(x, Fp8Format::E4m3, OperandLayout::Rows)?;
+        Ok(fp8::fp8_product(&qx, &w.rows, x.dtype())?)
     }
 
     /// The f32 bias, if the layer has one.
@@ -157,12 +166,10 @@ impl<'a> Lin<'a> {
         if self.fp8_weight.is_none() {
             return Ok(dy.t()?.matmul(x)?);
         }
-        Ok(fp8::emulated_product(
-            &dy.t()?,
-            &x.t()?,
-            Fp8Format::E5m2,
-            Fp8Format::E4m3,
-        )?)
+        // The inner dimension is the rows: both operands are converted transposed.
+        let qdy = fp8::quantize_operand(dy, Fp8Format::E5m2, OperandLayout::Transposed)?;
+        let qx = fp8::quantize_operand(x, Fp8Format::E4m3, OperandLayout::Transposed)?;
+        Ok(fp8::fp8_product(&qdy, &qx, dy.dtype())?)
     }
 
     /// Adds the weight's gradient from `dy` and `x` into `acc`, an f32 sum of the padded
@@ -221,8 +228,8 @@ impl<'a> Lin<'a> {
         let Some(w) = &self.fp8_weight else {
             return Ok(dy.matmul(&self.weight)?);
         };
-        let qdy = fp8::quantize_current(dy, Fp8Format::E5m2)?;
-        Ok(fp8::scaled_product(&qdy, &w.t()?, dy.dtype())?)
+        let qdy = fp8::quantize_operand(dy, Fp8Format::E5m2, OperandLayout::Rows)?;
+        Ok(fp8::fp8_product(&qdy, &w.columns, dy.dtype())?)
     }
 
     /// [`Lin::backward`] through the epilogue first: `dout` is the gradient of the epilogue's
@@ -243,6 +250,14 @@ impl<'a> Lin<'a> {
         };
         self.backward(&dy, x, grads)
     }
+}
+
+/// A weight `W (out × in)` in E4M3 at one scale, as its products read it.
+struct Fp8Weight {
+    /// `W` itself, for the forward `x · Wᵀ` (inner dimension `in`).
+    rows: Fp8Operand,
+    /// `Wᵀ`, for the input's gradient `dy · W` (inner dimension `out`).
+    columns: Fp8Operand,
 }
 
 /// `t` (a vector or a matrix) with zero rows appended up to `rows`; `t` itself when it has

@@ -104,6 +104,7 @@ fn a_model_whose_state_cannot_fit_is_answered_without_a_trial() {
         data: None,
         model_folder: None,
         edge_trials: 0,
+        notes: Vec::new(),
     };
     let told = Told::default();
     let tuned = live(&settings, &told).unwrap();

@@ -81,7 +81,7 @@ impl PhaseBytes {
 pub(super) fn activation_bytes(precision: Precision) -> f64 {
     match precision {
         Precision::Fp32 => 4.0,
-        Precision::Bf16 | Precision::Fp16 => 2.0,
+        Precision::Bf16 | Precision::Fp16 | Precision::Fp8 => 2.0,
     }
 }
 

@@ -160,7 +160,7 @@ fn state_conflict(knobs: &Knobs) -> Option<String> {
     if knobs.data_parallel.degree > 1 {
         return Some("a compact or host-placed state trains on one GPU only".to_string());
     }
-    if knobs.state.masters.is_half() && knobs.precision != Precision::Bf16 {
+    if knobs.state.masters.is_half() && knobs.precision.compute() != Precision::Bf16 {
         return Some(format!(
             "bf16 masters are the working copies, so they need bf16 precision, not {}",
             knobs.precision

@@ -98,6 +98,10 @@ pub struct Plan {
     /// ([`crate::knobs::StateLayout::difference`]); absent when they do not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_note: Option<String>,
+    /// How the chosen precision differs from bf16 ([`crate::knobs::Precision::note`]): fp8
+    /// products; absent for the others.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision_note: Option<String>,
     /// What measured the plan; absent in plans written before it was recorded (those were all
     /// measured by autotune's own engine).
     #[serde(default, skip_serializing_if = "Option::is_none")]

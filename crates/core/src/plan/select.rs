@@ -89,6 +89,7 @@ impl Plan {
             alternatives: alternatives(&others, knobs.regime()),
             data_parallel,
             state_note: knobs.state.difference(),
+            precision_note: knobs.precision.note().map(str::to_string),
             // The caller knows how the trials ran.
             provenance: None,
             model_folder: None,

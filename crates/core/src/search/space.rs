@@ -54,6 +54,9 @@ pub struct SpaceRequest {
     /// Whether the search may also try compact optimizer-state layouts, whose updates are not
     /// exactly AdamW's ([`SearchSpace::compact_layouts`]).
     pub compact_state: bool,
+    /// Whether the search may also try fp8 products in the blocks ([`Precision::Fp8`]), on a
+    /// target with fp8 tensor cores ([`SearchSpace::fp8_not_searched`]).
+    pub fp8: bool,
 }
 
 impl Default for SpaceRequest {
@@ -72,6 +75,7 @@ impl Default for SpaceRequest {
             max_trials: None,
             saturation_gain: SearchSpace::DEFAULT_SATURATION_GAIN,
             compact_state: false,
+            fp8: false,
         }
     }
 }
@@ -210,6 +214,9 @@ impl SearchSpace {
         if request.compact_state {
             regimes.extend(Self::compact_layouts(&regimes));
         }
+        if request.fp8 && Self::fp8_not_searched(target).is_none() {
+            regimes.extend(Self::fp8_regimes(&regimes));
+        }
         // One warm-up step takes a trial's first-use costs out of its timing (the memory pool's
         // first reservation, since every trial starts from a trimmed pool, cuBLAS's heuristics,
         // module loads); three timed steps give a median. The chosen setting's verification
@@ -231,6 +238,38 @@ impl SearchSpace {
         space.validate()?;
         space.validate_tokens_per_step(model)?;
         Ok(space)
+    }
+
+    /// Why fp8 products are not searched for `target`, if they are not: only a GPU with fp8
+    /// tensor cores runs them faster than bf16 (on others they would be emulated).
+    pub fn fp8_not_searched(target: &DeviceSpec) -> Option<String> {
+        match (target.kind, target.fp8_tensor_cores) {
+            (DeviceKind::Cuda, true) => None,
+            (DeviceKind::Cpu, _) => Some(format!(
+                "fp8 is not searched for `{}`: a CPU has no fp8 tensor cores (it would only \
+                 emulate the products, slower than its own precision)",
+                target.name
+            )),
+            (DeviceKind::Cuda, false) => Some(format!(
+                "fp8 is not searched for `{}`: its device spec does not say it has fp8 tensor \
+                 cores (compute capability 8.9 or newer; add \"fp8_tensor_cores\": true to the \
+                 spec if it has)",
+                target.name
+            )),
+        }
+    }
+
+    /// Each bf16 regime of `regimes` again with fp8 products, in the same order: searched
+    /// after every other regime, so that they are measured against the best of those.
+    pub fn fp8_regimes(regimes: &[Regime]) -> Vec<Regime> {
+        regimes
+            .iter()
+            .filter(|r| r.precision == Precision::Bf16)
+            .map(|r| Regime {
+                precision: Precision::Fp8,
+                ..*r
+            })
+            .collect()
     }
 
     /// A global batch whose step, of `model`'s sequences, takes no more tokens than a step may
@@ -790,6 +829,66 @@ mod tests {
     }
 
     /// The update in backward is searched only where it is exactly the normal step.
+    #[test]
+    fn fp8_is_searched_only_when_asked_on_a_target_with_fp8_tensor_cores() {
+        let model = ModelSpec::tiny();
+        let gpu = DeviceSpec::builtin("rtx4090-32g").unwrap();
+        let asked = SpaceRequest {
+            fp8: true,
+            ..SpaceRequest::default()
+        };
+        let regimes = |target: &DeviceSpec, request: &SpaceRequest| {
+            SearchSpace::for_target(target, &model, request)
+                .unwrap()
+                .regimes
+        };
+        let plain = regimes(&gpu, &SpaceRequest::default());
+        let with = regimes(&gpu, &asked);
+        // Every regime as before, first; then each bf16 one again with fp8 products.
+        assert_eq!(with[..plain.len()], plain[..]);
+        let expected: Vec<Regime> = plain
+            .iter()
+            .filter(|r| r.precision == Precision::Bf16)
+            .map(|r| Regime {
+                precision: Precision::Fp8,
+                ..*r
+            })
+            .collect();
+        assert!(!expected.is_empty());
+        assert_eq!(with[plain.len()..], expected[..]);
+        assert!(SearchSpace::fp8_not_searched(&gpu).is_none());
+        // A GPU without fp8 tensor cores, and a CPU: not searched, and why.
+        let ampere = DeviceSpec {
+            name: "rtx3090".into(),
+            fp8_tensor_cores: false,
+            ..gpu.clone()
+        };
+        assert_eq!(regimes(&ampere, &asked), plain);
+        let why = SearchSpace::fp8_not_searched(&ampere).unwrap();
+        assert!(
+            why.contains("rtx3090") && why.contains("fp8_tensor_cores"),
+            "{why}"
+        );
+        let cpu = DeviceSpec::builtin("cpu").unwrap();
+        assert_eq!(
+            regimes(&cpu, &asked),
+            regimes(&cpu, &SpaceRequest::default())
+        );
+        assert!(SearchSpace::fp8_not_searched(&cpu).unwrap().contains("CPU"));
+        // fp8 with compact state keeps bf16 masters (fp8 computes in bf16 elsewhere).
+        let compact = SpaceRequest {
+            compact_state: true,
+            ..asked
+        };
+        let both = regimes(&gpu, &compact);
+        assert!(both
+            .iter()
+            .any(|r| r.precision == Precision::Fp8 && !r.state.is_exact()));
+        for r in both {
+            Knobs::with_batch(r, 1, 1).validate("knobs", "").unwrap();
+        }
+    }
+
     #[test]
     fn the_update_in_backward_is_searched_only_where_exact() {
         let gpu = DeviceSpec::builtin("rtx4090-32g").unwrap();

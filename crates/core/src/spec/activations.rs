@@ -62,7 +62,7 @@ pub fn device_memory(model: &ModelSpec, regime: Regime, on_gpu: bool, flash: boo
     let state = StateBytes::of(model, &knobs).device.total() as f64;
     let e = match regime.precision {
         Precision::Fp32 => 4.0,
-        Precision::Bf16 | Precision::Fp16 => 2.0,
+        Precision::Bf16 | Precision::Fp16 | Precision::Fp8 => 2.0,
     };
     let (s, d, f, h, q) = (
         model.seq_len as f64,

@@ -49,6 +49,11 @@ pub struct DeviceSpec {
     /// Measured host-to-device copy bandwidth in GB/s (10^9 bytes), if known; `null` for a CPU.
     #[serde(default)]
     pub host_to_device_gbps: Option<f64>,
+    /// Whether the GPU multiplies fp8 on its tensor cores (compute capability 8.9 or newer:
+    /// RTX 40xx, L4, L40, H100, H200): where fp8 products may be searched (`--allow-fp8`).
+    /// Absent means no.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fp8_tensor_cores: bool,
     /// Free text: where the numbers come from.
     #[serde(default)]
     pub notes: Option<String>,

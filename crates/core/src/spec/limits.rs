@@ -53,7 +53,7 @@ pub fn state_bytes(spec: &ModelSpec) -> u64 {
 pub fn logits_bytes(spec: &ModelSpec, micro_batch: usize, precision: Precision) -> u64 {
     let element = match precision {
         Precision::Fp32 => 4,
-        Precision::Bf16 | Precision::Fp16 => 2,
+        Precision::Bf16 | Precision::Fp16 | Precision::Fp8 => 2,
     };
     (micro_batch as u64)
         .saturating_mul(spec.seq_len as u64)

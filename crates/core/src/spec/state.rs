@@ -96,7 +96,9 @@ impl StateBytes {
                 device: Components {
                     weights: match knobs.precision {
                         Precision::Fp32 => 4 * p,
-                        Precision::Bf16 | Precision::Fp16 => 2 * (p - vectors) + 4 * vectors,
+                        Precision::Bf16 | Precision::Fp16 | Precision::Fp8 => {
+                            2 * (p - vectors) + 4 * vectors
+                        }
                     },
                     moments: 0,
                     gradients: 0,
@@ -111,7 +113,7 @@ impl StateBytes {
                     Components {
                         weights: match knobs.precision {
                             Precision::Fp32 => 4 * p,
-                            Precision::Bf16 | Precision::Fp16 => 6 * p,
+                            Precision::Bf16 | Precision::Fp16 | Precision::Fp8 => 6 * p,
                         },
                         moments: 8 * p,
                         gradients: 4 * p,
@@ -199,7 +201,7 @@ pub fn exact_in_backward_gradients(model: &ModelSpec, precision: Precision) -> u
     let (vocab, d) = (model.vocab_size, model.d_model);
     let element = match precision {
         Precision::Fp32 => 4,
-        Precision::Bf16 | Precision::Fp16 => 2,
+        Precision::Bf16 | Precision::Fp16 | Precision::Fp8 => 2,
     };
     // The GPU's row multiple (the CPU's is 1: the same slices wherever the width is a power
     // of two).

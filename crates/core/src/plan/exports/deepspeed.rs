@@ -165,7 +165,8 @@ pub fn deepspeed_config(
         train_batch_size: knobs.per_rank_batch() * world_size,
         gradient_clipping: optimizer.grad_clip.unwrap_or(0.0),
         bf16: Enabled {
-            enabled: knobs.precision == Precision::Bf16,
+            // DeepSpeed has no fp8 products: an fp8 plan trains in bf16 there (`fidelity`).
+            enabled: knobs.precision.compute() == Precision::Bf16,
         },
         fp16: Fp16Section {
             enabled: fp16,

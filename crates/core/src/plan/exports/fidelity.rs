@@ -2,7 +2,9 @@
 //! None of the four tools updates in the backward pass; bitsandbytes' 8-bit AdamW (the
 //! Trainer's `optim`) keeps 8-bit moments but f32 masters; nothing else keeps a compact state.
 //! A plan measured with such knobs runs, exported, with more training state than it was
-//! measured with, so its batch may not fit: the export says so, or is refused.
+//! measured with, so its batch may not fit: the export says so, or is refused. fp8 products
+//! run through Transformer Engine in Accelerate and Lightning; the Trainer and DeepSpeed run
+//! them in bf16, slower than measured, which is refused the same way.
 
 use super::ExportFormat;
 use crate::knobs::{Knobs, MasterFormat, MomentFormat, MomentPlace, StateLayout, Update};
@@ -53,9 +55,14 @@ pub fn as_exported(knobs: &Knobs, format: ExportFormat) -> Knobs {
         },
         _ => StateLayout::EXACT,
     };
+    let precision = match format {
+        ExportFormat::Accelerate | ExportFormat::Lightning => knobs.precision,
+        ExportFormat::Trainer | ExportFormat::DeepSpeed => knobs.precision.compute(),
+    };
     Knobs {
         update: Update::AfterBackward,
         state,
+        precision,
         ..*knobs
     }
 }
@@ -79,6 +86,13 @@ pub fn changes(model: &ModelSpec, knobs: &Knobs, format: ExportFormat) -> Change
         changes.push(format!(
             "{tool} has no update in the backward pass: the update runs after it, with every \
              gradient held at once"
+        ));
+    }
+    if exported.precision != knobs.precision {
+        changes.push(format!(
+            "{tool} has no fp8 matrix products: the blocks' products run in {}, slower than the \
+             plan measured",
+            exported.precision
         ));
     }
     if exported.state != knobs.state {
@@ -117,6 +131,43 @@ mod tests {
             },
             ..Knobs::new(4, Precision::Bf16)
         }
+    }
+
+    #[test]
+    fn fp8_products_export_through_transformer_engine_or_as_a_stated_change() {
+        let model = ModelSpec::preset("gpt-1.3b").unwrap();
+        let fp8 = Knobs::new(4, Precision::Fp8);
+        for (_, format) in ExportFormat::ALL {
+            let found = changes(&model, &fp8, format);
+            match format {
+                ExportFormat::Accelerate | ExportFormat::Lightning => {
+                    assert!(found.is_faithful(), "{format:?}: {found:?}")
+                }
+                ExportFormat::Trainer | ExportFormat::DeepSpeed => {
+                    assert_eq!(found.changes.len(), 1, "{format:?}");
+                    assert!(found.changes[0].contains("no fp8"), "{found:?}");
+                    assert!(found.changes[0].contains("bf16"), "{found:?}");
+                    // The same training state: the cost is speed.
+                    assert_eq!(found.extra_state_bytes, 0);
+                }
+            }
+        }
+        let (yaml, notes) = super::super::hf::accelerate_config(&fp8);
+        assert!(yaml.contains("mixed_precision: fp8\n"), "{yaml}");
+        assert!(yaml.contains("fp8_config:\n  backend: TE\n"), "{yaml}");
+        assert!(
+            notes.iter().any(|n| n.contains("Transformer Engine")),
+            "{notes:?}"
+        );
+        let optimizer = crate::spec::model::OptimizerSpec::adamw(3e-4);
+        let (args, _) = super::super::hf::trainer_args(&fp8, &optimizer);
+        assert!(args.bf16, "the Trainer trains an fp8 plan in bf16");
+        let (args, notes) = super::super::lightning::lightning_args(&fp8, None);
+        assert_eq!(args.precision, "transformer-engine");
+        assert!(
+            notes.iter().any(|n| n.contains("Transformer Engine")),
+            "{notes:?}"
+        );
     }
 
     #[test]

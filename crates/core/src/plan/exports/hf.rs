@@ -75,7 +75,8 @@ pub fn trainer_args(knobs: &Knobs, optimizer: &OptimizerSpec) -> (TrainerArgs, N
     let args = TrainerArgs {
         per_device_train_batch_size: knobs.micro_batch,
         gradient_accumulation_steps: knobs.grad_accum,
-        bf16: knobs.precision == Precision::Bf16,
+        // The Trainer has no fp8 products: an fp8 plan trains in bf16 there (see `fidelity`).
+        bf16: knobs.precision.compute() == Precision::Bf16,
         fp16: knobs.precision == Precision::Fp16,
         learning_rate: optimizer.lr,
         adam_beta1: optimizer.beta1,
@@ -110,6 +111,12 @@ fn shared_notes(knobs: &Knobs) -> Notes {
     notes
 }
 
+/// What Accelerate's and Lightning's fp8 differ in from the plan's.
+pub(crate) const FP8_THROUGH_TRANSFORMER_ENGINE: &str =
+    "fp8 runs through NVIDIA Transformer Engine (install transformer-engine): it replaces the \
+     model's linear layers with its own and scales each tensor from the previous step's \
+     largest magnitude, where the plan measured each tensor's own (current scaling)";
+
 /// An Accelerate config file for a plan (YAML, the format `accelerate config` writes), and its
 /// notes. With offload or sharding it selects DeepSpeed with the DeepSpeed export's file.
 pub fn accelerate_config(knobs: &Knobs) -> (String, Notes) {
@@ -125,6 +132,7 @@ pub fn accelerate_config(knobs: &Knobs) -> (String, Notes) {
         Precision::Fp32 => "no",
         Precision::Bf16 => "bf16",
         Precision::Fp16 => "fp16",
+        Precision::Fp8 => "fp8",
     };
     let mut yaml = format!(
         "compute_environment: LOCAL_MACHINE\n\
@@ -135,6 +143,15 @@ pub fn accelerate_config(knobs: &Knobs) -> (String, Notes) {
          num_processes: {processes}\n\
          use_cpu: false\n"
     );
+    if knobs.precision == Precision::Fp8 {
+        // Transformer Engine's recipe nearest the plan's: E4M3 forward, E5M2 gradients, each
+        // scale from the last step's largest magnitude alone.
+        yaml.push_str(
+            "fp8_config:\n  backend: TE\n  fp8_format: HYBRID\n  amax_history_length: 1\n  \
+             amax_compute_algorithm: max\n  margin: 0\n  interval: 1\n",
+        );
+        notes.push(FP8_THROUGH_TRANSFORMER_ENGINE.into());
+    }
     if deepspeed {
         yaml.push_str(&format!(
             "deepspeed_config:\n  deepspeed_config_file: {DEEPSPEED_CONFIG_FILE}\n  zero3_init_flag: false\n"

@@ -47,11 +47,15 @@ pub fn lightning_args(knobs: &Knobs, grad_clip: Option<f64>) -> (LightningArgs, 
                 .into(),
         );
     }
+    if knobs.precision == Precision::Fp8 {
+        notes.push(super::hf::FP8_THROUGH_TRANSFORMER_ENGINE.into());
+    }
     let args = LightningArgs {
         precision: match knobs.precision {
             Precision::Fp32 => "32-true",
             Precision::Bf16 => "bf16-mixed",
             Precision::Fp16 => "16-mixed",
+            Precision::Fp8 => "transformer-engine",
         }
         .into(),
         accumulate_grad_batches: knobs.grad_accum,
