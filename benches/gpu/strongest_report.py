@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Summarise strongest_stack.sh's folder as Markdown: each side's fastest fitting batch and the
+ratio of the two, for llama-3.2-1b (ours vs transformers + Liger + torch.compile) and gpt-124m
+(ours vs torch.compile).
+
+    python3 strongest_report.py OUTDIR > OUTDIR/summary.md
+
+A side's speed is the best median tokens/s over the batches that fitted; with two rounds of
+one batch the slower round is kept, so a lucky round does not flatter either side. Standard
+library only.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+GIB = 2**30
+
+
+def rows(path: pathlib.Path, model: str) -> list[dict]:
+    """The JSON objects of a .jsonl file that are about `model`, lines that are not objects
+    skipped; [] if the file is absent."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(r, dict) and r.get("model") == model:
+            out.append(r)
+    return out
+
+
+def per_batch(records: list[dict]) -> dict[int, dict]:
+    """{micro_batch: record}, keeping the slowest fitting round of each batch; a batch with no
+    fitting round maps to its last record (its outcome says why)."""
+    out: dict[int, dict] = {}
+    for r in records:
+        try:
+            mb = int(r["micro_batch"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        fits = r.get("outcome") == "fits" and isinstance(r.get("tokens_per_s"), (int, float))
+        kept = out.get(mb)
+        kept_fits = kept is not None and kept.get("outcome") == "fits"
+        if kept is None or (fits and (not kept_fits or r["tokens_per_s"] < kept["tokens_per_s"])) \
+                or (not fits and not kept_fits):
+            out[mb] = r
+    return out
+
+
+def best(records: list[dict]) -> dict | None:
+    """The fitting record with the highest tokens/s, or None."""
+    fitting = [r for r in per_batch(records).values() if r.get("outcome") == "fits"]
+    return max(fitting, key=lambda r: r["tokens_per_s"], default=None)
+
+
+def table(title: str, ours: list[dict], ref: list[dict], ref_name: str) -> list[str]:
+    lines = [f"## {title}", "", "| side | micro-batch | outcome | tokens/s | peak GiB |",
+             "|---|--:|---|--:|--:|"]
+    for name, records in (("autotune", ours), (ref_name, ref)):
+        for mb, r in sorted(per_batch(records).items()):
+            tps = r.get("tokens_per_s")
+            peak = r.get("peak_gpu_bytes")
+            lines.append(f"| {name} | {mb} | {r.get('outcome', '?')} | "
+                         f"{f'{tps:,.0f}' if isinstance(tps, (int, float)) else '-'} | "
+                         f"{f'{peak / GIB:.2f}' if isinstance(peak, (int, float)) else '-'} |")
+    a, b = best(ours), best(ref)
+    lines.append("")
+    if a and b:
+        lines.append(f"Best: autotune {a['tokens_per_s']:,.0f} tokens/s (mb {a['micro_batch']}), "
+                     f"{ref_name} {b['tokens_per_s']:,.0f} (mb {b['micro_batch']}): "
+                     f"**{a['tokens_per_s'] / b['tokens_per_s']:.3f}×**.")
+    else:
+        lines.append("Best: one side has no fitting batch; no ratio.")
+    return lines + [""]
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    out = pathlib.Path(argv[1])
+    env = (out / "env.txt").read_text(errors="replace").strip() if (out / "env.txt").is_file() else ""
+    lines = ["# autotune against the strongest PyTorch stacks, 24 GB cap", "", env, ""]
+    lines += table("llama-3.2-1b, bf16, seq 2048", rows(out / "ours-llama.jsonl", "llama-3.2-1b"),
+                   rows(out / "liger-compile.jsonl", "llama-3.2-1b"), "transformers+liger+compile")
+    gpt = out / "gpt-124m"
+    lines += table("gpt-124m, bf16, b16, seq 1024", rows(gpt / "autotune.jsonl", "gpt-124m"),
+                   rows(gpt / "pytorch-compile.jsonl", "gpt-124m"), "torch.compile")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
