@@ -58,14 +58,7 @@ impl<'a> Lin<'a> {
     /// The same layer with its products run as `products` says.
     pub(crate) fn with_products(mut self, products: Products) -> Result<Self> {
         if products == Products::Fp8 {
-            self.fp8_weight = Some(Fp8Weight {
-                rows: fp8::quantize_operand(&self.weight, Fp8Format::E4m3, OperandLayout::Rows)?,
-                columns: fp8::quantize_operand(
-                    &self.weight,
-                    Fp8Format::E4m3,
-                    OperandLayout::Transposed,
-                )?,
-            });
+            self.fp8_weight = Some(Fp8Weight::default());
         }
         Ok(self)
     }
@@ -99,7 +92,8 @@ impl<'a> Lin<'a> {
             return Ok(x.matmul(&self.weight.t()?)?);
         };
         let qx = fp8::quantize_operand(x, Fp8Format::E4m3, OperandLayout::Rows)?;
-        Ok(fp8::fp8_product(&qx, &w.rows, x.dtype())?)
+        let w = w.layout(&self.weight, OperandLayout::Rows)?;
+        Ok(fp8::fp8_product(&qx, w, x.dtype())?)
     }
 
     /// The f32 bias, if the layer has one.
@@ -229,7 +223,8 @@ impl<'a> Lin<'a> {
             return Ok(dy.matmul(&self.weight)?);
         };
         let qdy = fp8::quantize_operand(dy, Fp8Format::E5m2, OperandLayout::Rows)?;
-        Ok(fp8::fp8_product(&qdy, &w.columns, dy.dtype())?)
+        let w = w.layout(&self.weight, OperandLayout::Transposed)?;
+        Ok(fp8::fp8_product(&qdy, w, dy.dtype())?)
     }
 
     /// [`Lin::backward`] through the epilogue first: `dout` is the gradient of the epilogue's
@@ -252,12 +247,30 @@ impl<'a> Lin<'a> {
     }
 }
 
-/// A weight `W (out × in)` in E4M3 at one scale, as its products read it.
+/// A weight `W (out × in)` in E4M3, as its products read it, each layout converted when first
+/// asked for: a forward pass reads only `W` and a backward pass only `Wᵀ`, and a block that is
+/// recomputed builds its layers once for each.
+#[derive(Default)]
 struct Fp8Weight {
     /// `W` itself, for the forward `x · Wᵀ` (inner dimension `in`).
-    rows: Fp8Operand,
+    rows: std::cell::OnceCell<Fp8Operand>,
     /// `Wᵀ`, for the input's gradient `dy · W` (inner dimension `out`).
-    columns: Fp8Operand,
+    columns: std::cell::OnceCell<Fp8Operand>,
+}
+
+impl Fp8Weight {
+    /// `weight` laid out as `layout` says, converted on first use.
+    fn layout(&self, weight: &Tensor, layout: OperandLayout) -> Result<&Fp8Operand> {
+        let cell = match layout {
+            OperandLayout::Rows => &self.rows,
+            OperandLayout::Transposed => &self.columns,
+        };
+        if let Some(done) = cell.get() {
+            return Ok(done);
+        }
+        let converted = fp8::quantize_operand(weight, Fp8Format::E4m3, layout)?;
+        Ok(cell.get_or_init(|| converted))
+    }
 }
 
 /// `t` (a vector or a matrix) with zero rows appended up to `rows`; `t` itself when it has

@@ -36,33 +36,50 @@ pub(super) fn scales<T: Elem>(
     let n = l.shape().elem_count();
     let x = cuda::slice_view(x, l, NAME)?;
     let stream = dev.cuda_stream();
-    let mut amax_bits = dev.alloc_zeros::<u32>(1)?;
+    // Up to AMAX_BLOCKS blocks, each thread looping over its share: one partial maximum per
+    // block, which one block of the scale kernel reduces.
+    let config = cuda::elementwise_config(n);
+    let blocks = config.grid_dim.0.min(AMAX_BLOCKS);
+    // SAFETY: `fp8_amax_<T>` writes one partial per block.
+    let mut partials = unsafe { cuda::output::<f32>(dev, blocks as usize) }?;
     let func = cuda::kernel(dev, &cuda::FP8, "fp8_amax", T::DTYPE)?;
     let mut args = stream.launch_builder(&func);
-    args.arg(&x).arg(&n).arg(&mut amax_bits);
-    // SAFETY: `fp8_amax_<T>(const T*, size_t, unsigned*)`; `x` holds n elements of T and
-    // `amax_bits` one zeroed u32. Blocks are whole warps (256 threads), as its reduction needs.
-    unsafe { args.launch(cuda::elementwise_config(n)) }.w()?;
+    args.arg(&x).arg(&n).arg(&mut partials);
+    let config = candle_core::cuda_backend::cudarc::driver::LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        ..config
+    };
+    // SAFETY: `fp8_amax_<T>(const T*, size_t, float*)`; `x` holds n elements of T and
+    // `partials` one float per block. Blocks are whole warps (256 threads), as its reduction
+    // needs.
+    unsafe { args.launch(config) }.w()?;
     // SAFETY: `fp8_scale` writes both elements.
     let mut out = unsafe { cuda::output::<f32>(dev, 2) }?;
     let (mut scale, mut inverse) = out.split_at_mut(1);
     let func = cuda::kernel_untyped(dev, &cuda::FP8, "fp8_scale")?;
-    let (code, margin) = (format_code(format), 0i32);
+    let (count, code, margin) = (blocks as i32, format_code(format), 0i32);
     let mut args = stream.launch_builder(&func);
-    args.arg(&amax_bits)
+    args.arg(&partials)
+        .arg(&count)
         .arg(&code)
         .arg(&margin)
         .arg(&mut scale)
         .arg(&mut inverse);
-    // SAFETY: `fp8_scale(const unsigned*, int, int, float*, float*)`, one thread.
-    unsafe { args.launch(single_thread()) }.w()?;
+    // SAFETY: `fp8_scale(const float*, int, int, int, float*, float*)`, one block of whole
+    // warps; `partials` holds `count` floats.
+    unsafe { args.launch(one_block()) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
 }
 
-fn single_thread() -> candle_core::cuda_backend::cudarc::driver::LaunchConfig {
+/// The most blocks the largest-magnitude pass runs: enough to keep every SM of a large GPU
+/// busy, few enough for one block to reduce their partials.
+const AMAX_BLOCKS: u32 = 1024;
+
+/// One block of 1024 threads (whole warps).
+fn one_block() -> candle_core::cuda_backend::cudarc::driver::LaunchConfig {
     candle_core::cuda_backend::cudarc::driver::LaunchConfig {
         grid_dim: (1, 1, 1),
-        block_dim: (1, 1, 1),
+        block_dim: (1024, 1, 1),
         shared_mem_bytes: 0,
     }
 }
@@ -197,10 +214,10 @@ pub(super) fn product(a: &Fp8Operand, b: &Fp8Operand, dtype: DType) -> Result<Te
         DType::F32 => sys::cudaDataType_t::CUDA_R_32F,
         other => bail!("{NAME}: fp8 products write bf16 or f32, not {other:?}"),
     };
-    let out = Tensor::zeros((m, n), dtype, a.codes.device())?;
     if m == 0 || n == 0 {
-        return Ok(out);
+        return Tensor::zeros((m, n), dtype, a.codes.device());
     }
+    let out = uninitialised(dev, (m, n), dtype)?;
     let lt = handle(dev)?;
     let address = |t: &Tensor| cuda::address(t, NAME);
     let (pa, pb, pd) = (address(&a.codes)?, address(&b.codes)?, address(&out)?);
@@ -217,6 +234,27 @@ pub(super) fn product(a: &Fp8Operand, b: &Fp8Operand, dtype: DType) -> Result<Te
     // codes hold n·k bytes, `a`'s m·k, `out` m·n elements of `out_type`, each scale one f32.
     unsafe { call.run(lt, dev) }?;
     Ok(out)
+}
+
+/// A `shape` tensor of `dtype` (bf16 or f32) whose elements are not yet written: the product
+/// writes every one (beta 0 reads none), so zeroing it first would be a wasted pass.
+fn uninitialised(dev: &CudaDevice, shape: (usize, usize), dtype: DType) -> Result<Tensor> {
+    let n = shape.0 * shape.1;
+    // SAFETY: the product launched right after on the same stream writes all n elements
+    // before anything can read them.
+    let storage = match dtype {
+        DType::BF16 => CudaStorage::wrap_cuda_slice(
+            unsafe { cuda::output::<half::bf16>(dev, n) }?,
+            dev.clone(),
+        ),
+        _ => CudaStorage::wrap_cuda_slice(unsafe { cuda::output::<f32>(dev, n) }?, dev.clone()),
+    };
+    Ok(Tensor::from_storage(
+        candle_core::Storage::Cuda(storage),
+        shape,
+        candle_core::op::BackpropOp::none(),
+        false,
+    ))
 }
 
 /// One column-major `D (rows × cols) = (sa·A)ᵀ (sb·B)` with `A` stored `inner × rows`, `B`

@@ -33,35 +33,45 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// The largest magnitude of x (NaNs ignored, as fmaxf does) into *amax_bits, which the caller
-// zeroes first: non-negative floats order as their bit patterns, so an integer atomicMax
-// combines the blocks exactly and in any order.
-template <typename T>
-__device__ void amax(const T *x, size_t n, unsigned int *amax_bits) {
+// The largest magnitude of each block's share of x (NaNs ignored, as fmaxf does) into
+// partials[blockIdx.x]; fp8_scale reduces the partials. Two launches and no atomics: nothing
+// needs zeroing first, and the result does not depend on the blocks' order.
+__device__ float block_max(float m) {
     __shared__ float partial[32];
-    const size_t start = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    const size_t step = (size_t)gridDim.x * blockDim.x;
-    float m = 0.f;
-    for (size_t i = start; i < n; i += step) m = fmaxf(m, fabsf(to_f32(x[i])));
     m = warp_max(m);
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     if (lane == 0) partial[warp] = m;
     __syncthreads();
+    float t = 0.f;
     if (warp == 0) {
-        float t = lane < (int)(blockDim.x >> 5) ? partial[lane] : 0.f;
+        t = lane < (int)(blockDim.x >> 5) ? partial[lane] : 0.f;
         t = warp_max(t);
-        if (lane == 0) atomicMax(amax_bits, __float_as_uint(t));
     }
+    return t;  // valid in thread 0
 }
 
-// The scale that puts the largest magnitude at the format's largest finite value less `margin`
-// binades, in the same f32 operations as `TensorScaler::scale_for`; 1 where there is no finite,
-// nonzero magnitude. Writes the scale and its reciprocal (what the product multiplies by).
-extern "C" __global__ void fp8_scale(const unsigned int *amax_bits, int format, int margin,
+template <typename T>
+__device__ void amax(const T *x, size_t n, float *partials) {
+    const size_t start = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    const size_t step = (size_t)gridDim.x * blockDim.x;
+    float m = 0.f;
+    for (size_t i = start; i < n; i += step) m = fmaxf(m, fabsf(to_f32(x[i])));
+    m = block_max(m);
+    if (threadIdx.x == 0) partials[blockIdx.x] = m;
+}
+
+// One block: the largest of `count` partial maxima, then the scale that puts it at the format's
+// largest finite value less `margin` binades, in the same f32 operations as
+// `TensorScaler::scale_for`; 1 where there is no finite, nonzero magnitude. Writes the scale
+// and its reciprocal (what the product multiplies by).
+extern "C" __global__ void fp8_scale(const float *partials, int count, int format, int margin,
                                      float *scale, float *scale_inv) {
-    if (blockIdx.x != 0 || threadIdx.x != 0) return;
-    const float reference = __uint_as_float(*amax_bits);
+    if (blockIdx.x != 0) return;
+    float m = 0.f;
+    for (int i = threadIdx.x; i < count; i += blockDim.x) m = fmaxf(m, partials[i]);
+    const float reference = block_max(m);
+    if (threadIdx.x != 0) return;
     const float max_finite = format == 0 ? 448.f : 57344.f;
     float s = 1.f;
     if (isfinite(reference) && reference > 0.f) {
@@ -104,8 +114,8 @@ __device__ void quantize_transposed(const T *x, int rows, int cols, const float 
 }
 
 #define FP8_KERNELS(T, NAME)                                                                   \
-    extern "C" __global__ void fp8_amax_##NAME(const T *x, size_t n, unsigned int *amax_bits) { \
-        amax<T>(x, n, amax_bits);                                                              \
+    extern "C" __global__ void fp8_amax_##NAME(const T *x, size_t n, float *partials) {         \
+        amax<T>(x, n, partials);                                                               \
     }                                                                                          \
     extern "C" __global__ void fp8_quantize_##NAME(const T *x, size_t n, const float *scale,   \
                                                    int format, unsigned char *codes) {         \
