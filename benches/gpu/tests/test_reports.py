@@ -1,0 +1,97 @@
+"""fp8_report.py and strongest_report.py without a GPU (Python 3 standard library only), on
+folders written here as the bench scripts would write them:
+
+    python3 -B -m unittest discover -s benches/gpu/tests
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+GPU = os.path.dirname(HERE)
+
+
+def write_lines(path, rows):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        for r in rows:
+            f.write((r if isinstance(r, str) else json.dumps(r)) + "\n")
+
+
+def run(script, folder):
+    return subprocess.run([sys.executable, "-B", os.path.join(GPU, script), folder],
+                          capture_output=True, text=True, check=True).stdout
+
+
+class Fp8Report(unittest.TestCase):
+    def test_the_slower_rounds_and_the_last_twenty_losses_are_compared(self):
+        with tempfile.TemporaryDirectory() as d:
+            write_lines(os.path.join(d, "speed.jsonl"), [
+                {"precision": "bf16", "outcome": "fits", "tokens_per_s": 40000, "micro_batch": 4},
+                {"precision": "fp8", "outcome": "fits", "tokens_per_s": 52000, "micro_batch": 4},
+                {"precision": "bf16", "outcome": "fits", "tokens_per_s": 39000, "micro_batch": 4},
+                "not json",
+                {"precision": "fp8", "outcome": "fits", "tokens_per_s": 50700, "micro_batch": 4},
+            ])
+            # bf16 ends at 2.0, fp8 at 2.02 over the last 20 of 500 steps.
+            write_lines(os.path.join(d, "loss-bf16.jsonl"),
+                        [{"step": i, "loss": 5.0 if i < 480 else 2.0} for i in range(500)])
+            write_lines(os.path.join(d, "loss-fp8.jsonl"),
+                        [{"step": i, "loss": 9.0 if i < 480 else 2.02} for i in range(500)])
+            summary = run("fp8_report.py", d)
+            self.assertIn("**1.300×**", summary)
+            with open(os.path.join(d, "headline.json")) as f:
+                headline = {e["metric"]: e for e in json.load(f)}
+            speed = headline["gpt-1.3b fp8 tokens/s vs bf16"]
+            self.assertEqual((speed["ours"], speed["reference"], speed["ratio"]), (50700, 39000, 1.3))
+            loss = headline["gpt-124m fp8 loss after 500 steps vs bf16"]
+            self.assertEqual((loss["ours"], loss["reference"], loss["ratio"]), (2.02, 2.0, 1.01))
+
+    def test_a_run_that_did_not_finish_gives_no_entry(self):
+        with tempfile.TemporaryDirectory() as d:
+            write_lines(os.path.join(d, "loss-bf16.jsonl"), [{"loss": 1.0}] * 500)
+            write_lines(os.path.join(d, "loss-fp8.jsonl"), [{"loss": 1.0}] * 5)
+            self.assertIn("did not finish", run("fp8_report.py", d))
+            with open(os.path.join(d, "headline.json")) as f:
+                self.assertEqual(json.load(f), [])
+
+
+class StrongestReport(unittest.TestCase):
+    def test_each_sides_best_batch_with_its_slower_round_is_compared(self):
+        with tempfile.TemporaryDirectory() as d:
+            llama = {"model": "llama-3.2-1b", "outcome": "fits"}
+            write_lines(os.path.join(d, "ours-llama.jsonl"), [
+                {**llama, "micro_batch": 3, "tokens_per_s": 46000, "peak_gpu_bytes": 2 ** 34},
+                {**llama, "micro_batch": 3, "tokens_per_s": 45000},
+                {**llama, "micro_batch": 4, "outcome": "out_of_memory"},
+            ])
+            write_lines(os.path.join(d, "liger-compile.jsonl"), [
+                {**llama, "micro_batch": 4, "tokens_per_s": 40000},
+                {**llama, "micro_batch": 6, "tokens_per_s": 41000},
+                {"model": "gpt-124m", "micro_batch": 6, "outcome": "fits", "tokens_per_s": 9e9},
+            ])
+            gpt = {"model": "gpt-124m", "micro_batch": 16, "outcome": "fits"}
+            write_lines(os.path.join(d, "gpt-124m", "autotune.jsonl"),
+                        [{**gpt, "tokens_per_s": 330000}, {**gpt, "micro_batch": 512, "model": "seed",
+                                                            "tokens_per_s": 1e6}])
+            write_lines(os.path.join(d, "gpt-124m", "pytorch-compile.jsonl"), [{**gpt, "tokens_per_s": 300000}])
+            summary = run("strongest_report.py", d)
+            # 45,000 (the slower round of mb 3) against Liger's best, 41,000 at mb 6.
+            self.assertIn("autotune 45,000 tokens/s (mb 3), transformers+liger+compile 41,000 (mb 6): "
+                          "**1.098×**", summary)
+            self.assertIn("| autotune | 4 | out_of_memory | - | - |", summary)
+            # Only gpt-124m's rows count in its section.
+            self.assertIn("**1.100×**", summary)
+            with open(os.path.join(d, "headline.json")) as f:
+                headline = {e["metric"]: e for e in json.load(f)}
+            liger = headline["llama-3.2-1b tokens/s vs transformers + torch.compile + Liger"]
+            self.assertEqual((liger["ours"], liger["reference"], liger["ratio"]), (45000, 41000, 1.098))
+            self.assertEqual(headline["gpt-124m b16 tokens/s vs torch.compile"]["ratio"], 1.1)
+
+
+if __name__ == "__main__":
+    unittest.main()
