@@ -218,6 +218,8 @@ pub(super) fn product(a: &Fp8Operand, b: &Fp8Operand, dtype: DType) -> Result<Te
         return Tensor::zeros((m, n), dtype, a.codes.device());
     }
     let out = uninitialised(dev, (m, n), dtype)?;
+    // cuBLASLt works in the calling thread's current context: make it this device's.
+    dev.cuda_stream().context().bind_to_thread().w()?;
     let lt = handle(dev)?;
     let address = |t: &Tensor| cuda::address(t, NAME);
     let (pa, pb, pd) = (address(&a.codes)?, address(&b.codes)?, address(&out)?);
