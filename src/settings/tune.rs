@@ -460,25 +460,7 @@ impl LiveSettings {
         if runner.is_some() {
             exec_space(&mut request)?;
         }
-        let mut notes = Vec::new();
-        let fp8_named = request.precisions.contains(&Precision::Fp8);
-        if request.fp8 || fp8_named {
-            match fp8_not_searched(&target) {
-                // Asked by name, it would be the only thing searched: refused.
-                Some(why) if fp8_named => {
-                    return Err(autotune_core::Error::InvalidFlag {
-                        flag: "--precision fp8".into(),
-                        problem: why,
-                    }
-                    .into())
-                }
-                Some(why) => {
-                    request.fp8 = false;
-                    notes.push(why);
-                }
-                None => {}
-            }
-        }
+        let notes: Vec<String> = settle_fp8(&mut request, &target)?.into_iter().collect();
         let isolation_asked = runner_isolation(&runner, args.isolation);
         let trial_timeout = trial_timeout(args.trial_timeout);
         // A refused flag costs no measurement: the host floor is measured only when every flag
@@ -505,6 +487,28 @@ impl LiveSettings {
             edge_trials: args.edge_trials as usize,
             notes,
         })
+    }
+}
+
+/// fp8 in `request` as this machine and `target` can run it: `--allow-fp8` where neither has
+/// fp8 tensor cores is dropped, with the note that says why; `--precision fp8` there is refused
+/// (it names the only precision to search).
+fn settle_fp8(request: &mut SpaceRequest, target: &DeviceSpec) -> crate::Result<Option<String>> {
+    let named = request.precisions.contains(&Precision::Fp8);
+    if !(request.fp8 || named) {
+        return Ok(None);
+    }
+    match fp8_not_searched(target) {
+        Some(why) if named => Err(autotune_core::Error::InvalidFlag {
+            flag: "--precision fp8".into(),
+            problem: why,
+        }
+        .into()),
+        Some(why) => {
+            request.fp8 = false;
+            Ok(Some(why))
+        }
+        None => Ok(None),
     }
 }
 
