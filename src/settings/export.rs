@@ -92,9 +92,9 @@ impl ExportSettings {
             if !args.allow_lossy_export {
                 return Err(crate::Error::Usage(format!(
                     "plan `{}` cannot be exported to {} as it was measured: {what}, so its \
-                     batch may not fit there. Tune for what the tool can run (without \
-                     --allow-compact-state and --update in-backward), or pass \
-                     --allow-lossy-export to export it anyway",
+                     batch may not fit or run as fast there. Tune for what the tool can run \
+                     (without --allow-compact-state, --update in-backward and --allow-fp8), or \
+                     pass --allow-lossy-export to export it anyway",
                     args.plan.display(),
                     format.tool_name()
                 )));

@@ -163,3 +163,58 @@ fn a_compact_state_plan_is_refused_unless_the_changes_are_accepted_and_then_stat
         }
     }
 }
+
+#[test]
+fn an_fp8_plan_exports_through_transformer_engine_or_is_refused_where_a_tool_has_no_fp8() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = replayed_plan(dir.path());
+    let mut doc: Value = serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    doc["knobs"]["precision"] = "fp8".into();
+    std::fs::write(&plan, doc.to_string()).unwrap();
+    let plan = plan.to_str().unwrap();
+    let export = |format: &str, lossy: bool| {
+        let mut args = vec![
+            "export",
+            "--plan",
+            plan,
+            "--format",
+            format,
+            "--allow-engine-mismatch",
+        ];
+        if lossy {
+            args.push("--allow-lossy-export");
+        }
+        autotune_in(dir.path(), &args)
+    };
+    let out = export("accelerate", false);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("mixed_precision: fp8\n"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        stderr(&out).contains("Transformer Engine"),
+        "{}",
+        stderr(&out)
+    );
+    let out = export("lightning", false);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let args: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(args["precision"], "transformer-engine");
+    for format in ["trainer", "deepspeed"] {
+        let out = export(format, false);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{format}: {err}");
+        assert!(err.contains("no fp8 matrix products"), "{format}: {err}");
+        assert!(err.contains("--allow-fp8"), "{format}: {err}");
+        let out = export(format, true);
+        assert_eq!(out.status.code(), Some(0), "{format}: {}", stderr(&out));
+        let text: Value = serde_json::from_str(&stdout(&out)).unwrap();
+        let bf16 = match format {
+            "trainer" => text["bf16"].clone(),
+            _ => text["bf16"]["enabled"].clone(),
+        };
+        assert_eq!(bf16, true, "{format} trains the fp8 plan in bf16");
+    }
+}
