@@ -54,6 +54,11 @@ pub struct Gpu {
     pub pcie_max_generation: Option<u32>,
     /// The most lanes the GPU and its slot support.
     pub pcie_max_width: Option<u32>,
+    /// CUDA compute capability, "major.minor" ("8.9" for an RTX 4090, "9.0" for an H100).
+    pub compute_capability: Option<String>,
+    /// Whether it multiplies fp8 on its tensor cores (compute capability 8.9 or newer): where
+    /// `--precision fp8` and `tune --allow-fp8` run.
+    pub fp8_tensor_cores: Option<bool>,
 }
 
 /// The host's memory, from `/proc/meminfo` where the platform has it.
@@ -152,6 +157,7 @@ fn nvml_gpus(machine: &mut Machine) {
             continue;
         };
         let memory = device.memory_info().ok();
+        let capability = device.cuda_compute_capability().ok();
         machine.gpus.push(Gpu {
             index,
             name: device.name().unwrap_or_else(|_| "unknown".into()),
@@ -162,6 +168,10 @@ fn nvml_gpus(machine: &mut Machine) {
             pcie_width: device.current_pcie_link_width().ok(),
             pcie_max_generation: device.max_pcie_link_gen().ok(),
             pcie_max_width: device.max_pcie_link_width().ok(),
+            compute_capability: capability
+                .as_ref()
+                .map(|c| format!("{}.{}", c.major, c.minor)),
+            fp8_tensor_cores: capability.as_ref().map(|c| (c.major, c.minor) >= (8, 9)),
         });
     }
     if machine.gpus.is_empty() {

@@ -24,8 +24,13 @@ fn gpu_line(gpu: &Gpu) -> String {
         (Some(g), Some(w)) => format!("gen {g} x{w}"),
         _ => "unknown".to_string(),
     };
+    let capability = match (&gpu.compute_capability, gpu.fp8_tensor_cores) {
+        (Some(c), Some(true)) => format!("compute {c}, fp8 tensor cores"),
+        (Some(c), _) => format!("compute {c}, no fp8 tensor cores"),
+        (None, _) => "compute capability unknown".to_string(),
+    };
     format!(
-        "GPU {}: {}, memory {} total, {} used, {} free, PCIe {} (at most {})",
+        "GPU {}: {}, memory {} total, {} used, {} free, PCIe {} (at most {}), {capability}",
         gpu.index,
         gpu.name,
         known(gpu.memory_total_bytes),
@@ -60,4 +65,45 @@ fn describe(machine: &Machine) -> String {
         known(machine.host.available_bytes)
     ));
     lines.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(name: &str, capability: Option<&str>, fp8: Option<bool>) -> Gpu {
+        Gpu {
+            index: 0,
+            name: name.into(),
+            memory_total_bytes: Some(24 << 30),
+            memory_used_bytes: None,
+            memory_free_bytes: None,
+            pcie_generation: Some(4),
+            pcie_width: Some(16),
+            pcie_max_generation: Some(4),
+            pcie_max_width: Some(16),
+            compute_capability: capability.map(str::to_string),
+            fp8_tensor_cores: fp8,
+        }
+    }
+
+    #[test]
+    fn a_gpu_line_says_whether_fp8_runs_there() {
+        let rows = [
+            (
+                gpu("RTX 4090", Some("8.9"), Some(true)),
+                "compute 8.9, fp8 tensor cores",
+            ),
+            (
+                gpu("RTX 3090", Some("8.6"), Some(false)),
+                "compute 8.6, no fp8 tensor cores",
+            ),
+            (gpu("unknown", None, None), "compute capability unknown"),
+        ];
+        for (gpu, says) in rows {
+            let line = gpu_line(&gpu);
+            assert!(line.ends_with(says), "{line}");
+            assert!(line.contains("PCIe gen 4 x16"), "{line}");
+        }
+    }
 }
