@@ -227,7 +227,8 @@ struct RelativeTrials<'a, 'h> {
     /// Where the regime's first trial goes (before rounding up to a candidate).
     start: usize,
     /// The largest micro-batch that a base of the regime (the same training with fewer memory
-    /// savings) ran feasibly; 0 if none did. Growth does not probe below it.
+    /// savings), or its bf16 twin for an fp8 regime, ran feasibly; 0 if none did. Growth does
+    /// not probe below it.
     bases_reach: usize,
     /// The search trials of the regime's offload twin, when the regime offloads and its twin
     /// was searched before it.
@@ -452,8 +453,11 @@ impl SearchDriver {
     ) -> RelativeTrials<'a, 'h> {
         let regime = self.space.regimes[i];
         let earlier = || self.space.regimes[..i].iter().zip(&sorted.search);
+        // An fp8 regime fits where its bf16 twin did: it reaches as far.
         let bases_reach = earlier()
-            .filter(|(r, _)| relatives::is_base(**r, regime))
+            .filter(|(r, _)| {
+                relatives::is_base(**r, regime) || relatives::is_bf16_twin(**r, regime)
+            })
             .flat_map(|(_, trials)| trials.iter())
             .filter(|(_, r)| self.is_feasible(r))
             .map(|(_, r)| r.request.knobs.micro_batch)

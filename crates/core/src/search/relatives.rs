@@ -6,7 +6,7 @@
 //! measured bounds what the later regime can gain (see the driver docs).
 
 use super::decision::{RegimeEnd, RegimeProgress, RegimeState};
-use crate::knobs::{Checkpointing, Offload, Regime};
+use crate::knobs::{Checkpointing, Offload, Precision, Regime};
 
 /// Whether `earlier` is a base of `regime`: the same precision and GPU count, and each memory
 /// saving of `earlier` (checkpointing, offload, sharding, the update in backward) is off or the
@@ -22,6 +22,18 @@ pub(super) fn is_base(earlier: Regime, regime: Regime) -> bool {
         && (!earlier.data_parallel.shard_optimizer || regime.data_parallel.shard_optimizer)
 }
 
+/// Whether `earlier` is `regime` in bf16 and `regime` runs its products in fp8: the same
+/// training, the same activations and state (an fp8 product's codes live only while it runs),
+/// each sequence's products faster.
+pub(super) fn is_bf16_twin(earlier: Regime, regime: Regime) -> bool {
+    regime.precision == Precision::Fp8
+        && earlier
+            == Regime {
+                precision: Precision::Bf16,
+                ..regime
+            }
+}
+
 /// Whether `earlier` is `regime` without optimizer offload (and `regime` offloads).
 pub(super) fn is_offload_twin(earlier: Regime, regime: Regime) -> bool {
     regime.offload == Offload::Optimizer
@@ -32,13 +44,13 @@ pub(super) fn is_offload_twin(earlier: Regime, regime: Regime) -> bool {
             }
 }
 
-/// Whether `earlier` keeps the same activations per sequence as `regime`: the same precision,
-/// checkpointing and GPU count. Offload and the update's placement move optimizer state and
+/// Whether `earlier` keeps the same activations per sequence as `regime`: the same compute
+/// precision (fp8 keeps bf16's activations), checkpointing and GPU count. Offload and the update's placement move optimizer state and
 /// gradients, which do not grow with the batch, so such regimes add the same device bytes per
 /// added sequence; they differ in which of their peaks (activations, or the optimizer's
 /// transients) is the highest at small batches.
 pub(super) fn same_activations(earlier: Regime, regime: Regime) -> bool {
-    earlier.precision == regime.precision
+    earlier.precision.compute() == regime.precision.compute()
         && earlier.checkpointing == regime.checkpointing
         && earlier.data_parallel.degree == regime.data_parallel.degree
 }
@@ -57,7 +69,6 @@ pub(super) fn dominates(earlier: &RegimeState, regime: Regime) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::knobs::Precision;
 
     fn r(precision: Precision, checkpointing: Checkpointing, offload: Offload) -> Regime {
         Regime {
@@ -68,6 +79,26 @@ mod tests {
             update: Default::default(),
             state: Default::default(),
         }
+    }
+
+    #[test]
+    fn an_fp8_regime_has_its_bf16_twin_and_its_activations() {
+        let all = Checkpointing::EveryKth(1);
+        let fp8 = r(Precision::Fp8, all, Offload::None);
+        let bf16 = r(Precision::Bf16, all, Offload::None);
+        assert!(is_bf16_twin(bf16, fp8));
+        assert!(!is_bf16_twin(fp8, bf16), "only fp8 has a bf16 twin");
+        assert!(!is_bf16_twin(
+            r(Precision::Bf16, Checkpointing::None, Offload::None),
+            fp8
+        ));
+        assert!(!is_bf16_twin(r(Precision::Fp16, all, Offload::None), fp8));
+        assert!(!is_base(bf16, fp8), "fp8 saves no memory over bf16");
+        assert!(same_activations(bf16, fp8) && same_activations(fp8, bf16));
+        assert!(!same_activations(
+            r(Precision::Fp32, all, Offload::None),
+            fp8
+        ));
     }
 
     #[test]

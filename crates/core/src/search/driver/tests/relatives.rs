@@ -334,3 +334,31 @@ fn an_offloaded_regime_is_bounded_by_its_twins_own_secant() {
     assert_eq!(states[2].trials, 0, "{:?}", states[2]);
     assert_eq!(outcome.chosen().unwrap().regime(), bf16());
 }
+
+#[test]
+fn an_fp8_regime_starts_where_its_bf16_twin_reached() {
+    let fp8 = regime(Precision::Fp8, Checkpointing::None, Offload::None);
+    let b = budget(24 * GIB, 0.05);
+    let s = SearchSpace {
+        max_micro_batch: 64,
+        ..SearchSpace::new(vec![bf16(), fp8])
+    };
+    let driver = SearchDriver::new(s.clone(), MachineFacts::default(), b).unwrap();
+    // bf16: 800 MiB and 7 ms a sequence; its boundary closed at 26 (27 out of memory).
+    let history = trials(
+        bf16(),
+        &[1, 2, 4, 8, 16, 26],
+        &[32, 27],
+        (2000.0, 800.0),
+        (0.01, 0.007),
+    );
+    assert_eq!(
+        driver.regime_states(&history)[0].progress,
+        RegimeProgress::Finished(RegimeEnd::Boundary { largest: 26 })
+    );
+    // fp8 keeps bf16's activations and state: its first trial is at 26, not at 1.
+    assert_eq!(
+        driver.next(&history),
+        Next::Probe(s.search_request(fp8, 26))
+    );
+}
