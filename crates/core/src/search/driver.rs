@@ -63,6 +63,10 @@
 //!   batch. If the first trial does not fit (offload can run out of host memory), the bracket
 //!   below it is refined as usual.
 //!
+//! An fp8 regime (the same training with its blocks' products in fp8) has its bf16 twin as a
+//! base in this one sense: it starts at the twin's largest feasible batch, where it fits too
+//! (its activations and state are the twin's), and shares the twin's memory secant.
+//!
 //! # Pruning
 //!
 //! A regime stops early (is *pruned*) when even an optimistic bound on its throughput, raised by
