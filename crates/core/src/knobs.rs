@@ -62,7 +62,8 @@ impl Precision {
             "as bf16, with the Transformer blocks' matrix products in fp8: weights and \
              activations in E4M3, output gradients in E5M2, each scaled per tensor from its own \
              largest magnitude, accumulated in f32; masters, norms, attention, the head and the \
-             loss as in bf16. The loss may differ from bf16's by about 1 %",
+             loss as in bf16. The loss differs from bf16's, by under 2 % over 300 steps of a \
+             small model in the CPU's emulation",
         )
     }
 
