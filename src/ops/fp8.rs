@@ -20,15 +20,15 @@
 //! from the tensor itself (current scaling) or from the largest magnitudes of the last steps
 //! (delayed scaling, which needs no pass over the tensor before its conversion).
 //!
-//! [`emulated_product`] is an fp8 matrix product as the host emulates it: both operands
-//! converted at their scales, multiplied with f32 accumulation, the scales divided out; what an
-//! fp8 step runs on the CPU, and the reference a GPU product is checked against.
-//! [`quantize_operand`] and [`fp8_product`] (`operand.rs`) are the same conversion and product on
-//! the tensors' own device: cuBLASLt's fp8 product on a GPU with fp8 tensor cores.
+//! [`quantize_operand`] and [`fp8_product`] (`operand.rs`) convert and multiply on the tensors'
+//! own device: cuBLASLt's fp8 product on a GPU with fp8 tensor cores, and on the CPU the
+//! emulation, the codes decoded and multiplied with f32 accumulation, the scales divided out;
+//! what an fp8 step runs there, and the reference a GPU product is checked against.
+//! [`emulated_product`] is the two in one call.
 
 use std::collections::VecDeque;
 
-use candle_core::{DType, Result, Tensor};
+use candle_core::{Result, Tensor};
 
 #[cfg(feature = "cuda")]
 mod gpu;
@@ -181,74 +181,20 @@ pub fn amax(values: &[f32]) -> f32 {
         .fold(0.0f32, |m, v| m.max(v.abs()))
 }
 
-/// A tensor as an fp8 product reads it: the format's own values (still scaled, so exact in
-/// bf16 and f32), in f32, and the scale they were taken at.
-#[derive(Debug, Clone)]
-pub struct ScaledTensor {
-    /// The decoded codes, scaled.
-    pub values: Tensor,
-    /// What the tensor was multiplied by before conversion.
-    pub scale: f32,
-}
-
-impl ScaledTensor {
-    /// The same values transposed (a per-tensor scale does not care).
-    pub fn t(&self) -> Result<Self> {
-        Ok(Self {
-            values: self.values.t()?,
-            scale: self.scale,
-        })
-    }
-}
-
-/// `t` as an fp8 product reads it: each value times the scale `scaler` picks, converted to its
-/// format and decoded. Converted on the host: this is the emulation that CPU training and the
-/// tests run, not a GPU path.
-pub fn quantize_tensor(t: &Tensor, scaler: &mut TensorScaler) -> Result<ScaledTensor> {
-    let values = t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-    let quantized = scaler.quantize(&values);
-    let format = quantized.format;
-    // Every code's value once, then a lookup per element.
-    let table: Vec<f32> = (0..=255u8).map(|c| format.decode(c)).collect();
-    let decoded: Vec<f32> = quantized
-        .codes
-        .iter()
-        .map(|&c| table[usize::from(c)])
-        .collect();
-    Ok(ScaledTensor {
-        values: Tensor::from_vec(decoded, t.shape(), t.device())?,
-        scale: quantized.scale,
-    })
-}
-
-/// [`quantize_tensor`] at `t`'s own current scale into `format`.
-pub fn quantize_current(t: &Tensor, format: Fp8Format) -> Result<ScaledTensor> {
-    quantize_tensor(t, &mut TensorScaler::new(format, Scaling::Current))
-}
-
-/// `a · bᵀ` of two converted tensors as an fp8 matrix product computes it: multiplied with f32
-/// accumulation, the two scales divided out, written in `dtype`.
-pub fn scaled_product(a: &ScaledTensor, b: &ScaledTensor, dtype: DType) -> Result<Tensor> {
-    let product = a.values.matmul(&b.values.t()?)?;
-    let descaled = product.affine(1.0 / (f64::from(a.scale) * f64::from(b.scale)), 0.0)?;
-    descaled.to_dtype(dtype)
-}
-
-/// `a · bᵀ` as an fp8 matrix product computes it: `a` converted to `a_format` and `b` to
-/// `b_format`, each at its own current scale, then [`scaled_product`] in `a`'s dtype. E4M3 ×
-/// E4M3 is the forward product (activations and weights), E5M2 × E4M3 the backward ones (a
-/// gradient and a weight or an activation).
+/// `a · bᵀ` in fp8: `a` converted to `a_format` and `b` to `b_format`, each at its own current
+/// scale ([`quantize_operand`]), then [`fp8_product`] in `a`'s dtype. E4M3 × E4M3 is the
+/// forward product (activations and weights), E5M2 × E4M3 the backward ones (a gradient and a
+/// weight or an activation). On the CPU this is the emulation: the codes decoded, multiplied
+/// with f32 accumulation, the scales divided out.
 pub fn emulated_product(
     a: &Tensor,
     b: &Tensor,
     a_format: Fp8Format,
     b_format: Fp8Format,
 ) -> Result<Tensor> {
-    let (qa, qb) = (
-        quantize_current(a, a_format)?,
-        quantize_current(b, b_format)?,
-    );
-    scaled_product(&qa, &qb, a.dtype())
+    let qa = quantize_operand(a, a_format, OperandLayout::Rows)?;
+    let qb = quantize_operand(b, b_format, OperandLayout::Rows)?;
+    fp8_product(&qa, &qb, a.dtype())
 }
 
 /// How a tensor's scale is chosen.
