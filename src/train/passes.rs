@@ -33,11 +33,27 @@ pub(crate) struct Passes {
     pub(crate) micro_offset: u64,
     /// Ranks whose gradients are summed: each loss is scaled by `1 / (micro-batches · ranks)`.
     pub(crate) ranks: usize,
-    /// How the explicit engine's block products run.
-    pub(crate) products: Products,
 }
 
 impl Passes {
+    /// The compute dtype and how the blocks' products run, both from the precision; fp8
+    /// products are refused outside the explicit engine, where the autograd engines would run
+    /// them in bf16 and report fp8.
+    pub(crate) fn numerics(&self) -> Result<(DType, Products)> {
+        let products = Products::of(self.knobs.precision);
+        if products != Products::Compute && self.engine.explicit_attention().is_none() {
+            return Err(crate::Error::Usage(format!(
+                "fp8 matrix products run in the explicit engine only, not the {:?} one; drop \
+                 --engine or use --engine explicit",
+                self.engine
+            )));
+        }
+        Ok((
+            crate::backend::compute_dtype(self.knobs.precision),
+            products,
+        ))
+    }
+
     /// Forward and backward passes of every micro-batch of optimizer step `step`, each loss
     /// scaled by `scale / batches`; hands `(micro-batch, parameter index, gradient)` to `sink`
     /// and returns the mean unscaled loss.
@@ -48,15 +64,7 @@ impl Passes {
         batches: &[Batch],
         sink: &mut dyn StepSink,
     ) -> Result<f64> {
-        let dtype = crate::backend::compute_dtype(self.knobs.precision);
-        if self.products != Products::Compute && self.engine.explicit_attention().is_none() {
-            // The autograd engines would run the products in bf16 and report fp8.
-            return Err(crate::Error::Usage(format!(
-                "fp8 matrix products run in the explicit engine only, not the {:?} one; drop \
-                 --engine or use --engine explicit",
-                self.engine
-            )));
-        }
+        let (dtype, products) = self.numerics()?;
         let factor = scale / (batches.len() * self.ranks) as f64;
         let mut loss_total = 0.0;
         for (micro, batch) in batches.iter().enumerate() {
@@ -67,7 +75,7 @@ impl Passes {
                     &self.model,
                     &self.plan,
                     batch,
-                    (dtype, self.products),
+                    (dtype, products),
                     attention,
                     self.head,
                     &Dropout::hashed(p, &self.device, key),

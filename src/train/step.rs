@@ -27,10 +27,9 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::collective::Collective;
 use crate::data::source::Data;
-use crate::knobs::{Knobs, Precision, UpdateStrategy};
+use crate::knobs::{Knobs, UpdateStrategy};
 use crate::model::batch::Batch;
 use crate::model::dropout::Dropout;
-use crate::model::explicit::Products;
 use crate::model::layers::cross_entropy;
 use crate::model::params::InitValues;
 use crate::model::recompute::RecomputedBlocks;
@@ -168,10 +167,6 @@ impl Trainer {
                 head: update.head_gradient(),
                 micro_offset: (group.rank() * knobs.grad_accum) as u64,
                 ranks: group.world_size(),
-                products: match knobs.precision {
-                    Precision::Fp8 => Products::Fp8,
-                    _ => Products::Compute,
-                },
             },
             update,
             scaler,
@@ -210,12 +205,6 @@ impl Trainer {
     /// The learning-rate schedule.
     pub fn schedule(&self) -> LrSchedule {
         self.schedule
-    }
-    /// Runs the explicit engine's block products as `products` says (the knobs' precision sets
-    /// them: fp8 for [`Precision::Fp8`]): in fp8 at a bf16 or f32 compute dtype, on the GPU's
-    /// fp8 tensor cores or emulated on the CPU (the head and the loss keep the compute dtype).
-    pub fn set_products(&mut self, products: Products) {
-        self.passes.products = products;
     }
     /// Chooses the fused or the composite (reference) implementation of norms, softmax and loss.
     pub fn set_engine(&mut self, engine: Engine) {
@@ -444,9 +433,9 @@ impl Trainer {
 
     /// Mean loss on `batch` without dropout or gradients.
     pub fn eval_loss(&self, batch: &Batch) -> Result<f64> {
-        let dtype = crate::backend::compute_dtype(self.passes.knobs.precision);
+        let numerics = self.passes.numerics()?;
+        let dtype = numerics.0;
         if let Some(attention) = self.passes.engine.explicit_attention() {
-            let numerics = (dtype, self.passes.products);
             return explicit::eval_loss(&self.passes.model, batch, numerics, attention);
         }
         let ctx = Ctx {

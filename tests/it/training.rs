@@ -231,18 +231,15 @@ fn resuming_from_a_checkpoint_continues_bit_identically() {
 
 #[test]
 fn emulated_fp8_products_train_within_two_percent_of_bf16() {
-    use autotune::model::explicit::Products;
     let spec = ModelSpec::tiny();
     let data = Data::open(&DataSpec::Pattern, &spec).unwrap();
-    let run = |products| {
-        let mut trainer =
-            Trainer::new(&spec, Knobs::new(16, Precision::Bf16), &Device::Cpu, 11).unwrap();
-        trainer.set_products(products);
+    let run = |precision| {
+        let mut trainer = Trainer::new(&spec, Knobs::new(16, precision), &Device::Cpu, 11).unwrap();
         (0..300)
             .map(|_| trainer.step(&data).unwrap().loss)
             .collect::<Vec<f64>>()
     };
-    let (bf16, fp8) = (run(Products::Compute), run(Products::Fp8));
+    let (bf16, fp8) = (run(Precision::Bf16), run(Precision::Fp8));
     assert_ne!(fp8[0], bf16[0], "the fp8 products changed the arithmetic");
     assert!(
         bf16[299] < 0.1 * bf16[0],

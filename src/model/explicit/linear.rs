@@ -3,6 +3,7 @@
 use candle_core::{DType, Tensor, Var};
 
 use super::Grads;
+use crate::knobs::Precision;
 use crate::model::layers::{Linear, Norm as NormLayer};
 use crate::ops::fp8::{self, Fp8Format, Fp8Operand, OperandLayout};
 use crate::ops::{self, DropoutMask};
@@ -21,6 +22,17 @@ pub enum Products {
     /// same codes are decoded and multiplied (the emulation). Masters, norms, the head and the
     /// loss are untouched.
     Fp8,
+}
+
+impl Products {
+    /// How `precision` runs the blocks' products: in fp8 for [`Precision::Fp8`], else in the
+    /// compute dtype.
+    pub fn of(precision: Precision) -> Self {
+        match precision {
+            Precision::Fp8 => Products::Fp8,
+            _ => Products::Compute,
+        }
+    }
 }
 
 /// A linear layer's weight in the compute dtype and its f32 bias, with the `Var`s their
