@@ -171,7 +171,9 @@ fn nvml_gpus(machine: &mut Machine) {
             compute_capability: capability
                 .as_ref()
                 .map(|c| format!("{}.{}", c.major, c.minor)),
-            fp8_tensor_cores: capability.as_ref().map(|c| (c.major, c.minor) >= (8, 9)),
+            fp8_tensor_cores: capability
+                .as_ref()
+                .map(|c| crate::ops::fp8::has_fp8_tensor_cores_at(c.major, c.minor)),
         });
     }
     if machine.gpus.is_empty() {
