@@ -3,15 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::util::{autotune, autotune_in, stderr, stdout};
+use crate::util::{assert_refused, autotune, autotune_in, stderr, stdout};
 
 const U64_MAX: &str = "18446744073709551615";
-
-fn assert_refused(dir: &Path, args: &[&str], needle: &str) {
-    let out = autotune_in(dir, args);
-    assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
-    assert!(stderr(&out).contains(needle), "{args:?}: {}", stderr(&out));
-}
 
 /// A plan from a committed recording (a replay: no trial runs).
 fn recorded_plan(dir: &Path) -> PathBuf {

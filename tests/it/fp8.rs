@@ -2,7 +2,7 @@
 //! products in fp8 (emulated on the CPU), and the search takes fp8 only where it can run and
 //! pay, saying why it does not.
 
-use crate::util::{autotune_in, stderr};
+use crate::util::{assert_refused, autotune_in, stderr};
 
 /// The losses of a metrics file, in step order.
 fn losses(path: &std::path::Path) -> Vec<f64> {
@@ -68,57 +68,39 @@ fn fp8_is_refused_where_it_cannot_run_and_not_searched_where_it_cannot_pay() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     // The autograd engines have no fp8 products.
-    let out = autotune_in(
-        d,
-        &[
-            "train",
-            "--model",
-            "tiny",
-            "--device",
-            "cpu",
-            "--precision",
-            "fp8",
-            "--engine",
-            "fused",
-            "--steps",
-            "1",
-            "-q",
-        ],
-    );
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("explicit engine"), "{}", stderr(&out));
+    let train = [
+        "train",
+        "--model",
+        "tiny",
+        "--device",
+        "cpu",
+        "--precision",
+        "fp8",
+        "--engine",
+        "fused",
+        "--steps",
+        "1",
+        "-q",
+    ];
+    assert_refused(d, &train, "explicit engine");
     // A trial runner trains with its own products.
     for flag in [&["--allow-fp8"][..], &["--precision", "fp8"]] {
         let mut args = vec!["tune", "--model", "tiny", "--backend", "exec"];
         args.extend_from_slice(flag);
         args.extend(["--", "python3", "runner.py"]);
-        let out = autotune_in(d, &args);
-        assert_eq!(out.status.code(), Some(2), "{flag:?}: {}", stderr(&out));
-        assert!(
-            stderr(&out).contains(flag.join(" ").as_str()),
-            "{}",
-            stderr(&out)
-        );
+        assert_refused(d, &args, &flag.join(" "));
     }
     // A CPU target: asked by name, refused; allowed, not searched, and said why.
-    let out = autotune_in(
-        d,
-        &[
-            "tune",
-            "--model",
-            "tiny",
-            "--target",
-            "cpu",
-            "--precision",
-            "fp8",
-        ],
-    );
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("CPU has no fp8 tensor cores"),
-        "{}",
-        stderr(&out)
-    );
+    let tune = [
+        "tune",
+        "--model",
+        "tiny",
+        "--target",
+        "cpu",
+        "--precision",
+        "fp8",
+    ];
+    assert_refused(d, &tune, "CPU has no fp8 tensor cores");
     let out = autotune_in(
         d,
         &[

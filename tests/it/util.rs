@@ -38,6 +38,13 @@ pub fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Runs the binary in `dir` with `args` and asserts it exits 2 with `needle` on stderr.
+pub fn assert_refused(dir: &Path, args: &[&str], needle: &str) {
+    let out = autotune_in(dir, args);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+    assert!(stderr(&out).contains(needle), "{args:?}: {}", stderr(&out));
+}
+
 /// A seed-shaped model (post-norm, ReLU, dropout, no positions, Adam) small enough for CPU tests.
 pub fn small_seed(dropout: f32) -> ModelSpec {
     ModelSpec {
