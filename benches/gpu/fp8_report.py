@@ -12,26 +12,14 @@ N steps vs bf16" (without the folder and commit, which the caller adds). Standar
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results_io import GIB, lines  # noqa: E402
+
 TAIL = 20
-
-
-def objects(path: pathlib.Path) -> list[dict]:
-    """The JSON objects of a .jsonl file; [] if it is absent."""
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        if line.startswith("{"):
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(value, dict):
-                out.append(value)
-    return out
 
 
 def slowest(rows: list[dict], precision: str) -> dict | None:
@@ -55,41 +43,41 @@ def main(argv: list[str]) -> int:
         return 2
     out = pathlib.Path(argv[1])
     env = (out / "env.txt").read_text(errors="replace").strip() if (out / "env.txt").is_file() else ""
-    lines = ["# fp8 products against bf16", "", env, ""]
+    text = ["# fp8 products against bf16", "", env, ""]
     headline = []
-    speed = objects(out / "speed.jsonl")
-    lines += ["## gpt-1.3b speed, 24 GB cap", "", "| precision | round | tokens/s | peak GiB |",
+    speed = lines(out / "speed.jsonl")
+    text += ["## gpt-1.3b speed, 24 GB cap", "", "| precision | round | tokens/s | peak GiB |",
               "|---|--:|--:|--:|"]
     for i, r in enumerate(speed):
         tps, peak = r.get("tokens_per_s"), r.get("peak_gpu_bytes")
-        lines.append(f"| {r.get('precision')} | {i // 2 + 1} | "
+        text.append(f"| {r.get('precision')} | {i // 2 + 1} | "
                      f"{f'{tps:,.0f}' if isinstance(tps, (int, float)) else r.get('outcome')} | "
-                     f"{f'{peak / 2**30:.2f}' if isinstance(peak, (int, float)) else '-'} |")
+                     f"{f'{peak / GIB:.2f}' if isinstance(peak, (int, float)) else '-'} |")
     bf16, fp8 = slowest(speed, "bf16"), slowest(speed, "fp8")
     if bf16 and fp8:
         ratio = fp8["tokens_per_s"] / bf16["tokens_per_s"]
-        lines += ["", f"Slower rounds: fp8 {fp8['tokens_per_s']:,.0f}, bf16 {bf16['tokens_per_s']:,.0f} "
+        text += ["", f"Slower rounds: fp8 {fp8['tokens_per_s']:,.0f}, bf16 {bf16['tokens_per_s']:,.0f} "
                       f"tokens/s: **{ratio:.3f}×**."]
         headline.append({"metric": "gpt-1.3b fp8 tokens/s vs bf16", "ours": round(fp8["tokens_per_s"], 1),
                          "reference": round(bf16["tokens_per_s"], 1), "ratio": round(ratio, 3),
                          "unit": "tokens/s",
                          "reference_is": f"autotune's bf16 at the same micro-batch "
                                          f"({bf16.get('micro_batch')}), the slower of its rounds, same call"})
-    lines.append("")
-    loss = {p: tail_loss(objects(out / f"loss-{p}.jsonl")) for p in ("bf16", "fp8")}
-    lines += ["## gpt-124m loss", ""]
+    text.append("")
+    loss = {p: tail_loss(lines(out / f"loss-{p}.jsonl")) for p in ("bf16", "fp8")}
+    text += ["## gpt-124m loss", ""]
     if loss["bf16"] and loss["fp8"]:
         (b, steps_b), (f, steps_f) = loss["bf16"], loss["fp8"]
         ratio = f / b
-        lines.append(f"Mean loss of the last {TAIL} of {steps_f} steps: fp8 {f:.4f}, bf16 {b:.4f} "
+        text.append(f"Mean loss of the last {TAIL} of {steps_f} steps: fp8 {f:.4f}, bf16 {b:.4f} "
                      f"({steps_b} steps): **{ratio:.4f}** ({(ratio - 1) * 100:+.2f} %).")
         headline.append({"metric": f"gpt-124m fp8 loss after {steps_f} steps vs bf16", "ours": round(f, 4),
                          "reference": round(b, 4), "ratio": round(ratio, 4), "unit": "nats",
                          "reference_is": f"autotune's bf16 run, same seed and data, mean of the last "
                                          f"{TAIL} steps, same call"})
     else:
-        lines.append("One of the runs did not finish; no comparison.")
-    print("\n".join(lines))
+        text.append("One of the runs did not finish; no comparison.")
+    print("\n".join(text))
     (out / "headline.json").write_text(json.dumps(headline, indent=1) + "\n")
     return 0
 

@@ -16,29 +16,17 @@ library only.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import sys
 
-GIB = 2**30
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results_io import GIB, lines  # noqa: E402
 
 
 def rows(path: pathlib.Path, model: str) -> list[dict]:
-    """The JSON objects of a .jsonl file that are about `model`, lines that are not objects
-    skipped; [] if the file is absent."""
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(r, dict) and r.get("model") == model:
-            out.append(r)
-    return out
+    """The records of a .jsonl file that are about `model`; [] if the file is absent."""
+    return [r for r in lines(path) if r.get("model") == model]
 
 
 def per_batch(records: list[dict]) -> dict[int, dict]:
