@@ -30,8 +30,6 @@ CAP_MIB="${CAP_MIB:-24564}"
 TUNE_TIMEOUT="${TUNE_TIMEOUT:-300}"
 BIN="$GPU_DIR/autotune"
 MODEL=gpt-1.3b
-START="$(date +%s)"
-say() { echo "$SCRIPT [$(( $(date +%s) - START ))s] $*" >&2; }
 need_bin "build it with cuda-build.sh --out $GPU_DIR"
 gpu_libraries "$GPU_DIR" wheels
 record_header > "$OUTDIR/env.txt"

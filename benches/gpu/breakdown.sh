@@ -81,8 +81,6 @@ NAME="breakdown-$MODEL-b$MB"        # the report
 GEMM="$OUTDIR/gemm-$MODEL-b$MB"
 SHORT="$NCU_WARM"
 LONG="$(( NCU_WARM + STEPS ))"
-START="$(date +%s)"
-say() { echo "$SCRIPT [$(( $(date +%s) - START ))s] $*" >&2; }
 
 # stage LABEL SECONDS OUT LOG CMD...: CMD under `timeout`, its stdout into OUT and its stderr
 # appended to LOG; its exit status and seconds go to OUTDIR/stages.txt. Always returns 0, so

@@ -38,8 +38,6 @@ TRAIN_STEPS="${TRAIN_STEPS:-20}"
 WHEELS="${WHEELS:-.whl}"
 CAP=24564MiB
 BIN="$GPU_DIR/autotune"
-START="$(date +%s)"
-say() { echo "$SCRIPT [$(( $(date +%s) - START ))s] $*" >&2; }
 need_bin "build it with cuda-build.sh --out $GPU_DIR --bin autotune --test it"
 gpu_libraries "$GPU_DIR" wheels
 record_header > "$OUTDIR/env.txt"

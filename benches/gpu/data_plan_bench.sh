@@ -33,8 +33,6 @@ TUNE_TIMEOUT="${TUNE_TIMEOUT:-300}"
 WHEELS="${WHEELS:-.whl}"
 BIN="$GPU_DIR/autotune"
 WORK="$OUTDIR/work"
-START="$(date +%s)"
-say() { echo "$SCRIPT [$(( $(date +%s) - START ))s] $*" >&2; }
 need_bin "build it with cuda-build.sh --out $GPU_DIR --bin autotune"
 gpu_libraries "$GPU_DIR" wheels
 record_header > "$OUTDIR/env.txt"

@@ -28,8 +28,6 @@ STEPS="${STEPS:-500}"
 CORPUS="${CORPUS:-.gpu/tinyshakespeare.txt}"
 CAPACITY="${CAPACITY:-24564MiB}"
 BIN="$GPU_DIR/autotune"
-START="$(date +%s)"
-say() { echo "$SCRIPT [$(( $(date +%s) - START ))s] $*" >&2; }
 need_bin "build it with cuda-build.sh --out $GPU_DIR"
 record_header > "$OUTDIR/env.txt"
 gpu_line >> "$OUTDIR/env.txt"

@@ -65,8 +65,6 @@ FINDERS="${FINDERS-lightning-binsearch,accelerate}"
 EXACT_DEFAULT="${EXACT_DEFAULT:-}"
 BIN="${BIN:-$GPU_DIR/autotune}"
 read -r -a EXTRA <<< "${EXTRA_TUNE_ARGS:-}"
-START="$(date +%s)"
-say() { echo "$SCRIPT [$(( $(date +%s) - START ))s] $*" >&2; }
 need_bin "build it with cuda-build.sh --out $GPU_DIR, or cargo build --release and BIN=target/release/autotune"
 # The CUDA build finds its libraries; PyTorch (the runner, started by autotune) gets the library
 # path this script started with through TORCH_ENV.

@@ -10,6 +10,7 @@
 #   ROOT       the repository root, absolute
 #   GPU_DIR    $GPU_DIR, default .gpu (relative to ROOT): the CUDA build and its libcudart
 #   PYTHON     $PYTHON, default python3
+#   START      when the script sourced this file, in seconds since the epoch (say counts from it)
 #   TORCH_ENV  a command prefix that runs PyTorch with the library path the script started with
 #              (its wheels pin their own CUDA runtime, which the libcudart bundled for our binary
 #              must not shadow): `"${TORCH_ENV[@]}" "$PYTHON" ...`
@@ -27,6 +28,10 @@ if [[ -n "${LD_LIBRARY_PATH+x}" ]]; then
 else
   TORCH_ENV=(env -u LD_LIBRARY_PATH)
 fi
+START="$(date +%s)"
+
+# say MESSAGE...: one progress line on stderr, the script's name and its seconds so far first.
+say() { echo "$SCRIPT [$(( $(date +%s) - START ))s] $*" >&2; }
 
 # ---- arguments and folders ---------------------------------------------------------------
 

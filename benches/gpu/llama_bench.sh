@@ -27,8 +27,6 @@ shift
 STAGES="${*:-probe torch tune roundtrip}"
 TUNE_TIMEOUT="${TUNE_TIMEOUT:-300}"
 BIN="$GPU_DIR/autotune"
-START="$(date +%s)"
-say() { echo "$SCRIPT [$(( $(date +%s) - START ))s] $*" >&2; }
 need_bin "build it with cuda-build.sh --out $GPU_DIR"
 gpu_libraries "$GPU_DIR" wheels
 record_header > "$OUTDIR/env.txt"

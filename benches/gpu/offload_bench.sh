@@ -31,8 +31,6 @@ CAP_MIB="${CAP_MIB:-24564}"
 MICRO_BATCHES="${MICRO_BATCHES:-4 8}"
 WHEELS="${WHEELS:-.whl}"
 BIN="$GPU_DIR/autotune"
-START="$(date +%s)"
-say() { echo "$SCRIPT [$(( $(date +%s) - START ))s] $*" >&2; }
 need_bin "build it with cuda-build.sh --out $GPU_DIR"
 gpu_libraries "$GPU_DIR" wheels
 record_header > "$OUTDIR/env.txt"

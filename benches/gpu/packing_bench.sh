@@ -30,8 +30,6 @@ STEPS="${STEPS:-30}"
 WARMUP="${WARMUP:-5}"
 BIN="$GPU_DIR/autotune"
 WORK="$OUTDIR/work"
-START="$(date +%s)"
-say() { echo "$SCRIPT [$(( $(date +%s) - START ))s] $*" >&2; }
 need_bin "build it with cuda-build.sh --out $GPU_DIR --bin autotune --test it"
 gpu_libraries "$GPU_DIR" wheels
 record_header > "$OUTDIR/env.txt"

@@ -26,8 +26,6 @@ STAGES="${*:-tune grid}"
 MBS="${MBS:-1 2 3 4 5 6 7 8}"
 TUNE_TIMEOUT="${TUNE_TIMEOUT:-330}"
 BIN="$GPU_DIR/autotune"
-START="$(date +%s)"
-say() { echo "$SCRIPT [$(( $(date +%s) - START ))s] $*" >&2; }
 need_bin "build it with cuda-build.sh --out $GPU_DIR --bin autotune"
 gpu_libraries "$GPU_DIR" wheels
 record_header > "$OUTDIR/env.txt"

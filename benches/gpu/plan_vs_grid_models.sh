@@ -28,8 +28,6 @@ REGIMES="${REGIMES:-none:after-backward none:in-backward all:after-backward all:
 STAGES="${STAGES:-tune grid}"
 TUNE_TIMEOUT="${TUNE_TIMEOUT:-300}"
 BIN="$GPU_DIR/autotune"
-START="$(date +%s)"
-say() { echo "$SCRIPT [$(( $(date +%s) - START ))s] $*" >&2; }
 need_bin "build it with cuda-build.sh --out $GPU_DIR --bin autotune"
 gpu_libraries "$GPU_DIR" wheels
 record_header > "$OUTDIR/env.txt"

@@ -31,8 +31,6 @@ CAPACITY="${CAPACITY:-24564MiB}"
 LLAMA_OURS_MB="${LLAMA_OURS_MB:-2,3}"
 LLAMA_REF_MB="${LLAMA_REF_MB:-2,3,4,6}"
 BIN="$GPU_DIR/autotune"
-START="$(date +%s)"
-say() { echo "$SCRIPT [$(( $(date +%s) - START ))s] $*" >&2; }
 need_bin "build it with cuda-build.sh --out $GPU_DIR"
 record_header > "$OUTDIR/env.txt"
 gpu_line >> "$OUTDIR/env.txt"
