@@ -181,10 +181,8 @@ impl SearchDriver {
         }
         for &(gain, noise, pair) in &doublings {
             if gain + noise >= threshold {
-                if let Some((knobs, m)) = next_to_remeasure(remeasures, pair) {
-                    let gap = (threshold - gain).abs();
-                    let timed_steps = steps_to_resolve(m, gap, self.space.timed_steps);
-                    return Some(Saturation::Remeasure(Remeasure { knobs, timed_steps }));
+                if let Some(again) = self.remeasure_one(remeasures, pair, threshold - gain) {
+                    return Some(Saturation::Remeasure(again));
                 }
             }
         }
@@ -221,9 +219,7 @@ impl SearchDriver {
             return None;
         }
         let gap = fastest.1.tokens_per_s / top.1.tokens_per_s - 1.0;
-        let (knobs, m) = next_to_remeasure(remeasures, [top, fastest])?;
-        let timed_steps = steps_to_resolve(m, gap.abs(), self.space.timed_steps);
-        Some(Remeasure { knobs, timed_steps })
+        self.remeasure_one(remeasures, [top, fastest], gap)
     }
 
     /// Before the choice is verified: the search trial to run again when the best's lead is in
@@ -258,10 +254,21 @@ impl SearchDriver {
                 (search_knobs(best), &best.measurement),
                 (search_knobs(c), &c.measurement),
             ];
-            let (knobs, m) = next_to_remeasure(remeasures, pair)?;
-            let timed_steps = steps_to_resolve(m, gap.abs(), self.space.timed_steps);
-            Some(Remeasure { knobs, timed_steps })
+            self.remeasure_one(remeasures, pair, gap)
         })
+    }
+
+    /// The one of `pair` to run again ([`next_to_remeasure`]), with the steps that would resolve
+    /// a relative difference of `gap` at its spread; `None` when both runs are spent.
+    fn remeasure_one(
+        &self,
+        remeasures: &Remeasures,
+        pair: [(Knobs, &Measurement); 2],
+        gap: f64,
+    ) -> Option<Remeasure> {
+        let (knobs, m) = next_to_remeasure(remeasures, pair)?;
+        let timed_steps = steps_to_resolve(m, gap.abs(), self.space.timed_steps);
+        Some(Remeasure { knobs, timed_steps })
     }
 }
 
