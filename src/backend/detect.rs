@@ -46,7 +46,7 @@ pub fn detect_gpu_profile() -> Result<Option<DeviceSpec>> {
             host_to_device_gbps: None,
             fp8_tensor_cores: gpu
                 .cuda_compute_capability()
-                .is_ok_and(|c| crate::ops::fp8::has_fp8_tensor_cores_at(c.major, c.minor)),
+                .is_ok_and(|c| crate::spec::device::has_fp8_tensor_cores_at(c.major, c.minor)),
             notes: Some(format!(
                 "detected through NVML{}",
                 driver.map(|d| format!(", driver {d}")).unwrap_or_default()

@@ -173,7 +173,7 @@ fn nvml_gpus(machine: &mut Machine) {
                 .map(|c| format!("{}.{}", c.major, c.minor)),
             fp8_tensor_cores: capability
                 .as_ref()
-                .map(|c| crate::ops::fp8::has_fp8_tensor_cores_at(c.major, c.minor)),
+                .map(|c| crate::spec::device::has_fp8_tensor_cores_at(c.major, c.minor)),
         });
     }
     if machine.gpus.is_empty() {

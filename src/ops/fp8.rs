@@ -36,12 +36,6 @@ mod operand;
 
 pub use operand::{fp8_product, has_fp8_tensor_cores, quantize_operand, Fp8Operand, OperandLayout};
 
-/// Whether a GPU of compute capability `major.minor` multiplies fp8 on its tensor cores: 8.9
-/// (Ada) or newer. The one rule NVML's reports and the CUDA device's attributes are read by.
-pub fn has_fp8_tensor_cores_at(major: i32, minor: i32) -> bool {
-    (major, minor) >= (8, 9)
-}
-
 /// An 8-bit float format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fp8Format {
@@ -534,24 +528,6 @@ mod tests {
             assert!(
                 relative < bound && relative > 0.0,
                 "{fa:?} x {fb:?}: {relative}"
-            );
-        }
-    }
-
-    #[test]
-    fn fp8_tensor_cores_start_at_compute_capability_8_9() {
-        let rows = [
-            ((8, 0), false),
-            ((8, 6), false),
-            ((8, 9), true),
-            ((9, 0), true),
-            ((12, 0), true),
-        ];
-        for ((major, minor), has) in rows {
-            assert_eq!(
-                has_fp8_tensor_cores_at(major, minor),
-                has,
-                "{major}.{minor}"
             );
         }
     }

@@ -146,7 +146,7 @@ pub(super) fn has_fp8_tensor_cores(dev: &CudaDevice) -> Result<bool> {
     let minor = context
         .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
         .w()?;
-    Ok(super::has_fp8_tensor_cores_at(major, minor))
+    Ok(crate::spec::device::has_fp8_tensor_cores_at(major, minor))
 }
 
 /// A cuBLASLt handle and its workspace for one device, made once and kept for the process.

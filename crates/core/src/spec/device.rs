@@ -59,6 +59,13 @@ pub struct DeviceSpec {
     pub notes: Option<String>,
 }
 
+/// Whether a GPU of compute capability `major.minor` multiplies fp8 on its tensor cores (see
+/// [`DeviceSpec::fp8_tensor_cores`]): 8.9 (Ada) or newer. The one rule NVML's reports and the
+/// CUDA device's attributes are read by.
+pub fn has_fp8_tensor_cores_at(major: i32, minor: i32) -> bool {
+    (major, minor) >= (8, 9)
+}
+
 fn one_gpu() -> usize {
     1
 }
@@ -188,6 +195,24 @@ impl DeviceSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fp8_tensor_cores_start_at_compute_capability_8_9() {
+        let rows = [
+            ((8, 0), false),
+            ((8, 6), false),
+            ((8, 9), true),
+            ((9, 0), true),
+            ((12, 0), true),
+        ];
+        for ((major, minor), has) in rows {
+            assert_eq!(
+                has_fp8_tensor_cores_at(major, minor),
+                has,
+                "{major}.{minor}"
+            );
+        }
+    }
 
     const MIB: u64 = 1 << 20;
     const GIB: u64 = 1 << 30;
