@@ -896,7 +896,10 @@ fn cuda_fp8_conversion_and_products_match_the_host() {
             operand(&a.to_device(&dev).unwrap(), fa),
             operand(&b.to_device(&dev).unwrap(), fb),
         );
-        for (dtype, tolerance) in [(DType::F32, 1e-5), (DType::BF16, 1e-2)] {
+        // fp8 tensor cores add their products in a narrower accumulator than f32 before
+        // cuBLASLt promotes the sums (about 14 bits on Hopper; measured 2.9e-4 here), so even
+        // an f32 output differs from the host's f32 sum by more than summation order.
+        for (dtype, tolerance) in [(DType::F32, 1e-3), (DType::BF16, 1e-2)] {
             let got = fp8::fp8_product(&qa, &qb, dtype)
                 .unwrap()
                 .to_dtype(DType::F32)

@@ -26,7 +26,8 @@ fn format_code(format: Fp8Format) -> i32 {
     }
 }
 
-/// `[scale, 1/scale]` for `x` at current scaling: its largest magnitude, then the scale.
+/// `[1/scale, scale]` for `x` at current scaling: its largest magnitude, then the scale. The
+/// reciprocal comes first so that the product reads it at the allocation's own alignment.
 pub(super) fn scales<T: Elem>(
     x: &CudaSlice<T>,
     l: &Layout,
@@ -55,7 +56,7 @@ pub(super) fn scales<T: Elem>(
     unsafe { args.launch(config) }.w()?;
     // SAFETY: `fp8_scale` writes both elements.
     let mut out = unsafe { cuda::output::<f32>(dev, 2) }?;
-    let (mut scale, mut inverse) = out.split_at_mut(1);
+    let (mut inverse, mut scale) = out.split_at_mut(1);
     let func = cuda::kernel_untyped(dev, &cuda::FP8, "fp8_scale")?;
     let (count, code, margin) = (blocks as i32, format_code(format), 0i32);
     let mut args = stream.launch_builder(&func);
@@ -184,6 +185,11 @@ fn handle(dev: &CudaDevice) -> Result<&'static Handle> {
 
 fn lt_error(e: lt::CublasError) -> candle_core::Error {
     candle_core::Error::Msg(format!("{NAME}: cuBLASLt: {e:?}"))
+}
+
+/// [`lt_error`] for the step `what` of a product, so that a refusal says which setting it was.
+fn lt_error_at(what: &str, e: lt::CublasError) -> candle_core::Error {
+    candle_core::Error::Msg(format!("{NAME}: cuBLASLt refused {what}: {e:?}"))
 }
 
 fn lt_type(format: Fp8Format) -> sys::cudaDataType_t {
@@ -325,7 +331,8 @@ impl Call {
         use sys::cublasLtMatmulDescAttributes_t as Attr;
         let set = |attr: Attr, value: *const c_void, size: usize| {
             // SAFETY: `value` points at `size` bytes of the attribute's type.
-            unsafe { lt::set_matmul_desc_attribute(desc, attr, value, size) }.map_err(lt_error)
+            unsafe { lt::set_matmul_desc_attribute(desc, attr, value, size) }
+                .map_err(|e| lt_error_at(&format!("{attr:?}"), e))
         };
         let (transposed, plain) = (1i32, 0i32);
         set(
@@ -350,17 +357,12 @@ impl Call {
             pointer,
         )?;
         let pref = lt::create_matmul_pref().map_err(lt_error)?;
-        let size = WORKSPACE_BYTES;
-        // SAFETY: a live preference and a usize attribute.
-        let heuristic = unsafe {
-            lt::set_matmul_pref_attribute(
-                pref,
-                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                (&raw const size).cast(),
-                std::mem::size_of::<usize>(),
-            )
-            .and_then(|()| lt::get_matmul_algo_heuristic(lt.handle, desc, a, b, d, d, pref))
-        };
+        // SAFETY: a live preference.
+        let heuristic = unsafe { self.prefer(pref) }
+            // SAFETY: live descriptors and preference.
+            .and_then(|()| unsafe {
+                lt::get_matmul_algo_heuristic(lt.handle, desc, a, b, d, d, pref)
+            });
         // SAFETY: made above, destroyed once.
         let _ = unsafe { lt::destroy_matmul_pref(pref) };
         let heuristic = heuristic.map_err(|e| {
@@ -374,7 +376,7 @@ impl Call {
         use candle_core::cuda_backend::cudarc::driver::DevicePtr;
         let (workspace, _guard) = lt.workspace.device_ptr(&stream);
         // SAFETY: forwarded from the caller; C is D (beta 0 reads nothing).
-        unsafe {
+        let product = unsafe {
             lt::matmul(
                 lt.handle,
                 desc,
@@ -393,7 +395,53 @@ impl Call {
                 WORKSPACE_BYTES,
                 stream.cu_stream() as *mut _,
             )
-        }
-        .map_err(lt_error)
+        };
+        product.map_err(|e| lt_error_at("the product", e))
     }
+
+    /// Sets `pref`'s workspace and the alignment of each matrix's address: cuBLASLt assumes
+    /// 256 bytes unless told, and refuses at the product a kernel the addresses do not suit.
+    ///
+    /// # Safety
+    ///
+    /// `pref` is a live preference.
+    unsafe fn prefer(
+        &self,
+        pref: sys::cublasLtMatmulPreference_t,
+    ) -> std::result::Result<(), lt::CublasError> {
+        use sys::cublasLtMatmulPreferenceAttributes_t as Pref;
+        let size = WORKSPACE_BYTES;
+        // SAFETY: a live preference and a usize attribute.
+        unsafe {
+            lt::set_matmul_pref_attribute(
+                pref,
+                Pref::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&raw const size).cast(),
+                std::mem::size_of::<usize>(),
+            )
+        }?;
+        for (attr, address) in [
+            (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, self.a.0),
+            (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, self.b.0),
+            (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, self.d.0),
+            (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, self.d.0),
+        ] {
+            let alignment = address_alignment(address);
+            // SAFETY: a live preference and a u32 attribute.
+            unsafe {
+                lt::set_matmul_pref_attribute(
+                    pref,
+                    attr,
+                    (&raw const alignment).cast(),
+                    std::mem::size_of::<u32>(),
+                )
+            }?;
+        }
+        Ok(())
+    }
+}
+
+/// The largest power of two, up to 256, that divides `address`.
+fn address_alignment(address: u64) -> u32 {
+    1u32 << address.trailing_zeros().min(8)
 }

@@ -53,12 +53,12 @@ pub fn quantize_operand(
         );
     }
     let t = t.contiguous()?;
-    // [scale, 1/scale]
+    // [1/scale, scale]
     let scales = t.apply_op1_no_bwd(&ChooseScale { format })?;
     let codes = t.apply_op2_no_bwd(&scales, &Encode { format, layout })?;
     Ok(Fp8Operand {
         codes,
-        scale_inv: scales.narrow(0, 1, 1)?,
+        scale_inv: scales.narrow(0, 0, 1)?,
         format,
     })
 }
@@ -97,7 +97,8 @@ pub fn has_fp8_tensor_cores(device: &candle_core::Device) -> Result<bool> {
     }
 }
 
-/// Op: the scale that current scaling picks for a tensor, and its reciprocal, as two f32.
+/// Op: the scale that current scaling picks for a tensor, as two f32: its reciprocal (what the
+/// product divides out), then the scale.
 struct ChooseScale {
     format: Fp8Format,
 }
@@ -110,7 +111,7 @@ impl CustomOp1 for ChooseScale {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let values = crate::ops::input_f32(s, l, NAME)?;
         let scale = TensorScaler::new(self.format, Scaling::Current).current_scale(&values);
-        Ok((CpuStorage::F32(vec![scale, 1.0 / scale]), Shape::from(2)))
+        Ok((CpuStorage::F32(vec![1.0 / scale, scale]), Shape::from(2)))
     }
 
     #[cfg(feature = "cuda")]
@@ -124,7 +125,7 @@ impl CustomOp1 for ChooseScale {
     }
 }
 
-/// Op: a matrix's codes at the scale of the second input (`[scale, 1/scale]`), laid out as
+/// Op: a matrix's codes at the scale of the second input (`[1/scale, scale]`), laid out as
 /// `layout` says.
 struct Encode {
     format: Fp8Format,
@@ -154,7 +155,7 @@ impl CustomOp2 for Encode {
         scales_layout: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let values = crate::ops::input_f32(s, l, NAME)?;
-        let scale = crate::ops::input_f32(scales, scales_layout, NAME)?[0];
+        let scale = crate::ops::input_f32(scales, scales_layout, NAME)?[1];
         let (rows, cols) = l.shape().dims2()?;
         let code = |i: usize| self.format.encode(values[i] * scale);
         let codes: Vec<u8> = match self.layout {
@@ -175,7 +176,8 @@ impl CustomOp2 for Encode {
         scales: &candle_core::CudaStorage,
         scales_layout: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let scale = crate::ops::cuda::view::<f32>(scales, scales_layout, NAME)?;
+        let scales = crate::ops::cuda::view::<f32>(scales, scales_layout, NAME)?;
+        let scale = scales.slice(1..);
         let out = crate::ops::cuda::float_slice!(NAME, s, v => super::gpu::encode(
             v, l, &s.device, &scale, self.format, self.layout
         )?);
