@@ -144,7 +144,7 @@ def main() -> int:
             print(f"{name}: {n:,} parameters (published {want:,})", file=sys.stderr)
             ok &= n == want
         return 0 if ok else 1
-    device = torch.device("cuda")
+    device = torch.device("cuda", 0)
     if a.liger:
         apply_liger(a.model)
     if a.cap_mib:
