@@ -134,7 +134,11 @@
 //!   in its first trial and 191.4k when run again; the first figure alone ended the regime).
 //! - **Choice**: before verifying, a setting of another regime that the best cannot be told
 //!   apart from, or a larger batch of its own regime that measured slower beyond the tie band
-//!   (throughput does not fall as the batch grows, so one of the two was off).
+//!   (throughput does not fall as the batch grows, so one of the two was off), or a smaller
+//!   batch of its own regime that measured faster than the best's interval reaches (the best
+//!   leads only as the largest within the tie band, and near the memory boundary a larger
+//!   batch can run slower: on the harness on an H200, 20 sequences ran at 177k-200k tokens/s
+//!   against 217k-220k at 16).
 //!
 //! The run of the pair taken fewer times goes first, then the noisier; each setting runs at most
 //! [`MAX_REMEASURES`] more times, with enough steps to resolve the
