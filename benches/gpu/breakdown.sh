@@ -54,7 +54,7 @@ for arg in "${@:5}"; do
     exit 2
   fi
 done
-[[ "$PRECISION" =~ ^(fp32|bf16|fp16)$ ]] || { echo "$SCRIPT: precision must be fp32, bf16 or fp16" >&2; exit 2; }
+[[ "$PRECISION" =~ ^(fp32|bf16|fp16|fp8)$ ]] || { echo "$SCRIPT: precision must be fp32, bf16, fp16 or fp8" >&2; exit 2; }
 [[ "$MB" =~ ^[1-9][0-9]*$ ]] || { echo "$SCRIPT: MICRO_BATCH must be a number from 1" >&2; exit 2; }
 DEFAULT_STAGES="ours gemm"
 (( WITH_TORCH )) && DEFAULT_STAGES="ours torch gemm"

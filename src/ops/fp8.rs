@@ -34,7 +34,10 @@ use candle_core::{Result, Tensor};
 mod gpu;
 mod operand;
 
-pub use operand::{fp8_product, has_fp8_tensor_cores, quantize_operand, Fp8Operand, OperandLayout};
+pub use operand::{
+    fp8_product, has_fp8_tensor_cores, quantize_operand, quantize_operand_pair, Fp8Operand,
+    OperandLayout,
+};
 
 /// An 8-bit float format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

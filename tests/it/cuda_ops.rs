@@ -828,44 +828,53 @@ fn cuda_embedding_ids_past_the_vocabulary_touch_no_memory() {
 }
 
 /// fp8 conversion on the GPU gives the host's codes and scale to the bit (f32 and bf16 inputs,
-/// both formats, both layouts, shapes that end inside a 32 × 32 tile, values past the largest
-/// finite one and a NaN); on a GPU with fp8 tensor cores, cuBLASLt's product of those codes
-/// equals the host's product of the same codes up to summation order.
+/// both formats, each layout alone and both from one pass; shapes that end inside a 32 × 32
+/// tile, whose row count is or is not a multiple of 4, whose size is or is not a multiple of 8;
+/// values past the largest finite one and a NaN); on a GPU with fp8 tensor cores, cuBLASLt's
+/// product of those codes equals the host's product of the same codes up to the tensor cores'
+/// accumulation.
 #[test]
 fn cuda_fp8_conversion_and_products_match_the_host() {
     use autotune::ops::fp8::{self, Fp8Format, OperandLayout};
     let dev = gpu();
-    let (rows, cols) = (67, 96);
-    let mut values: Vec<f32> = random(&[rows, cols], 2.0, 0.0, 11, DType::F32)
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
-    // A spike that sets the scale, values that land on subnormal codes, an exact zero, a NaN.
-    values[5] = 4.0e4;
-    values[6] = -1.0e-3;
-    values[7] = 0.0;
-    values[8] = f32::NAN;
-    let host = Tensor::from_vec(values, (rows, cols), &Device::Cpu).unwrap();
-    for dtype in [DType::F32, DType::BF16] {
-        let host = host.to_dtype(dtype).unwrap();
-        let device = host.to_device(&dev).unwrap();
-        for format in [Fp8Format::E4m3, Fp8Format::E5m2] {
-            for layout in [OperandLayout::Rows, OperandLayout::Transposed] {
-                let want = fp8::quantize_operand(&host, format, layout).unwrap();
-                let got = fp8::quantize_operand(&device, format, layout).unwrap();
-                let codes = |o: &fp8::Fp8Operand| o.codes.flatten_all().unwrap().to_vec1::<u8>();
-                assert_eq!(
-                    codes(&got).unwrap(),
-                    codes(&want).unwrap(),
-                    "{dtype:?} {format:?} {layout:?}"
-                );
-                let inverse = |o: &fp8::Fp8Operand| o.scale_inv.to_vec1::<f32>().unwrap();
-                assert_eq!(
-                    inverse(&got),
-                    inverse(&want),
-                    "{dtype:?} {format:?} {layout:?}"
-                );
+    for (rows, cols) in [(67, 96), (128, 96), (5, 7)] {
+        let mut values: Vec<f32> = random(&[rows, cols], 2.0, 0.0, 11, DType::F32)
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        // A spike that sets the scale, values that land on subnormal codes, an exact zero, a
+        // NaN.
+        values[0] = 4.0e4;
+        values[1] = -1.0e-3;
+        values[2] = 0.0;
+        values[3] = f32::NAN;
+        let host = Tensor::from_vec(values, (rows, cols), &Device::Cpu).unwrap();
+        for dtype in [DType::F32, DType::BF16] {
+            let host = host.to_dtype(dtype).unwrap();
+            let device = host.to_device(&dev).unwrap();
+            for format in [Fp8Format::E4m3, Fp8Format::E5m2] {
+                let what = format!("{rows}x{cols} {dtype:?} {format:?}");
+                let (pair_rows, pair_transposed) =
+                    fp8::quantize_operand_pair(&device, format).unwrap();
+                for (layout, from_pair) in [
+                    (OperandLayout::Rows, pair_rows),
+                    (OperandLayout::Transposed, pair_transposed),
+                ] {
+                    let want = fp8::quantize_operand(&host, format, layout).unwrap();
+                    let got = fp8::quantize_operand(&device, format, layout).unwrap();
+                    let codes =
+                        |o: &fp8::Fp8Operand| o.codes.flatten_all().unwrap().to_vec1::<u8>();
+                    let inverse = |o: &fp8::Fp8Operand| o.scale_inv.to_vec1::<f32>().unwrap();
+                    for (got, how) in [(&got, "alone"), (&from_pair, "paired")] {
+                        assert_eq!(
+                            codes(got).unwrap(),
+                            codes(&want).unwrap(),
+                            "{what} {layout:?} {how}"
+                        );
+                        assert_eq!(inverse(got), inverse(&want), "{what} {layout:?} {how}");
+                    }
+                }
             }
         }
     }
@@ -915,5 +924,26 @@ fn cuda_fp8_conversion_and_products_match_the_host() {
                 tolerance,
             );
         }
+        // `b` as the second half of a pair converted from bᵀ: codes that start inside their
+        // buffer, as a gradient's do.
+        let bt = b
+            .t()
+            .unwrap()
+            .contiguous()
+            .unwrap()
+            .to_device(&dev)
+            .unwrap();
+        let (_, b_from_pair) = fp8::quantize_operand_pair(&bt, fb).unwrap();
+        let got = fp8::fp8_product(&qa, &b_from_pair, DType::F32).unwrap();
+        let what = format!("{fa:?}x{fb:?} paired");
+        check(
+            "fp8 product",
+            DType::F32,
+            "48x128x80",
+            &what,
+            &got,
+            &want,
+            1e-3,
+        );
     }
 }

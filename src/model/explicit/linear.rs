@@ -47,6 +47,9 @@ pub(crate) struct Lin<'a> {
     outputs: usize,
     /// With fp8 products, the weight in E4M3, in the two layouts its products read.
     fp8_weight: Option<Fp8Weight>,
+    /// With fp8 products, the output gradient's layout that one of its two products has not
+    /// read yet (see [`Lin::gradient_operand`]).
+    fp8_gradient: GradientCodes,
 }
 
 impl<'a> Lin<'a> {
@@ -64,6 +67,7 @@ impl<'a> Lin<'a> {
             weight_var: layer.weight(),
             bias_var: layer.bias(),
             fp8_weight: None,
+            fp8_gradient: GradientCodes::default(),
         })
     }
 
@@ -173,7 +177,7 @@ impl<'a> Lin<'a> {
             return Ok(dy.t()?.matmul(x)?);
         }
         // The inner dimension is the rows: both operands are converted transposed.
-        let qdy = fp8::quantize_operand(dy, Fp8Format::E5m2, OperandLayout::Transposed)?;
+        let qdy = self.gradient_operand(dy, OperandLayout::Transposed)?;
         let qx = fp8::quantize_operand(x, Fp8Format::E4m3, OperandLayout::Transposed)?;
         Ok(fp8::fp8_product(&qdy, &qx, dy.dtype())?)
     }
@@ -234,9 +238,31 @@ impl<'a> Lin<'a> {
         let Some(w) = &self.fp8_weight else {
             return Ok(dy.matmul(&self.weight)?);
         };
-        let qdy = fp8::quantize_operand(dy, Fp8Format::E5m2, OperandLayout::Rows)?;
+        let qdy = self.gradient_operand(dy, OperandLayout::Rows)?;
         let w = w.layout(&self.weight, OperandLayout::Transposed)?;
         Ok(fp8::fp8_product(&qdy, w, dy.dtype())?)
+    }
+
+    /// The output gradient `dy` in E5M2 laid out as `layout` says. The weight's gradient reads
+    /// it transposed and the input's as it is: the first of the two converts both layouts in
+    /// one pass and keeps the other for the second, which takes it (so it lives only between
+    /// the two products).
+    fn gradient_operand(&self, dy: &Tensor, layout: OperandLayout) -> Result<Fp8Operand> {
+        let mut kept = self.fp8_gradient.0.borrow_mut();
+        if let Some((id, kept_layout, _)) = &*kept {
+            if *id == dy.id() && *kept_layout == layout {
+                if let Some((_, _, operand)) = kept.take() {
+                    return Ok(operand);
+                }
+            }
+        }
+        let (rows, transposed) = fp8::quantize_operand_pair(dy, Fp8Format::E5m2)?;
+        let (wanted, other, other_layout) = match layout {
+            OperandLayout::Rows => (rows, transposed, OperandLayout::Transposed),
+            OperandLayout::Transposed => (transposed, rows, OperandLayout::Rows),
+        };
+        *kept = Some((dy.id(), other_layout, other));
+        Ok(wanted)
     }
 
     /// [`Lin::backward`] through the epilogue first: `dout` is the gradient of the epilogue's
@@ -269,6 +295,13 @@ struct Fp8Weight {
     /// `Wᵀ`, for the input's gradient `dy · W` (inner dimension `out`).
     columns: std::cell::OnceCell<Fp8Operand>,
 }
+
+/// An output gradient's codes in the layout its second product reads, with the gradient's
+/// identity and that layout.
+#[derive(Default)]
+struct GradientCodes(
+    std::cell::RefCell<Option<(candle_core::TensorId, OperandLayout, Fp8Operand)>>,
+);
 
 impl Fp8Weight {
     /// `weight` laid out as `layout` says, converted on first use.

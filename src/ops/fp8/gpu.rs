@@ -9,11 +9,11 @@ use std::sync::{Mutex, OnceLock};
 
 use candle_core::cuda_backend::cudarc::cublaslt::{result as lt, sys};
 use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, CudaViewMut, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{bail, CudaDevice, CudaStorage, DType, Layout, Result, Tensor};
 
-use super::operand::{Fp8Operand, OperandLayout};
+use super::operand::{EncodeTarget, Fp8Operand, OperandLayout};
 use super::Fp8Format;
 use crate::ops::cuda::{self, Elem};
 
@@ -35,24 +35,25 @@ pub(super) fn scales<T: Elem>(
     format: Fp8Format,
 ) -> Result<CudaStorage> {
     let n = l.shape().elem_count();
+    let vec = cuda::eight_wide(&[n], &[cuda::byte_offset::<T>(l)]);
     let x = cuda::slice_view(x, l, NAME)?;
     let stream = dev.cuda_stream();
-    // Up to AMAX_BLOCKS blocks, each thread looping over its share: one partial maximum per
-    // block, which one block of the scale kernel reduces.
-    let config = cuda::elementwise_config(n);
+    // Up to AMAX_BLOCKS blocks, each thread looping over its share (eight elements at a time
+    // where `vec`): one partial maximum per block, which one block of the scale kernel reduces.
+    let config = cuda::elementwise_config(if vec == 1 { n / 8 } else { n });
     let blocks = config.grid_dim.0.min(AMAX_BLOCKS);
     // SAFETY: `fp8_amax_<T>` writes one partial per block.
     let mut partials = unsafe { cuda::output::<f32>(dev, blocks as usize) }?;
     let func = cuda::kernel(dev, &cuda::FP8, "fp8_amax", T::DTYPE)?;
     let mut args = stream.launch_builder(&func);
-    args.arg(&x).arg(&n).arg(&mut partials);
+    args.arg(&x).arg(&n).arg(&vec).arg(&mut partials);
     let config = candle_core::cuda_backend::cudarc::driver::LaunchConfig {
         grid_dim: (blocks, 1, 1),
         ..config
     };
-    // SAFETY: `fp8_amax_<T>(const T*, size_t, float*)`; `x` holds n elements of T and
-    // `partials` one float per block. Blocks are whole warps (256 threads), as its reduction
-    // needs.
+    // SAFETY: `fp8_amax_<T>(const T*, size_t, int, float*)`; `x` holds n elements of T (16-byte
+    // aligned and a multiple of 8 where `vec`) and `partials` one float per block. Blocks are
+    // whole warps (256 threads), as its reduction needs.
     unsafe { args.launch(config) }.w()?;
     // SAFETY: `fp8_scale` writes both elements.
     let mut out = unsafe { cuda::output::<f32>(dev, 2) }?;
@@ -85,57 +86,94 @@ fn one_block() -> candle_core::cuda_backend::cudarc::driver::LaunchConfig {
     }
 }
 
-/// `x`'s codes at `scale[0]`, laid out as `layout` says.
+/// `x`'s codes at `scale[0]`, as `target` says: in one layout, or both from one read (the
+/// rows' codes, then the transposed ones).
 pub(super) fn encode<T: Elem>(
     x: &CudaSlice<T>,
     l: &Layout,
     dev: &CudaDevice,
     scale: &CudaView<'_, f32>,
     format: Fp8Format,
-    layout: OperandLayout,
+    target: EncodeTarget,
 ) -> Result<CudaStorage> {
-    let (rows, cols) = l.shape().dims2()?;
-    let n = rows * cols;
+    let n = l.shape().elem_count();
+    let vec = cuda::eight_wide(&[n], &[cuda::byte_offset::<T>(l)]);
     let x = cuda::slice_view(x, l, NAME)?;
     let stream = dev.cuda_stream();
-    // SAFETY: both kernels below write every code.
-    let mut codes = unsafe { cuda::output::<u8>(dev, n) }?;
     let code = format_code(format);
-    match layout {
-        OperandLayout::Rows => {
+    let out = match target {
+        EncodeTarget::One(OperandLayout::Rows) => {
+            // SAFETY: the kernel writes every code.
+            let mut codes = unsafe { cuda::output::<u8>(dev, n) }?;
             let func = cuda::kernel(dev, &cuda::FP8, "fp8_quantize", T::DTYPE)?;
             let mut args = stream.launch_builder(&func);
-            args.arg(&x).arg(&n).arg(scale).arg(&code).arg(&mut codes);
-            // SAFETY: `fp8_quantize_<T>(const T*, size_t, const float*, int, uchar*)`; `x` and
-            // `codes` hold n elements, `scale` at least one.
-            unsafe { args.launch(cuda::elementwise_config(n)) }.w()?;
-        }
-        OperandLayout::Transposed => {
-            let tiles_y = rows.div_ceil(32);
-            if tiles_y > 65_535 {
-                bail!("{NAME}: {rows} rows are more than the transposing conversion's grid holds");
-            }
-            let (r, c) = (cuda::dim(rows, "rows")?, cuda::dim(cols, "columns")?);
-            let func = cuda::kernel(dev, &cuda::FP8, "fp8_quantize_transposed", T::DTYPE)?;
-            let mut args = stream.launch_builder(&func);
             args.arg(&x)
-                .arg(&r)
-                .arg(&c)
+                .arg(&n)
                 .arg(scale)
                 .arg(&code)
+                .arg(&vec)
                 .arg(&mut codes);
-            let config = candle_core::cuda_backend::cudarc::driver::LaunchConfig {
-                grid_dim: (cols.div_ceil(32) as u32, tiles_y as u32, 1),
-                block_dim: (32, 8, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: `fp8_quantize_transposed_<T>(const T*, int, int, const float*, int,
-            // uchar*)` with 32 × 8 blocks over 32 × 32 tiles; `x` and `codes` hold rows·cols
-            // elements.
-            unsafe { args.launch(config) }.w()?;
+            let threads = if vec == 1 { n / 8 } else { n };
+            // SAFETY: `fp8_quantize_<T>(const T*, size_t, const float*, int, int, uchar*)`; `x`
+            // and `codes` hold n elements (x 16-byte aligned and n a multiple of 8 where `vec`;
+            // `codes` is a fresh allocation), `scale` at least one.
+            unsafe { args.launch(cuda::elementwise_config(threads)) }.w()?;
+            codes
         }
+        EncodeTarget::One(OperandLayout::Transposed) => {
+            // SAFETY: the kernel writes every code.
+            let mut codes_t = unsafe { cuda::output::<u8>(dev, n) }?;
+            transposed(dev, (&x, l), scale, code, None, &mut codes_t.slice_mut(..))?;
+            codes_t
+        }
+        EncodeTarget::Both => {
+            // SAFETY: the kernel writes every code of both halves.
+            let mut codes = unsafe { cuda::output::<u8>(dev, 2 * n) }?;
+            let (mut rows, mut columns) = codes.split_at_mut(n);
+            transposed(dev, (&x, l), scale, code, Some(&mut rows), &mut columns)?;
+            codes
+        }
+    };
+    Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+}
+
+/// The transposing conversion of the matrix `x` (shape from `l`) into `codes_t`, and into
+/// `codes` as it is, if given.
+fn transposed<T: Elem>(
+    dev: &CudaDevice,
+    (x, l): (&CudaView<'_, T>, &Layout),
+    scale: &CudaView<'_, f32>,
+    code: i32,
+    codes: Option<&mut CudaViewMut<'_, u8>>,
+    codes_t: &mut CudaViewMut<'_, u8>,
+) -> Result<()> {
+    let (rows, cols) = l.shape().dims2()?;
+    let tiles_y = rows.div_ceil(32);
+    if tiles_y > 65_535 {
+        bail!("{NAME}: {rows} rows are more than the transposing conversion's grid holds");
     }
-    Ok(CudaStorage::wrap_cuda_slice(codes, dev.clone()))
+    let (r, c) = (cuda::dim(rows, "rows")?, cuda::dim(cols, "columns")?);
+    let func = cuda::kernel(dev, &cuda::FP8, "fp8_quantize_transposed", T::DTYPE)?;
+    let stream = dev.cuda_stream();
+    let mut args = stream.launch_builder(&func);
+    let none = 0u64;
+    args.arg(x).arg(&r).arg(&c).arg(scale).arg(&code);
+    match codes {
+        Some(codes) => args.arg(codes),
+        // A null pointer: the kernel writes the transposed codes alone.
+        None => args.arg(&none),
+    };
+    args.arg(codes_t);
+    let config = candle_core::cuda_backend::cudarc::driver::LaunchConfig {
+        grid_dim: (cols.div_ceil(32) as u32, tiles_y as u32, 1),
+        block_dim: (32, 8, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: `fp8_quantize_transposed_<T>(const T*, int, int, const float*, int, uchar*,
+    // uchar*)` with 32 × 8 blocks over 32 × 32 tiles; `x`, `codes_t` and `codes` (or null) hold
+    // rows·cols elements.
+    unsafe { args.launch(config) }.w()?;
+    Ok(())
 }
 
 /// Compute capability 8.9 (Ada) or newer: fp8 tensor cores.

@@ -55,12 +55,51 @@ pub fn quantize_operand(
     let t = t.contiguous()?;
     // [1/scale, scale]
     let scales = t.apply_op1_no_bwd(&ChooseScale { format })?;
-    let codes = t.apply_op2_no_bwd(&scales, &Encode { format, layout })?;
+    let target = EncodeTarget::One(layout);
+    let codes = t.apply_op2_no_bwd(&scales, &Encode { format, target })?;
     Ok(Fp8Operand {
         codes,
         scale_inv: scales.narrow(0, 0, 1)?,
         format,
     })
+}
+
+/// `t` (a matrix) converted to `format` at its own current scale in both layouts, rows then
+/// transposed: one largest-magnitude pass and one read of `t` where two conversions would take
+/// two of each (a gradient's products read it both ways).
+pub fn quantize_operand_pair(t: &Tensor, format: Fp8Format) -> Result<(Fp8Operand, Fp8Operand)> {
+    let (rows, cols) = match t.dims() {
+        &[rows, cols] => (rows, cols),
+        other => bail!("{NAME}: an operand must be a matrix, got shape {other:?}"),
+    };
+    let t = t.contiguous()?;
+    let scales = t.apply_op1_no_bwd(&ChooseScale { format })?;
+    let both = t.apply_op2_no_bwd(
+        &scales,
+        &Encode {
+            format,
+            target: EncodeTarget::Both,
+        },
+    )?;
+    let n = rows * cols;
+    let scale_inv = scales.narrow(0, 0, 1)?;
+    let operand = |start: usize, shape: (usize, usize)| -> Result<Fp8Operand> {
+        Ok(Fp8Operand {
+            codes: both.narrow(0, start, n)?.reshape(shape)?,
+            scale_inv: scale_inv.clone(),
+            format,
+        })
+    };
+    Ok((operand(0, (rows, cols))?, operand(n, (cols, rows))?))
+}
+
+/// Which codes [`Encode`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum EncodeTarget {
+    /// One layout.
+    One(OperandLayout),
+    /// Both, rows then transposed, in one flat tensor.
+    Both,
 }
 
 /// `a · bᵀ` (`a`: `m × k` codes, `b`: `n × k`) with f32 accumulation and both scales divided
@@ -126,18 +165,19 @@ impl CustomOp1 for ChooseScale {
 }
 
 /// Op: a matrix's codes at the scale of the second input (`[1/scale, scale]`), laid out as
-/// `layout` says.
+/// `target` says.
 struct Encode {
     format: Fp8Format,
-    layout: OperandLayout,
+    target: EncodeTarget,
 }
 
 impl Encode {
     fn shape(&self, l: &Layout) -> Result<Shape> {
         let (rows, cols) = l.shape().dims2()?;
-        Ok(match self.layout {
-            OperandLayout::Rows => Shape::from((rows, cols)),
-            OperandLayout::Transposed => Shape::from((cols, rows)),
+        Ok(match self.target {
+            EncodeTarget::One(OperandLayout::Rows) => Shape::from((rows, cols)),
+            EncodeTarget::One(OperandLayout::Transposed) => Shape::from((cols, rows)),
+            EncodeTarget::Both => Shape::from(2 * rows * cols),
         })
     }
 }
@@ -158,12 +198,16 @@ impl CustomOp2 for Encode {
         let scale = crate::ops::input_f32(scales, scales_layout, NAME)?[1];
         let (rows, cols) = l.shape().dims2()?;
         let code = |i: usize| self.format.encode(values[i] * scale);
-        let codes: Vec<u8> = match self.layout {
-            OperandLayout::Rows => (0..rows * cols).map(code).collect(),
-            OperandLayout::Transposed => (0..cols)
+        let as_rows = || (0..rows * cols).map(code);
+        let transposed = || {
+            (0..cols)
                 .flat_map(|c| (0..rows).map(move |r| r * cols + c))
                 .map(code)
-                .collect(),
+        };
+        let codes: Vec<u8> = match self.target {
+            EncodeTarget::One(OperandLayout::Rows) => as_rows().collect(),
+            EncodeTarget::One(OperandLayout::Transposed) => transposed().collect(),
+            EncodeTarget::Both => as_rows().chain(transposed()).collect(),
         };
         Ok((CpuStorage::U8(codes), self.shape(l)?))
     }
@@ -179,7 +223,7 @@ impl CustomOp2 for Encode {
         let scales = crate::ops::cuda::view::<f32>(scales, scales_layout, NAME)?;
         let scale = scales.slice(1..);
         let out = crate::ops::cuda::float_slice!(NAME, s, v => super::gpu::encode(
-            v, l, &s.device, &scale, self.format, self.layout
+            v, l, &s.device, &scale, self.format, self.target
         )?);
         Ok((out, self.shape(l)?))
     }
@@ -233,6 +277,35 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_pair_holds_both_layouts_at_one_scale_as_two_conversions_would() {
+        let t = matrix(9, 20, 6);
+        for format in [Fp8Format::E4m3, Fp8Format::E5m2] {
+            let (rows, transposed) = quantize_operand_pair(&t, format).unwrap();
+            for (got, layout) in [
+                (&rows, OperandLayout::Rows),
+                (&transposed, OperandLayout::Transposed),
+            ] {
+                let want = quantize_operand(&t, format, layout).unwrap();
+                assert_eq!(got.codes.dims(), want.codes.dims(), "{format:?} {layout:?}");
+                let codes = |o: &Fp8Operand| o.codes.flatten_all().unwrap().to_vec1::<u8>();
+                assert_eq!(
+                    codes(got).unwrap(),
+                    codes(&want).unwrap(),
+                    "{format:?} {layout:?}"
+                );
+                let inverse = |o: &Fp8Operand| o.scale_inv.to_vec1::<f32>().unwrap();
+                assert_eq!(inverse(got), inverse(&want));
+                assert_eq!(got.format, format);
+            }
+        }
+        assert!(quantize_operand_pair(
+            &Tensor::zeros(4, DType::F32, &Device::Cpu).unwrap(),
+            Fp8Format::E4m3
+        )
+        .is_err());
     }
 
     #[test]

@@ -19,10 +19,21 @@ __device__ __forceinline__ unsigned char fp8_encode(float x, int format) {
     // The f32's binade, no lower than the format's smallest normal one (whose spacing the
     // subnormals share); an infinity's is 128, which saturates below.
     const int binade = max((int)((bits >> 23) & 0xff) - 127, 1 - bias);
-    // Exact: a scaling by a power of two into [0, 2^(mantissa+1)).
-    const float steps = rintf(ldexpf(magnitude, mantissa - binade));
+    // Exact: a scaling by a power of two into [0, 2^(mantissa+1)). The power, 2^-125 to 2^16,
+    // is a normal f32 built from its exponent bits: ldexpf's range checks cost more than the
+    // rest of the conversion, and without fast math the product is as exact as ldexpf.
+    const float power = __uint_as_float((unsigned int)(mantissa - binade + 127) << 23);
+    const float steps = rintf(magnitude * power);
     const float field = (float)((binade + bias - 1) << mantissa) + steps;
     return sign | (unsigned char)fminf(field, max_code);
+}
+
+// Four codes packed into a word, the first at the lowest address.
+__device__ __forceinline__ unsigned int fp8_encode4(float a, float b, float c, float d,
+                                                    int format) {
+    return (unsigned int)fp8_encode(a, format) | ((unsigned int)fp8_encode(b, format) << 8) |
+           ((unsigned int)fp8_encode(c, format) << 16) |
+           ((unsigned int)fp8_encode(d, format) << 24);
 }
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -52,11 +63,20 @@ __device__ float block_max(float m) {
 }
 
 template <typename T>
-__device__ void amax(const T *x, size_t n, float *partials) {
+__device__ void amax(const T *x, size_t n, int vec, float *partials) {
     const size_t start = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     const size_t step = (size_t)gridDim.x * blockDim.x;
     float m = 0.f;
-    for (size_t i = start; i < n; i += step) m = fmaxf(m, fabsf(to_f32(x[i])));
+    if (vec) {
+        const Pack8<T> *x8 = reinterpret_cast<const Pack8<T> *>(x);
+        for (size_t q = start; q < n / 8; q += step) {
+            const Pack8<T> v = x8[q];
+#pragma unroll
+            for (int k = 0; k < 8; ++k) m = fmaxf(m, fabsf(to_f32(v.v[k])));
+        }
+    } else {
+        for (size_t i = start; i < n; i += step) m = fmaxf(m, fabsf(to_f32(x[i])));
+    }
     m = block_max(m);
     if (threadIdx.x == 0) partials[blockIdx.x] = m;
 }
@@ -83,48 +103,81 @@ extern "C" __global__ void fp8_scale(const float *partials, int count, int forma
 }
 
 template <typename T>
-__device__ void quantize(const T *x, size_t n, const float *scale, int format,
+__device__ void quantize(const T *x, size_t n, const float *scale, int format, int vec,
                          unsigned char *codes) {
     const float s = *scale;
     const size_t start = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     const size_t step = (size_t)gridDim.x * blockDim.x;
+    if (vec) {
+        // Eight values in one 16-byte (bf16/f16) or two (f32) loads, their codes in one
+        // 8-byte store.
+        const Pack8<T> *x8 = reinterpret_cast<const Pack8<T> *>(x);
+        uint2 *codes8 = reinterpret_cast<uint2 *>(codes);
+        for (size_t q = start; q < n / 8; q += step) {
+            const Pack8<T> v = x8[q];
+            float f[8];
+#pragma unroll
+            for (int k = 0; k < 8; ++k) f[k] = to_f32(v.v[k]) * s;
+            codes8[q] = make_uint2(fp8_encode4(f[0], f[1], f[2], f[3], format),
+                                   fp8_encode4(f[4], f[5], f[6], f[7], format));
+        }
+        return;
+    }
     for (size_t i = start; i < n; i += step) codes[i] = fp8_encode(to_f32(x[i]) * s, format);
 }
 
 // x (rows × cols, row-major) converted and written transposed (cols × rows), through a 32 × 32
-// tile in shared memory so that reads and writes are both along rows. Blocks of 32 × 8 threads,
-// each thread four rows of the tile.
+// tile in shared memory so that reads and writes are both along rows; with `codes` not null,
+// also as it is (rows × cols), from the same read. Blocks of 32 × 8 threads: each reads four
+// rows of the tile, then writes one 4-byte word of a transposed row (bytes where `rows` is not
+// a multiple of 4 or the tile ends inside the word).
 template <typename T>
 __device__ void quantize_transposed(const T *x, int rows, int cols, const float *scale,
-                                    int format, unsigned char *codes_t) {
+                                    int format, unsigned char *codes,
+                                    unsigned char *codes_t) {
     __shared__ unsigned char tile[32][33];
     const float s = *scale;
     const int col0 = blockIdx.x * 32, row0 = blockIdx.y * 32;
     for (int k = threadIdx.y; k < 32; k += 8) {
         const int r = row0 + k, c = col0 + threadIdx.x;
         if (r < rows && c < cols) {
-            tile[k][threadIdx.x] = fp8_encode(to_f32(x[(size_t)r * cols + c]) * s, format);
+            const size_t at = (size_t)r * cols + c;
+            const unsigned char code = fp8_encode(to_f32(x[at]) * s, format);
+            tile[k][threadIdx.x] = code;
+            if (codes != nullptr) codes[at] = code;
         }
     }
     __syncthreads();
-    for (int k = threadIdx.y; k < 32; k += 8) {
-        const int c = col0 + k, r = row0 + threadIdx.x;
-        if (r < rows && c < cols) codes_t[(size_t)c * rows + r] = tile[threadIdx.x][k];
+    const int t = threadIdx.y * 32 + threadIdx.x;
+    const int c = col0 + t / 8, r = row0 + 4 * (t % 8);
+    if (c >= cols || r >= rows) return;
+    const unsigned char *column = &tile[0][0] + (t / 8);
+    unsigned char *out = codes_t + (size_t)c * rows + r;
+    const int lt = r - row0;
+    if ((rows & 3) == 0 && r + 4 <= rows) {
+        *reinterpret_cast<unsigned int *>(out) =
+            (unsigned int)column[lt * 33] | ((unsigned int)column[(lt + 1) * 33] << 8) |
+            ((unsigned int)column[(lt + 2) * 33] << 16) |
+            ((unsigned int)column[(lt + 3) * 33] << 24);
+        return;
     }
+    for (int j = 0; j < 4 && r + j < rows; ++j) out[j] = column[(lt + j) * 33];
 }
 
 #define FP8_KERNELS(T, NAME)                                                                   \
-    extern "C" __global__ void fp8_amax_##NAME(const T *x, size_t n, float *partials) {         \
-        amax<T>(x, n, partials);                                                               \
+    extern "C" __global__ void fp8_amax_##NAME(const T *x, size_t n, int vec,                 \
+                                               float *partials) {                             \
+        amax<T>(x, n, vec, partials);                                                          \
     }                                                                                          \
     extern "C" __global__ void fp8_quantize_##NAME(const T *x, size_t n, const float *scale,   \
-                                                   int format, unsigned char *codes) {         \
-        quantize<T>(x, n, scale, format, codes);                                               \
+                                                   int format, int vec,                        \
+                                                   unsigned char *codes) {                     \
+        quantize<T>(x, n, scale, format, vec, codes);                                          \
     }                                                                                          \
     extern "C" __global__ void fp8_quantize_transposed_##NAME(                                 \
-        const T *x, int rows, int cols, const float *scale, int format,                        \
+        const T *x, int rows, int cols, const float *scale, int format, unsigned char *codes,  \
         unsigned char *codes_t) {                                                              \
-        quantize_transposed<T>(x, rows, cols, scale, format, codes_t);                         \
+        quantize_transposed<T>(x, rows, cols, scale, format, codes, codes_t);                  \
     }
 
 FP8_KERNELS(float, f32)
