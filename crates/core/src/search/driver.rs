@@ -867,14 +867,12 @@ impl SearchDriver {
                     .space
                     .plan_knobs(self.space.regimes[i], result.request.knobs.micro_batch);
                 if !failed.contains(&knobs) {
-                    ranked.push((
-                        i,
-                        Candidate {
-                            knobs,
-                            measurement: *measurement,
-                            history_index,
-                        },
-                    ));
+                    let candidate = Candidate {
+                        knobs,
+                        measurement: *measurement,
+                        history_index,
+                    };
+                    ranked.push((i, candidate));
                 }
             }
         }

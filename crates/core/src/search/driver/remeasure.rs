@@ -71,6 +71,27 @@ pub(super) fn pooled_history(history: &[TrialResult]) -> Vec<TrialResult> {
     pooled
 }
 
+/// Whether two settings that measured apart beyond their tie band still did after each was
+/// run again: the difference is the device's, not one run's, and the premise that throughput
+/// does not fall as the batch grows yields to it (near the memory boundary a larger batch can
+/// run slower). On the harness on an H100, gpt-124m at 20 sequences measured 179k and 187k
+/// tokens/s against 204k at 16 twice; two more runs of each changed nothing.
+pub(super) fn confirmed_apart(
+    remeasures: &Remeasures,
+    (ka, a): (&Knobs, &Measurement),
+    (kb, b): (&Knobs, &Measurement),
+) -> bool {
+    let runs = |k: &Knobs| remeasures.get(k).copied().unwrap_or(0);
+    let (fast, slow) = if a.tokens_per_s >= b.tokens_per_s {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    runs(ka) >= 1
+        && runs(kb) >= 1
+        && slow.tokens_per_s < fast.tokens_per_s * (1.0 - tie_band(fast, slow))
+}
+
 /// Whether `a` and `b` cannot be told apart: their throughputs differ by less than the 95 %
 /// interval of the difference, and that interval is wider than the search's resolution (below
 /// it a difference would not matter anyway).
@@ -215,7 +236,9 @@ impl SearchDriver {
             .filter(|(k, _)| k.micro_batch < lo)
             .max_by(|(_, a), (_, b)| a.tokens_per_s.total_cmp(&b.tokens_per_s))?;
         let band = tie_band(top.1, fastest.1);
-        if top.1.tokens_per_s >= fastest.1.tokens_per_s * (1.0 - band) {
+        if top.1.tokens_per_s >= fastest.1.tokens_per_s * (1.0 - band)
+            || confirmed_apart(remeasures, (&top.0, top.1), (&fastest.0, fastest.1))
+        {
             return None;
         }
         let gap = fastest.1.tokens_per_s / top.1.tokens_per_s - 1.0;
@@ -233,8 +256,10 @@ impl SearchDriver {
     ///   interval reaches: the best comes first only because it is the largest within the tie band,
     ///   and near the memory boundary throughput can fall as the batch grows (PyTorch's
     ///   allocator under pressure: gpt-124m at 20 sequences ran at 177k-200k tokens/s against
-    ///   217k-220k at 16), so the premise holds only once more runs cannot tell them apart.
+    ///   217k-220k at 16).
     ///
+    /// Neither of the last two once the pair measured apart after both were run again
+    /// ([`confirmed_apart`]): the ranking then keeps what they measured.
     /// `pooled` is the pooled history the candidates' positions refer to.
     pub(super) fn choice_remeasure(
         &self,
@@ -247,6 +272,13 @@ impl SearchDriver {
         let in_doubt = |c: &&Candidate| {
             if c.knobs.regime() != best.knobs.regime() {
                 return indistinguishable(&best.measurement, &c.measurement);
+            }
+            let pair = (
+                (&search_knobs(best), &best.measurement),
+                (&search_knobs(c), &c.measurement),
+            );
+            if confirmed_apart(remeasures, pair.0, pair.1) {
+                return false;
             }
             if c.knobs.micro_batch < best.knobs.micro_batch {
                 let (_, best_high) = best.measurement.tokens_per_s_interval();

@@ -197,13 +197,8 @@ fn a_largest_batch_slower_than_a_smaller_one_is_run_again_before_its_regime_conv
     }
 }
 
-/// The same harness on an H200 (2026-12-07): 16 ran at 219.8k and 217.0k tokens/s; 20 at
-/// 177.2k, then 199.5k with steps scattered by 24 %. Pooled, 20 falls inside the tie band of 16
-/// by a hair, and the largest batch within the band came first: the plan was 20, 9 % slower
-/// than 16. Near the memory boundary a larger batch can run slower, so a smaller batch that
-/// measured faster than the larger one's interval reaches has it run again before the choice.
-#[test]
-fn a_larger_batch_ahead_only_by_its_spread_is_run_again_and_the_faster_batch_chosen() {
+/// The gpt-124m harness search's space and budget (24 GB card, 5 % headroom), plain bf16 alone.
+fn harness_driver() -> (SearchSpace, SearchDriver) {
     let b = Budget {
         gpu_bytes: Some(25_757_220_864),
         host_bytes: 32 * GIB,
@@ -216,59 +211,129 @@ fn a_larger_batch_ahead_only_by_its_spread_is_run_again_and_the_faster_batch_cho
         ..SearchSpace::new(vec![bf16()])
     };
     let driver = SearchDriver::new(s.clone(), MachineFacts::default(), b).unwrap();
-    let fits = |mb: usize, tokens_per_s: f64, spread: f64, steps: usize, again: bool| {
-        let step_s = 1024.0 * mb as f64 / tokens_per_s;
-        TrialResult {
-            request: TrialRequest {
-                timed_steps: steps,
-                remeasure: again,
-                ..s.search_request(bf16(), mb)
-            },
-            outcome: Outcome::Fits(Measurement {
-                peak_gpu_bytes: ((9.12 + 0.61 * mb as f64) * GIB as f64) as u64,
-                peak_host_bytes: GIB,
-                step_time_median_s: step_s,
-                step_time_spread: spread,
-                timed_steps: steps,
-                tokens_per_s,
-                host_link: None,
-            }),
-            wall_s: 1.0,
-        }
-    };
-    let oom = |mb: usize| TrialResult {
+    (s, driver)
+}
+
+/// A harness trial of `mb` sequences of 1,024 tokens that fitted (peaks grow 0.61 GiB a
+/// sequence, as measured).
+fn harness_fits(
+    s: &SearchSpace,
+    mb: usize,
+    tokens_per_s: f64,
+    spread: f64,
+    steps: usize,
+    again: bool,
+) -> TrialResult {
+    TrialResult {
+        request: TrialRequest {
+            timed_steps: steps,
+            remeasure: again,
+            ..s.search_request(bf16(), mb)
+        },
+        outcome: Outcome::Fits(Measurement {
+            peak_gpu_bytes: ((9.12 + 0.61 * mb as f64) * GIB as f64) as u64,
+            peak_host_bytes: GIB,
+            step_time_median_s: 1024.0 * mb as f64 / tokens_per_s,
+            step_time_spread: spread,
+            timed_steps: steps,
+            tokens_per_s,
+            host_link: None,
+        }),
+        wall_s: 1.0,
+    }
+}
+
+fn harness_oom(s: &SearchSpace, mb: usize) -> TrialResult {
+    TrialResult {
         request: s.search_request(bf16(), mb),
         outcome: Outcome::OutOfMemory {
             memory: MemoryKind::Gpu,
             phase: Phase::ForwardBackward,
         },
         wall_s: 0.3,
-    };
-    let mut history = vec![
-        fits(16, 219_840.5, 0.0123, 3, false),
-        oom(32),
-        oom(24),
-        fits(20, 177_211.9, 0.0221, 3, false),
-        fits(20, 199_528.6, 0.2377, 6, true),
-        fits(16, 216_983.9, 0.0133, 6, true),
-    ];
-    let decision = loop {
+    }
+}
+
+/// Runs the search from `history` to its decision, answering 16 and 20 as `at_16` and `at_20`
+/// say (remeasured or not), larger batches out of memory and smaller ones slower.
+fn harness_decision(
+    s: &SearchSpace,
+    driver: &SearchDriver,
+    mut history: Vec<TrialResult>,
+    at_16: (f64, f64),
+    at_20: (f64, f64),
+) -> (Decision, Vec<TrialResult>) {
+    loop {
         match driver.next(&history) {
             Next::Probe(r) => {
-                // Each setting runs again as it did: 20 near its verification's 197.5k. The
-                // smaller batches the search goes back for run slower, as they did.
                 let (mb, steps, again) = (r.knobs.micro_batch, r.timed_steps, r.remeasure);
                 history.push(match mb {
-                    20 => fits(20, 197_498.8, 0.2583, steps, again),
-                    16 => fits(16, 218_000.0, 0.0130, steps, again),
-                    21.. => oom(mb),
-                    _ => fits(mb, 12_000.0 * mb as f64, 0.0130, steps, again),
+                    20 => harness_fits(s, 20, at_20.0, at_20.1, steps, again),
+                    16 => harness_fits(s, 16, at_16.0, at_16.1, steps, again),
+                    21.. => harness_oom(s, mb),
+                    _ => harness_fits(s, mb, 12_000.0 * mb as f64, 0.013, steps, again),
                 });
                 assert!(history.len() < 30, "the search ends: {history:?}");
             }
-            Next::Done(decision) => break decision,
+            Next::Done(decision) => return (decision, history),
         }
-    };
+    }
+}
+
+/// The same harness on an H200 (2026-12-07): 16 ran at 219.8k and 217.0k tokens/s; 20 at
+/// 177.2k, then 199.5k with steps scattered by 24 %. Pooled, 20 falls inside the tie band of 16
+/// by a hair, and the largest batch within the band came first: the plan was 20, 9 % slower
+/// than 16. Near the memory boundary a larger batch can run slower, so a smaller batch that
+/// measured faster than the larger one's interval reaches has it run again before the choice.
+#[test]
+fn a_larger_batch_ahead_only_by_its_spread_is_run_again_and_the_faster_batch_chosen() {
+    let (s, driver) = harness_driver();
+    let history = vec![
+        harness_fits(&s, 16, 219_840.5, 0.0123, 3, false),
+        harness_oom(&s, 32),
+        harness_oom(&s, 24),
+        harness_fits(&s, 20, 177_211.9, 0.0221, 3, false),
+        harness_fits(&s, 20, 199_528.6, 0.2377, 6, true),
+        harness_fits(&s, 16, 216_983.9, 0.0133, 6, true),
+    ];
+    // Each setting runs again as it did: 20 near its verification's 197.5k.
+    let at_16 = (218_000.0, 0.0130);
+    let at_20 = (197_498.8, 0.2583);
+    let (decision, history) = harness_decision(&s, &driver, history, at_16, at_20);
+    let remeasured = history.iter().filter(|t| t.request.remeasure).count();
+    assert!(remeasured > 2, "20 was run again: {history:?}");
+    match decision {
+        Decision::Verify(k) => assert_eq!(k.micro_batch, 16, "{history:?}"),
+        other => panic!("expected a verification, got {other:?}"),
+    }
+}
+
+/// The same harness on an H100 (2026-12-07): 16 at 203.8k tokens/s, 20 at 179.4k. Each run
+/// again agreed (203.8k; 186.9k), yet the search ran each twice more before its regime
+/// converged, and once more each before the choice could have: six trials that could not change
+/// the plan. A difference that held when both were run again stands.
+#[test]
+fn a_difference_that_holds_when_both_are_run_again_ends_the_remeasuring() {
+    let (s, driver) = harness_driver();
+    let history = vec![
+        harness_fits(&s, 16, 203_807.0, 0.0072, 3, false),
+        harness_oom(&s, 32),
+        harness_oom(&s, 24),
+        harness_fits(&s, 20, 179_365.0, 0.0108, 3, false),
+    ];
+    let (decision, history) = harness_decision(
+        &s,
+        &driver,
+        history,
+        (203_819.0, 0.0026),
+        (186_885.0, 0.2147),
+    );
+    let remeasured: Vec<usize> = history
+        .iter()
+        .filter(|t| t.request.remeasure)
+        .map(|t| t.request.knobs.micro_batch)
+        .collect();
+    assert_eq!(remeasured, [20, 16], "one run again each: {history:?}");
     match decision {
         Decision::Verify(k) => assert_eq!(k.micro_batch, 16, "{history:?}"),
         other => panic!("expected a verification, got {other:?}"),
