@@ -39,7 +39,8 @@
 # BENCH_SECONDS (default 470), CONTEXT_MIB (default 512: the memory counted outside PyTorch's
 # allocator, so that its cap is 24564 - 512 = 24052 MiB as the finders' and earlier references'
 # are), STEPS (default 20), EXTRA_TUNE_ARGS, WHEELS, PYTHON, BIN, FINDERS (default
-# "lightning-binsearch,accelerate"; empty skips them).
+# "lightning-binsearch,accelerate"; empty skips them), EXACT (default 1; empty skips the exact
+# stage, for a call that measures the tune and the finders alone).
 #
 # An offloaded trial, if the search runs one, builds DeepSpeed's CPU Adam at first use (about a
 # minute, once): the tune's log shows it.
@@ -62,6 +63,7 @@ CONTEXT_MIB="${CONTEXT_MIB:-512}"
 STEPS="${STEPS:-20}"
 WHEELS="${WHEELS:-.whl}"
 FINDERS="${FINDERS-lightning-binsearch,accelerate}"
+EXACT="${EXACT-1}"
 EXACT_DEFAULT="${EXACT_DEFAULT:-}"
 BIN="${BIN:-$GPU_DIR/autotune}"
 read -r -a EXTRA <<< "${EXTRA_TUNE_ARGS:-}"
@@ -178,7 +180,7 @@ bench_model() {
 
   ds_prebuild
   limit="$(stage_limit $(( is_gpt ? 150 : 60 )))"
-  if (( limit > 0 )); then
+  if [[ -n "$EXACT" ]] && (( limit > 0 )); then
     say "$model: exact boundary (limit ${limit}s)"
     timeout --kill-after=10 $(( limit + 30 )) "${TORCH_ENV[@]}" "$PYTHON" benches/gpu/harness_exact.py \
       --plan "$OUTDIR/$model.plan.json" --profile "$OUTDIR/$model.profile.json" \
