@@ -4,8 +4,9 @@
 //!
 //! A request is answered by the first of these that applies:
 //!
-//! 1. **Recorded**: the profile holds a trial with exactly this request (knobs and trial
-//!    lengths). The `k`-th time a request is asked, the `k`-th recorded trial of that request
+//! 1. **Recorded**: the profile holds a trial with exactly this request (knobs, trial lengths,
+//!    and whether it is a remeasurement: a verification may run as many steps as a
+//!    remeasurement did). The `k`-th time a request is asked, the `k`-th recorded trial of that request
 //!    answers (the last one once they run out), so a search that asks the recorded sequence
 //!    gets the recorded results back in order, even when a verification repeats a search
 //!    trial's request. A replay of the recording's search therefore reaches the recorded
@@ -74,10 +75,18 @@ pub struct Replayed {
     pub answer: Answer,
 }
 
-type RequestKey = (Knobs, usize, usize);
+/// What makes two requests the same trial: the knobs, the steps, and whether it is a
+/// remeasurement. A verification can ask for as many steps as a recorded remeasurement ran, and
+/// answered with it, the driver would take it for a remeasurement and ask again.
+type RequestKey = (Knobs, usize, usize, bool);
 
 fn key(request: &TrialRequest) -> RequestKey {
-    (request.knobs, request.warmup_steps, request.timed_steps)
+    (
+        request.knobs,
+        request.warmup_steps,
+        request.timed_steps,
+        request.remeasure,
+    )
 }
 
 /// Answers trials from a recorded profile; see the module docs for the rule.

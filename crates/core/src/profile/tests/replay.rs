@@ -5,7 +5,7 @@ use super::*;
 use crate::knobs::Knobs;
 use crate::plan::Plan;
 use crate::profile::replay::{Answer, ReplayProber};
-use crate::trial::{MemoryKind, Outcome, TrialRequest};
+use crate::trial::{Measurement, MemoryKind, Outcome, TrialRequest, TrialResult};
 
 /// Runs `driver`'s search with every trial answered by replaying `profile`: the outcome, and
 /// how each trial was answered.
@@ -50,6 +50,36 @@ fn replaying_a_recording_yields_the_recorded_plan() {
         assert_eq!(Some(now.knobs), profile.chosen);
         assert_eq!(now.measured.peak_gpu_bytes, was.measured.peak_gpu_bytes);
     }
+}
+
+#[test]
+fn a_verification_is_answered_by_the_recorded_verification_not_a_remeasurement_of_its_length() {
+    let (_, _, _, mut profile) = recorded(spaces().remove(0));
+    let search = profile.trials[0].clone();
+    let Outcome::Fits(measured) = search.outcome.clone() else {
+        panic!("the first recorded trial fits: {search:?}");
+    };
+    // A remeasurement and a verification of the same knobs with the same steps, the
+    // remeasurement first: a recording made by a search that ran it again.
+    let steps = 2 * search.request.timed_steps;
+    let with = |remeasure: bool, tokens_per_s: f64| TrialResult {
+        request: TrialRequest {
+            timed_steps: steps,
+            remeasure,
+            ..search.request
+        },
+        outcome: Outcome::Fits(Measurement {
+            tokens_per_s,
+            ..measured
+        }),
+        ..search.clone()
+    };
+    let (again, verified) = (with(true, 1.0), with(false, 2.0));
+    profile.trials.push(again.clone());
+    profile.trials.push(verified.clone());
+    let mut replay = ReplayProber::new(profile);
+    assert_eq!(replay.answer(&verified.request), verified);
+    assert_eq!(replay.answer(&again.request), again);
 }
 
 #[test]
