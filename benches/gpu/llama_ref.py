@@ -13,7 +13,9 @@ One JSON line per micro-batch on stdout with the fields of `autotune probe --jso
 --liger swaps in Liger's kernels for Llama and Qwen2 (RoPE, RMSNorm, SwiGLU, and the fused
 linear cross-entropy, which never materialises the logits: the loss comes from the model given
 the labels); --compile wraps the model in torch.compile (its first steps compile: raise
---warmup). Both together are the strongest PyTorch stack for these models.
+--warmup); with --liger, the decoder alone, since Liger's fused loss does not trace (it runs
+eagerly after the compiled decoder). Both together are the strongest PyTorch stack for these
+models.
 """
 
 from __future__ import annotations
@@ -73,7 +75,15 @@ def measure(name, mb, seq, warmup, steps, device, checkpointing=False, liger=Fal
         model.gradient_checkpointing_enable()
     model.train()
     params = sum(p.numel() for p in model.parameters())
-    forward = torch.compile(model) if compiled else model
+    forward = model
+    if compiled and liger:
+        # Liger's fused linear cross-entropy does not trace under torch.compile since PyTorch
+        # 2.8 (its grad_weight addmm with out_dtype and out, linkedin/Liger-Kernel#1327; eager
+        # is unaffected): the decoder is compiled and the loss runs eagerly, as in the issue's
+        # workaround.
+        model.model = torch.compile(model.model)
+    elif compiled:
+        forward = torch.compile(model)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
                             weight_decay=0.1, fused=device.type == "cuda")
     vocab = config.vocab_size
