@@ -8,7 +8,8 @@
 #   speed   `autotune probe` of gpt-1.3b at mb $MB (default 4, the bf16 plan's) in bf16 and in
 #           fp8, alternating, $ROUNDS rounds (default 2) → OUTDIR/speed.jsonl
 #   loss    `autotune train` of gpt-124m for $STEPS steps (default 500) on $CORPUS (text, read
-#           as bytes), mb 16, in bf16 and in fp8, same seed → OUTDIR/loss-{bf16,fp8}.jsonl
+#           as bytes), mb 16, in bf16 and in fp8 with seed 7, then bf16 with seed 8 (the
+#           run-to-run spread) → OUTDIR/loss-{bf16,fp8,bf16-seed8}.jsonl
 # then OUTDIR/summary.md and OUTDIR/headline.json (fp8_report.py).
 #
 # Needs the CUDA build in .gpu/ and a GPU with fp8 tensor cores (compute capability 8.9+).
@@ -47,12 +48,16 @@ if wants speed; then
 fi
 
 if wants loss; then
-  for precision in bf16 fp8; do
-    say "loss: gpt-124m $STEPS steps $precision on $CORPUS"
+  # bf16 also with a second seed: the spread between two bf16 runs is what fp8's difference
+  # from bf16 is read against.
+  for run in bf16:7 fp8:7 bf16:8; do
+    precision="${run%:*}"; seed="${run#*:}"
+    name="$precision"; [[ "$seed" != 7 ]] && name="$precision-seed$seed"
+    say "loss: gpt-124m $STEPS steps $precision seed $seed on $CORPUS"
     timeout --kill-after=10 300 "$BIN" train --model gpt-124m --precision "$precision" \
-      --micro-batch 16 --steps "$STEPS" --seed 7 --device cuda \
-      --data "$CORPUS" --tokenizer bytes --metrics "$OUTDIR/loss-$precision.jsonl" -q \
-      2> "$OUTDIR/loss-$precision.log"
+      --micro-batch 16 --steps "$STEPS" --seed "$seed" --device cuda \
+      --data "$CORPUS" --tokenizer bytes --metrics "$OUTDIR/loss-$name.jsonl" -q \
+      2> "$OUTDIR/loss-$name.log"
     say "  exit $?"
   done
 fi

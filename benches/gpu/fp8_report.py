@@ -75,6 +75,12 @@ def main(argv: list[str]) -> int:
                          "reference": round(b, 4), "ratio": round(ratio, 4), "unit": "nats",
                          "reference_is": f"autotune's bf16 run, same seed and data, mean of the last "
                                          f"{TAIL} steps, same call"})
+        other_seed = tail_loss(lines(out / "loss-bf16-seed8.jsonl"))
+        if other_seed:
+            spread = other_seed[0] / b - 1
+            text.append(f"bf16 with seed 8 instead of 7 ends at {other_seed[0]:.4f}: "
+                        f"{spread * 100:+.2f} %, the run-to-run spread fp8's difference is read "
+                        f"against.")
     else:
         text.append("One of the runs did not finish; no comparison.")
     print("\n".join(text))

@@ -42,8 +42,11 @@ class Fp8Report(unittest.TestCase):
                         [{"step": i, "loss": 5.0 if i < 480 else 2.0} for i in range(500)])
             write_lines(os.path.join(d, "loss-fp8.jsonl"),
                         [{"step": i, "loss": 9.0 if i < 480 else 2.02} for i in range(500)])
+            write_lines(os.path.join(d, "loss-bf16-seed8.jsonl"),
+                        [{"step": i, "loss": 2.03} for i in range(500)])
             summary = run("fp8_report.py", d)
             self.assertIn("**1.300×**", summary)
+            self.assertIn("seed 8 instead of 7 ends at 2.0300: +1.50 %", summary)
             with open(os.path.join(d, "headline.json")) as f:
                 headline = {e["metric"]: e for e in json.load(f)}
             speed = headline["gpt-1.3b fp8 tokens/s vs bf16"]
