@@ -484,3 +484,38 @@ fn a_run_trains_a_number_of_tokens_whichever_batch_its_plan_chose() {
         "a smaller batch takes more steps: {runs:?}"
     );
 }
+
+/// The PyTorch harness's gpt-124m recording on an H100 (a copy of the profile in
+/// `benches/results/2026-12-07-h100-harness-choice/`): 20 sequences fit but ran slower than 16.
+/// The plan is 16, and says why it is not the larger batch.
+#[test]
+fn a_plan_below_a_larger_feasible_batch_says_the_larger_one_measured_slower() {
+    let profile = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/harness/gpt-124m-h100.profile.json"
+    );
+    let out = autotune(&["tune", "--backend", &format!("replay:{profile}")]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.starts_with("plan: mb=16 "), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.contains("also fits"))
+        .unwrap_or_else(|| panic!("no line names the larger batch: {text}"));
+    assert!(
+        line.contains("micro-batch 20 also fits") && line.contains("% slower"),
+        "{line}"
+    );
+
+    // The same plan as JSON carries 20 among its alternatives, slower than the plan.
+    let out = autotune(&["tune", "--backend", &format!("replay:{profile}"), "--json"]);
+    let plan: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let measured = plan["measured"]["tokens_per_s"].as_f64().unwrap();
+    let twenty = plan["alternatives"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["knobs"]["micro_batch"] == 20)
+        .expect("20 is an alternative");
+    assert!(twenty["tokens_per_s"].as_f64().unwrap() < measured);
+}

@@ -234,6 +234,15 @@ fn summary(plan: &Plan) -> String {
             super::data::histogram(&data.lengths),
         ));
     }
+    if let Some(larger) = plan.larger_batch_measured_slower() {
+        text.push_str(&format!(
+            "\n  micro-batch {} also fits, at {:.0} tokens/s ({:.1} % slower): the plan is the \
+             faster",
+            larger.knobs.micro_batch,
+            larger.tokens_per_s,
+            100.0 * (1.0 - larger.tokens_per_s / m.tokens_per_s),
+        ));
+    }
     for n in &plan.non_monotone {
         text.push_str(&format!(
             "\n  memory did not grow with the batch: {} micro-batch {} to {}: {}",

@@ -89,7 +89,9 @@ pub struct Plan {
     pub evidence: Vec<TrialResult>,
     /// Held-out errors of the chosen regime's fits.
     pub model_error: ModelError,
-    /// Other feasible settings, best first.
+    /// Other feasible settings, best first: the best of each other regime, the largest
+    /// feasible micro-batch of the plan's own regime where it is larger than the plan's, then
+    /// the next best.
     pub alternatives: Vec<Alternative>,
     /// The data-parallel layout and its measured scaling (version 2 only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -260,6 +262,18 @@ pub struct Alternative {
 }
 
 impl Plan {
+    /// The largest micro-batch of the plan's own regime that also fitted but measured slower,
+    /// if the plan records one: near its memory limit a larger batch can run slower (the
+    /// allocator under pressure), and the plan is the faster setting.
+    pub fn larger_batch_measured_slower(&self) -> Option<&Alternative> {
+        self.alternatives
+            .iter()
+            .filter(|a| a.knobs.regime() == self.knobs.regime())
+            .filter(|a| a.knobs.micro_batch > self.knobs.micro_batch)
+            .filter(|a| a.tokens_per_s < self.measured.tokens_per_s)
+            .max_by_key(|a| a.knobs.micro_batch)
+    }
+
     /// Reads and validates a plan file; errors name the file and, when invalid, the field.
     pub fn load(path: &Path) -> Result<Self> {
         let text = crate::input_file::read_to_string(path, crate::input_file::DOCUMENT_LIMIT)

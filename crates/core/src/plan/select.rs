@@ -5,7 +5,6 @@ use super::schema::{
     SINGLE_GPU_SCHEMA_VERSION,
 };
 use crate::fit::RegimeFit;
-use crate::knobs::Regime;
 use crate::knobs::{DataParallel, Knobs};
 use crate::search::decision::Candidate;
 use crate::search::driver::SearchDriver;
@@ -86,7 +85,7 @@ impl Plan {
             headroom,
             evidence: outcome.history.clone(),
             model_error,
-            alternatives: alternatives(&others, knobs.regime()),
+            alternatives: alternatives(&others, knobs),
             data_parallel,
             state_note: knobs.state.difference(),
             precision_note: knobs.precision.note().map(str::to_string),
@@ -167,24 +166,33 @@ fn scaling_report(knobs: Knobs, history: &[TrialResult]) -> DataParallelReport {
     }
 }
 
-/// The best setting of each other regime, then the next best overall, up to
-/// [`MAX_ALTERNATIVES`], best first. Regimes come first so that a reader sees what each
-/// trade-off (checkpointing, offload) would cost, not five neighbours of the chosen batch.
 /// A measurement's 95 % tokens/s interval as a plan records it.
 fn interval(m: &Measurement) -> [f64; 2] {
     let (low, high) = m.tokens_per_s_interval();
     [low, high]
 }
 
-fn alternatives(ranked: &[Candidate], chosen: Regime) -> Vec<Alternative> {
+/// The best setting of each other regime, then the next best overall, up to
+/// [`MAX_ALTERNATIVES`], best first. Regimes come first so that a reader sees what each
+/// trade-off (checkpointing, offload) would cost, not five neighbours of the chosen batch; the
+/// largest feasible batch of the chosen regime comes with them where it is larger than the
+/// plan's, since "why not a larger batch?" is the first question a plan below its memory limit
+/// raises (it measured slower: see [`Plan::larger_batch_measured_slower`]).
+fn alternatives(ranked: &[Candidate], chosen: Knobs) -> Vec<Alternative> {
     let mut picked: Vec<&Candidate> = Vec::new();
     for c in ranked {
         let regime = c.knobs.regime();
-        if regime != chosen && !picked.iter().any(|p| p.knobs.regime() == regime) {
+        if regime != chosen.regime() && !picked.iter().any(|p| p.knobs.regime() == regime) {
             picked.push(c);
         }
     }
-    picked.truncate(MAX_ALTERNATIVES);
+    let larger = ranked
+        .iter()
+        .filter(|c| c.knobs.regime() == chosen.regime())
+        .filter(|c| c.knobs.micro_batch > chosen.micro_batch)
+        .max_by_key(|c| c.knobs.micro_batch);
+    picked.truncate(MAX_ALTERNATIVES - usize::from(larger.is_some()));
+    picked.extend(larger);
     for c in ranked {
         if picked.len() >= MAX_ALTERNATIVES {
             break;
@@ -213,7 +221,7 @@ fn alternatives(ranked: &[Candidate], chosen: Regime) -> Vec<Alternative> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::knobs::{Checkpointing, Offload, Precision};
+    use crate::knobs::{Checkpointing, Offload, Precision, Regime};
     use crate::search::report::NoReporter;
     use crate::search::run::run_search;
     use crate::search::sim::{Law, SimRegime, Simulator};
@@ -309,6 +317,61 @@ pub(crate) mod tests {
             .iter()
             .all(|a| a.knobs.global_batch() == 64));
         assert!(driver.candidates(&plan.evidence).len() > plan.alternatives.len());
+    }
+
+    /// A fitting candidate of `regime` at `micro_batch` that measured `tokens_per_s`.
+    fn candidate(regime: Regime, micro_batch: usize, tokens_per_s: f64) -> Candidate {
+        Candidate {
+            knobs: Knobs::with_batch(regime, micro_batch, 1),
+            measurement: Measurement {
+                peak_gpu_bytes: 1 << 30,
+                peak_host_bytes: 1 << 30,
+                step_time_median_s: 1024.0 * micro_batch as f64 / tokens_per_s,
+                step_time_spread: 0.01,
+                timed_steps: 3,
+                tokens_per_s,
+                host_link: None,
+            },
+            history_index: 0,
+        }
+    }
+
+    #[test]
+    fn a_larger_batch_of_the_plans_own_setting_is_among_the_alternatives_and_named() {
+        let (_, _, mut plan) = sample();
+        let chosen = plan.knobs;
+        let regime = chosen.regime();
+        // Five other regimes, each faster than the chosen regime's larger batch, and two larger
+        // batches of the chosen regime: the largest comes with the other regimes' best.
+        let others: Vec<Regime> = (2..7)
+            .map(|k| Regime {
+                checkpointing: Checkpointing::EveryKth(k),
+                ..regime
+            })
+            .collect();
+        let mut ranked: Vec<Candidate> =
+            others.iter().map(|&r| candidate(r, 8, 90_000.0)).collect();
+        ranked.push(candidate(regime, chosen.micro_batch + 2, 80_000.0));
+        ranked.push(candidate(regime, chosen.micro_batch + 4, 70_000.0));
+        let picked = alternatives(&ranked, chosen);
+        assert_eq!(picked.len(), MAX_ALTERNATIVES);
+        let larger: Vec<usize> = picked
+            .iter()
+            .filter(|a| a.knobs.regime() == regime)
+            .map(|a| a.knobs.micro_batch)
+            .collect();
+        assert_eq!(larger, [chosen.micro_batch + 4]);
+
+        plan.alternatives = picked;
+        plan.measured.tokens_per_s = 100_000.0;
+        let named = plan.larger_batch_measured_slower().unwrap();
+        assert_eq!(named.knobs.micro_batch, chosen.micro_batch + 4);
+        // One that measured faster than the plan is no reason the plan is smaller.
+        plan.measured.tokens_per_s = 60_000.0;
+        assert!(plan.larger_batch_measured_slower().is_none());
+        plan.measured.tokens_per_s = 100_000.0;
+        plan.alternatives.retain(|a| a.knobs.regime() != regime);
+        assert!(plan.larger_batch_measured_slower().is_none());
     }
 
     #[test]
