@@ -140,6 +140,11 @@
 //!   batch can run slower: on the harness on an H200, 20 sequences ran at 177k-200k tokens/s
 //!   against 217k-220k at 16).
 //!
+//! The premise behind the convergence rule and the choice's larger-batch rule yields to
+//! evidence: once both settings have been run again and still measure apart beyond their band,
+//! the difference stands and neither is run again for it (on the harness on an H100, 20 and 16
+//! agreed with their first runs when repeated, and two more runs of each changed nothing).
+//!
 //! The run of the pair taken fewer times goes first, then the noisier; each setting runs at most
 //! [`MAX_REMEASURES`] more times, with enough steps to resolve the
 //! difference at the measured spread, within bounds (`remeasure::steps_to_resolve`). In the
