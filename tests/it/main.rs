@@ -85,6 +85,9 @@ mod compact_state;
 /// `--precision fp8` and `--allow-fp8`: training, refusals and what the search takes.
 mod fp8;
 
+/// GPU kernels compiled for the host and run against their definitions (no GPU needed).
+mod kernel_host;
+
 /// Fused operations against their composite references.
 mod ops;
 
