@@ -893,10 +893,8 @@ impl SearchDriver {
         // the trials can tell, and throughput does not fall as the batch grows: the largest
         // such comes first.
         if let Some(&(best_regime, ref best)) = ranked.first() {
-            let tied_with_best = |c: &Candidate| {
-                let band = remeasure::tie_band(&best.measurement, &c.measurement);
-                c.measurement.tokens_per_s >= best.measurement.tokens_per_s * (1.0 - band)
-            };
+            let tied_with_best =
+                |c: &Candidate| !remeasure::slower_beyond_band(&c.measurement, &best.measurement);
             let tied = ranked
                 .iter()
                 .enumerate()

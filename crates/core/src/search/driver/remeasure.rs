@@ -71,25 +71,23 @@ pub(super) fn pooled_history(history: &[TrialResult]) -> Vec<TrialResult> {
     pooled
 }
 
-/// Whether two settings that measured apart beyond their tie band still did after each was
-/// run again: the difference is the device's, not one run's, and the premise that throughput
-/// does not fall as the batch grows yields to it (near the memory boundary a larger batch can
-/// run slower). On the harness on an H100, gpt-124m at 20 sequences measured 179k and 187k
-/// tokens/s against 204k at 16 twice; two more runs of each changed nothing.
-pub(super) fn confirmed_apart(
-    remeasures: &Remeasures,
-    (ka, a): (&Knobs, &Measurement),
-    (kb, b): (&Knobs, &Measurement),
-) -> bool {
-    let runs = |k: &Knobs| remeasures.get(k).copied().unwrap_or(0);
-    let (fast, slow) = if a.tokens_per_s >= b.tokens_per_s {
-        (a, b)
-    } else {
-        (b, a)
-    };
-    runs(ka) >= 1
-        && runs(kb) >= 1
-        && slow.tokens_per_s < fast.tokens_per_s * (1.0 - tie_band(fast, slow))
+/// How many times `knobs` has been run again.
+fn runs(remeasures: &Remeasures, knobs: &Knobs) -> usize {
+    remeasures.get(knobs).copied().unwrap_or(0)
+}
+
+/// Whether both of two settings have been run again. A difference beyond their tie band that
+/// held through that is the device's, not one run's, and the premise that throughput does not
+/// fall as the batch grows yields to it (near the memory boundary a larger batch can run
+/// slower): on the harness on an H100, gpt-124m at 20 sequences measured 179k and 187k
+/// tokens/s against 204k at 16 twice, and two more runs of each changed nothing.
+fn both_run_again(remeasures: &Remeasures, a: &Knobs, b: &Knobs) -> bool {
+    runs(remeasures, a) >= 1 && runs(remeasures, b) >= 1
+}
+
+/// Whether `slow` measured slower than `fast` beyond their tie band ([`tie_band`]).
+pub(super) fn slower_beyond_band(slow: &Measurement, fast: &Measurement) -> bool {
+    slow.tokens_per_s < fast.tokens_per_s * (1.0 - tie_band(fast, slow))
 }
 
 /// Whether `a` and `b` cannot be told apart: their throughputs differ by less than the 95 %
@@ -124,7 +122,7 @@ fn next_to_remeasure<'m>(
     remeasures: &Remeasures,
     pair: [(Knobs, &'m Measurement); 2],
 ) -> Option<(Knobs, &'m Measurement)> {
-    let runs = |k: &Knobs| remeasures.get(k).copied().unwrap_or(0);
+    let runs = |k: &Knobs| runs(remeasures, k);
     let mut pair = pair;
     pair.sort_by(|(ka, a), (kb, b)| {
         runs(ka)
@@ -218,7 +216,8 @@ impl SearchDriver {
     /// again when `lo` measured slower than a smaller feasible micro-batch of the regime beyond
     /// their tie band. The convergence bound grows from `lo`'s throughput, and throughput does
     /// not fall as the batch grows, so one of the two was off; a slow `lo` would otherwise end
-    /// the regime short of its boundary. `None` when the two agree or their runs are spent.
+    /// the regime short of its boundary. `None` when the two agree, when both have been run again
+    /// and still measure apart ([`both_run_again`]), or when their runs are spent.
     pub(super) fn convergence_remeasure(
         &self,
         trials: &Trials<'_>,
@@ -235,10 +234,7 @@ impl SearchDriver {
         let fastest = feasible()
             .filter(|(k, _)| k.micro_batch < lo)
             .max_by(|(_, a), (_, b)| a.tokens_per_s.total_cmp(&b.tokens_per_s))?;
-        let band = tie_band(top.1, fastest.1);
-        if top.1.tokens_per_s >= fastest.1.tokens_per_s * (1.0 - band)
-            || confirmed_apart(remeasures, (&top.0, top.1), (&fastest.0, fastest.1))
-        {
+        if !slower_beyond_band(top.1, fastest.1) || both_run_again(remeasures, &top.0, &fastest.0) {
             return None;
         }
         let gap = fastest.1.tokens_per_s / top.1.tokens_per_s - 1.0;
@@ -258,8 +254,8 @@ impl SearchDriver {
     ///   allocator under pressure: gpt-124m at 20 sequences ran at 177k-200k tokens/s against
     ///   217k-220k at 16).
     ///
-    /// Neither of the last two once the pair measured apart after both were run again
-    /// ([`confirmed_apart`]): the ranking then keeps what they measured.
+    /// Neither of the last two once the pair still measures apart beyond its band after both
+    /// were run again ([`both_run_again`]): the ranking then keeps what they measured.
     /// `pooled` is the pooled history the candidates' positions refer to.
     pub(super) fn choice_remeasure(
         &self,
@@ -273,19 +269,13 @@ impl SearchDriver {
             if c.knobs.regime() != best.knobs.regime() {
                 return indistinguishable(&best.measurement, &c.measurement);
             }
-            let pair = (
-                (&search_knobs(best), &best.measurement),
-                (&search_knobs(c), &c.measurement),
-            );
-            if confirmed_apart(remeasures, pair.0, pair.1) {
-                return false;
-            }
+            let again = both_run_again(remeasures, &search_knobs(best), &search_knobs(c));
             if c.knobs.micro_batch < best.knobs.micro_batch {
                 let (_, best_high) = best.measurement.tokens_per_s_interval();
-                return c.measurement.tokens_per_s > best_high;
+                return c.measurement.tokens_per_s > best_high
+                    && !(again && slower_beyond_band(&best.measurement, &c.measurement));
             }
-            let band = tie_band(&best.measurement, &c.measurement);
-            c.measurement.tokens_per_s < best.measurement.tokens_per_s * (1.0 - band)
+            slower_beyond_band(&c.measurement, &best.measurement) && !again
         };
         rest.iter().filter(in_doubt).find_map(|c| {
             let gap = best.measurement.tokens_per_s / c.measurement.tokens_per_s - 1.0;
