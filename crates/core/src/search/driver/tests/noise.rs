@@ -109,44 +109,11 @@ fn twenty_seeded_searches_agree_up_to_the_interval_each_states() {
 /// 20's first trial alone; now it waits for 20 to be run again.
 #[test]
 fn a_largest_batch_slower_than_a_smaller_one_is_run_again_before_its_regime_converges() {
-    let b = Budget {
-        gpu_bytes: Some(25_757_220_864),
-        host_bytes: 32 * GIB,
-        headroom: 0.05,
+    let (s, driver) = harness_driver(vec![bf16(), ckpt()]);
+    let fits = |mb: usize, gib: f64, step_s: f64, spread: f64, steps: usize, again: bool| {
+        harness_trial(&s, mb, gib, step_s, spread, steps, again)
     };
-    let s = SearchSpace {
-        max_micro_batch: 554,
-        warmup_steps: 1,
-        timed_steps: 3,
-        ..SearchSpace::new(vec![bf16(), ckpt()])
-    };
-    let driver = SearchDriver::new(s.clone(), MachineFacts::default(), b).unwrap();
-    let fits =
-        |mb: usize, gib: f64, step_s: f64, spread: f64, steps: usize, again: bool| TrialResult {
-            request: TrialRequest {
-                timed_steps: steps,
-                remeasure: again,
-                ..s.search_request(bf16(), mb)
-            },
-            outcome: Outcome::Fits(Measurement {
-                peak_gpu_bytes: (gib * GIB as f64) as u64,
-                peak_host_bytes: GIB,
-                step_time_median_s: step_s,
-                step_time_spread: spread,
-                timed_steps: steps,
-                tokens_per_s: 1024.0 * mb as f64 / step_s,
-                host_link: None,
-            }),
-            wall_s: 1.0,
-        };
-    let oom = |mb: usize| TrialResult {
-        request: s.search_request(bf16(), mb),
-        outcome: Outcome::OutOfMemory {
-            memory: MemoryKind::Gpu,
-            phase: Phase::ForwardBackward,
-        },
-        wall_s: 0.3,
-    };
+    let oom = |mb: usize| harness_oom(&s, mb);
     let mut history = vec![
         fits(16, 18.877, 0.080856, 0.0054, 3, false),
         oom(32),
@@ -197,8 +164,9 @@ fn a_largest_batch_slower_than_a_smaller_one_is_run_again_before_its_regime_conv
     }
 }
 
-/// The gpt-124m harness search's space and budget (24 GB card, 5 % headroom), plain bf16 alone.
-fn harness_driver() -> (SearchSpace, SearchDriver) {
+/// The gpt-124m harness search's space over `regimes` and its budget (24 GB card, 5 %
+/// headroom).
+fn harness_driver(regimes: Vec<Regime>) -> (SearchSpace, SearchDriver) {
     let b = Budget {
         gpu_bytes: Some(25_757_220_864),
         host_bytes: 32 * GIB,
@@ -208,18 +176,19 @@ fn harness_driver() -> (SearchSpace, SearchDriver) {
         max_micro_batch: 554,
         warmup_steps: 1,
         timed_steps: 3,
-        ..SearchSpace::new(vec![bf16()])
+        ..SearchSpace::new(regimes)
     };
     let driver = SearchDriver::new(s.clone(), MachineFacts::default(), b).unwrap();
     (s, driver)
 }
 
-/// A harness trial of `mb` sequences of 1,024 tokens that fitted (peaks grow 0.61 GiB a
-/// sequence, as measured).
-fn harness_fits(
+/// A plain bf16 harness trial of `mb` sequences of 1,024 tokens that fitted, peaking at
+/// `peak_gib` with a median step of `step_s`.
+fn harness_trial(
     s: &SearchSpace,
     mb: usize,
-    tokens_per_s: f64,
+    peak_gib: f64,
+    step_s: f64,
     spread: f64,
     steps: usize,
     again: bool,
@@ -231,16 +200,31 @@ fn harness_fits(
             ..s.search_request(bf16(), mb)
         },
         outcome: Outcome::Fits(Measurement {
-            peak_gpu_bytes: ((9.12 + 0.61 * mb as f64) * GIB as f64) as u64,
+            peak_gpu_bytes: (peak_gib * GIB as f64) as u64,
             peak_host_bytes: GIB,
-            step_time_median_s: 1024.0 * mb as f64 / tokens_per_s,
+            step_time_median_s: step_s,
             step_time_spread: spread,
             timed_steps: steps,
-            tokens_per_s,
+            tokens_per_s: 1024.0 * mb as f64 / step_s,
             host_link: None,
         }),
         wall_s: 1.0,
     }
+}
+
+/// [`harness_trial`] at `tokens_per_s`, peaking as measured: 9.12 GiB and 0.61 GiB a
+/// sequence.
+fn harness_fits(
+    s: &SearchSpace,
+    mb: usize,
+    tokens_per_s: f64,
+    spread: f64,
+    steps: usize,
+    again: bool,
+) -> TrialResult {
+    let peak_gib = 9.12 + 0.61 * mb as f64;
+    let step_s = 1024.0 * mb as f64 / tokens_per_s;
+    harness_trial(s, mb, peak_gib, step_s, spread, steps, again)
 }
 
 fn harness_oom(s: &SearchSpace, mb: usize) -> TrialResult {
@@ -287,7 +271,7 @@ fn harness_decision(
 /// measured faster than the larger one's interval reaches has it run again before the choice.
 #[test]
 fn a_larger_batch_ahead_only_by_its_spread_is_run_again_and_the_faster_batch_chosen() {
-    let (s, driver) = harness_driver();
+    let (s, driver) = harness_driver(vec![bf16()]);
     let history = vec![
         harness_fits(&s, 16, 219_840.5, 0.0123, 3, false),
         harness_oom(&s, 32),
@@ -314,7 +298,7 @@ fn a_larger_batch_ahead_only_by_its_spread_is_run_again_and_the_faster_batch_cho
 /// the plan. A difference that held when both were run again stands.
 #[test]
 fn a_difference_that_holds_when_both_are_run_again_ends_the_remeasuring() {
-    let (s, driver) = harness_driver();
+    let (s, driver) = harness_driver(vec![bf16()]);
     let history = vec![
         harness_fits(&s, 16, 203_807.0, 0.0072, 3, false),
         harness_oom(&s, 32),
