@@ -46,6 +46,34 @@ pub fn quantize_operand(
     format: Fp8Format,
     layout: OperandLayout,
 ) -> Result<Fp8Operand> {
+    let (codes, scale_inv) = converted(t, format, EncodeTarget::One(layout))?;
+    Ok(Fp8Operand {
+        codes,
+        scale_inv,
+        format,
+    })
+}
+
+/// `t` (a matrix) converted to `format` at its own current scale in both layouts, rows then
+/// transposed: one largest-magnitude pass and one read of `t` where two conversions would take
+/// two of each (a gradient's products read it both ways).
+pub fn quantize_operand_pair(t: &Tensor, format: Fp8Format) -> Result<(Fp8Operand, Fp8Operand)> {
+    let (both, scale_inv) = converted(t, format, EncodeTarget::Both)?;
+    let (rows, cols) = t.dims2()?;
+    let n = rows * cols;
+    let operand = |start: usize, shape: (usize, usize)| -> Result<Fp8Operand> {
+        Ok(Fp8Operand {
+            codes: both.narrow(0, start, n)?.reshape(shape)?,
+            scale_inv: scale_inv.clone(),
+            format,
+        })
+    };
+    Ok((operand(0, (rows, cols))?, operand(n, (cols, rows))?))
+}
+
+/// The matrix `t`'s codes at its current scale as `target` says, and the reciprocal of that
+/// scale (what a product divides out).
+fn converted(t: &Tensor, format: Fp8Format, target: EncodeTarget) -> Result<(Tensor, Tensor)> {
     if t.rank() != 2 {
         bail!(
             "{NAME}: an operand must be a matrix, got shape {:?}",
@@ -55,42 +83,8 @@ pub fn quantize_operand(
     let t = t.contiguous()?;
     // [1/scale, scale]
     let scales = t.apply_op1_no_bwd(&ChooseScale { format })?;
-    let target = EncodeTarget::One(layout);
     let codes = t.apply_op2_no_bwd(&scales, &Encode { format, target })?;
-    Ok(Fp8Operand {
-        codes,
-        scale_inv: scales.narrow(0, 0, 1)?,
-        format,
-    })
-}
-
-/// `t` (a matrix) converted to `format` at its own current scale in both layouts, rows then
-/// transposed: one largest-magnitude pass and one read of `t` where two conversions would take
-/// two of each (a gradient's products read it both ways).
-pub fn quantize_operand_pair(t: &Tensor, format: Fp8Format) -> Result<(Fp8Operand, Fp8Operand)> {
-    let (rows, cols) = match t.dims() {
-        &[rows, cols] => (rows, cols),
-        other => bail!("{NAME}: an operand must be a matrix, got shape {other:?}"),
-    };
-    let t = t.contiguous()?;
-    let scales = t.apply_op1_no_bwd(&ChooseScale { format })?;
-    let both = t.apply_op2_no_bwd(
-        &scales,
-        &Encode {
-            format,
-            target: EncodeTarget::Both,
-        },
-    )?;
-    let n = rows * cols;
-    let scale_inv = scales.narrow(0, 0, 1)?;
-    let operand = |start: usize, shape: (usize, usize)| -> Result<Fp8Operand> {
-        Ok(Fp8Operand {
-            codes: both.narrow(0, start, n)?.reshape(shape)?,
-            scale_inv: scale_inv.clone(),
-            format,
-        })
-    };
-    Ok((operand(0, (rows, cols))?, operand(n, (cols, rows))?))
+    Ok((codes, scales.narrow(0, 0, 1)?))
 }
 
 /// Which codes [`Encode`] writes.
