@@ -22,6 +22,12 @@ def write_lines(path, rows):
             f.write((r if isinstance(r, str) else json.dumps(r)) + "\n")
 
 
+def headline(folder):
+    """The folder's headline.json entries by metric."""
+    with open(os.path.join(folder, "headline.json")) as f:
+        return {e["metric"]: e for e in json.load(f)}
+
+
 def run(script, folder):
     return subprocess.run([sys.executable, "-B", os.path.join(GPU, script), folder],
                           capture_output=True, text=True, check=True).stdout
@@ -47,11 +53,10 @@ class Fp8Report(unittest.TestCase):
             summary = run("fp8_report.py", d)
             self.assertIn("**1.300×**", summary)
             self.assertIn("seed 8 instead of 7 ends at 2.0300: +1.50 %", summary)
-            with open(os.path.join(d, "headline.json")) as f:
-                headline = {e["metric"]: e for e in json.load(f)}
-            speed = headline["gpt-1.3b fp8 tokens/s vs bf16"]
+            entries = headline(d)
+            speed = entries["gpt-1.3b fp8 tokens/s vs bf16"]
             self.assertEqual((speed["ours"], speed["reference"], speed["ratio"]), (50700, 39000, 1.3))
-            loss = headline["gpt-124m fp8 loss after 500 steps vs bf16"]
+            loss = entries["gpt-124m fp8 loss after 500 steps vs bf16"]
             self.assertEqual((loss["ours"], loss["reference"], loss["ratio"]), (2.02, 2.0, 1.01))
 
     def test_a_run_that_did_not_finish_gives_no_entry(self):
@@ -89,11 +94,10 @@ class StrongestReport(unittest.TestCase):
             self.assertIn("| autotune | 4 | out_of_memory | - | - |", summary)
             # Only gpt-124m's rows count in its section.
             self.assertIn("**1.100×**", summary)
-            with open(os.path.join(d, "headline.json")) as f:
-                headline = {e["metric"]: e for e in json.load(f)}
-            liger = headline["llama-3.2-1b tokens/s vs transformers + torch.compile + Liger"]
+            entries = headline(d)
+            liger = entries["llama-3.2-1b tokens/s vs transformers + torch.compile + Liger"]
             self.assertEqual((liger["ours"], liger["reference"], liger["ratio"]), (45000, 41000, 1.098))
-            self.assertEqual(headline["gpt-124m b16 tokens/s vs torch.compile"]["ratio"], 1.1)
+            self.assertEqual(entries["gpt-124m b16 tokens/s vs torch.compile"]["ratio"], 1.1)
 
 
 if __name__ == "__main__":
