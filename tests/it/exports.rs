@@ -3,6 +3,7 @@
 //! with the notes on stderr.
 
 use std::path::{Path, PathBuf};
+use std::process::Output;
 
 use serde_json::Value;
 
@@ -11,6 +12,13 @@ use crate::util::{autotune_in, stderr, stdout};
 /// A plan replayed from the committed seed recording, with its provenance.
 fn replayed_plan(dir: &Path) -> PathBuf {
     replayed(dir, "seed.json")
+}
+
+/// `autotune export --plan PLAN --format FORMAT FLAGS…` in `dir`.
+fn export(dir: &Path, plan: &str, format: &str, flags: &[&str]) -> Output {
+    let mut args = vec!["export", "--plan", plan, "--format", format];
+    args.extend_from_slice(flags);
+    autotune_in(dir, &args)
 }
 
 /// The plan a replay of the committed recording `name` makes.
@@ -44,7 +52,7 @@ fn a_plan_from_our_engine_is_refused_for_pytorch_tools_unless_allowed() {
     assert_eq!(doc["provenance"]["device"], "NVIDIA H200");
     let plan = plan.to_str().unwrap();
     for format in ["deepspeed", "trainer", "accelerate", "lightning"] {
-        let out = autotune_in(dir.path(), &["export", "--plan", plan, "--format", format]);
+        let out = export(dir.path(), plan, format, &[]);
         assert_eq!(out.status.code(), Some(2), "{format}");
         let err = stderr(&out);
         assert!(
@@ -65,22 +73,12 @@ fn allowed_exports_print_only_the_document_and_put_notes_on_stderr() {
     let dir = tempfile::tempdir().unwrap();
     let plan = replayed_plan(dir.path());
     let plan = plan.to_str().unwrap();
-    let export = |format: &str| {
-        let out = autotune_in(
-            dir.path(),
-            &[
-                "export",
-                "--plan",
-                plan,
-                "--format",
-                format,
-                "--allow-engine-mismatch",
-            ],
-        );
+    let exported = |format: &str| {
+        let out = export(dir.path(), plan, format, &["--allow-engine-mismatch"]);
         assert_eq!(out.status.code(), Some(0), "{format}: {}", stderr(&out));
         (stdout(&out), stderr(&out))
     };
-    let (ds, err) = export("deepspeed");
+    let (ds, err) = exported("deepspeed");
     let ds: Value = serde_json::from_str(&ds).expect("one JSON document");
     assert_eq!(
         ds["gradient_clipping"], 0.0,
@@ -91,17 +89,17 @@ fn allowed_exports_print_only_the_document_and_put_notes_on_stderr() {
         err.contains("--allow-engine-mismatch"),
         "the mismatch is still said: {err}"
     );
-    let (trainer, _) = export("trainer");
+    let (trainer, _) = exported("trainer");
     let trainer: Value = serde_json::from_str(&trainer).unwrap();
     assert!(trainer.get("warnings").is_none() && trainer.get("mixed_precision").is_none());
     assert!(trainer["per_device_train_batch_size"].as_u64().unwrap() >= 1);
-    let (yaml, _) = export("accelerate");
+    let (yaml, _) = exported("accelerate");
     assert!(
         yaml.starts_with("compute_environment: LOCAL_MACHINE\n"),
         "{yaml}"
     );
     assert!(!yaml.contains("warning"), "{yaml}");
-    let (lightning, err) = export("lightning");
+    let (lightning, err) = exported("lightning");
     let lightning: Value = serde_json::from_str(&lightning).unwrap();
     assert!(lightning["precision"].as_str().unwrap().ends_with("-mixed"));
     assert!(
@@ -118,15 +116,7 @@ fn a_compact_state_plan_is_refused_unless_the_changes_are_accepted_and_then_stat
     assert_eq!(doc["knobs"]["state"]["moments"], "int8_blockwise");
     let plan = plan.to_str().unwrap();
     for format in ["deepspeed", "trainer", "accelerate", "lightning"] {
-        let base = [
-            "export",
-            "--plan",
-            plan,
-            "--format",
-            format,
-            "--allow-engine-mismatch",
-        ];
-        let out = autotune_in(dir.path(), &base);
+        let out = export(dir.path(), plan, format, &["--allow-engine-mismatch"]);
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(2), "{format}: {err}");
         assert!(err.contains("--allow-lossy-export"), "{format}: {err}");
@@ -136,9 +126,8 @@ fn a_compact_state_plan_is_refused_unless_the_changes_are_accepted_and_then_stat
         );
         assert!(err.contains("GiB more GPU memory"), "{format}: {err}");
         assert!(stdout(&out).is_empty());
-        let mut allowed = base.to_vec();
-        allowed.push("--allow-lossy-export");
-        let out = autotune_in(dir.path(), &allowed);
+        let allowed = ["--allow-engine-mismatch", "--allow-lossy-export"];
+        let out = export(dir.path(), plan, format, &allowed);
         let (text, err) = (stdout(&out), stderr(&out));
         assert_eq!(out.status.code(), Some(0), "{format}: {err}");
         assert!(
@@ -172,21 +161,15 @@ fn an_fp8_plan_exports_through_transformer_engine_or_is_refused_where_a_tool_has
     doc["knobs"]["precision"] = "fp8".into();
     std::fs::write(&plan, doc.to_string()).unwrap();
     let plan = plan.to_str().unwrap();
-    let export = |format: &str, lossy: bool| {
-        let mut args = vec![
-            "export",
-            "--plan",
-            plan,
-            "--format",
-            format,
-            "--allow-engine-mismatch",
-        ];
-        if lossy {
-            args.push("--allow-lossy-export");
-        }
-        autotune_in(dir.path(), &args)
+    let exported = |format: &str, lossy: bool| {
+        let flags: &[&str] = if lossy {
+            &["--allow-engine-mismatch", "--allow-lossy-export"]
+        } else {
+            &["--allow-engine-mismatch"]
+        };
+        export(dir.path(), plan, format, flags)
     };
-    let out = export("accelerate", false);
+    let out = exported("accelerate", false);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(
         stdout(&out).contains("mixed_precision: fp8\n"),
@@ -198,17 +181,17 @@ fn an_fp8_plan_exports_through_transformer_engine_or_is_refused_where_a_tool_has
         "{}",
         stderr(&out)
     );
-    let out = export("lightning", false);
+    let out = exported("lightning", false);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let args: Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(args["precision"], "transformer-engine");
     for format in ["trainer", "deepspeed"] {
-        let out = export(format, false);
+        let out = exported(format, false);
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(2), "{format}: {err}");
         assert!(err.contains("no fp8 matrix products"), "{format}: {err}");
         assert!(err.contains("--allow-fp8"), "{format}: {err}");
-        let out = export(format, true);
+        let out = exported(format, true);
         assert_eq!(out.status.code(), Some(0), "{format}: {}", stderr(&out));
         let text: Value = serde_json::from_str(&stdout(&out)).unwrap();
         let bf16 = match format {
