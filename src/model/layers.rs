@@ -19,6 +19,9 @@ use crate::Result;
 pub struct Linear {
     weight: candle_core::Var,
     bias: Option<candle_core::Var>,
+    /// Where the layer's products run in fp8: the scales its operands were last converted at.
+    /// Training state like the weight, kept from step to step.
+    fp8: crate::ops::fp8::LayerScales,
 }
 
 impl Linear {
@@ -35,13 +38,17 @@ impl Linear {
             Some(init) => Some(store.param(&format!("{name}.bias"), &[d_out], init)?),
             None => None,
         };
-        Ok(Self { weight, bias })
+        Ok(Self::tied(weight, bias))
     }
 
     /// A layer over existing parameters: the vocabulary head that reuses the token embedding
     /// table (`vocab × d`) as its weight.
     pub fn tied(weight: candle_core::Var, bias: Option<candle_core::Var>) -> Self {
-        Self { weight, bias }
+        Self {
+            weight,
+            bias,
+            fp8: Default::default(),
+        }
     }
 
     /// The weight (`out × in`).
@@ -52,6 +59,11 @@ impl Linear {
     /// The bias, if the layer has one.
     pub fn bias(&self) -> Option<&candle_core::Var> {
         self.bias.as_ref()
+    }
+
+    /// Delayed scaling's histories for the layer's fp8 products.
+    pub fn fp8_scales(&self) -> &crate::ops::fp8::LayerScales {
+        &self.fp8
     }
 
     /// Applies the layer to `x` of shape `(..., d_in)`, computing in `x`'s dtype.

@@ -827,6 +827,63 @@ fn cuda_embedding_ids_past_the_vocabulary_touch_no_memory() {
     );
 }
 
+/// Delayed scaling on the GPU converts as on the host, to the bit: the same scales from the
+/// same history over a sequence with a spike (each way in: rows, a pair, transposed), the
+/// same largest magnitudes recorded by the conversions themselves (a NaN ignored).
+#[test]
+fn cuda_fp8_delayed_scaling_matches_the_host() {
+    use autotune::ops::fp8::{self, Fp8Format, OperandLayout, ScaleHistory};
+    let dev = gpu();
+    for (rows, cols) in [(67, 96), (128, 96), (5, 7)] {
+        for dtype in [DType::F32, DType::BF16] {
+            for format in [Fp8Format::E4m3, Fp8Format::E5m2] {
+                let what = format!("{rows}x{cols} {dtype:?} {format:?}");
+                let (host_history, device_history) =
+                    (ScaleHistory::new(format, 2), ScaleHistory::new(format, 2));
+                for (step, size) in [1.0, 8.0, 1.0, 1.0, 0.5].into_iter().enumerate() {
+                    let mut values: Vec<f32> =
+                        random(&[rows, cols], size, 0.0, 20 + step as u64, DType::F32)
+                            .flatten_all()
+                            .unwrap()
+                            .to_vec1()
+                            .unwrap();
+                    values[3] = f32::NAN;
+                    let host = Tensor::from_vec(values, (rows, cols), &Device::Cpu)
+                        .unwrap()
+                        .to_dtype(dtype)
+                        .unwrap();
+                    let device = host.to_device(&dev).unwrap();
+                    let convert = |history: &ScaleHistory, t: &Tensor| match step % 3 {
+                        0 => vec![history.quantize(t, OperandLayout::Rows).unwrap()],
+                        1 => {
+                            let (a, b) = history.quantize_pair(t).unwrap();
+                            vec![a, b]
+                        }
+                        _ => vec![history.quantize(t, OperandLayout::Transposed).unwrap()],
+                    };
+                    let codes =
+                        |o: &fp8::Fp8Operand| o.codes.flatten_all().unwrap().to_vec1::<u8>();
+                    let inverse = |o: &fp8::Fp8Operand| o.scale_inv.to_vec1::<f32>().unwrap();
+                    let (want, got) = (
+                        convert(&host_history, &host),
+                        convert(&device_history, &device),
+                    );
+                    for (want, got) in want.iter().zip(&got) {
+                        assert_eq!(codes(got).unwrap(), codes(want).unwrap(), "{what} {step}");
+                        assert_eq!(inverse(got), inverse(want), "{what} {step}");
+                    }
+                }
+                assert_eq!(
+                    device_history.magnitudes().unwrap(),
+                    host_history.magnitudes().unwrap(),
+                    "{what}"
+                );
+            }
+        }
+    }
+    eprintln!("cuda-vs-cpu fp8 delayed scaling: codes, scales and magnitudes identical");
+}
+
 /// fp8 conversion on the GPU gives the host's codes and scale to the bit (f32 and bf16 inputs,
 /// both formats, each layout alone and both from one pass; shapes that end inside a 32 × 32
 /// tile, whose row count is or is not a multiple of 4, whose size is or is not a multiple of 8;

@@ -5,7 +5,7 @@ use candle_core::{DType, Tensor, Var};
 use super::Grads;
 use crate::knobs::Precision;
 use crate::model::layers::{Linear, Norm as NormLayer};
-use crate::ops::fp8::{self, Fp8Format, Fp8Operand, OperandLayout};
+use crate::ops::fp8::{fp8_product, Fp8Operand, LayerScales, OperandLayout, ScaleHistory};
 use crate::ops::{self, DropoutMask};
 use crate::spec::model::Activation;
 use crate::Result;
@@ -17,8 +17,9 @@ pub enum Products {
     #[default]
     Compute,
     /// In fp8 (see [`ops::fp8`]): the weight and the input in E4M3, the output's gradient in
-    /// E5M2, each at its own current scale, accumulated in f32 and written in the compute dtype
-    /// (bf16 on a GPU). On a GPU with fp8 tensor cores the products run on them; on the CPU the
+    /// E5M2, each at the scale its last conversions' largest magnitudes call for (delayed
+    /// scaling, [`LayerScales`]), accumulated in f32 and written in the compute dtype (bf16 on a
+    /// GPU). On a GPU with fp8 tensor cores the products run on them; on the CPU the
     /// same codes are decoded and multiplied (the emulation). Masters, norms, the head and the
     /// loss are untouched.
     Fp8,
@@ -42,6 +43,8 @@ pub(crate) struct Lin<'a> {
     bias: Option<Tensor>,
     weight_var: &'a Var,
     bias_var: Option<&'a Var>,
+    /// The layer's delayed-scaling histories, read and extended by fp8 products.
+    scales: &'a LayerScales,
     /// The layer's output features; `weight` may have zero rows beyond them (see
     /// [`Lin::pad_outputs`]).
     outputs: usize,
@@ -66,6 +69,7 @@ impl<'a> Lin<'a> {
             },
             weight_var: layer.weight(),
             bias_var: layer.bias(),
+            scales: layer.fp8_scales(),
             fp8_weight: None,
             fp8_gradient: GradientCodes::default(),
         })
@@ -107,9 +111,9 @@ impl<'a> Lin<'a> {
         let Some(w) = &self.fp8_weight else {
             return Ok(x.matmul(&self.weight.t()?)?);
         };
-        let qx = fp8::quantize_operand(x, Fp8Format::E4m3, OperandLayout::Rows)?;
-        let w = w.layout(&self.weight, OperandLayout::Rows)?;
-        Ok(fp8::fp8_product(&qx, w, x.dtype())?)
+        let qx = self.scales.input.quantize(x, OperandLayout::Rows)?;
+        let w = w.layout(&self.weight, &self.scales.weight, OperandLayout::Rows)?;
+        Ok(fp8_product(&qx, w, x.dtype())?)
     }
 
     /// The f32 bias, if the layer has one.
@@ -178,8 +182,8 @@ impl<'a> Lin<'a> {
         }
         // The inner dimension is the rows: both operands are converted transposed.
         let qdy = self.gradient_operand(dy, OperandLayout::Transposed)?;
-        let qx = fp8::quantize_operand(x, Fp8Format::E4m3, OperandLayout::Transposed)?;
-        Ok(fp8::fp8_product(&qdy, &qx, dy.dtype())?)
+        let qx = self.scales.input.quantize(x, OperandLayout::Transposed)?;
+        Ok(fp8_product(&qdy, &qx, dy.dtype())?)
     }
 
     /// Adds the weight's gradient from `dy` and `x` into `acc`, an f32 sum of the padded
@@ -239,8 +243,8 @@ impl<'a> Lin<'a> {
             return Ok(dy.matmul(&self.weight)?);
         };
         let qdy = self.gradient_operand(dy, OperandLayout::Rows)?;
-        let w = w.layout(&self.weight, OperandLayout::Transposed)?;
-        Ok(fp8::fp8_product(&qdy, w, dy.dtype())?)
+        let w = w.layout(&self.weight, &self.scales.weight, OperandLayout::Transposed)?;
+        Ok(fp8_product(&qdy, w, dy.dtype())?)
     }
 
     /// The output gradient `dy` in E5M2 laid out as `layout` says. The weight's gradient reads
@@ -256,7 +260,7 @@ impl<'a> Lin<'a> {
                 }
             }
         }
-        let (rows, transposed) = fp8::quantize_operand_pair(dy, Fp8Format::E5m2)?;
+        let (rows, transposed) = self.scales.gradient.quantize_pair(dy)?;
         let (wanted, other, other_layout) = match layout {
             OperandLayout::Rows => (rows, transposed, OperandLayout::Transposed),
             OperandLayout::Transposed => (transposed, rows, OperandLayout::Rows),
@@ -304,8 +308,13 @@ struct GradientCodes(
 );
 
 impl Fp8Weight {
-    /// `weight` laid out as `layout` says, converted on first use.
-    fn layout(&self, weight: &Tensor, layout: OperandLayout) -> Result<&Fp8Operand> {
+    /// `weight` laid out as `layout` says, converted on first use at `history`'s scale.
+    fn layout(
+        &self,
+        weight: &Tensor,
+        history: &ScaleHistory,
+        layout: OperandLayout,
+    ) -> Result<&Fp8Operand> {
         let cell = match layout {
             OperandLayout::Rows => &self.rows,
             OperandLayout::Transposed => &self.columns,
@@ -313,7 +322,7 @@ impl Fp8Weight {
         if let Some(done) = cell.get() {
             return Ok(done);
         }
-        let converted = fp8::quantize_operand(weight, Fp8Format::E4m3, layout)?;
+        let converted = history.quantize(weight, layout)?;
         Ok(cell.get_or_init(|| converted))
     }
 }

@@ -13,7 +13,7 @@ use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, CudaViewMut
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{bail, CudaDevice, CudaStorage, DType, Layout, Result, Tensor};
 
-use super::operand::{EncodeTarget, Fp8Operand, OperandLayout};
+use super::operand::{EncodeTarget, Fp8Operand, OperandLayout, Recorded};
 use super::Fp8Format;
 use crate::ops::cuda::{self, Elem};
 
@@ -87,65 +87,102 @@ fn one_block() -> candle_core::cuda_backend::cudarc::driver::LaunchConfig {
 }
 
 /// `x`'s codes at `scale[0]`, as `target` says: in one layout, or both from one read (the
-/// rows' codes, then the transposed ones).
+/// rows' codes, then the transposed ones). With `record`, the largest magnitude of `x` follows
+/// the codes as an f32 at [`Recorded::trailer`] (zeroed before the kernel folds its blocks'
+/// maxima into it).
 pub(super) fn encode<T: Elem>(
     x: &CudaSlice<T>,
     l: &Layout,
     dev: &CudaDevice,
     scale: &CudaView<'_, f32>,
     format: Fp8Format,
-    target: EncodeTarget,
+    (target, record): (EncodeTarget, bool),
 ) -> Result<CudaStorage> {
     let n = l.shape().elem_count();
-    let vec = cuda::eight_wide(&[n], &[cuda::byte_offset::<T>(l)]);
     let x = cuda::slice_view(x, l, NAME)?;
     let stream = dev.cuda_stream();
     let code = format_code(format);
-    let out = match target {
+    let count = match target {
+        EncodeTarget::Both => 2 * n,
+        EncodeTarget::One(_) => n,
+    };
+    let trailer = record.then(|| Recorded::trailer(count));
+    let len = trailer.map_or(count, |at| at + Recorded::BYTES);
+    // SAFETY: the kernel writes every code; the trailer is zeroed below.
+    let mut out = unsafe { cuda::output::<u8>(dev, len) }?;
+    let (mut codes, mut amax) = out.split_at_mut(trailer.unwrap_or(len));
+    if record {
+        stream.memset_zeros(&mut amax).w()?;
+    }
+    let amax = record.then_some(&mut amax);
+    match target {
         EncodeTarget::One(OperandLayout::Rows) => {
-            // SAFETY: the kernel writes every code.
-            let mut codes = unsafe { cuda::output::<u8>(dev, n) }?;
-            let func = cuda::kernel(dev, &cuda::FP8, "fp8_quantize", T::DTYPE)?;
-            let mut args = stream.launch_builder(&func);
-            args.arg(&x)
-                .arg(&n)
-                .arg(scale)
-                .arg(&code)
-                .arg(&vec)
-                .arg(&mut codes);
-            let threads = if vec == 1 { n / 8 } else { n };
-            // SAFETY: `fp8_quantize_<T>(const T*, size_t, const float*, int, int, uchar*)`; `x`
-            // and `codes` hold n elements (x 16-byte aligned and n a multiple of 8 where `vec`;
-            // `codes` is a fresh allocation), `scale` at least one.
-            unsafe { args.launch(cuda::elementwise_config(threads)) }.w()?;
-            codes
+            rows(dev, (&x, l), scale, code, &mut codes, amax)?;
         }
         EncodeTarget::One(OperandLayout::Transposed) => {
-            // SAFETY: the kernel writes every code.
-            let mut codes_t = unsafe { cuda::output::<u8>(dev, n) }?;
-            transposed(dev, (&x, l), scale, code, None, &mut codes_t.slice_mut(..))?;
-            codes_t
+            transposed(dev, (&x, l), scale, code, (None, &mut codes), amax)?;
         }
         EncodeTarget::Both => {
-            // SAFETY: the kernel writes every code of both halves.
-            let mut codes = unsafe { cuda::output::<u8>(dev, 2 * n) }?;
             let (mut rows, mut columns) = codes.split_at_mut(n);
-            transposed(dev, (&x, l), scale, code, Some(&mut rows), &mut columns)?;
-            codes
+            transposed(
+                dev,
+                (&x, l),
+                scale,
+                code,
+                (Some(&mut rows), &mut columns),
+                amax,
+            )?;
         }
-    };
+    }
     Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
 }
 
+/// A null device pointer, for a kernel's optional buffer left out.
+const NULL: u64 = 0;
+
+/// The conversion of `x` (shape from `l`) into `codes` as it is, recording its largest magnitude
+/// into `amax` where given.
+fn rows<T: Elem>(
+    dev: &CudaDevice,
+    (x, l): (&CudaView<'_, T>, &Layout),
+    scale: &CudaView<'_, f32>,
+    code: i32,
+    codes: &mut CudaViewMut<'_, u8>,
+    amax: Option<&mut CudaViewMut<'_, u8>>,
+) -> Result<()> {
+    let n = l.shape().elem_count();
+    let vec = cuda::eight_wide(&[n], &[cuda::byte_offset::<T>(l)]);
+    let func = cuda::kernel(dev, &cuda::FP8, "fp8_quantize", T::DTYPE)?;
+    let stream = dev.cuda_stream();
+    let mut args = stream.launch_builder(&func);
+    args.arg(x)
+        .arg(&n)
+        .arg(scale)
+        .arg(&code)
+        .arg(&vec)
+        .arg(codes);
+    match amax {
+        Some(amax) => args.arg(amax),
+        None => args.arg(&NULL),
+    };
+    let threads = if vec == 1 { n / 8 } else { n };
+    // SAFETY: `fp8_quantize_<T>(const T*, size_t, const float*, int, int, uchar*, float*)`;
+    // `x` and `codes` hold n elements (x 16-byte aligned and n a multiple of 8 where `vec`;
+    // `codes` starts a fresh allocation), `scale` at least one, `amax` (or null) one f32 at a
+    // 4-byte boundary. Blocks are whole warps (256 threads), as its reduction needs.
+    unsafe { args.launch(cuda::elementwise_config(threads)) }.w()?;
+    Ok(())
+}
+
 /// The transposing conversion of the matrix `x` (shape from `l`) into `codes_t`, and into
-/// `codes` as it is, if given.
+/// `codes` as it is, if given; recording its largest magnitude into `amax` where given.
 fn transposed<T: Elem>(
     dev: &CudaDevice,
     (x, l): (&CudaView<'_, T>, &Layout),
     scale: &CudaView<'_, f32>,
     code: i32,
-    codes: Option<&mut CudaViewMut<'_, u8>>,
-    codes_t: &mut CudaViewMut<'_, u8>,
+    (codes, codes_t): (Option<&mut CudaViewMut<'_, u8>>, &mut CudaViewMut<'_, u8>),
+    amax: Option<&mut CudaViewMut<'_, u8>>,
 ) -> Result<()> {
     let (rows, cols) = l.shape().dims2()?;
     let tiles_y = rows.div_ceil(32);
@@ -156,22 +193,58 @@ fn transposed<T: Elem>(
     let func = cuda::kernel(dev, &cuda::FP8, "fp8_quantize_transposed", T::DTYPE)?;
     let stream = dev.cuda_stream();
     let mut args = stream.launch_builder(&func);
-    let none = 0u64;
     args.arg(x).arg(&r).arg(&c).arg(scale).arg(&code);
     match codes {
         Some(codes) => args.arg(codes),
-        // A null pointer: the kernel writes the transposed codes alone.
-        None => args.arg(&none),
+        // The kernel writes the transposed codes alone.
+        None => args.arg(&NULL),
     };
     args.arg(codes_t);
+    match amax {
+        Some(amax) => args.arg(amax),
+        None => args.arg(&NULL),
+    };
     let config = candle_core::cuda_backend::cudarc::driver::LaunchConfig {
         grid_dim: (cols.div_ceil(32) as u32, tiles_y as u32, 1),
         block_dim: (32, 8, 1),
         shared_mem_bytes: 0,
     };
     // SAFETY: `fp8_quantize_transposed_<T>(const T*, int, int, const float*, int, uchar*,
-    // uchar*)` with 32 × 8 blocks over 32 × 32 tiles; `x`, `codes_t` and `codes` (or null) hold
-    // rows·cols elements.
+    // uchar*, float*)` with 32 × 8 blocks over 32 × 32 tiles; `x`, `codes_t` and `codes` (or
+    // null) hold rows·cols elements, `amax` (or null) one f32 at a 4-byte boundary.
+    unsafe { args.launch(config) }.w()?;
+    Ok(())
+}
+
+/// `history[slot]` = the largest magnitude a recording conversion wrote at byte `at` of
+/// `encoded`: one thread, on candle's stream.
+pub(super) fn record_amax(
+    dev: &CudaDevice,
+    history: &mut CudaViewMut<'_, f32>,
+    encoded: &CudaView<'_, u8>,
+    at: usize,
+    slot: usize,
+) -> Result<()> {
+    if slot >= history.len() || at + Recorded::BYTES > encoded.len() {
+        bail!(
+            "{NAME}: no record at byte {at} of {} or no slot {slot} of {}",
+            encoded.len(),
+            history.len()
+        );
+    }
+    let from = encoded.slice(at..at + Recorded::BYTES);
+    let slot = cuda::dim(slot, "history slots")?;
+    let func = cuda::kernel_untyped(dev, &cuda::FP8, "fp8_record_amax")?;
+    let stream = dev.cuda_stream();
+    let mut args = stream.launch_builder(&func);
+    args.arg(&from).arg(history).arg(&slot);
+    let config = candle_core::cuda_backend::cudarc::driver::LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (1, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: `fp8_record_amax(const float*, float*, int)`, one thread; `from` is four bytes at
+    // a 4-byte boundary (`Recorded::trailer`), `history` holds more than `slot` floats.
     unsafe { args.launch(config) }.w()?;
     Ok(())
 }

@@ -12,7 +12,11 @@
 //! CUDA kernels (`kernels/fp8.cu`) restate both in the same f32 operations, and the op tests
 //! hold them to the host's codes.
 
-use candle_core::{bail, CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
+use std::sync::Mutex;
+
+use candle_core::{
+    bail, CpuStorage, CustomOp1, CustomOp2, DType, InplaceOp2, Layout, Result, Shape, Tensor,
+};
 
 use super::{Fp8Format, Scaling, TensorScaler};
 
@@ -46,21 +50,210 @@ pub fn quantize_operand(
     format: Fp8Format,
     layout: OperandLayout,
 ) -> Result<Fp8Operand> {
-    let (codes, scale_inv) = converted(t, format, EncodeTarget::One(layout))?;
-    Ok(Fp8Operand {
-        codes,
-        scale_inv,
-        format,
-    })
+    let t = matrix(t)?;
+    let scales = current_scales(&t, format)?;
+    let codes = encoded(&t, &scales, format, EncodeTarget::One(layout))?;
+    one_layout(&t, codes, &scales, format, layout)
 }
 
 /// `t` (a matrix) converted to `format` at its own current scale in both layouts, rows then
 /// transposed: one largest-magnitude pass and one read of `t` where two conversions would take
 /// two of each (a gradient's products read it both ways).
 pub fn quantize_operand_pair(t: &Tensor, format: Fp8Format) -> Result<(Fp8Operand, Fp8Operand)> {
-    let (both, scale_inv) = converted(t, format, EncodeTarget::Both)?;
+    let t = matrix(t)?;
+    let scales = current_scales(&t, format)?;
+    let both = encoded(&t, &scales, format, EncodeTarget::Both)?;
+    both_layouts(&t, both, &scales, format)
+}
+
+/// How many conversions of one operand delayed scaling looks back over: long enough that a
+/// scale does not follow every step's wobble, short enough that the large magnitudes of the
+/// first steps leave it soon.
+pub const HISTORY_SLOTS: usize = 16;
+
+/// Delayed scaling for one operand of a layer (its input, its weight, or its output gradient):
+/// the largest magnitudes of its last conversions, on their device, and the format it is
+/// converted to.
+///
+/// A conversion takes its scale from the largest of those magnitudes (as
+/// [`TensorScaler`] with [`Scaling::Delayed`] does), so it needs no pass over the tensor
+/// before converting it; the conversion records the tensor's own largest magnitude as it
+/// reads it, for the conversions after it. The first conversion, with no history yet, scales
+/// itself. Nothing waits for the host: the history, the scale and the record stay on the
+/// device.
+#[derive(Debug)]
+pub struct ScaleHistory {
+    format: Fp8Format,
+    slots: usize,
+    state: Mutex<Option<History>>,
+}
+
+/// The magnitudes (f32, one per slot, zero where none yet) and the slot the next conversion
+/// records into: the oldest.
+#[derive(Debug)]
+struct History {
+    amaxes: Tensor,
+    next: usize,
+}
+
+impl ScaleHistory {
+    /// An empty history of `slots` conversions (at least one) into `format`.
+    pub fn new(format: Fp8Format, slots: usize) -> Self {
+        Self {
+            format,
+            slots: slots.max(1),
+            state: Mutex::new(None),
+        }
+    }
+
+    /// `t` (a matrix) converted at the history's scale, laid out as `layout` says; its
+    /// largest magnitude joins the history.
+    pub fn quantize(&self, t: &Tensor, layout: OperandLayout) -> Result<Fp8Operand> {
+        let t = matrix(t)?;
+        let (codes, scales) = self.converted(&t, EncodeTarget::One(layout))?;
+        one_layout(&t, codes, &scales, self.format, layout)
+    }
+
+    /// `t` (a matrix) converted at the history's scale in both layouts, rows then transposed
+    /// (as [`quantize_operand_pair`]); its largest magnitude joins the history.
+    pub fn quantize_pair(&self, t: &Tensor) -> Result<(Fp8Operand, Fp8Operand)> {
+        let t = matrix(t)?;
+        let (both, scales) = self.converted(&t, EncodeTarget::Both)?;
+        both_layouts(&t, both, &scales, self.format)
+    }
+
+    /// The codes as `target` says (flat) and `[1/scale, scale]`, recording `t`'s largest
+    /// magnitude in the oldest slot.
+    fn converted(&self, t: &Tensor, target: EncodeTarget) -> Result<(Tensor, Tensor)> {
+        let mut state = self
+            .state
+            .lock()
+            .map_err(|_| candle_core::Error::Msg(format!("{NAME}: a conversion panicked")))?;
+        // The history's largest magnitude is what current scaling would pick for a tensor
+        // holding those magnitudes: the same op gives it.
+        let scales = match &*state {
+            Some(history) => current_scales(&history.amaxes, self.format)?,
+            None => current_scales(t, self.format)?,
+        };
+        let count = target.count(t.elem_count());
+        let record = Encode {
+            format: self.format,
+            target,
+            record: true,
+        };
+        let encoded = t.apply_op2_no_bwd(&scales, &record)?;
+        let history = match &mut *state {
+            Some(history) => history,
+            empty => empty.insert(History {
+                amaxes: Tensor::zeros(self.slots, DType::F32, t.device())?,
+                next: 0,
+            }),
+        };
+        let slot = RecordAmax {
+            at: Recorded::trailer(count),
+            slot: history.next,
+        };
+        history.amaxes.inplace_op2(&encoded, &slot)?;
+        history.next = (history.next + 1) % self.slots;
+        Ok((encoded.narrow(0, 0, count)?, scales))
+    }
+
+    /// The largest magnitudes recorded so far, oldest slot first where the history has
+    /// wrapped (zeros where none yet); empty before the first conversion.
+    pub fn magnitudes(&self) -> Result<Vec<f32>> {
+        let state = self
+            .state
+            .lock()
+            .map_err(|_| candle_core::Error::Msg(format!("{NAME}: a conversion panicked")))?;
+        match &*state {
+            Some(history) => history.amaxes.to_vec1::<f32>(),
+            None => Ok(Vec::new()),
+        }
+    }
+}
+
+/// Delayed scaling for a linear layer whose products run in fp8: its input and its weight in
+/// E4M3 (precision), its output gradient in E5M2 (range). A layer's input is converted as
+/// rows for the forward product and transposed for the weight's gradient, and its weight as
+/// rows forward and transposed backward: each pair shares a history, since both conversions
+/// read the same values.
+#[derive(Debug)]
+pub struct LayerScales {
+    /// The layer's input.
+    pub input: ScaleHistory,
+    /// The layer's weight.
+    pub weight: ScaleHistory,
+    /// The gradient of the layer's output.
+    pub gradient: ScaleHistory,
+}
+
+impl Default for LayerScales {
+    fn default() -> Self {
+        Self {
+            input: ScaleHistory::new(Fp8Format::E4m3, HISTORY_SLOTS),
+            weight: ScaleHistory::new(Fp8Format::E4m3, HISTORY_SLOTS),
+            gradient: ScaleHistory::new(Fp8Format::E5m2, HISTORY_SLOTS),
+        }
+    }
+}
+
+/// `t` as a contiguous matrix, or an error naming its shape.
+fn matrix(t: &Tensor) -> Result<Tensor> {
+    if t.rank() != 2 {
+        bail!(
+            "{NAME}: an operand must be a matrix, got shape {:?}",
+            t.dims()
+        );
+    }
+    t.contiguous()
+}
+
+/// `[1/scale, scale]` at current scaling for `t`. The reciprocal comes first so that the
+/// product reads it at the allocation's own alignment.
+fn current_scales(t: &Tensor, format: Fp8Format) -> Result<Tensor> {
+    t.apply_op1_no_bwd(&ChooseScale { format })
+}
+
+/// `t`'s codes at `scales[1]` as `target` says, flat.
+fn encoded(t: &Tensor, scales: &Tensor, format: Fp8Format, target: EncodeTarget) -> Result<Tensor> {
+    let plain = Encode {
+        format,
+        target,
+        record: false,
+    };
+    t.apply_op2_no_bwd(scales, &plain)
+}
+
+/// The operand from the flat `codes` of the matrix `t` in `layout`.
+fn one_layout(
+    t: &Tensor,
+    codes: Tensor,
+    scales: &Tensor,
+    format: Fp8Format,
+    layout: OperandLayout,
+) -> Result<Fp8Operand> {
+    let (rows, cols) = t.dims2()?;
+    let shape = match layout {
+        OperandLayout::Rows => (rows, cols),
+        OperandLayout::Transposed => (cols, rows),
+    };
+    Ok(Fp8Operand {
+        codes: codes.reshape(shape)?,
+        scale_inv: scales.narrow(0, 0, 1)?,
+        format,
+    })
+}
+
+/// The two operands from the flat codes of the matrix `t` in both layouts, rows first.
+fn both_layouts(
+    t: &Tensor,
+    both: Tensor,
+    scales: &Tensor,
+    format: Fp8Format,
+) -> Result<(Fp8Operand, Fp8Operand)> {
     let (rows, cols) = t.dims2()?;
     let n = rows * cols;
+    let scale_inv = scales.narrow(0, 0, 1)?;
     let operand = |start: usize, shape: (usize, usize)| -> Result<Fp8Operand> {
         Ok(Fp8Operand {
             codes: both.narrow(0, start, n)?.reshape(shape)?,
@@ -71,22 +264,6 @@ pub fn quantize_operand_pair(t: &Tensor, format: Fp8Format) -> Result<(Fp8Operan
     Ok((operand(0, (rows, cols))?, operand(n, (cols, rows))?))
 }
 
-/// The matrix `t`'s codes at its current scale as `target` says, and the reciprocal of that
-/// scale (what a product divides out).
-fn converted(t: &Tensor, format: Fp8Format, target: EncodeTarget) -> Result<(Tensor, Tensor)> {
-    if t.rank() != 2 {
-        bail!(
-            "{NAME}: an operand must be a matrix, got shape {:?}",
-            t.dims()
-        );
-    }
-    let t = t.contiguous()?;
-    // [1/scale, scale]
-    let scales = t.apply_op1_no_bwd(&ChooseScale { format })?;
-    let codes = t.apply_op2_no_bwd(&scales, &Encode { format, target })?;
-    Ok((codes, scales.narrow(0, 0, 1)?))
-}
-
 /// Which codes [`Encode`] writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum EncodeTarget {
@@ -94,6 +271,31 @@ pub(super) enum EncodeTarget {
     One(OperandLayout),
     /// Both, rows then transposed, in one flat tensor.
     Both,
+}
+
+impl EncodeTarget {
+    /// The codes written for a matrix of `n` values.
+    fn count(self, n: usize) -> usize {
+        match self {
+            EncodeTarget::One(_) => n,
+            EncodeTarget::Both => 2 * n,
+        }
+    }
+}
+
+/// Where a conversion that records its input's largest magnitude puts it: an f32 after the
+/// codes.
+pub(super) struct Recorded;
+
+impl Recorded {
+    /// The bytes of the record.
+    pub(super) const BYTES: usize = 4;
+
+    /// The record's offset after `count` codes: the next 4-byte boundary, which the GPU's
+    /// atomic needs.
+    pub(super) fn trailer(count: usize) -> usize {
+        count.next_multiple_of(Self::BYTES)
+    }
 }
 
 /// `a · bᵀ` (`a`: `m × k` codes, `b`: `n × k`) with f32 accumulation and both scales divided
@@ -159,20 +361,22 @@ impl CustomOp1 for ChooseScale {
 }
 
 /// Op: a matrix's codes at the scale of the second input (`[1/scale, scale]`), laid out as
-/// `target` says.
+/// `target` says, flat; with `record`, the matrix's largest magnitude after them
+/// ([`Recorded`]).
 struct Encode {
     format: Fp8Format,
     target: EncodeTarget,
+    record: bool,
 }
 
 impl Encode {
-    fn shape(&self, l: &Layout) -> Result<Shape> {
-        let (rows, cols) = l.shape().dims2()?;
-        Ok(match self.target {
-            EncodeTarget::One(OperandLayout::Rows) => Shape::from((rows, cols)),
-            EncodeTarget::One(OperandLayout::Transposed) => Shape::from((cols, rows)),
-            EncodeTarget::Both => Shape::from(2 * rows * cols),
-        })
+    /// The output's length for a matrix of `n` values.
+    fn len(&self, n: usize) -> usize {
+        let count = self.target.count(n);
+        match self.record {
+            true => Recorded::trailer(count) + Recorded::BYTES,
+            false => count,
+        }
     }
 }
 
@@ -198,12 +402,18 @@ impl CustomOp2 for Encode {
                 .flat_map(|c| (0..rows).map(move |r| r * cols + c))
                 .map(code)
         };
-        let codes: Vec<u8> = match self.target {
+        let mut codes: Vec<u8> = match self.target {
             EncodeTarget::One(OperandLayout::Rows) => as_rows().collect(),
             EncodeTarget::One(OperandLayout::Transposed) => transposed().collect(),
             EncodeTarget::Both => as_rows().chain(transposed()).collect(),
         };
-        Ok((CpuStorage::U8(codes), self.shape(l)?))
+        if self.record {
+            codes.resize(Recorded::trailer(codes.len()), 0);
+            codes.extend_from_slice(&super::amax(&values).to_ne_bytes());
+        }
+        debug_assert_eq!(codes.len(), self.len(rows * cols));
+        let len = codes.len();
+        Ok((CpuStorage::U8(codes), Shape::from(len)))
     }
 
     #[cfg(feature = "cuda")]
@@ -217,9 +427,68 @@ impl CustomOp2 for Encode {
         let scales = crate::ops::cuda::view::<f32>(scales, scales_layout, NAME)?;
         let scale = scales.slice(1..);
         let out = crate::ops::cuda::float_slice!(NAME, s, v => super::gpu::encode(
-            v, l, &s.device, &scale, self.format, self.target
+            v, l, &s.device, &scale, self.format, (self.target, self.record)
         )?);
-        Ok((out, self.shape(l)?))
+        Ok((out, Shape::from(self.len(l.shape().elem_count()))))
+    }
+}
+
+/// Op, in place on a history of largest magnitudes (f32): `history[slot]` = the magnitude a
+/// recording [`Encode`] wrote at byte `at` of its output (the second input).
+struct RecordAmax {
+    at: usize,
+    slot: usize,
+}
+
+impl InplaceOp2 for RecordAmax {
+    fn name(&self) -> &'static str {
+        "fp8-record-amax"
+    }
+
+    fn cpu_fwd(
+        &self,
+        history: &mut CpuStorage,
+        history_layout: &Layout,
+        encoded: &CpuStorage,
+        encoded_layout: &Layout,
+    ) -> Result<()> {
+        let (CpuStorage::F32(history), CpuStorage::U8(encoded)) = (history, encoded) else {
+            bail!("{NAME}: a history is f32 and a conversion's output u8");
+        };
+        let (Some((start, end)), Some((from, _))) = (
+            history_layout.contiguous_offsets(),
+            encoded_layout.contiguous_offsets(),
+        ) else {
+            bail!("{NAME}: the history and the conversion must be contiguous");
+        };
+        let Some(bytes) = encoded.get(from + self.at..from + self.at + Recorded::BYTES) else {
+            bail!("{NAME}: no record at byte {} of the conversion", self.at);
+        };
+        let Some(slot) = history[start..end].get_mut(self.slot) else {
+            bail!("{NAME}: no slot {} in the history", self.slot);
+        };
+        let mut word = [0u8; Recorded::BYTES];
+        word.copy_from_slice(bytes);
+        *slot = f32::from_ne_bytes(word);
+        Ok(())
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        history: &mut candle_core::CudaStorage,
+        history_layout: &Layout,
+        encoded: &candle_core::CudaStorage,
+        encoded_layout: &Layout,
+    ) -> Result<()> {
+        let dev = history.device.clone();
+        let encoded =
+            crate::ops::cuda::slice_view(encoded.as_cuda_slice::<u8>()?, encoded_layout, NAME)?;
+        let Some((start, end)) = history_layout.contiguous_offsets() else {
+            bail!("{NAME}: the history must be contiguous");
+        };
+        let mut slots = history.as_cuda_slice_mut::<f32>()?.slice_mut(start..end);
+        super::gpu::record_amax(&dev, &mut slots, &encoded, self.at, self.slot)
     }
 }
 
@@ -300,6 +569,66 @@ mod tests {
             Fp8Format::E4m3
         )
         .is_err());
+    }
+
+    #[test]
+    fn a_history_converts_as_delayed_scaling_defines_in_every_layout() {
+        // Two slots, so the sequence shows the first conversion scaling itself, a spike
+        // clipped at the scale before it, the scale after it, and the spike leaving.
+        for format in [Fp8Format::E4m3, Fp8Format::E5m2] {
+            let history = ScaleHistory::new(format, 2);
+            let mut scaler = TensorScaler::new(format, Scaling::Delayed { history: 2 });
+            assert!(history.magnitudes().unwrap().is_empty());
+            for (step, size) in [1.0f32, 8.0, 1.0, 1.0, 0.5, 1.0].into_iter().enumerate() {
+                let t = (matrix(5, 12, step as u64) * f64::from(size)).unwrap();
+                let values = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                let want = scaler.quantize(&values);
+                let codes = |o: &Fp8Operand| o.codes.flatten_all().unwrap().to_vec1::<u8>();
+                let inverse = |o: &Fp8Operand| o.scale_inv.to_vec1::<f32>().unwrap();
+                // Alternating the ways in: each records into the same history.
+                let operand = match step % 3 {
+                    0 => history.quantize(&t, OperandLayout::Rows).unwrap(),
+                    1 => {
+                        let (rows, transposed) = history.quantize_pair(&t).unwrap();
+                        assert_eq!(transposed.codes.dims(), &[12, 5]);
+                        // The transposed codes: the same values at the same scale.
+                        let by_hand: Vec<u8> = (0..12)
+                            .flat_map(|c| (0..5).map(move |r| r * 12 + c))
+                            .map(|i| format.encode(values[i] * want.scale))
+                            .collect();
+                        assert_eq!(codes(&transposed).unwrap(), by_hand, "{format:?} {step}");
+                        assert_eq!(inverse(&transposed), inverse(&rows));
+                        rows
+                    }
+                    _ => {
+                        let transposed = history.quantize(&t, OperandLayout::Transposed).unwrap();
+                        let as_rows = transposed.codes.t().unwrap().contiguous().unwrap();
+                        Fp8Operand {
+                            codes: as_rows,
+                            ..transposed
+                        }
+                    }
+                };
+                assert_eq!(
+                    codes(&operand).unwrap(),
+                    want.codes,
+                    "{format:?} step {step}"
+                );
+                assert_eq!(
+                    inverse(&operand),
+                    vec![1.0 / want.scale],
+                    "{format:?} {step}"
+                );
+                assert_eq!(operand.format, format);
+            }
+            // The last two conversions' magnitudes, in their slots.
+            let recorded = history.magnitudes().unwrap();
+            let magnitude = |step: u64, size: f32| {
+                let t = (matrix(5, 12, step) * f64::from(size)).unwrap();
+                crate::ops::fp8::amax(&t.flatten_all().unwrap().to_vec1::<f32>().unwrap())
+            };
+            assert_eq!(recorded, vec![magnitude(4, 0.5), magnitude(5, 1.0)]);
+        }
     }
 
     #[test]

@@ -44,24 +44,40 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// The largest magnitude of each block's share of x (NaNs ignored, as fmaxf does) into
-// partials[blockIdx.x]; fp8_scale reduces the partials. Two launches and no atomics: nothing
-// needs zeroing first, and the result does not depend on the blocks' order.
+// The largest of the block's threads' `m` (NaNs ignored, as fmaxf does), valid in its first
+// thread; blocks of whole warps, in one or two dimensions. Every thread of the block must call it.
 __device__ float block_max(float m) {
     __shared__ float partial[32];
     m = warp_max(m);
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
+    const int thread = threadIdx.y * blockDim.x + threadIdx.x;
+    const int lane = thread & 31;
+    const int warp = thread >> 5;
     if (lane == 0) partial[warp] = m;
     __syncthreads();
     float t = 0.f;
     if (warp == 0) {
-        t = lane < (int)(blockDim.x >> 5) ? partial[lane] : 0.f;
+        t = lane < (int)((blockDim.x * blockDim.y) >> 5) ? partial[lane] : 0.f;
         t = warp_max(t);
     }
     return t;  // valid in thread 0
 }
 
+// Folds the block's largest magnitude `m` into `*amax` (nothing where `amax` is null): a
+// conversion records the largest magnitude it read, which delayed scaling turns into the next
+// conversion's scale, without a pass of its own. Magnitudes are not negative, so their bits
+// order as the floats do and an integer maximum is the float one; it does not depend on the
+// blocks' order. `*amax` starts at zero.
+__device__ void record_amax(float m, float *amax) {
+    if (amax == nullptr) return;
+    m = block_max(m);
+    if (threadIdx.x == 0 && threadIdx.y == 0) {
+        atomicMax(reinterpret_cast<unsigned int *>(amax), __float_as_uint(m));
+    }
+}
+
+// The largest magnitude of each block's share of x (NaNs ignored, as fmaxf does) into
+// partials[blockIdx.x]; fp8_scale reduces the partials. Two launches and no atomics: nothing
+// needs zeroing first, and the result does not depend on the blocks' order.
 template <typename T>
 __device__ void amax(const T *x, size_t n, int vec, float *partials) {
     const size_t start = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
@@ -104,10 +120,11 @@ extern "C" __global__ void fp8_scale(const float *partials, int count, int forma
 
 template <typename T>
 __device__ void quantize(const T *x, size_t n, const float *scale, int format, int vec,
-                         unsigned char *codes) {
+                         unsigned char *codes, float *amax) {
     const float s = *scale;
     const size_t start = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     const size_t step = (size_t)gridDim.x * blockDim.x;
+    float m = 0.f;
     if (vec) {
         // Eight values in one 16-byte (bf16/f16) or two (f32) loads, their codes in one
         // 8-byte store.
@@ -117,37 +134,52 @@ __device__ void quantize(const T *x, size_t n, const float *scale, int format, i
             const Pack8<T> v = x8[q];
             float f[8];
 #pragma unroll
-            for (int k = 0; k < 8; ++k) f[k] = to_f32(v.v[k]) * s;
+            for (int k = 0; k < 8; ++k) {
+                const float value = to_f32(v.v[k]);
+                m = fmaxf(m, fabsf(value));
+                f[k] = value * s;
+            }
             codes8[q] = make_uint2(fp8_encode4(f[0], f[1], f[2], f[3], format),
                                    fp8_encode4(f[4], f[5], f[6], f[7], format));
         }
-        return;
+    } else {
+        for (size_t i = start; i < n; i += step) {
+            const float value = to_f32(x[i]);
+            m = fmaxf(m, fabsf(value));
+            codes[i] = fp8_encode(value * s, format);
+        }
     }
-    for (size_t i = start; i < n; i += step) codes[i] = fp8_encode(to_f32(x[i]) * s, format);
+    record_amax(m, amax);
 }
 
 // x (rows × cols, row-major) converted and written transposed (cols × rows), through a 32 × 32
 // tile in shared memory so that reads and writes are both along rows; with `codes` not null,
 // also as it is (rows × cols), from the same read. Blocks of 32 × 8 threads: each reads four
 // rows of the tile, then writes one 4-byte word of a transposed row (bytes where `rows` is not
-// a multiple of 4 or the tile ends inside the word).
+// a multiple of 4 or the tile ends inside the word). With `amax` not null, records the largest
+// magnitude it read there (record_amax).
 template <typename T>
 __device__ void quantize_transposed(const T *x, int rows, int cols, const float *scale,
                                     int format, unsigned char *codes,
-                                    unsigned char *codes_t) {
+                                    unsigned char *codes_t, float *amax) {
     __shared__ unsigned char tile[32][33];
     const float s = *scale;
     const int col0 = blockIdx.x * 32, row0 = blockIdx.y * 32;
+    float m = 0.f;
     for (int k = threadIdx.y; k < 32; k += 8) {
         const int r = row0 + k, c = col0 + threadIdx.x;
         if (r < rows && c < cols) {
             const size_t at = (size_t)r * cols + c;
-            const unsigned char code = fp8_encode(to_f32(x[at]) * s, format);
+            const float value = to_f32(x[at]);
+            m = fmaxf(m, fabsf(value));
+            const unsigned char code = fp8_encode(value * s, format);
             tile[k][threadIdx.x] = code;
             if (codes != nullptr) codes[at] = code;
         }
     }
+    // Its barrier also orders the tile's writes before the reads below.
     __syncthreads();
+    record_amax(m, amax);
     const int t = threadIdx.y * 32 + threadIdx.x;
     const int c = col0 + t / 8, r = row0 + 4 * (t % 8);
     if (c >= cols || r >= rows) return;
@@ -170,16 +202,21 @@ __device__ void quantize_transposed(const T *x, int rows, int cols, const float 
         amax<T>(x, n, vec, partials);                                                          \
     }                                                                                          \
     extern "C" __global__ void fp8_quantize_##NAME(const T *x, size_t n, const float *scale,   \
-                                                   int format, int vec,                        \
-                                                   unsigned char *codes) {                     \
-        quantize<T>(x, n, scale, format, vec, codes);                                          \
+                                                   int format, int vec, unsigned char *codes,  \
+                                                   float *amax) {                              \
+        quantize<T>(x, n, scale, format, vec, codes, amax);                                    \
     }                                                                                          \
     extern "C" __global__ void fp8_quantize_transposed_##NAME(                                 \
         const T *x, int rows, int cols, const float *scale, int format, unsigned char *codes,  \
-        unsigned char *codes_t) {                                                              \
-        quantize_transposed<T>(x, rows, cols, scale, format, codes, codes_t);                  \
+        unsigned char *codes_t, float *amax) {                                                 \
+        quantize_transposed<T>(x, rows, cols, scale, format, codes, codes_t, amax);            \
     }
 
 FP8_KERNELS(float, f32)
 FP8_KERNELS(__nv_bfloat16, bf16)
 FP8_KERNELS(__half, f16)
+
+// history[slot] = the f32 at `from` (a conversion's recorded largest magnitude): one thread.
+extern "C" __global__ void fp8_record_amax(const float *from, float *history, int slot) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) history[slot] = *from;
+}
