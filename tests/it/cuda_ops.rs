@@ -886,7 +886,8 @@ fn cuda_fp8_delayed_scaling_matches_the_host() {
 
 /// fp8 conversion on the GPU gives the host's codes and scale to the bit (f32 and bf16 inputs,
 /// both formats, each layout alone and both from one pass; shapes that end inside a 32 × 32
-/// tile, whose row count is or is not a multiple of 4, whose size is or is not a multiple of 8;
+/// or 64 × 64 tile, whose row count is or is not a multiple of 4 or 16, whose size is or is not
+/// a multiple of 8;
 /// values past the largest finite one and a NaN); on a GPU with fp8 tensor cores, cuBLASLt's
 /// product of those codes equals the host's product of the same codes up to the tensor cores'
 /// accumulation.
@@ -894,7 +895,7 @@ fn cuda_fp8_delayed_scaling_matches_the_host() {
 fn cuda_fp8_conversion_and_products_match_the_host() {
     use autotune::ops::fp8::{self, Fp8Format, OperandLayout};
     let dev = gpu();
-    for (rows, cols) in [(67, 96), (128, 96), (5, 7)] {
+    for (rows, cols) in [(67, 96), (128, 96), (5, 7), (80, 136)] {
         let mut values: Vec<f32> = random(&[rows, cols], 2.0, 0.0, 11, DType::F32)
             .flatten_all()
             .unwrap()

@@ -35,18 +35,56 @@ pub(super) fn scales<T: Elem>(
     format: Fp8Format,
 ) -> Result<CudaStorage> {
     let n = l.shape().elem_count();
-    let vec = cuda::eight_wide(&[n], &[cuda::byte_offset::<T>(l)]);
     let x = cuda::slice_view(x, l, NAME)?;
     let stream = dev.cuda_stream();
-    // Up to AMAX_BLOCKS blocks, each thread looping over its share (eight elements at a time
-    // where `vec`): one partial maximum per block, which one block of the scale kernel reduces.
+    // SAFETY: `fp8_scale` writes both elements.
+    let mut out = unsafe { cuda::output::<f32>(dev, 2) }?;
+    let (mut inverse, mut scale) = out.split_at_mut(1);
+    let func = cuda::kernel_untyped(dev, &cuda::FP8, "fp8_scale")?;
+    let (code, margin) = (format_code(format), 0i32);
+    let mut args = stream.launch_builder(&func);
+    // A few f32 (a delayed-scaling history) are their own partial maxima: the scale kernel
+    // takes their magnitudes itself, one launch instead of two.
+    let partials = match T::DTYPE == DType::F32 && n <= SCALE_ALONE {
+        true => None,
+        false => Some(partial_maxima(&x, l, dev)?),
+    };
+    match &partials {
+        Some(partials) => args.arg(partials),
+        None => args.arg(&x),
+    };
+    let count = cuda::dim(partials.as_ref().map_or(n, |p| p.len()), "partial maxima")?;
+    args.arg(&count)
+        .arg(&code)
+        .arg(&margin)
+        .arg(&mut scale)
+        .arg(&mut inverse);
+    // SAFETY: `fp8_scale(const float*, int, int, int, float*, float*)`, one block of whole
+    // warps; its input holds `count` floats (the partials, or `x` itself where it is f32).
+    unsafe { args.launch(one_block()) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+}
+
+/// The most f32 values the scale kernel reduces alone, without a largest-magnitude pass first.
+const SCALE_ALONE: usize = 4096;
+
+/// One largest magnitude per block of a pass over `x`: up to AMAX_BLOCKS blocks, each thread
+/// looping over its share (eight elements at a time where it can).
+fn partial_maxima<T: Elem>(
+    x: &CudaView<'_, T>,
+    l: &Layout,
+    dev: &CudaDevice,
+) -> Result<CudaSlice<f32>> {
+    let n = l.shape().elem_count();
+    let vec = cuda::eight_wide(&[n], &[cuda::byte_offset::<T>(l)]);
     let config = cuda::elementwise_config(if vec == 1 { n / 8 } else { n });
     let blocks = config.grid_dim.0.min(AMAX_BLOCKS);
     // SAFETY: `fp8_amax_<T>` writes one partial per block.
     let mut partials = unsafe { cuda::output::<f32>(dev, blocks as usize) }?;
     let func = cuda::kernel(dev, &cuda::FP8, "fp8_amax", T::DTYPE)?;
+    let stream = dev.cuda_stream();
     let mut args = stream.launch_builder(&func);
-    args.arg(&x).arg(&n).arg(&vec).arg(&mut partials);
+    args.arg(x).arg(&n).arg(&vec).arg(&mut partials);
     let config = candle_core::cuda_backend::cudarc::driver::LaunchConfig {
         grid_dim: (blocks, 1, 1),
         ..config
@@ -55,22 +93,7 @@ pub(super) fn scales<T: Elem>(
     // aligned and a multiple of 8 where `vec`) and `partials` one float per block. Blocks are
     // whole warps (256 threads), as its reduction needs.
     unsafe { args.launch(config) }.w()?;
-    // SAFETY: `fp8_scale` writes both elements.
-    let mut out = unsafe { cuda::output::<f32>(dev, 2) }?;
-    let (mut inverse, mut scale) = out.split_at_mut(1);
-    let func = cuda::kernel_untyped(dev, &cuda::FP8, "fp8_scale")?;
-    let (count, code, margin) = (blocks as i32, format_code(format), 0i32);
-    let mut args = stream.launch_builder(&func);
-    args.arg(&partials)
-        .arg(&count)
-        .arg(&code)
-        .arg(&margin)
-        .arg(&mut scale)
-        .arg(&mut inverse);
-    // SAFETY: `fp8_scale(const float*, int, int, int, float*, float*)`, one block of whole
-    // warps; `partials` holds `count` floats.
-    unsafe { args.launch(one_block()) }.w()?;
-    Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+    Ok(partials)
 }
 
 /// The most blocks the largest-magnitude pass runs: enough to keep every SM of a large GPU
@@ -175,7 +198,10 @@ fn rows<T: Elem>(
 }
 
 /// The transposing conversion of the matrix `x` (shape from `l`) into `codes_t`, and into
-/// `codes` as it is, if given; recording its largest magnitude into `amax` where given.
+/// `codes` as it is, if given; recording its largest magnitude into `amax` where given. Matrices
+/// whose rows are a multiple of 16 and columns a multiple of 8, starting on a 16-byte boundary
+/// (every product operand of a model whose widths are multiples of 64, at any token count that
+/// is a multiple of 16), take the wide kernel.
 fn transposed<T: Elem>(
     dev: &CudaDevice,
     (x, l): (&CudaView<'_, T>, &Layout),
@@ -185,12 +211,17 @@ fn transposed<T: Elem>(
     amax: Option<&mut CudaViewMut<'_, u8>>,
 ) -> Result<()> {
     let (rows, cols) = l.shape().dims2()?;
-    let tiles_y = rows.div_ceil(32);
+    let wide = rows % 16 == 0 && cuda::eight_wide(&[cols], &[cuda::byte_offset::<T>(l)]) == 1;
+    let (tile, base, block) = match wide {
+        true => (64, "fp8_quantize_transposed_wide", (256, 1, 1)),
+        false => (32, "fp8_quantize_transposed", (32, 8, 1)),
+    };
+    let tiles_y = rows.div_ceil(tile);
     if tiles_y > 65_535 {
         bail!("{NAME}: {rows} rows are more than the transposing conversion's grid holds");
     }
     let (r, c) = (cuda::dim(rows, "rows")?, cuda::dim(cols, "columns")?);
-    let func = cuda::kernel(dev, &cuda::FP8, "fp8_quantize_transposed", T::DTYPE)?;
+    let func = cuda::kernel(dev, &cuda::FP8, base, T::DTYPE)?;
     let stream = dev.cuda_stream();
     let mut args = stream.launch_builder(&func);
     args.arg(x).arg(&r).arg(&c).arg(scale).arg(&code);
@@ -205,13 +236,16 @@ fn transposed<T: Elem>(
         None => args.arg(&NULL),
     };
     let config = candle_core::cuda_backend::cudarc::driver::LaunchConfig {
-        grid_dim: (cols.div_ceil(32) as u32, tiles_y as u32, 1),
-        block_dim: (32, 8, 1),
+        grid_dim: (cols.div_ceil(tile) as u32, tiles_y as u32, 1),
+        block_dim: block,
         shared_mem_bytes: 0,
     };
-    // SAFETY: `fp8_quantize_transposed_<T>(const T*, int, int, const float*, int, uchar*,
-    // uchar*, float*)` with 32 × 8 blocks over 32 × 32 tiles; `x`, `codes_t` and `codes` (or
-    // null) hold rows·cols elements, `amax` (or null) one f32 at a 4-byte boundary.
+    // SAFETY: `fp8_quantize_transposed[_wide]_<T>(const T*, int, int, const float*, int, uchar*,
+    // uchar*, float*)` over `tile` × `tile` tiles with the block shape each assumes; `x`,
+    // `codes_t` and `codes` (or null) hold rows·cols elements, `amax` (or null) one f32 at a
+    // 4-byte boundary. The wide kernel's conditions are checked above, and `codes` and
+    // `codes_t` start at offsets 0 and rows·cols (a multiple of 128) of a fresh allocation, so
+    // its 8- and 16-byte stores are aligned.
     unsafe { args.launch(config) }.w()?;
     Ok(())
 }

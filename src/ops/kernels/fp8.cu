@@ -97,15 +97,15 @@ __device__ void amax(const T *x, size_t n, int vec, float *partials) {
     if (threadIdx.x == 0) partials[blockIdx.x] = m;
 }
 
-// One block: the largest of `count` partial maxima, then the scale that puts it at the format's
-// largest finite value less `margin` binades, in the same f32 operations as
-// `TensorScaler::scale_for`; 1 where there is no finite, nonzero magnitude. Writes the scale
-// and its reciprocal (what the product multiplies by).
+// One block: the largest magnitude of `count` values (partial maxima, or a few f32 given
+// directly), then the scale that puts it at the format's largest finite value less `margin`
+// binades, in the same f32 operations as `TensorScaler::scale_for`; 1 where there is no finite,
+// nonzero magnitude. Writes the scale and its reciprocal (what the product multiplies by).
 extern "C" __global__ void fp8_scale(const float *partials, int count, int format, int margin,
                                      float *scale, float *scale_inv) {
     if (blockIdx.x != 0) return;
     float m = 0.f;
-    for (int i = threadIdx.x; i < count; i += blockDim.x) m = fmaxf(m, partials[i]);
+    for (int i = threadIdx.x; i < count; i += blockDim.x) m = fmaxf(m, fabsf(partials[i]));
     const float reference = block_max(m);
     if (threadIdx.x != 0) return;
     const float max_finite = format == 0 ? 448.f : 57344.f;
@@ -196,6 +196,60 @@ __device__ void quantize_transposed(const T *x, int rows, int cols, const float 
     for (int j = 0; j < 4 && r + j < rows; ++j) out[j] = column[(lt + j) * 33];
 }
 
+// quantize_transposed for a matrix whose rows are a multiple of 16 and columns a multiple of 8,
+// x on a 16-byte boundary: 64 × 64 tiles, blocks of 256 threads. Each thread reads eight values
+// at once (two 16-byte loads of a row's run) and writes sixteen transposed codes as one 16-byte
+// word, where the general kernel moves a value and four codes at a time. The tile's rows are 68
+// bytes, so that its 4-byte stores and the column reads land on few shared banks each.
+template <typename T>
+__device__ void quantize_transposed_wide(const T *x, int rows, int cols, const float *scale,
+                                         int format, unsigned char *codes,
+                                         unsigned char *codes_t, float *amax) {
+    __shared__ unsigned int tile_words[64 * 17];
+    unsigned char *tile = reinterpret_cast<unsigned char *>(tile_words);
+    const float s = *scale;
+    const int col0 = blockIdx.x * 64, row0 = blockIdx.y * 64;
+    const int t = threadIdx.x;
+    float m = 0.f;
+    for (int p = t; p < 512; p += 256) {
+        const int k = p >> 3, c8 = (p & 7) * 8;
+        const int r = row0 + k, c = col0 + c8;
+        // cols is a multiple of 8: a run of eight is wholly inside or wholly past the end.
+        if (r < rows && c < cols) {
+            const size_t at = (size_t)r * cols + c;
+            const Pack8<T> v = *reinterpret_cast<const Pack8<T> *>(x + at);
+            float f[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const float value = to_f32(v.v[j]);
+                m = fmaxf(m, fabsf(value));
+                f[j] = value * s;
+            }
+            const unsigned int lo = fp8_encode4(f[0], f[1], f[2], f[3], format);
+            const unsigned int hi = fp8_encode4(f[4], f[5], f[6], f[7], format);
+            tile_words[k * 17 + c8 / 4] = lo;
+            tile_words[k * 17 + c8 / 4 + 1] = hi;
+            if (codes != nullptr) *reinterpret_cast<uint2 *>(codes + at) = make_uint2(lo, hi);
+        }
+    }
+    // Its barrier also orders the tile's writes before the reads below.
+    __syncthreads();
+    record_amax(m, amax);
+    // Output row c (column c of x), the sixteen rows of x from r on.
+    const int oc = t >> 2, r0 = 16 * (t & 3);
+    const int c = col0 + oc, r = row0 + r0;
+    // rows is a multiple of 16: a run of sixteen is wholly inside or wholly past the end.
+    if (c >= cols || r >= rows) return;
+    unsigned int w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const unsigned char *column = tile + (r0 + 4 * j) * 68 + oc;
+        w[j] = (unsigned int)column[0] | ((unsigned int)column[68] << 8) |
+               ((unsigned int)column[2 * 68] << 16) | ((unsigned int)column[3 * 68] << 24);
+    }
+    *reinterpret_cast<uint4 *>(codes_t + (size_t)c * rows + r) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 #define FP8_KERNELS(T, NAME)                                                                   \
     extern "C" __global__ void fp8_amax_##NAME(const T *x, size_t n, int vec,                 \
                                                float *partials) {                             \
@@ -210,6 +264,11 @@ __device__ void quantize_transposed(const T *x, int rows, int cols, const float 
         const T *x, int rows, int cols, const float *scale, int format, unsigned char *codes,  \
         unsigned char *codes_t, float *amax) {                                                 \
         quantize_transposed<T>(x, rows, cols, scale, format, codes, codes_t, amax);            \
+    }                                                                                          \
+    extern "C" __global__ void fp8_quantize_transposed_wide_##NAME(                            \
+        const T *x, int rows, int cols, const float *scale, int format, unsigned char *codes,  \
+        unsigned char *codes_t, float *amax) {                                                 \
+        quantize_transposed_wide<T>(x, rows, cols, scale, format, codes, codes_t, amax);       \
     }
 
 FP8_KERNELS(float, f32)

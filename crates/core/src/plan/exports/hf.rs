@@ -114,8 +114,9 @@ fn shared_notes(knobs: &Knobs) -> Notes {
 /// What Accelerate's and Lightning's fp8 differ in from the plan's.
 pub(crate) const FP8_THROUGH_TRANSFORMER_ENGINE: &str =
     "fp8 runs through NVIDIA Transformer Engine (install transformer-engine): it replaces the \
-     model's linear layers with its own and scales each tensor from the previous step's \
-     largest magnitude, where the plan measured each tensor's own (current scaling)";
+     model's linear layers with its own and scales each tensor from the largest magnitude of \
+     its last 16 steps, where the plan's scale comes from its last 16 conversions (a layer's \
+     input and weight are converted twice a step, its output gradient once)";
 
 /// An Accelerate config file for a plan (YAML, the format `accelerate config` writes), and its
 /// notes. With offload or sharding it selects DeepSpeed with the DeepSpeed export's file.
@@ -145,9 +146,9 @@ pub fn accelerate_config(knobs: &Knobs) -> (String, Notes) {
     );
     if knobs.precision == Precision::Fp8 {
         // Transformer Engine's recipe nearest the plan's: E4M3 forward, E5M2 gradients, each
-        // scale from the last step's largest magnitude alone.
+        // scale from the largest magnitude over a history of 16.
         yaml.push_str(
-            "fp8_config:\n  backend: TE\n  fp8_format: HYBRID\n  amax_history_length: 1\n  \
+            "fp8_config:\n  backend: TE\n  fp8_format: HYBRID\n  amax_history_length: 16\n  \
              amax_compute_algorithm: max\n  margin: 0\n  interval: 1\n",
         );
         notes.push(FP8_THROUGH_TRANSFORMER_ENGINE.into());
