@@ -104,7 +104,7 @@ impl<'a> BlockWeights<'a> {
         causal: bool,
         rope: Option<Tensor>,
     ) -> Result<Self> {
-        let lin = |layer| Lin::new(layer, dtype)?.with_products(products);
+        let lin = |layer| Lin::with_products(layer, dtype, products);
         Ok(Self {
             qkv: lin(layers.qkv)?,
             out: lin(layers.out)?,

@@ -36,8 +36,8 @@ impl Products {
     }
 }
 
-/// A linear layer's weight in the compute dtype and its f32 bias, with the `Var`s their
-/// gradients belong to.
+/// A linear layer's weight in the compute dtype (the f32 master where its products run in fp8)
+/// and its f32 bias, with the `Var`s their gradients belong to.
 pub(crate) struct Lin<'a> {
     weight: Tensor,
     bias: Option<Tensor>,
@@ -48,7 +48,8 @@ pub(crate) struct Lin<'a> {
     /// The layer's output features; `weight` may have zero rows beyond them (see
     /// [`Lin::pad_outputs`]).
     outputs: usize,
-    /// With fp8 products, the weight in E4M3, in the two layouts its products read.
+    /// With fp8 products, the weight in E4M3, in the two layouts its products read (`weight`
+    /// is then the f32 master they are converted from).
     fp8_weight: Option<Fp8Weight>,
     /// With fp8 products, the output gradient's layout that one of its two products has not
     /// read yet (see [`Lin::gradient_operand`]).
@@ -58,8 +59,23 @@ pub(crate) struct Lin<'a> {
 impl<'a> Lin<'a> {
     /// Casts the weight once per pass (a no-op for half-precision working copies).
     pub(crate) fn new(layer: &'a Linear, dtype: DType) -> Result<Self> {
+        Self::with_products(layer, dtype, Products::Compute)
+    }
+
+    /// The layer with its products run as `products` says. In fp8 the weight is not cast: its
+    /// conversions read the f32 master directly, which moves fewer bytes than casting it to
+    /// the compute dtype first and converting that (and rounds once, not twice).
+    pub(crate) fn with_products(
+        layer: &'a Linear,
+        dtype: DType,
+        products: Products,
+    ) -> Result<Self> {
         // Detached: nothing here may record a graph.
-        let weight = ops::to_half(&layer.weight().as_tensor().detach(), dtype)?;
+        let master = layer.weight().as_tensor().detach();
+        let (weight, fp8_weight) = match products {
+            Products::Compute => (ops::to_half(&master, dtype)?, None),
+            Products::Fp8 => (master, Some(Fp8Weight::default())),
+        };
         Ok(Self {
             outputs: weight.dim(0)?,
             weight,
@@ -70,17 +86,9 @@ impl<'a> Lin<'a> {
             weight_var: layer.weight(),
             bias_var: layer.bias(),
             scales: layer.fp8_scales(),
-            fp8_weight: None,
+            fp8_weight,
             fp8_gradient: GradientCodes::default(),
         })
-    }
-
-    /// The same layer with its products run as `products` says.
-    pub(crate) fn with_products(mut self, products: Products) -> Result<Self> {
-        if products == Products::Fp8 {
-            self.fp8_weight = Some(Fp8Weight::default());
-        }
-        Ok(self)
     }
 
     /// Pads the output features with zero weights (and biases) up to a multiple of `multiple`,
