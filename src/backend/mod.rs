@@ -86,6 +86,33 @@ pub fn require_cuda_build() -> Result<()> {
     }
 }
 
+/// Returns what `device`'s memory pool holds free to the driver, once the device has run
+/// everything queued (a block whose free the stream has not reached is still in use); the
+/// next allocations map it again. Nothing on the CPU.
+pub fn release_free_reservation(device: &Device) -> Result<()> {
+    match device {
+        #[cfg(feature = "cuda")]
+        Device::Cuda(cuda) => release_pool(cuda),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
+fn release_pool(cuda: &candle_core::CudaDevice) -> Result<()> {
+    use candle_core::cuda_backend::cudarc::driver::result;
+    let failed = |e: result::DriverError| Error::Backend(candle_core::Error::Cuda(Box::new(e)));
+    let stream = cuda.cuda_stream();
+    stream.synchronize().map_err(failed)?;
+    let context = stream.context().clone();
+    context.bind_to_thread().map_err(failed)?;
+    // SAFETY: the device handle comes from the live context just bound.
+    let pool =
+        unsafe { result::device::get_default_mem_pool(context.cu_device()) }.map_err(failed)?;
+    // SAFETY: the pool belongs to that device; trimming releases only unused memory.
+    unsafe { result::mem_pool::trim_to(pool, 0) }.map_err(failed)
+}
+
 #[cfg(feature = "cuda")]
 fn cuda(ordinal: usize) -> Result<Device> {
     let device = Device::new_cuda(ordinal)?;
