@@ -125,10 +125,7 @@ pub(super) fn encode<T: Elem>(
     let x = cuda::slice_view(x, l, NAME)?;
     let stream = dev.cuda_stream();
     let code = format_code(format);
-    let count = match target {
-        EncodeTarget::Both => 2 * n,
-        EncodeTarget::One(_) => n,
-    };
+    let count = target.count(n);
     let trailer = record.then(|| Recorded::trailer(count));
     let len = trailer.map_or(count, |at| at + Recorded::BYTES);
     // SAFETY: the kernel writes every code; the trailer is zeroed below.

@@ -275,7 +275,7 @@ pub(super) enum EncodeTarget {
 
 impl EncodeTarget {
     /// The codes written for a matrix of `n` values.
-    fn count(self, n: usize) -> usize {
+    pub(super) fn count(self, n: usize) -> usize {
         match self {
             EncodeTarget::One(_) => n,
             EncodeTarget::Both => 2 * n,
