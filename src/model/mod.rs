@@ -265,6 +265,28 @@ impl Transformer {
         &self.blocks
     }
 
+    /// The blocks' linear layers (the ones whose products may run in fp8), each with its
+    /// weight's name, in order.
+    pub fn block_linears(&self) -> Vec<(&str, &Linear)> {
+        let params = self.params();
+        let name_of: std::collections::HashMap<_, &str> = params
+            .vars()
+            .iter()
+            .zip(params.names())
+            .map(|(v, n)| (v.as_tensor().id(), n.as_str()))
+            .collect();
+        let mut out = Vec::new();
+        for block in &self.blocks {
+            let l = block.layers();
+            for linear in [l.qkv, l.out, l.ff_in, l.ff_out] {
+                if let Some(name) = name_of.get(&linear.weight().as_tensor().id()) {
+                    out.push((*name, linear));
+                }
+            }
+        }
+        out
+    }
+
     /// Whether the vocabulary head reuses the token embedding table.
     pub fn is_tied(&self) -> bool {
         self.spec.tied_embeddings

@@ -36,7 +36,7 @@ mod operand;
 
 pub use operand::{
     fp8_product, has_fp8_tensor_cores, quantize_operand, quantize_operand_pair, Fp8Operand,
-    LayerScales, OperandLayout, ScaleHistory, HISTORY_SLOTS,
+    LayerScales, LayerScalesState, OperandLayout, ScaleHistory, HISTORY_SLOTS,
 };
 
 /// An 8-bit float format.

@@ -16,7 +16,7 @@
 //! state's step must be the one the directory is named for, each tensor's header entry is
 //! checked against the file before its bytes are read, and every tensor must be finite.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use candle_core::Device;
@@ -27,6 +27,7 @@ pub mod manifest;
 
 use crate::data::source::DataSpec;
 use crate::knobs::Knobs;
+use crate::ops::fp8::LayerScalesState;
 use crate::spec::model::ModelSpec;
 use crate::train::optimizer::OptimizerState;
 use crate::train::scaler::LossScaler;
@@ -70,6 +71,10 @@ pub struct RunState {
     /// rate throughout).
     #[serde(default, skip_serializing_if = "is_constant")]
     pub schedule: LrSchedule,
+    /// With fp8 products, each block layer's scale histories by its weight's name, so that a
+    /// resumed run converts at the scales the run it continues had reached (absent otherwise).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub fp8_scales: BTreeMap<String, LayerScalesState>,
 }
 
 fn is_constant(schedule: &LrSchedule) -> bool {
@@ -184,10 +189,45 @@ fn write_files(
         data: data.clone(),
         tokens_seen,
         schedule: trainer.schedule(),
+        fp8_scales: fp8_scales(trainer)?,
     };
     let state_json = serde_json::to_vec_pretty(&state).expect("run state always serialises");
     write_synced(&tmp.join(FILES[2]), &state_json)?;
     manifest::Manifest::of(tmp, &FILES)?.write(tmp)
+}
+
+/// The block layers' fp8 scale histories that hold any conversion, by weight name.
+fn fp8_scales(trainer: &Trainer) -> Result<BTreeMap<String, LayerScalesState>> {
+    let mut out = BTreeMap::new();
+    for (name, linear) in trainer.model().block_linears() {
+        let state = linear.fp8_scales().state()?;
+        if !state.is_empty() {
+            out.insert(name.to_string(), state);
+        }
+    }
+    Ok(out)
+}
+
+/// Puts the block layers' fp8 scale histories of `state` back (and starts the others over).
+fn restore_fp8_scales(
+    state: &BTreeMap<String, LayerScalesState>,
+    trainer: &Trainer,
+) -> std::result::Result<(), String> {
+    let linears = trainer.model().block_linears();
+    if let Some(unknown) = state.keys().find(|k| !linears.iter().any(|(n, _)| n == k)) {
+        return Err(format!(
+            "it holds fp8 scales for `{unknown}`, which the model has not"
+        ));
+    }
+    let empty = LayerScalesState::default();
+    for (name, linear) in linears {
+        let saved = state.get(name).unwrap_or(&empty);
+        linear
+            .fp8_scales()
+            .restore(saved, trainer.device())
+            .map_err(|e| format!("the fp8 scales of `{name}`: {e}"))?;
+    }
+    Ok(())
 }
 
 /// The name of the first parameter of `trainer` holding a NaN or an infinity, if any.
@@ -375,6 +415,7 @@ pub fn restore(checkpoint: &Path, trainer: &mut Trainer) -> Result<RunState> {
         .optimizer_mut()
         .load_state(&names, &moments, state.optimizer_steps)
         .map_err(mismatch)?;
+    restore_fp8_scales(&state.fp8_scales, trainer).map_err(mismatch)?;
     *trainer.scaler_mut() = state.scaler;
     trainer.set_steps(state.step);
     Ok(state)

@@ -125,10 +125,7 @@ impl ScaleHistory {
     /// The codes as `target` says (flat) and `[1/scale, scale]`, recording `t`'s largest
     /// magnitude in the oldest slot.
     fn converted(&self, t: &Tensor, target: EncodeTarget) -> Result<(Tensor, Tensor)> {
-        let mut state = self
-            .state
-            .lock()
-            .map_err(|_| candle_core::Error::Msg(format!("{NAME}: a conversion panicked")))?;
+        let mut state = self.lock()?;
         // The history's largest magnitude is what current scaling would pick for a tensor
         // holding those magnitudes: the same op gives it.
         let scales = match &*state {
@@ -158,17 +155,44 @@ impl ScaleHistory {
         Ok((encoded.narrow(0, 0, count)?, scales))
     }
 
-    /// The largest magnitudes recorded so far, oldest slot first where the history has
-    /// wrapped (zeros where none yet); empty before the first conversion.
+    /// The largest magnitudes recorded, oldest first (zeros where fewer conversions than slots
+    /// have run); empty before the first conversion. What a checkpoint keeps.
     pub fn magnitudes(&self) -> Result<Vec<f32>> {
-        let state = self
-            .state
-            .lock()
-            .map_err(|_| candle_core::Error::Msg(format!("{NAME}: a conversion panicked")))?;
-        match &*state {
-            Some(history) => history.amaxes.to_vec1::<f32>(),
-            None => Ok(Vec::new()),
+        let state = self.lock()?;
+        let Some(history) = &*state else {
+            return Ok(Vec::new());
+        };
+        let slots = history.amaxes.to_vec1::<f32>()?;
+        Ok([&slots[history.next..], &slots[..history.next]].concat())
+    }
+
+    /// Goes on from `magnitudes` ([`ScaleHistory::magnitudes`] of a history of as many slots),
+    /// on `device`: the next conversion scales and records as it would have after them. Empty
+    /// starts over, as a new history does.
+    pub fn restore(&self, magnitudes: &[f32], device: &candle_core::Device) -> Result<()> {
+        let mut state = self.lock()?;
+        if magnitudes.is_empty() {
+            *state = None;
+            return Ok(());
         }
+        if magnitudes.len() != self.slots {
+            bail!(
+                "{NAME}: a history of {} magnitudes for one of {} slots",
+                magnitudes.len(),
+                self.slots
+            );
+        }
+        *state = Some(History {
+            amaxes: Tensor::from_slice(magnitudes, self.slots, device)?,
+            next: 0,
+        });
+        Ok(())
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Option<History>>> {
+        self.state
+            .lock()
+            .map_err(|_| candle_core::Error::Msg(format!("{NAME}: a conversion panicked")))
     }
 }
 
@@ -185,6 +209,48 @@ pub struct LayerScales {
     pub weight: ScaleHistory,
     /// The gradient of the layer's output.
     pub gradient: ScaleHistory,
+}
+
+/// A layer's histories as a checkpoint keeps them: each operand's magnitudes, oldest first,
+/// as the bits of their f32 (exact, and an infinity stays one in JSON).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LayerScalesState {
+    /// The input's.
+    pub input: Vec<u32>,
+    /// The weight's.
+    pub weight: Vec<u32>,
+    /// The output gradient's.
+    pub gradient: Vec<u32>,
+}
+
+impl LayerScalesState {
+    /// Whether no conversion has run (a layer whose products are not in fp8).
+    pub fn is_empty(&self) -> bool {
+        self.input.is_empty() && self.weight.is_empty() && self.gradient.is_empty()
+    }
+}
+
+impl LayerScales {
+    /// The histories as a checkpoint keeps them.
+    pub fn state(&self) -> Result<LayerScalesState> {
+        let bits = |h: &ScaleHistory| -> Result<Vec<u32>> {
+            Ok(h.magnitudes()?.into_iter().map(f32::to_bits).collect())
+        };
+        Ok(LayerScalesState {
+            input: bits(&self.input)?,
+            weight: bits(&self.weight)?,
+            gradient: bits(&self.gradient)?,
+        })
+    }
+
+    /// Goes on from `state` ([`LayerScales::state`]), the histories on `device`.
+    pub fn restore(&self, state: &LayerScalesState, device: &candle_core::Device) -> Result<()> {
+        let values = |bits: &[u32]| bits.iter().copied().map(f32::from_bits).collect::<Vec<_>>();
+        self.input.restore(&values(&state.input), device)?;
+        self.weight.restore(&values(&state.weight), device)?;
+        self.gradient.restore(&values(&state.gradient), device)
+    }
 }
 
 impl Default for LayerScales {
