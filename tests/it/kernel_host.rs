@@ -31,7 +31,7 @@ fn the_fp8_conversion_kernels_run_on_the_host_give_the_defined_codes() {
         ),
         cut(
             &source,
-            "template <typename T>\n__device__ void quantize(const T",
+            "// Eight values' codes at scale `s`",
             "#define FP8_KERNELS",
         ),
     ]

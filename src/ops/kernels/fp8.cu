@@ -118,6 +118,22 @@ extern "C" __global__ void fp8_scale(const float *partials, int count, int forma
     *scale_inv = 1.f / s;
 }
 
+// Eight values' codes at scale `s`, as two words (the first value in the lowest byte), folding
+// their largest magnitude into `m`: the eight-wide step both the rows and the wide transposed
+// conversion take.
+template <typename T>
+__device__ __forceinline__ uint2 encode8(const Pack8<T> &v, float s, int format, float &m) {
+    float f[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const float value = to_f32(v.v[k]);
+        m = fmaxf(m, fabsf(value));
+        f[k] = value * s;
+    }
+    return make_uint2(fp8_encode4(f[0], f[1], f[2], f[3], format),
+                      fp8_encode4(f[4], f[5], f[6], f[7], format));
+}
+
 template <typename T>
 __device__ void quantize(const T *x, size_t n, const float *scale, int format, int vec,
                          unsigned char *codes, float *amax) {
@@ -130,18 +146,7 @@ __device__ void quantize(const T *x, size_t n, const float *scale, int format, i
         // 8-byte store.
         const Pack8<T> *x8 = reinterpret_cast<const Pack8<T> *>(x);
         uint2 *codes8 = reinterpret_cast<uint2 *>(codes);
-        for (size_t q = start; q < n / 8; q += step) {
-            const Pack8<T> v = x8[q];
-            float f[8];
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                const float value = to_f32(v.v[k]);
-                m = fmaxf(m, fabsf(value));
-                f[k] = value * s;
-            }
-            codes8[q] = make_uint2(fp8_encode4(f[0], f[1], f[2], f[3], format),
-                                   fp8_encode4(f[4], f[5], f[6], f[7], format));
-        }
+        for (size_t q = start; q < n / 8; q += step) codes8[q] = encode8(x8[q], s, format, m);
     } else {
         for (size_t i = start; i < n; i += step) {
             const float value = to_f32(x[i]);
@@ -217,19 +222,11 @@ __device__ void quantize_transposed_wide(const T *x, int rows, int cols, const f
         // cols is a multiple of 8: a run of eight is wholly inside or wholly past the end.
         if (r < rows && c < cols) {
             const size_t at = (size_t)r * cols + c;
-            const Pack8<T> v = *reinterpret_cast<const Pack8<T> *>(x + at);
-            float f[8];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const float value = to_f32(v.v[j]);
-                m = fmaxf(m, fabsf(value));
-                f[j] = value * s;
-            }
-            const unsigned int lo = fp8_encode4(f[0], f[1], f[2], f[3], format);
-            const unsigned int hi = fp8_encode4(f[4], f[5], f[6], f[7], format);
-            tile_words[k * 17 + c8 / 4] = lo;
-            tile_words[k * 17 + c8 / 4 + 1] = hi;
-            if (codes != nullptr) *reinterpret_cast<uint2 *>(codes + at) = make_uint2(lo, hi);
+            const uint2 words =
+                encode8(*reinterpret_cast<const Pack8<T> *>(x + at), s, format, m);
+            tile_words[k * 17 + c8 / 4] = words.x;
+            tile_words[k * 17 + c8 / 4 + 1] = words.y;
+            if (codes != nullptr) *reinterpret_cast<uint2 *>(codes + at) = words;
         }
     }
     // Its barrier also orders the tile's writes before the reads below.
