@@ -92,25 +92,9 @@ pub fn require_cuda_build() -> Result<()> {
 pub fn release_free_reservation(device: &Device) -> Result<()> {
     match device {
         #[cfg(feature = "cuda")]
-        Device::Cuda(cuda) => release_pool(cuda),
+        Device::Cuda(cuda) => pool::release_free(cuda),
         _ => Ok(()),
     }
-}
-
-#[cfg(feature = "cuda")]
-#[allow(unsafe_code)]
-fn release_pool(cuda: &candle_core::CudaDevice) -> Result<()> {
-    use candle_core::cuda_backend::cudarc::driver::result;
-    let failed = |e: result::DriverError| Error::Backend(candle_core::Error::Cuda(Box::new(e)));
-    let stream = cuda.cuda_stream();
-    stream.synchronize().map_err(failed)?;
-    let context = stream.context().clone();
-    context.bind_to_thread().map_err(failed)?;
-    // SAFETY: the device handle comes from the live context just bound.
-    let pool =
-        unsafe { result::device::get_default_mem_pool(context.cu_device()) }.map_err(failed)?;
-    // SAFETY: the pool belongs to that device; trimming releases only unused memory.
-    unsafe { result::mem_pool::trim_to(pool, 0) }.map_err(failed)
 }
 
 #[cfg(feature = "cuda")]
@@ -149,12 +133,7 @@ fn cuda(ordinal: usize) -> Result<Device> {
 #[allow(unsafe_code)]
 fn configure_pool(cuda: &candle_core::CudaDevice) -> Result<()> {
     use candle_core::cuda_backend::cudarc::driver::{result, sys};
-    let context = cuda.cuda_stream().context().clone();
-    let failed = |e: result::DriverError| Error::Backend(candle_core::Error::Cuda(Box::new(e)));
-    context.bind_to_thread().map_err(failed)?;
-    // SAFETY: the device handle comes from the live context just bound.
-    let pool =
-        unsafe { result::device::get_default_mem_pool(context.cu_device()) }.map_err(failed)?;
+    let pool = pool::default_pool(cuda.cuda_stream().context())?;
     let mut unlimited: u64 = u64::MAX;
     // SAFETY: the release threshold is a `cuuint64_t`, read from `unlimited`.
     unsafe {
@@ -164,7 +143,7 @@ fn configure_pool(cuda: &candle_core::CudaDevice) -> Result<()> {
             (&mut unlimited as *mut u64).cast(),
         )
     }
-    .map_err(failed)?;
+    .map_err(pool::driver)?;
     for policy in [
         sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
         sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
@@ -173,7 +152,7 @@ fn configure_pool(cuda: &candle_core::CudaDevice) -> Result<()> {
         let mut off: i32 = 0;
         // SAFETY: the reuse policies are `int` flags, read from `off`.
         unsafe { result::mem_pool::set_attribute(pool, policy, (&mut off as *mut i32).cast()) }
-            .map_err(failed)?;
+            .map_err(pool::driver)?;
     }
     Ok(())
 }

@@ -44,10 +44,7 @@ impl PoolMemory {
     pub fn new(device: &Device) -> Result<Self> {
         let cuda = device.as_cuda_device()?;
         let context = cuda.cuda_stream().context().clone();
-        context.bind_to_thread().map_err(driver)?;
-        // SAFETY: the device handle comes from a live context.
-        let pool =
-            unsafe { result::device::get_default_mem_pool(context.cu_device()) }.map_err(driver)?;
+        let pool = default_pool(&context)?;
         Ok(Self {
             context,
             pool,
@@ -106,10 +103,8 @@ impl PoolMemory {
     }
 
     /// Returns the pool's unused reservation to the driver.
-    #[allow(unsafe_code)]
     fn trim(&self) -> Result<()> {
-        // SAFETY: the pool belongs to the live context's device.
-        unsafe { result::mem_pool::trim_to(self.pool, 0) }.map_err(driver)
+        trim(self.pool)
     }
 
     #[allow(unsafe_code)]
@@ -216,6 +211,30 @@ impl Drop for PoolMemory {
     }
 }
 
-fn driver(e: result::DriverError) -> Error {
+/// The default memory pool of `context`'s device, which every tensor comes from; binds the
+/// context to this thread first.
+#[allow(unsafe_code)]
+pub(super) fn default_pool(context: &CudaContext) -> Result<sys::CUmemoryPool> {
+    context.bind_to_thread().map_err(driver)?;
+    // SAFETY: the device handle comes from the live context just bound.
+    unsafe { result::device::get_default_mem_pool(context.cu_device()) }.map_err(driver)
+}
+
+/// Returns `pool`'s unused reservation to the driver.
+#[allow(unsafe_code)]
+fn trim(pool: sys::CUmemoryPool) -> Result<()> {
+    // SAFETY: a device's default pool lives as long as its context.
+    unsafe { result::mem_pool::trim_to(pool, 0) }.map_err(driver)
+}
+
+/// Returns what `cuda`'s pool holds free to the driver, once the device has run everything
+/// queued (a block whose free the stream has not reached is still in use).
+pub(super) fn release_free(cuda: &candle_core::CudaDevice) -> Result<()> {
+    let stream = cuda.cuda_stream();
+    stream.synchronize().map_err(driver)?;
+    trim(default_pool(stream.context())?)
+}
+
+pub(super) fn driver(e: result::DriverError) -> Error {
     Error::Backend(candle_core::Error::Cuda(Box::new(e)))
 }
