@@ -13,7 +13,7 @@ use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, CudaViewMut
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{bail, CudaDevice, CudaStorage, DType, Layout, Result, Tensor};
 
-use super::operand::{EncodeTarget, Fp8Operand, OperandLayout, Recorded};
+use super::operand::{EncodeTarget, Fp8Operand, OperandLayout};
 use super::Fp8Format;
 use crate::ops::cuda::{self, Elem};
 
@@ -26,8 +26,9 @@ fn format_code(format: Fp8Format) -> i32 {
     }
 }
 
-/// `[1/scale, scale]` for `x` at current scaling: its largest magnitude, then the scale. The
-/// reciprocal comes first so that the product reads it at the allocation's own alignment.
+/// `[1/scale, scale, 0]` for `x` at current scaling: its largest magnitude, then the scale.
+/// The reciprocal comes first so that the product reads it at the allocation's own alignment;
+/// the zero is where a recording conversion folds its input's largest magnitude.
 pub(super) fn scales<T: Elem>(
     x: &CudaSlice<T>,
     l: &Layout,
@@ -37,9 +38,8 @@ pub(super) fn scales<T: Elem>(
     let n = l.shape().elem_count();
     let x = cuda::slice_view(x, l, NAME)?;
     let stream = dev.cuda_stream();
-    // SAFETY: `fp8_scale` writes both elements.
-    let mut out = unsafe { cuda::output::<f32>(dev, 2) }?;
-    let (mut inverse, mut scale) = out.split_at_mut(1);
+    // SAFETY: `fp8_scale` writes all three elements.
+    let mut out = unsafe { cuda::output::<f32>(dev, 3) }?;
     let func = cuda::kernel_untyped(dev, &cuda::FP8, "fp8_scale")?;
     let (code, margin) = (format_code(format), 0i32);
     let mut args = stream.launch_builder(&func);
@@ -54,13 +54,9 @@ pub(super) fn scales<T: Elem>(
         None => args.arg(&x),
     };
     let count = cuda::dim(partials.as_ref().map_or(n, |p| p.len()), "partial maxima")?;
-    args.arg(&count)
-        .arg(&code)
-        .arg(&margin)
-        .arg(&mut scale)
-        .arg(&mut inverse);
-    // SAFETY: `fp8_scale(const float*, int, int, int, float*, float*)`, one block of whole
-    // warps; its input holds `count` floats (the partials, or `x` itself where it is f32).
+    args.arg(&count).arg(&code).arg(&margin).arg(&mut out);
+    // SAFETY: `fp8_scale(const float*, int, int, int, float*)`, one block of whole warps; its
+    // input holds `count` floats (the partials, or `x` itself where it is f32), `out` three.
     unsafe { args.launch(one_block()) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
 }
@@ -109,45 +105,44 @@ fn one_block() -> candle_core::cuda_backend::cudarc::driver::LaunchConfig {
     }
 }
 
-/// `x`'s codes at `scale[0]`, as `target` says: in one layout, or both from one read (the
-/// rows' codes, then the transposed ones). With `record`, the largest magnitude of `x` follows
-/// the codes as an f32 at [`Recorded::trailer`] (zeroed before the kernel folds its blocks'
-/// maxima into it).
+/// `x`'s codes at `scales[1]`, as `target` says: in one layout, or both from one read (the
+/// rows' codes, then the transposed ones). With `record`, the kernel folds the largest
+/// magnitude of `x` into `scales[2]` (zero until then, as the scale kernel left it).
 pub(super) fn encode<T: Elem>(
     x: &CudaSlice<T>,
     l: &Layout,
     dev: &CudaDevice,
-    scale: &CudaView<'_, f32>,
+    scales: &CudaView<'_, f32>,
     format: Fp8Format,
     (target, record): (EncodeTarget, bool),
 ) -> Result<CudaStorage> {
     let n = l.shape().elem_count();
-    let x = cuda::slice_view(x, l, NAME)?;
-    let stream = dev.cuda_stream();
-    let code = format_code(format);
-    let count = target.count(n);
-    let trailer = record.then(|| Recorded::trailer(count));
-    let len = trailer.map_or(count, |at| at + Recorded::BYTES);
-    // SAFETY: the kernel writes every code; the trailer is zeroed below.
-    let mut out = unsafe { cuda::output::<u8>(dev, len) }?;
-    let (mut codes, mut amax) = out.split_at_mut(trailer.unwrap_or(len));
-    if record {
-        stream.memset_zeros(&mut amax).w()?;
+    if scales.len() < 3 {
+        bail!("{NAME}: a conversion's scales are [1/scale, scale, magnitude]");
     }
-    let amax = record.then_some(&mut amax);
+    let x = cuda::slice_view(x, l, NAME)?;
+    let code = format_code(format);
+    // SAFETY: the kernel writes every code.
+    let mut out = unsafe { cuda::output::<u8>(dev, target.count(n)) }?;
+    let mut codes = out.slice_mut(..);
+    let scale = scales.slice(1..2);
+    // Written through: the scales are this conversion's own, made by the scale kernel just
+    // before on this stream, and nothing reads their last element until the record after.
+    let magnitude = scales.slice(2..3);
+    let amax = record.then_some(&magnitude);
     match target {
         EncodeTarget::One(OperandLayout::Rows) => {
-            rows(dev, (&x, l), scale, code, &mut codes, amax)?;
+            rows(dev, (&x, l), &scale, code, &mut codes, amax)?;
         }
         EncodeTarget::One(OperandLayout::Transposed) => {
-            transposed(dev, (&x, l), scale, code, (None, &mut codes), amax)?;
+            transposed(dev, (&x, l), &scale, code, (None, &mut codes), amax)?;
         }
         EncodeTarget::Both => {
             let (mut rows, mut columns) = codes.split_at_mut(n);
             transposed(
                 dev,
                 (&x, l),
-                scale,
+                &scale,
                 code,
                 (Some(&mut rows), &mut columns),
                 amax,
@@ -168,7 +163,7 @@ fn rows<T: Elem>(
     scale: &CudaView<'_, f32>,
     code: i32,
     codes: &mut CudaViewMut<'_, u8>,
-    amax: Option<&mut CudaViewMut<'_, u8>>,
+    amax: Option<&CudaView<'_, f32>>,
 ) -> Result<()> {
     let n = l.shape().elem_count();
     let vec = cuda::eight_wide(&[n], &[cuda::byte_offset::<T>(l)]);
@@ -188,8 +183,7 @@ fn rows<T: Elem>(
     let threads = if vec == 1 { n / 8 } else { n };
     // SAFETY: `fp8_quantize_<T>(const T*, size_t, const float*, int, int, uchar*, float*)`;
     // `x` and `codes` hold n elements (x 16-byte aligned and n a multiple of 8 where `vec`;
-    // `codes` starts a fresh allocation), `scale` at least one, `amax` (or null) one f32 at a
-    // 4-byte boundary. Blocks are whole warps (256 threads), as its reduction needs.
+    // `codes` starts a fresh allocation), `scale` at least one, `amax` (or null) one f32. Blocks are whole warps (256 threads), as its reduction needs.
     unsafe { args.launch(cuda::elementwise_config(threads)) }.w()?;
     Ok(())
 }
@@ -205,7 +199,7 @@ fn transposed<T: Elem>(
     scale: &CudaView<'_, f32>,
     code: i32,
     (codes, codes_t): (Option<&mut CudaViewMut<'_, u8>>, &mut CudaViewMut<'_, u8>),
-    amax: Option<&mut CudaViewMut<'_, u8>>,
+    amax: Option<&CudaView<'_, f32>>,
 ) -> Result<()> {
     let (rows, cols) = l.shape().dims2()?;
     let wide = rows % 16 == 0 && cuda::eight_wide(&[cols], &[cuda::byte_offset::<T>(l)]) == 1;
@@ -239,31 +233,29 @@ fn transposed<T: Elem>(
     };
     // SAFETY: `fp8_quantize_transposed[_wide]_<T>(const T*, int, int, const float*, int, uchar*,
     // uchar*, float*)` over `tile` × `tile` tiles with the block shape each assumes; `x`,
-    // `codes_t` and `codes` (or null) hold rows·cols elements, `amax` (or null) one f32 at a
-    // 4-byte boundary. The wide kernel's conditions are checked above, and `codes` and
+    // `codes_t` and `codes` (or null) hold rows·cols elements, `amax` (or null) one f32. The wide kernel's conditions are checked above, and `codes` and
     // `codes_t` start at offsets 0 and rows·cols (a multiple of 128) of a fresh allocation, so
     // its 8- and 16-byte stores are aligned.
     unsafe { args.launch(config) }.w()?;
     Ok(())
 }
 
-/// `history[slot]` = the largest magnitude a recording conversion wrote at byte `at` of
-/// `encoded`: one thread, on candle's stream.
+/// `history[slot]` = the largest magnitude a recording conversion folded into `scales[2]`: one
+/// thread, on candle's stream.
 pub(super) fn record_amax(
     dev: &CudaDevice,
     history: &mut CudaViewMut<'_, f32>,
-    encoded: &CudaView<'_, u8>,
-    at: usize,
+    scales: &CudaView<'_, f32>,
     slot: usize,
 ) -> Result<()> {
-    if slot >= history.len() || at + Recorded::BYTES > encoded.len() {
+    if slot >= history.len() || scales.len() < 3 {
         bail!(
-            "{NAME}: no record at byte {at} of {} or no slot {slot} of {}",
-            encoded.len(),
-            history.len()
+            "{NAME}: no slot {slot} of {}, or no magnitude in {} scales",
+            history.len(),
+            scales.len()
         );
     }
-    let from = encoded.slice(at..at + Recorded::BYTES);
+    let from = scales.slice(2..3);
     let slot = cuda::dim(slot, "history slots")?;
     let func = cuda::kernel_untyped(dev, &cuda::FP8, "fp8_record_amax")?;
     let stream = dev.cuda_stream();
@@ -274,8 +266,8 @@ pub(super) fn record_amax(
         block_dim: (1, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: `fp8_record_amax(const float*, float*, int)`, one thread; `from` is four bytes at
-    // a 4-byte boundary (`Recorded::trailer`), `history` holds more than `slot` floats.
+    // SAFETY: `fp8_record_amax(const float*, float*, int)`, one thread; `from` is one f32,
+    // `history` holds more than `slot` floats.
     unsafe { args.launch(config) }.w()?;
     Ok(())
 }

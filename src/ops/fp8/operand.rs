@@ -15,7 +15,7 @@
 use std::sync::Mutex;
 
 use candle_core::{
-    bail, CpuStorage, CustomOp1, CustomOp2, DType, InplaceOp2, Layout, Result, Shape, Tensor,
+    bail, CpuStorage, CustomOp1, CustomOp2, DType, InplaceOp3, Layout, Result, Shape, Tensor,
 };
 
 use super::{Fp8Format, Scaling, TensorScaler};
@@ -122,8 +122,8 @@ impl ScaleHistory {
         both_layouts(&t, both, &scales, self.format)
     }
 
-    /// The codes as `target` says (flat) and `[1/scale, scale]`, recording `t`'s largest
-    /// magnitude in the oldest slot.
+    /// The codes as `target` says (flat) and the scales they were taken at, recording `t`'s
+    /// largest magnitude in the oldest slot.
     fn converted(&self, t: &Tensor, target: EncodeTarget) -> Result<(Tensor, Tensor)> {
         let mut state = self.lock()?;
         // The history's largest magnitude is what current scaling would pick for a tensor
@@ -132,13 +132,12 @@ impl ScaleHistory {
             Some(history) => current_scales(&history.amaxes, self.format)?,
             None => current_scales(t, self.format)?,
         };
-        let count = target.count(t.elem_count());
         let record = Encode {
             format: self.format,
             target,
             record: true,
         };
-        let encoded = t.apply_op2_no_bwd(&scales, &record)?;
+        let codes = t.apply_op2_no_bwd(&scales, &record)?;
         let history = match &mut *state {
             Some(history) => history,
             empty => empty.insert(History {
@@ -146,13 +145,10 @@ impl ScaleHistory {
                 next: 0,
             }),
         };
-        let slot = RecordAmax {
-            at: Recorded::trailer(count),
-            slot: history.next,
-        };
-        history.amaxes.inplace_op2(&encoded, &slot)?;
+        let slot = RecordAmax { slot: history.next };
+        history.amaxes.inplace_op3(t, &scales, &slot)?;
         history.next = (history.next + 1) % self.slots;
-        Ok((encoded.narrow(0, 0, count)?, scales))
+        Ok((codes, scales))
     }
 
     /// The largest magnitudes recorded, oldest first (zeros where fewer conversions than slots
@@ -349,21 +345,6 @@ impl EncodeTarget {
     }
 }
 
-/// Where a conversion that records its input's largest magnitude puts it: an f32 after the
-/// codes.
-pub(super) struct Recorded;
-
-impl Recorded {
-    /// The bytes of the record.
-    pub(super) const BYTES: usize = 4;
-
-    /// The record's offset after `count` codes: the next 4-byte boundary, which the GPU's
-    /// atomic needs.
-    pub(super) fn trailer(count: usize) -> usize {
-        count.next_multiple_of(Self::BYTES)
-    }
-}
-
 /// `a · bᵀ` (`a`: `m × k` codes, `b`: `n × k`) with f32 accumulation and both scales divided
 /// out, written in `dtype` (bf16 or f32 on the GPU). On the GPU one cuBLASLt fp8 product, which
 /// needs fp8 tensor cores (compute capability 8.9 or newer), `k` a multiple of 16, and not both
@@ -398,11 +379,15 @@ pub fn has_fp8_tensor_cores(device: &candle_core::Device) -> Result<bool> {
     }
 }
 
-/// Op: the scale that current scaling picks for a tensor, as two f32: its reciprocal (what the
-/// product divides out), then the scale.
+/// Op: the scale that current scaling picks for a tensor, as three f32: its reciprocal (what the
+/// product divides out), the scale, and a zero, where a recording [`Encode`] on the GPU folds
+/// its input's largest magnitude.
 struct ChooseScale {
     format: Fp8Format,
 }
+
+/// The length of [`ChooseScale`]'s output.
+const SCALES: usize = 3;
 
 impl CustomOp1 for ChooseScale {
     fn name(&self) -> &'static str {
@@ -412,7 +397,10 @@ impl CustomOp1 for ChooseScale {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let values = crate::ops::input_f32(s, l, NAME)?;
         let scale = TensorScaler::new(self.format, Scaling::Current).current_scale(&values);
-        Ok((CpuStorage::F32(vec![1.0 / scale, scale]), Shape::from(2)))
+        Ok((
+            CpuStorage::F32(vec![1.0 / scale, scale, 0.0]),
+            Shape::from(SCALES),
+        ))
     }
 
     #[cfg(feature = "cuda")]
@@ -422,28 +410,20 @@ impl CustomOp1 for ChooseScale {
         l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let out = crate::ops::cuda::float_slice!(NAME, s, v => super::gpu::scales(v, l, &s.device, self.format)?);
-        Ok((out, Shape::from(2)))
+        Ok((out, Shape::from(SCALES)))
     }
 }
 
-/// Op: a matrix's codes at the scale of the second input (`[1/scale, scale]`), laid out as
-/// `target` says, flat; with `record`, the matrix's largest magnitude after them
-/// ([`Recorded`]).
+/// Op: a matrix's codes at the scale of the second input ([`ChooseScale`]'s), laid out as
+/// `target` says, flat. With `record`, the GPU kernel also folds the matrix's largest magnitude
+/// into the scales' last element as it reads the matrix ([`RecordAmax`] takes it from there;
+/// the CPU computes it there instead).
 struct Encode {
     format: Fp8Format,
     target: EncodeTarget,
+    // The CPU records in `RecordAmax` instead, so only the GPU build reads it.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     record: bool,
-}
-
-impl Encode {
-    /// The output's length for a matrix of `n` values.
-    fn len(&self, n: usize) -> usize {
-        let count = self.target.count(n);
-        match self.record {
-            true => Recorded::trailer(count) + Recorded::BYTES,
-            false => count,
-        }
-    }
 }
 
 impl CustomOp2 for Encode {
@@ -468,16 +448,12 @@ impl CustomOp2 for Encode {
                 .flat_map(|c| (0..rows).map(move |r| r * cols + c))
                 .map(code)
         };
-        let mut codes: Vec<u8> = match self.target {
+        let codes: Vec<u8> = match self.target {
             EncodeTarget::One(OperandLayout::Rows) => as_rows().collect(),
             EncodeTarget::One(OperandLayout::Transposed) => transposed().collect(),
             EncodeTarget::Both => as_rows().chain(transposed()).collect(),
         };
-        if self.record {
-            codes.resize(Recorded::trailer(codes.len()), 0);
-            codes.extend_from_slice(&super::amax(&values).to_ne_bytes());
-        }
-        debug_assert_eq!(codes.len(), self.len(rows * cols));
+        debug_assert_eq!(codes.len(), self.target.count(rows * cols));
         let len = codes.len();
         Ok((CpuStorage::U8(codes), Shape::from(len)))
     }
@@ -491,22 +467,22 @@ impl CustomOp2 for Encode {
         scales_layout: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let scales = crate::ops::cuda::view::<f32>(scales, scales_layout, NAME)?;
-        let scale = scales.slice(1..);
         let out = crate::ops::cuda::float_slice!(NAME, s, v => super::gpu::encode(
-            v, l, &s.device, &scale, self.format, (self.target, self.record)
+            v, l, &s.device, &scales, self.format, (self.target, self.record)
         )?);
-        Ok((out, Shape::from(self.len(l.shape().elem_count()))))
+        Ok((out, Shape::from(self.target.count(l.shape().elem_count()))))
     }
 }
 
-/// Op, in place on a history of largest magnitudes (f32): `history[slot]` = the magnitude a
-/// recording [`Encode`] wrote at byte `at` of its output (the second input).
+/// Op, in place on a history of largest magnitudes (f32): `history[slot]` = the largest
+/// magnitude of the matrix (the second input) a recording [`Encode`] converted at the scales
+/// given (the third). The GPU copies what the conversion folded into the scales; the CPU
+/// computes it from the matrix.
 struct RecordAmax {
-    at: usize,
     slot: usize,
 }
 
-impl InplaceOp2 for RecordAmax {
+impl InplaceOp3 for RecordAmax {
     fn name(&self) -> &'static str {
         "fp8-record-amax"
     }
@@ -515,27 +491,21 @@ impl InplaceOp2 for RecordAmax {
         &self,
         history: &mut CpuStorage,
         history_layout: &Layout,
-        encoded: &CpuStorage,
-        encoded_layout: &Layout,
+        matrix: &CpuStorage,
+        matrix_layout: &Layout,
+        _scales: &CpuStorage,
+        _scales_layout: &Layout,
     ) -> Result<()> {
-        let (CpuStorage::F32(history), CpuStorage::U8(encoded)) = (history, encoded) else {
-            bail!("{NAME}: a history is f32 and a conversion's output u8");
+        let CpuStorage::F32(history) = history else {
+            bail!("{NAME}: a history is f32");
         };
-        let (Some((start, end)), Some((from, _))) = (
-            history_layout.contiguous_offsets(),
-            encoded_layout.contiguous_offsets(),
-        ) else {
-            bail!("{NAME}: the history and the conversion must be contiguous");
-        };
-        let Some(bytes) = encoded.get(from + self.at..from + self.at + Recorded::BYTES) else {
-            bail!("{NAME}: no record at byte {} of the conversion", self.at);
+        let Some((start, end)) = history_layout.contiguous_offsets() else {
+            bail!("{NAME}: the history must be contiguous");
         };
         let Some(slot) = history[start..end].get_mut(self.slot) else {
             bail!("{NAME}: no slot {} in the history", self.slot);
         };
-        let mut word = [0u8; Recorded::BYTES];
-        word.copy_from_slice(bytes);
-        *slot = f32::from_ne_bytes(word);
+        *slot = super::amax(&crate::ops::input_f32(matrix, matrix_layout, NAME)?);
         Ok(())
     }
 
@@ -544,17 +514,18 @@ impl InplaceOp2 for RecordAmax {
         &self,
         history: &mut candle_core::CudaStorage,
         history_layout: &Layout,
-        encoded: &candle_core::CudaStorage,
-        encoded_layout: &Layout,
+        _matrix: &candle_core::CudaStorage,
+        _matrix_layout: &Layout,
+        scales: &candle_core::CudaStorage,
+        scales_layout: &Layout,
     ) -> Result<()> {
         let dev = history.device.clone();
-        let encoded =
-            crate::ops::cuda::slice_view(encoded.as_cuda_slice::<u8>()?, encoded_layout, NAME)?;
+        let scales = crate::ops::cuda::view::<f32>(scales, scales_layout, NAME)?;
         let Some((start, end)) = history_layout.contiguous_offsets() else {
             bail!("{NAME}: the history must be contiguous");
         };
         let mut slots = history.as_cuda_slice_mut::<f32>()?.slice_mut(start..end);
-        super::gpu::record_amax(&dev, &mut slots, &encoded, self.at, self.slot)
+        super::gpu::record_amax(&dev, &mut slots, &scales, self.slot)
     }
 }
 

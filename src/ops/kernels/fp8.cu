@@ -100,9 +100,10 @@ __device__ void amax(const T *x, size_t n, int vec, float *partials) {
 // One block: the largest magnitude of `count` values (partial maxima, or a few f32 given
 // directly), then the scale that puts it at the format's largest finite value less `margin`
 // binades, in the same f32 operations as `TensorScaler::scale_for`; 1 where there is no finite,
-// nonzero magnitude. Writes the scale and its reciprocal (what the product multiplies by).
+// nonzero magnitude. Writes `out` = [1/scale (what the product multiplies by), scale, 0]: the
+// last is where a recording conversion at this scale folds its input's largest magnitude.
 extern "C" __global__ void fp8_scale(const float *partials, int count, int format, int margin,
-                                     float *scale, float *scale_inv) {
+                                     float *out) {
     if (blockIdx.x != 0) return;
     float m = 0.f;
     for (int i = threadIdx.x; i < count; i += blockDim.x) m = fmaxf(m, fabsf(partials[i]));
@@ -114,8 +115,9 @@ extern "C" __global__ void fp8_scale(const float *partials, int count, int forma
         s = max_finite / reference / ldexpf(1.f, margin);
         if (!isfinite(s)) s = 3.402823466e38f;
     }
-    *scale = s;
-    *scale_inv = 1.f / s;
+    out[0] = 1.f / s;
+    out[1] = s;
+    out[2] = 0.f;
 }
 
 // Eight values' codes at scale `s`, as two words (the first value in the lowest byte), folding
