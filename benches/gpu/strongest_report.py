@@ -8,9 +8,9 @@ ratio of the two, for llama-3.2-1b (ours vs transformers + Liger + torch.compile
 Also writes OUTDIR/headline.json with "llama-3.2-1b tokens/s vs transformers + torch.compile +
 Liger" and "gpt-124m b16 tokens/s vs torch.compile" (without the folder and commit).
 
-A side's speed is the best median tokens/s over the batches that fitted; with two rounds of
-one batch the slower round is kept, so a lucky round does not flatter either side. Standard
-library only.
+A side's speed is the best median tokens/s over the settings (micro-batch, and whether every
+block is recomputed) that fitted; with two rounds of one setting the slower round is kept, so a
+lucky round does not flatter either side. Standard library only.
 """
 
 from __future__ import annotations
@@ -29,13 +29,18 @@ def rows(path: pathlib.Path, model: str) -> list[dict]:
     return [r for r in lines(path) if r.get("model") == model]
 
 
-def per_batch(records: list[dict]) -> dict[int, dict]:
-    """{micro_batch: record}, keeping the slowest fitting round of each batch; a batch with no
-    fitting round maps to its last record (its outcome says why)."""
-    out: dict[int, dict] = {}
+def setting(r: dict) -> str:
+    """How a record's setting is shown: its micro-batch, marked where every block recomputes."""
+    return f"{r['micro_batch']}{' (recompute)' if r.get('checkpointing') else ''}"
+
+
+def per_batch(records: list[dict]) -> dict[tuple[int, bool], dict]:
+    """{(micro_batch, recomputes): record}, keeping the slowest fitting round of each setting; a
+    setting with no fitting round maps to its last record (its outcome says why)."""
+    out: dict[tuple[int, bool], dict] = {}
     for r in records:
         try:
-            mb = int(r["micro_batch"])
+            mb = (int(r["micro_batch"]), bool(r.get("checkpointing")))
         except (KeyError, TypeError, ValueError):
             continue
         fits = r.get("outcome") == "fits" and isinstance(r.get("tokens_per_s"), (int, float))
@@ -60,15 +65,16 @@ def headline_entry(metric: str, ours: list[dict], ref: list[dict], reference_is:
         return None
     return {"metric": metric, "ours": round(a["tokens_per_s"], 1), "reference": round(b["tokens_per_s"], 1),
             "ratio": round(a["tokens_per_s"] / b["tokens_per_s"], 3), "unit": "tokens/s",
-            "reference_is": f"{reference_is} at its fastest fitting micro-batch ({b['micro_batch']}; ours "
-                            f"{a['micro_batch']}), the slower round of each, 24 GB cap, same call"}
+            "reference_is": f"{reference_is} at its fastest fitting micro-batch ({setting(b)}; ours "
+                            f"{setting(a)}), the slower round of each, 24 GB cap, same call"}
 
 
 def table(title: str, ours: list[dict], ref: list[dict], ref_name: str) -> list[str]:
     lines = [f"## {title}", "", "| side | micro-batch | outcome | tokens/s | peak GiB |",
              "|---|--:|---|--:|--:|"]
     for name, records in (("autotune", ours), (ref_name, ref)):
-        for mb, r in sorted(per_batch(records).items()):
+        for _, r in sorted(per_batch(records).items()):
+            mb = setting(r)
             tps = r.get("tokens_per_s")
             peak = r.get("peak_gpu_bytes")
             lines.append(f"| {name} | {mb} | {r.get('outcome', '?')} | "
@@ -77,8 +83,8 @@ def table(title: str, ours: list[dict], ref: list[dict], ref_name: str) -> list[
     a, b = best(ours), best(ref)
     lines.append("")
     if a and b:
-        lines.append(f"Best: autotune {a['tokens_per_s']:,.0f} tokens/s (mb {a['micro_batch']}), "
-                     f"{ref_name} {b['tokens_per_s']:,.0f} (mb {b['micro_batch']}): "
+        lines.append(f"Best: autotune {a['tokens_per_s']:,.0f} tokens/s (mb {setting(a)}), "
+                     f"{ref_name} {b['tokens_per_s']:,.0f} (mb {setting(b)}): "
                      f"**{a['tokens_per_s'] / b['tokens_per_s']:.3f}×**.")
     else:
         lines.append("Best: one side has no fitting batch; no ratio.")
@@ -92,7 +98,8 @@ def main(argv: list[str]) -> int:
     out = pathlib.Path(argv[1])
     env = (out / "env.txt").read_text(errors="replace").strip() if (out / "env.txt").is_file() else ""
     lines = ["# autotune against the strongest PyTorch stacks, 24 GB cap", "", env, ""]
-    llama = (rows(out / "ours-llama.jsonl", "llama-3.2-1b"), rows(out / "liger-compile.jsonl", "llama-3.2-1b"))
+    llama = (rows(out / "ours-llama.jsonl", "llama-3.2-1b"), rows(out / "liger-compile.jsonl", "llama-3.2-1b")
+             + rows(out / "liger-compile-recompute.jsonl", "llama-3.2-1b"))
     lines += table("llama-3.2-1b, bf16, seq 2048", *llama, "transformers+liger+compile")
     gpt = out / "gpt-124m"
     gpt = (rows(gpt / "autotune.jsonl", "gpt-124m"), rows(gpt / "pytorch-compile.jsonl", "gpt-124m"))

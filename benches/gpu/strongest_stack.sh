@@ -9,7 +9,9 @@
 #            tuned plan's batch), two rounds → OUTDIR/ours-llama.jsonl
 #   liger    benches/gpu/llama_ref.py --liger --compile (transformers + Liger's RoPE, RMSNorm,
 #            SwiGLU and fused linear cross-entropy, under torch.compile) at mb $LLAMA_REF_MB
-#            (default 2,3,4,6) → OUTDIR/liger-compile.jsonl
+#            (default 2,3,4,6; empty skips it) → OUTDIR/liger-compile.jsonl, then with every block recomputed
+#            (transformers' gradient checkpointing, what a user short of memory turns on) at mb
+#            $LLAMA_REF_RECOMPUTE_MB (default 4,8; empty skips it) → liger-compile-recompute.jsonl
 #   gpt      gpt-124m b16 bf16: `autotune probe` and torch.compile (benches/gpu/run.sh with
 #            COMPILE_ROWS) → OUTDIR/gpt-124m/
 # then OUTDIR/summary.md (strongest_report.py).
@@ -29,7 +31,8 @@ WHEELS="${WHEELS:-.whl}"
 CAP_MIB="${CAP_MIB:-24052}"
 CAPACITY="${CAPACITY:-24564MiB}"
 LLAMA_OURS_MB="${LLAMA_OURS_MB:-2,3}"
-LLAMA_REF_MB="${LLAMA_REF_MB:-2,3,4,6}"
+LLAMA_REF_MB="${LLAMA_REF_MB-2,3,4,6}"
+LLAMA_REF_RECOMPUTE_MB="${LLAMA_REF_RECOMPUTE_MB-4,8}"
 BIN="$GPU_DIR/autotune"
 need_bin "build it with cuda-build.sh --out $GPU_DIR"
 record_header > "$OUTDIR/env.txt"
@@ -42,12 +45,19 @@ if wants liger; then
   elif "${TORCH_ENV[@]}" "$PYTHON" -m pip install -q --no-index --no-deps --no-compile \
       --no-cache-dir --upgrade --target "$site" "$WHEELS"/liger_kernel-*.whl >&2; then
     say "liger: $(basename "$WHEELS"/liger_kernel-*.whl) installed"
-    say "liger: llama-3.2-1b mb $LLAMA_REF_MB"
-    "${TORCH_ENV[@]}" PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 420 \
-      "$PYTHON" benches/gpu/llama_ref.py --model llama-3.2-1b --seq 2048 \
-      --micro-batch "$LLAMA_REF_MB" --warmup 4 --steps 8 --cap-mib "$CAP_MIB" --liger --compile \
-      > "$OUTDIR/liger-compile.jsonl" 2> "$OUTDIR/liger-compile.log"
-    say "  exit $?: $(grep -c '^{' "$OUTDIR/liger-compile.jsonl") rows"
+    for pass in plain recompute; do
+      batches="$LLAMA_REF_MB"; name=liger-compile; flags=()
+      if [[ "$pass" == recompute ]]; then
+        batches="$LLAMA_REF_RECOMPUTE_MB"; name=liger-compile-recompute; flags=(--checkpointing)
+      fi
+      [[ -z "$batches" ]] && continue
+      say "liger: llama-3.2-1b mb $batches ($pass)"
+      "${TORCH_ENV[@]}" PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 420 \
+        "$PYTHON" benches/gpu/llama_ref.py --model llama-3.2-1b --seq 2048 \
+        --micro-batch "$batches" --warmup 4 --steps 8 --cap-mib "$CAP_MIB" --liger --compile \
+        "${flags[@]}" > "$OUTDIR/$name.jsonl" 2> "$OUTDIR/$name.log"
+      say "  exit $?: $(grep -c '^{' "$OUTDIR/$name.jsonl") rows"
+    done
   fi
 fi
 

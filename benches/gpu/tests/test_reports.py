@@ -99,6 +99,27 @@ class StrongestReport(unittest.TestCase):
             self.assertEqual((liger["ours"], liger["reference"], liger["ratio"]), (45000, 41000, 1.098))
             self.assertEqual(entries["gpt-124m b16 tokens/s vs torch.compile"]["ratio"], 1.1)
 
+    def test_a_recomputing_reference_is_its_own_setting_and_can_be_the_best(self):
+        with tempfile.TemporaryDirectory() as d:
+            llama = {"model": "llama-3.2-1b", "outcome": "fits"}
+            write_lines(os.path.join(d, "ours-llama.jsonl"), [{**llama, "micro_batch": 3, "tokens_per_s": 45000}])
+            write_lines(os.path.join(d, "liger-compile.jsonl"), [
+                {**llama, "micro_batch": 4, "checkpointing": False, "tokens_per_s": 20000},
+            ])
+            write_lines(os.path.join(d, "liger-compile-recompute.jsonl"), [
+                {**llama, "micro_batch": 4, "checkpointing": True, "tokens_per_s": 30000},
+                {**llama, "micro_batch": 8, "checkpointing": True, "outcome": "out_of_memory"},
+            ])
+            summary = run("strongest_report.py", d)
+            # Batch 4 with and without recompute are two rows, not one round of the other.
+            self.assertIn("| transformers+liger+compile | 4 | fits | 20,000 |", summary)
+            self.assertIn("| transformers+liger+compile | 4 (recompute) | fits | 30,000 |", summary)
+            self.assertIn("| transformers+liger+compile | 8 (recompute) | out_of_memory |", summary)
+            self.assertIn("transformers+liger+compile 30,000 (mb 4 (recompute)): **1.500×**", summary)
+            liger = headline(d)["llama-3.2-1b tokens/s vs transformers + torch.compile + Liger"]
+            self.assertEqual((liger["reference"], liger["ratio"]), (30000, 1.5))
+            self.assertIn("(4 (recompute); ours 3)", liger["reference_is"])
+
 
 if __name__ == "__main__":
     unittest.main()
