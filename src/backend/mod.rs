@@ -86,17 +86,6 @@ pub fn require_cuda_build() -> Result<()> {
     }
 }
 
-/// Returns what `device`'s memory pool holds free to the driver, once the device has run
-/// everything queued (a block whose free the stream has not reached is still in use); the
-/// next allocations map it again. Nothing on the CPU.
-pub fn release_free_reservation(device: &Device) -> Result<()> {
-    match device {
-        #[cfg(feature = "cuda")]
-        Device::Cuda(cuda) => pool::release_free(cuda),
-        _ => Ok(()),
-    }
-}
-
 #[cfg(feature = "cuda")]
 fn cuda(ordinal: usize) -> Result<Device> {
     let device = Device::new_cuda(ordinal)?;

@@ -227,14 +227,6 @@ fn trim(pool: sys::CUmemoryPool) -> Result<()> {
     unsafe { result::mem_pool::trim_to(pool, 0) }.map_err(driver)
 }
 
-/// Returns what `cuda`'s pool holds free to the driver, once the device has run everything
-/// queued (a block whose free the stream has not reached is still in use).
-pub(super) fn release_free(cuda: &candle_core::CudaDevice) -> Result<()> {
-    let stream = cuda.cuda_stream();
-    stream.synchronize().map_err(driver)?;
-    trim(default_pool(stream.context())?)
-}
-
 pub(super) fn driver(e: result::DriverError) -> Error {
     Error::Backend(candle_core::Error::Cuda(Box::new(e)))
 }

@@ -385,7 +385,6 @@ impl Trainer {
 
     /// Runs one optimizer step on explicit micro-batches (this rank's share of the step).
     pub fn step_on(&mut self, batches: &[Batch]) -> Result<StepReport> {
-        let knobs = self.passes.knobs;
         let lr = self
             .schedule
             .lr(self.passes.model.spec().optimizer.lr, self.steps);
@@ -401,9 +400,6 @@ impl Trainer {
         };
         let stepped = self.update.step(&mut env, batches)?;
         self.gradient_bytes = stepped.gradient_bytes;
-        if releases_reservation_between_steps(&knobs) {
-            crate::backend::release_free_reservation(&self.passes.device)?;
-        }
         // The global mean: every rank ran as many micro-batches, so the mean of the rank means.
         let mut losses = [stepped.loss];
         self.group.sum_scalars(&mut losses)?;
@@ -459,54 +455,5 @@ impl Trainer {
             self.passes.engine,
         )?;
         Ok(loss.to_dtype(DType::F64)?.to_scalar::<f64>()?)
-    }
-}
-
-/// Whether a step ends by returning the memory pool's free reservation to the driver, so that
-/// each step reserves as the first one did.
-///
-/// The pool keeps freed blocks for the next step, which then fits its requests into the last
-/// step's layout. Where moments live in host memory (the regime of models whose exact state
-/// does not fit the card), that layout fitted badly at some batches: llama-3.1-8b on a 24 GB
-/// card reserved 1.7-2.7 GiB beyond its live peak, a GiB more in the second step than in the
-/// first at batches 1 and 3, so its peak fell from batch 1 to 2 and from 3 to 4 while the live
-/// bytes grew. Those steps run for a second or more, against milliseconds to map the memory
-/// again; a small model's 80 ms step paid 9 ms for it, so the others keep their blocks.
-fn releases_reservation_between_steps(knobs: &Knobs) -> bool {
-    knobs.state.moments_on == crate::knobs::MomentPlace::Host
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::knobs::{MasterFormat, MomentFormat, MomentPlace, Precision, StateLayout};
-
-    #[test]
-    fn only_steps_with_moments_in_host_memory_return_the_pools_free_blocks() {
-        let compact = |moments_on| StateLayout {
-            moments: MomentFormat::Int8Blockwise,
-            masters: MasterFormat::Bf16Stochastic,
-            moments_on,
-        };
-        let exact_on_host = StateLayout {
-            moments_on: MomentPlace::Host,
-            ..StateLayout::EXACT
-        };
-        for (state, releases) in [
-            (StateLayout::EXACT, false),
-            (compact(MomentPlace::Device), false),
-            (compact(MomentPlace::Host), true),
-            (exact_on_host, true),
-        ] {
-            let knobs = Knobs {
-                state,
-                ..Knobs::new(4, Precision::Bf16)
-            };
-            assert_eq!(
-                releases_reservation_between_steps(&knobs),
-                releases,
-                "{state}"
-            );
-        }
     }
 }
