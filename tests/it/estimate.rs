@@ -30,7 +30,10 @@ const CURRENT: [&str; 2] = [
 
 /// Recordings of the current engine on the Llama-family decoders (a 128k tied vocabulary,
 /// SwiGLU). The README states their bound apart.
-const DECODERS: [&str; 1] = ["profiles/recorded/rtx4090-32g-on-h200/llama-3.2-1b.json"];
+const DECODERS: [&str; 2] = [
+    "profiles/recorded/rtx4090-32g-on-h200/llama-3.2-1b.json",
+    "profiles/recorded/rtx4090-32g-on-h100/llama-3.2-1b.json",
+];
 
 /// The worst relative error the README states on the decoder recordings.
 const DECODER_WORST: f64 = 0.10;
