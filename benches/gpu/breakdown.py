@@ -68,7 +68,10 @@ _RULES = [
     ("norms and elementwise", r"elementwise|functor|(^|[^a-z])b(add|sub|mul|div|minimum|"
                               r"maximum)_|(^|[^a-z])u(neg|exp|log|abs|sqr|sqrt|gelu|erf|relu|"
                               r"silu|tanh|recip|sign|sin|cos)_|affine_|powf_|where_|clamp|"
-                              r"sigmoid|rsqrt"),
+                              r"sigmoid|rsqrt|"
+                              # Inductor's fused pointwise, reduction and persistent-reduction
+                              # kernels (torch.compile), once no rule above named their ops.
+                              r"(^|[^a-z])triton_(poi|red|per)_"),
 ]
 RULES = [(cls, re.compile(pattern)) for cls, pattern in _RULES]
 

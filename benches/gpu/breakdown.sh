@@ -34,7 +34,8 @@
 # 2,000-3,000 of PyTorch's): ours and gemm 3-4 minutes for gpt-1.3b bf16 mb 4 or llama-3.2-1b
 # bf16 mb 3, the PyTorch side 4-6 more. Where one call may take 10 minutes at most, run the
 # default stages first and then STAGES=torch into the same OUTDIR.
-# Environment: STAGES, NCU (default: ncu on PATH, else Nsight Compute's folder), NCU_WARM,
+# Environment: STAGES, TORCH_COMPILE (1: the GPT reference under torch.compile, still named
+# "pytorch" in the files), NCU (default: ncu on PATH, else Nsight Compute's folder), NCU_WARM,
 # NCU_TIMEOUT (default 480 s a profiled run), RUN_TIMEOUT (default 300 s an unprofiled one),
 # GPU_DIR, PYTHON.
 set -uo pipefail
@@ -144,7 +145,10 @@ case "$MODEL" in
     REF=(benches/gpu/llama_ref.py --model "$MODEL" --micro-batch "$MB")
     [[ "$PRECISION" == bf16 ]] || REF=() ;;
   *)
-    REF=(benches/gpu/torch_ref.py --model "$MODEL" --precision "$PRECISION" --micro-batch "$MB") ;;
+    REF=(benches/gpu/torch_ref.py --model "$MODEL" --precision "$PRECISION" --micro-batch "$MB")
+    # The side is then torch.compile's (its compilation falls in both profiled runs alike, so
+    # the difference between them drops it).
+    [[ "${TORCH_COMPILE:-}" == 1 ]] && REF+=(--compile) ;;
 esac
 
 torch_wall() {

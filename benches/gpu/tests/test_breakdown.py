@@ -140,6 +140,11 @@ class Classification(unittest.TestCase):
         "void at::native::(anonymous namespace)::embedding_backward_feature_kernel<float, "
         "float, long>(...)": "other",
         "some_kernel_nobody_knows": "other",
+        # torch.compile's Triton kernels: by the ops in their names, else elementwise.
+        "triton_poi_fused_add_mul_3": "norms and elementwise",
+        "triton_per_fused_native_layer_norm_backward_5": "norms and elementwise",
+        "triton_red_fused__log_softmax_backward_data_nll_loss_backward_2": "loss head",
+        "triton_poi_fused_embedding_0": "other",
     }
 
     def test_every_class_by_name(self):
