@@ -9,9 +9,10 @@
 #            tuned plan's batch), two rounds → OUTDIR/ours-llama.jsonl
 #   liger    benches/gpu/llama_ref.py --liger --compile (transformers + Liger's RoPE, RMSNorm,
 #            SwiGLU and fused linear cross-entropy, under torch.compile) at mb $LLAMA_REF_MB
-#            (default 2,3,4,6; empty skips it) → OUTDIR/liger-compile.jsonl, then with every block recomputed
-#            (transformers' gradient checkpointing, what a user short of memory turns on) at mb
-#            $LLAMA_REF_RECOMPUTE_MB (default 4,8; empty skips it) → liger-compile-recompute.jsonl
+#            (default 2,3,4,6; empty skips it) → OUTDIR/liger-compile.jsonl, then with every
+#            block recomputed (transformers' gradient checkpointing, what a user short of
+#            memory turns on) at mb $LLAMA_REF_RECOMPUTE_MB (default 4,8,12; empty skips it)
+#            → OUTDIR/liger-compile-recompute.jsonl
 #   gpt      gpt-124m b16 bf16: `autotune probe` and torch.compile (benches/gpu/run.sh with
 #            COMPILE_ROWS) → OUTDIR/gpt-124m/
 # then OUTDIR/summary.md (strongest_report.py).
@@ -32,7 +33,7 @@ CAP_MIB="${CAP_MIB:-24052}"
 CAPACITY="${CAPACITY:-24564MiB}"
 LLAMA_OURS_MB="${LLAMA_OURS_MB:-2,3}"
 LLAMA_REF_MB="${LLAMA_REF_MB-2,3,4,6}"
-LLAMA_REF_RECOMPUTE_MB="${LLAMA_REF_RECOMPUTE_MB-4,8}"
+LLAMA_REF_RECOMPUTE_MB="${LLAMA_REF_RECOMPUTE_MB-4,8,12}"
 BIN="$GPU_DIR/autotune"
 need_bin "build it with cuda-build.sh --out $GPU_DIR"
 record_header > "$OUTDIR/env.txt"
