@@ -183,7 +183,8 @@ fn rows<T: Elem>(
     let threads = if vec == 1 { n / 8 } else { n };
     // SAFETY: `fp8_quantize_<T>(const T*, size_t, const float*, int, int, uchar*, float*)`;
     // `x` and `codes` hold n elements (x 16-byte aligned and n a multiple of 8 where `vec`;
-    // `codes` starts a fresh allocation), `scale` at least one, `amax` (or null) one f32. Blocks are whole warps (256 threads), as its reduction needs.
+    // `codes` starts a fresh allocation), `scale` at least one, `amax` (or null) one f32.
+    // Blocks are whole warps (256 threads), as its reduction needs.
     unsafe { args.launch(cuda::elementwise_config(threads)) }.w()?;
     Ok(())
 }
@@ -233,9 +234,10 @@ fn transposed<T: Elem>(
     };
     // SAFETY: `fp8_quantize_transposed[_wide]_<T>(const T*, int, int, const float*, int, uchar*,
     // uchar*, float*)` over `tile` × `tile` tiles with the block shape each assumes; `x`,
-    // `codes_t` and `codes` (or null) hold rows·cols elements, `amax` (or null) one f32. The wide kernel's conditions are checked above, and `codes` and
-    // `codes_t` start at offsets 0 and rows·cols (a multiple of 128) of a fresh allocation, so
-    // its 8- and 16-byte stores are aligned.
+    // `codes_t` and `codes` (or null) hold rows·cols elements, `amax` (or null) one f32. The
+    // wide kernel's conditions are checked above, and `codes` and `codes_t` start at offsets 0
+    // and rows·cols (a multiple of 128) of a fresh allocation, so its 8- and 16-byte stores are
+    // aligned.
     unsafe { args.launch(config) }.w()?;
     Ok(())
 }
