@@ -67,13 +67,6 @@ RUN_TIMEOUT="${RUN_TIMEOUT:-300}"
 open_outdir "$1"
 
 BIN="$GPU_DIR/autotune"
-# find_ncu: the first of $NCU, ncu on PATH and Nsight Compute's usual folders that runs.
-find_ncu() {
-  local cand
-  for cand in ${NCU:+"$NCU"} ncu /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu; do
-    if command -v "$cand" > /dev/null 2>&1; then command -v "$cand"; return 0; fi
-  done
-}
 NCU="$(find_ncu)"
 NCU_ARGS=(--clock-control none --cache-control none --metrics gpu__time_duration.sum --csv
   --page raw --print-units base)

@@ -30,7 +30,7 @@ NCU_TIMEOUT="${NCU_TIMEOUT:-480}"
 open_outdir "$1"
 BIN="$GPU_DIR/autotune"
 need_bin "build it with cuda-build.sh --out $GPU_DIR"
-NCU="${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)}"
+NCU="$(find_ncu)"
 [[ -x "$NCU" ]] || { echo "$SCRIPT: Nsight Compute's ncu not found (set NCU)" >&2; exit 2; }
 gpu_libraries "$GPU_DIR" wheels
 

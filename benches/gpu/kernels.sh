@@ -16,7 +16,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 if [[ $# -lt 4 ]] || help_asked "$@"; then usage; fi
 open_outdir "$1"
 MODEL="$2"; PRECISION="$3"; MB="$4"; STEPS="${5:-2}"
-NCU="${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)}"
+NCU="$(find_ncu)"
 [[ -x "$NCU" ]] || { echo "kernels.sh: ncu not found" >&2; exit 2; }
 if [[ "${6:-}" == torch ]]; then
   NAME="kernels-torch-$MODEL-$PRECISION-b$MB"

@@ -62,6 +62,14 @@ need_bin() {
   [[ -x "$BIN" ]] || { echo "$SCRIPT: $BIN not found or not executable ($1)" >&2; exit 2; }
 }
 
+# find_ncu: the first of $NCU, ncu on PATH and Nsight Compute's usual folders that runs.
+find_ncu() {
+  local cand
+  for cand in ${NCU:+"$NCU"} ncu /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu; do
+    if command -v "$cand" > /dev/null 2>&1; then command -v "$cand"; return 0; fi
+  done
+}
+
 # ---- libraries ---------------------------------------------------------------------------
 # The binary bundles libcudart in its folder; cuBLAS, cuRAND etc. come from the machine (usually
 # the nvidia-* wheels that PyTorch installed). gpu-env.sh (../shared/tools/gpu-env.sh, copied
