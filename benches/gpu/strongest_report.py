@@ -34,27 +34,27 @@ def setting(r: dict) -> str:
     return f"{r['micro_batch']}{' (recompute)' if r.get('checkpointing') else ''}"
 
 
-def per_batch(records: list[dict]) -> dict[tuple[int, bool], dict]:
+def per_setting(records: list[dict]) -> dict[tuple[int, bool], dict]:
     """{(micro_batch, recomputes): record}, keeping the slowest fitting round of each setting; a
     setting with no fitting round maps to its last record (its outcome says why)."""
     out: dict[tuple[int, bool], dict] = {}
     for r in records:
         try:
-            mb = (int(r["micro_batch"]), bool(r.get("checkpointing")))
+            key = (int(r["micro_batch"]), bool(r.get("checkpointing")))
         except (KeyError, TypeError, ValueError):
             continue
         fits = r.get("outcome") == "fits" and isinstance(r.get("tokens_per_s"), (int, float))
-        kept = out.get(mb)
+        kept = out.get(key)
         kept_fits = kept is not None and kept.get("outcome") == "fits"
         if kept is None or (fits and (not kept_fits or r["tokens_per_s"] < kept["tokens_per_s"])) \
                 or (not fits and not kept_fits):
-            out[mb] = r
+            out[key] = r
     return out
 
 
 def best(records: list[dict]) -> dict | None:
     """The fitting record with the highest tokens/s, or None."""
-    fitting = [r for r in per_batch(records).values() if r.get("outcome") == "fits"]
+    fitting = [r for r in per_setting(records).values() if r.get("outcome") == "fits"]
     return max(fitting, key=lambda r: r["tokens_per_s"], default=None)
 
 
@@ -73,11 +73,10 @@ def table(title: str, ours: list[dict], ref: list[dict], ref_name: str) -> list[
     lines = [f"## {title}", "", "| side | micro-batch | outcome | tokens/s | peak GiB |",
              "|---|--:|---|--:|--:|"]
     for name, records in (("autotune", ours), (ref_name, ref)):
-        for _, r in sorted(per_batch(records).items()):
-            mb = setting(r)
+        for _, r in sorted(per_setting(records).items()):
             tps = r.get("tokens_per_s")
             peak = r.get("peak_gpu_bytes")
-            lines.append(f"| {name} | {mb} | {r.get('outcome', '?')} | "
+            lines.append(f"| {name} | {setting(r)} | {r.get('outcome', '?')} | "
                          f"{f'{tps:,.0f}' if isinstance(tps, (int, float)) else '-'} | "
                          f"{f'{peak / GIB:.2f}' if isinstance(peak, (int, float)) else '-'} |")
     a, b = best(ours), best(ref)
