@@ -20,9 +20,12 @@ mod attention;
 pub mod compact_adam;
 mod cross_entropy;
 #[cfg(feature = "cuda")]
+mod cublaslt;
+#[cfg(feature = "cuda")]
 mod cuda;
 mod epilogue;
 pub mod fp8;
+mod fused_linear;
 mod grad_product;
 pub mod host_optim;
 mod layer_norm;
@@ -47,6 +50,7 @@ pub use epilogue::{
     dropout, embed, embed_backward, embed_backward_into, embed_backward_rows_into, epilogue,
     epilogue_backward, DropoutMask,
 };
+pub use fused_linear::fused_linear;
 pub use grad_product::{accumulate_product_nn, accumulate_product_tn};
 pub use layer_norm::{layer_norm, layer_norm_backward, rms_norm, rms_norm_backward};
 pub use permute::permute_contiguous;

@@ -138,12 +138,16 @@ impl<'a> Lin<'a> {
         dropout: Option<DropoutMask>,
         residual: Option<&Tensor>,
     ) -> Result<Tensor> {
+        let no_dropout = dropout.is_none_or(|m| m.threshold() == 0);
+        // In the compute dtype, a bias and a residual alone go into the product's own epilogue
+        // on a GPU (`fused_linear` says where it applies).
+        if self.fp8_weight.is_none() && act.is_none() && no_dropout {
+            if let Some(y) = ops::fused_linear(x, &self.weight, self.bias.as_ref(), residual)? {
+                return Ok(y);
+            }
+        }
         let y = self.product(x)?;
-        let nothing_to_add = self.bias.is_none()
-            && act.is_none()
-            && dropout.is_none_or(|m| m.threshold() == 0)
-            && residual.is_none();
-        if nothing_to_add {
+        if self.bias.is_none() && act.is_none() && no_dropout && residual.is_none() {
             return Ok(y);
         }
         Ok(ops::epilogue(

@@ -3,11 +3,7 @@
 
 #![allow(unsafe_code)]
 
-use std::collections::HashMap;
-use std::ffi::c_void;
-use std::sync::{Mutex, OnceLock};
-
-use candle_core::cuda_backend::cudarc::cublaslt::{result as lt, sys};
+use candle_core::cuda_backend::cudarc::cublaslt::sys;
 use candle_core::cuda_backend::cudarc::driver::sys::CUdevice_attribute;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, CudaViewMut, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
@@ -15,6 +11,7 @@ use candle_core::{bail, CudaDevice, CudaStorage, DType, Layout, Result, Tensor};
 
 use super::operand::{EncodeTarget, Fp8Operand, OperandLayout};
 use super::Fp8Format;
+use crate::ops::cublaslt::{self, Operand, Product};
 use crate::ops::cuda::{self, Elem};
 
 const NAME: &str = "fp8";
@@ -286,48 +283,6 @@ pub(super) fn has_fp8_tensor_cores(dev: &CudaDevice) -> Result<bool> {
     Ok(crate::spec::device::has_fp8_tensor_cores_at(major, minor))
 }
 
-/// A cuBLASLt handle and its workspace for one device, made once and kept for the process.
-struct Handle {
-    handle: sys::cublasLtHandle_t,
-    workspace: CudaSlice<u8>,
-}
-
-// SAFETY: a cuBLASLt handle may be used from any thread; calls on it are serialised by the
-// stream they are issued on (candle's), and the map below hands out shared references only.
-unsafe impl Send for Handle {}
-// SAFETY: as above.
-unsafe impl Sync for Handle {}
-
-/// NVIDIA's recommended workspace for Hopper, enough for Ada.
-const WORKSPACE_BYTES: usize = 32 << 20;
-
-fn handle(dev: &CudaDevice) -> Result<&'static Handle> {
-    static HANDLES: OnceLock<Mutex<HashMap<candle_core::cuda_backend::DeviceId, &'static Handle>>> =
-        OnceLock::new();
-    let mut handles = HANDLES
-        .get_or_init(Default::default)
-        .lock()
-        .map_err(|_| candle_core::Error::Msg(format!("{NAME}: a product panicked")))?;
-    if let Some(h) = handles.get(&dev.id()) {
-        return Ok(h);
-    }
-    let handle = lt::create_handle().map_err(lt_error)?;
-    let workspace = dev.alloc_zeros::<u8>(WORKSPACE_BYTES)?;
-    // Kept for the process: products on this device reuse it.
-    let made: &'static Handle = Box::leak(Box::new(Handle { handle, workspace }));
-    handles.insert(dev.id(), made);
-    Ok(made)
-}
-
-fn lt_error(e: lt::CublasError) -> candle_core::Error {
-    candle_core::Error::Msg(format!("{NAME}: cuBLASLt: {e:?}"))
-}
-
-/// [`lt_error`] for the step `what` of a product, so that a refusal says which setting it was.
-fn lt_error_at(what: &str, e: lt::CublasError) -> candle_core::Error {
-    candle_core::Error::Msg(format!("{NAME}: cuBLASLt refused {what}: {e:?}"))
-}
-
 fn lt_type(format: Fp8Format) -> sys::cudaDataType_t {
     match format {
         Fp8Format::E4m3 => sys::cudaDataType_t::CUDA_R_8F_E4M3,
@@ -359,225 +314,28 @@ pub(super) fn product(a: &Fp8Operand, b: &Fp8Operand, dtype: DType) -> Result<Te
     if m == 0 || n == 0 {
         return Tensor::zeros((m, n), dtype, a.codes.device());
     }
-    let out = uninitialised(dev, (m, n), dtype)?;
-    // cuBLASLt works in the calling thread's current context: make it this device's.
-    dev.cuda_stream().context().bind_to_thread().w()?;
-    let lt = handle(dev)?;
+    let out = cublaslt::unwritten(dev, (m, n), dtype)?;
     let address = |t: &Tensor| cuda::address(t, NAME);
-    let (pa, pb, pd) = (address(&a.codes)?, address(&b.codes)?, address(&out)?);
-    let (sa, sb) = (address(&a.scale_inv)?, address(&b.scale_inv)?);
-    let call = Call {
+    let operand = |codes: &Tensor, format: Fp8Format, scale_inv: &Tensor| -> Result<Operand> {
+        Ok(Operand {
+            address: address(codes)?,
+            data_type: lt_type(format),
+            scale: Some(address(scale_inv)?),
+        })
+    };
+    let call = Product {
+        op: NAME,
         rows: n as u64,
         cols: m as u64,
         inner: k as u64,
-        a: (pb, lt_type(b.format), sb),
-        b: (pa, lt_type(a.format), sa),
-        d: (pd, out_type),
+        a: operand(&b.codes, b.format, &b.scale_inv)?,
+        b: operand(&a.codes, a.format, &a.scale_inv)?,
+        d: (address(&out)?, out_type),
+        bias: None,
+        summed: None,
     };
     // SAFETY: the addresses come from live, contiguous tensors of the checked shapes: `b`'s
     // codes hold n·k bytes, `a`'s m·k, `out` m·n elements of `out_type`, each scale one f32.
-    unsafe { call.run(lt, dev) }?;
+    unsafe { call.run(dev) }?;
     Ok(out)
-}
-
-/// A `shape` tensor of `dtype` (bf16 or f32) whose elements are not yet written: the product
-/// writes every one (beta 0 reads none), so zeroing it first would be a wasted pass.
-fn uninitialised(dev: &CudaDevice, shape: (usize, usize), dtype: DType) -> Result<Tensor> {
-    let n = shape.0 * shape.1;
-    // SAFETY: the product launched right after on the same stream writes all n elements
-    // before anything can read them.
-    let storage = match dtype {
-        DType::BF16 => CudaStorage::wrap_cuda_slice(
-            unsafe { cuda::output::<half::bf16>(dev, n) }?,
-            dev.clone(),
-        ),
-        _ => CudaStorage::wrap_cuda_slice(unsafe { cuda::output::<f32>(dev, n) }?, dev.clone()),
-    };
-    Ok(Tensor::from_storage(
-        candle_core::Storage::Cuda(storage),
-        shape,
-        candle_core::op::BackpropOp::none(),
-        false,
-    ))
-}
-
-/// One column-major `D (rows × cols) = (sa·A)ᵀ (sb·B)` with `A` stored `inner × rows`, `B`
-/// `inner × cols` (addresses, types, scale addresses) and `D` `rows × cols` (address, type).
-struct Call {
-    rows: u64,
-    cols: u64,
-    inner: u64,
-    a: (u64, sys::cudaDataType_t, u64),
-    b: (u64, sys::cudaDataType_t, u64),
-    d: (u64, sys::cudaDataType_t),
-}
-
-impl Call {
-    /// # Safety
-    ///
-    /// The addresses must hold the matrices and scales `self` describes, on `dev`, and stay
-    /// alive until candle's stream has run the product.
-    unsafe fn run(&self, lt: &Handle, dev: &CudaDevice) -> Result<()> {
-        let desc = lt::create_matmul_desc(
-            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            sys::cudaDataType_t::CUDA_R_32F,
-        )
-        .map_err(lt_error)?;
-        let layouts = [
-            lt::create_matrix_layout(self.a.1, self.inner, self.rows, self.inner as i64),
-            lt::create_matrix_layout(self.b.1, self.inner, self.cols, self.inner as i64),
-            lt::create_matrix_layout(self.d.1, self.rows, self.cols, self.rows as i64),
-        ];
-        let result = match layouts {
-            [Ok(a), Ok(b), Ok(d)] => {
-                // SAFETY: forwarded from the caller; the descriptors are live until destroyed
-                // below.
-                let run = unsafe { self.run_with(lt, dev, desc, [a, b, d]) };
-                for layout in [a, b, d] {
-                    // SAFETY: made above, destroyed once.
-                    let _ = unsafe { lt::destroy_matrix_layout(layout) };
-                }
-                run
-            }
-            ref other => {
-                for layout in other.iter().flatten() {
-                    // SAFETY: made above, destroyed once.
-                    let _ = unsafe { lt::destroy_matrix_layout(*layout) };
-                }
-                Err(candle_core::Error::Msg(format!(
-                    "{NAME}: cuBLASLt could not describe a matrix"
-                )))
-            }
-        };
-        // SAFETY: made above, destroyed once.
-        let _ = unsafe { lt::destroy_matmul_desc(desc) };
-        result
-    }
-
-    /// # Safety
-    ///
-    /// As [`Call::run`]; `desc` and `layouts` (A, B, D) are live descriptors.
-    unsafe fn run_with(
-        &self,
-        lt: &Handle,
-        dev: &CudaDevice,
-        desc: sys::cublasLtMatmulDesc_t,
-        [a, b, d]: [sys::cublasLtMatrixLayout_t; 3],
-    ) -> Result<()> {
-        use sys::cublasLtMatmulDescAttributes_t as Attr;
-        let set = |attr: Attr, value: *const c_void, size: usize| {
-            // SAFETY: `value` points at `size` bytes of the attribute's type.
-            unsafe { lt::set_matmul_desc_attribute(desc, attr, value, size) }
-                .map_err(|e| lt_error_at(&format!("{attr:?}"), e))
-        };
-        let (transposed, plain) = (1i32, 0i32);
-        set(
-            Attr::CUBLASLT_MATMUL_DESC_TRANSA,
-            (&raw const transposed).cast(),
-            4,
-        )?;
-        set(
-            Attr::CUBLASLT_MATMUL_DESC_TRANSB,
-            (&raw const plain).cast(),
-            4,
-        )?;
-        let pointer = std::mem::size_of::<u64>();
-        set(
-            Attr::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-            (&raw const self.a.2).cast(),
-            pointer,
-        )?;
-        set(
-            Attr::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-            (&raw const self.b.2).cast(),
-            pointer,
-        )?;
-        let pref = lt::create_matmul_pref().map_err(lt_error)?;
-        // SAFETY: a live preference.
-        let heuristic = unsafe { self.prefer(pref) }
-            // SAFETY: live descriptors and preference.
-            .and_then(|()| unsafe {
-                lt::get_matmul_algo_heuristic(lt.handle, desc, a, b, d, d, pref)
-            });
-        // SAFETY: made above, destroyed once.
-        let _ = unsafe { lt::destroy_matmul_pref(pref) };
-        let heuristic = heuristic.map_err(|e| {
-            candle_core::Error::Msg(format!(
-                "{NAME}: cuBLASLt has no fp8 product for this GPU and shape ({e:?}); fp8 needs \
-                 compute capability 8.9 or newer"
-            ))
-        })?;
-        let (alpha, beta) = (1f32, 0f32);
-        let stream = dev.cuda_stream();
-        use candle_core::cuda_backend::cudarc::driver::DevicePtr;
-        let (workspace, _guard) = lt.workspace.device_ptr(&stream);
-        // SAFETY: forwarded from the caller; C is D (beta 0 reads nothing).
-        let product = unsafe {
-            lt::matmul(
-                lt.handle,
-                desc,
-                (&raw const alpha).cast(),
-                (&raw const beta).cast(),
-                self.a.0 as *const c_void,
-                a,
-                self.b.0 as *const c_void,
-                b,
-                self.d.0 as *const c_void,
-                d,
-                self.d.0 as *mut c_void,
-                d,
-                &raw const heuristic.algo,
-                workspace as *mut c_void,
-                WORKSPACE_BYTES,
-                stream.cu_stream() as *mut _,
-            )
-        };
-        product.map_err(|e| lt_error_at("the product", e))
-    }
-
-    /// Sets `pref`'s workspace and the alignment of each matrix's address: cuBLASLt assumes
-    /// 256 bytes unless told, and refuses at the product a kernel the addresses do not suit.
-    ///
-    /// # Safety
-    ///
-    /// `pref` is a live preference.
-    unsafe fn prefer(
-        &self,
-        pref: sys::cublasLtMatmulPreference_t,
-    ) -> std::result::Result<(), lt::CublasError> {
-        use sys::cublasLtMatmulPreferenceAttributes_t as Pref;
-        let size = WORKSPACE_BYTES;
-        // SAFETY: a live preference and a usize attribute.
-        unsafe {
-            lt::set_matmul_pref_attribute(
-                pref,
-                Pref::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                (&raw const size).cast(),
-                std::mem::size_of::<usize>(),
-            )
-        }?;
-        for (attr, address) in [
-            (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, self.a.0),
-            (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, self.b.0),
-            (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, self.d.0),
-            (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, self.d.0),
-        ] {
-            let alignment = address_alignment(address);
-            // SAFETY: a live preference and a u32 attribute.
-            unsafe {
-                lt::set_matmul_pref_attribute(
-                    pref,
-                    attr,
-                    (&raw const alignment).cast(),
-                    std::mem::size_of::<u32>(),
-                )
-            }?;
-        }
-        Ok(())
-    }
-}
-
-/// The largest power of two, up to 256, that divides `address`.
-fn address_alignment(address: u64) -> u32 {
-    1u32 << address.trailing_zeros().min(8)
 }
