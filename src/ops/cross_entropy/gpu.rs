@@ -27,15 +27,18 @@ pub(super) fn fwd<T: Elem>(
     // SAFETY: the kernel launched below writes every element.
     let mut loss = unsafe { cuda::output::<f32>(dev, rows) }?;
     let (n_classes, n_cols) = (cuda::dim(classes, "classes")?, cuda::dim(cols, "columns")?);
+    let vec = cuda::eight_wide(&[cols], &[cuda::byte_offset::<T>(l1)]);
     let stream = dev.cuda_stream();
     let mut args = stream.launch_builder(&func);
     args.arg(&x)
         .arg(&t)
         .arg(&mut loss)
         .arg(&n_classes)
-        .arg(&n_cols);
-    // SAFETY: the arguments match `ce_fwd_<T>(const T*, const uint32_t*, float*, int, int)`;
-    // `x` holds rows·cols elements, `t` and `loss` rows, and the grid has one block per row.
+        .arg(&n_cols)
+        .arg(&vec);
+    // SAFETY: the arguments match `ce_fwd_<T>(const T*, const uint32_t*, float*, int, int,
+    // int)`; `x` holds rows·cols elements, `t` and `loss` rows, and the grid has one block per
+    // row; `vec` only where every row starts on a 16-byte boundary.
     unsafe { args.launch(cuda::row_config(rows, cols)?) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(loss, dev.clone()))
 }
@@ -68,6 +71,8 @@ pub(super) fn bwd<T: Elem>(
         cuda::dim(cols, "columns")?,
     );
     let given = i32::from(matches!(lse, Lse::Given { .. }));
+    // `dx` is a fresh allocation: only the logits' offset can break the alignment.
+    let vec = cuda::eight_wide(&[cols], &[cuda::byte_offset::<T>(l1)]);
     let stream = dev.cuda_stream();
     let mut args = stream.launch_builder(&func);
     args.arg(&x)
@@ -78,9 +83,11 @@ pub(super) fn bwd<T: Elem>(
         .arg(&n_first)
         .arg(&n_classes)
         .arg(&n_cols)
-        .arg(&given);
+        .arg(&given)
+        .arg(&vec);
     // SAFETY: the arguments match `ce_bwd_<T>(const T*, const uint32_t*, const float*, T*,
-    // int, int, int, int, int)`; `lg` holds 2·rows floats, `x` and `dx` rows·cols elements.
+    // int, int, int, int, int, int)`; `lg` holds 2·rows floats, `x` and `dx` rows·cols
+    // elements; `vec` only where every row of both starts on a 16-byte boundary.
     unsafe { args.launch(cuda::row_config(rows, cols)?) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(dx, dev.clone()))
 }

@@ -9,11 +9,37 @@
 // target (a kernel cannot return an error, and NaN makes the bad batch visible in the loss).
 template <typename T>
 __device__ void ce_fwd(const T *logits, const uint32_t *targets, float *loss, int classes,
-                       int cols) {
+                       int cols, int vec) {
     const size_t row = blockIdx.x;
     const T *x = logits + row * cols;
     float m = -INFINITY, s = 0.f;
-    for (int j = threadIdx.x; j < classes; j += blockDim.x) lse_add(m, s, to_f32(x[j]));
+    int scalar_from = 0;
+    if (vec) {
+        // Eight classes a load (`vec`: rows of a multiple of 8 values on 16-byte boundaries):
+        // one log-sum-exp per pack, merged into the thread's. The classes past the last whole
+        // pack go one at a time below.
+        const int packs = classes / 8;
+        const Pack8<T> *xp = reinterpret_cast<const Pack8<T> *>(x);
+        for (int p = threadIdx.x; p < packs; p += blockDim.x) {
+            const Pack8<T> v = xp[p];
+            float f[8];
+            float hi = -INFINITY;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                f[e] = to_f32(v.v[e]);
+                hi = fmaxf(hi, f[e]);
+            }
+            float sum = 0.f;
+            if (hi != -INFINITY) {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) sum += expf(f[e] - hi);
+            }
+            lse_merge(m, s, hi, sum);
+        }
+        scalar_from = packs * 8;
+    }
+    for (int j = scalar_from + threadIdx.x; j < classes; j += blockDim.x)
+        lse_add(m, s, to_f32(x[j]));
     block_lse(m, s);
     if (threadIdx.x == 0) {
         const uint32_t t = targets[row];
@@ -28,7 +54,8 @@ __device__ void ce_fwd(const T *logits, const uint32_t *targets, float *loss, in
 // loss, from which whole rows rebuild it as lse = loss + logits[target].
 template <typename T>
 __device__ void ce_bwd(const T *logits, const uint32_t *targets, const float *loss_grad,
-                       T *dlogits, int rows, int first, int classes, int cols, int given_lse) {
+                       T *dlogits, int rows, int first, int classes, int cols, int given_lse,
+                       int vec) {
     const size_t row = blockIdx.x;
     const T *x = logits + row * cols;
     T *dx = dlogits + row * cols;
@@ -37,6 +64,24 @@ __device__ void ce_bwd(const T *logits, const uint32_t *targets, const float *lo
     const float lse = given_lse ? loss_grad[row]
                       : t < (uint32_t)classes ? loss_grad[row] + to_f32(x[t])
                                               : NAN;
+    if (vec) {
+        // Eight columns a load and a store (`vec`: `cols` a multiple of 8, both buffers on
+        // 16-byte boundaries).
+        const Pack8<T> *xp = reinterpret_cast<const Pack8<T> *>(x);
+        Pack8<T> *dp = reinterpret_cast<Pack8<T> *>(dx);
+        for (int p = threadIdx.x; p < cols / 8; p += blockDim.x) {
+            const Pack8<T> v = xp[p];
+            Pack8<T> out;
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const int col = first + p * 8 + e;
+                const float prob = col < classes ? expf(to_f32(v.v[e]) - lse) : 0.f;
+                out.v[e] = from_f32<T>((prob - (col == (int)t ? 1.f : 0.f)) * g);
+            }
+            dp[p] = out;
+        }
+        return;
+    }
     for (int j = threadIdx.x; j < cols; j += blockDim.x) {
         const int col = first + j;
         const float p = col < classes ? expf(to_f32(x[j]) - lse) : 0.f;
@@ -47,13 +92,15 @@ __device__ void ce_bwd(const T *logits, const uint32_t *targets, const float *lo
 #define CE_KERNELS(T, NAME)                                                                    \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                  \
         ce_fwd_##NAME(const T *logits, const uint32_t *targets, float *loss, int classes,      \
-                      int cols) {                                                              \
-        ce_fwd<T>(logits, targets, loss, classes, cols);                                       \
+                      int cols, int vec) {                                                     \
+        ce_fwd<T>(logits, targets, loss, classes, cols, vec);                                  \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                  \
         ce_bwd_##NAME(const T *logits, const uint32_t *targets, const float *loss_grad,        \
-                      T *dlogits, int rows, int first, int classes, int cols, int given_lse) { \
-        ce_bwd<T>(logits, targets, loss_grad, dlogits, rows, first, classes, cols, given_lse); \
+                      T *dlogits, int rows, int first, int classes, int cols, int given_lse,   \
+                      int vec) {                                                               \
+        ce_bwd<T>(logits, targets, loss_grad, dlogits, rows, first, classes, cols, given_lse,  \
+                  vec);                                                                        \
     }
 
 CE_KERNELS(float, f32)
