@@ -202,12 +202,16 @@ fn cuda_softmax_matches_cpu() {
 #[test]
 fn cuda_layer_norm_matches_cpu() {
     let dev = gpu();
-    let cases: [(&[usize], f32, f32); 5] = [
+    // Rows of a multiple of 8 values up to 8,192 run a warp per row, the others (1,001 and
+    // 9,000 wide) a block per row.
+    let cases: [(&[usize], f32, f32); 7] = [
         (&[5, 8], 1.0, 0.0),
         (&[37, 1000], 2.0, 0.5),
         (&[32, 128, 768], 1.0, 0.0),
         (&[16_384, 512], 1.0, 0.0),
         (&[300, 64], 0.1, 20.0),
+        (&[33, 1001], 1.0, 0.0),
+        (&[9, 9000], 1.0, 0.5),
     ];
     for (i, &(shape, scale, offset)) in cases.iter().enumerate() {
         for dtype in DTYPES {
@@ -389,8 +393,9 @@ fn cuda_decoder_ops_match_the_cpu() {
     let dev = gpu();
     let mask = ops::DropoutMask { p: 0.2, key: 3 };
     for dtype in DTYPES {
-        // RMS norm at Llama 3.2 1B's width and an odd one.
-        for (rows, d) in [(300, 2048), (37, 896)] {
+        // RMS norm at Llama 3.2 1B's width, a narrower one (both a warp per row) and an odd
+        // one (a block per row).
+        for (rows, d) in [(300, 2048), (37, 896), (21, 1003)] {
             let x = random(&[rows, d], 2.0, 0.3, 1, dtype);
             let gamma = random(&[d], 0.5, 1.0, 2, DType::F32);
             let dy = random(&[rows, d], 1.0, 0.0, 3, dtype);

@@ -1,7 +1,9 @@
 //! CUDA launches for the layer-norm and RMS-norm ops (`rms` selects the latter).
 //!
-//! Launch configs: forward, `dx` and the statistics kernel run one block per row with
-//! `row_config` threads (64..=1024, ~4 columns each). The parameter gradients use 32 × 8 thread
+//! Launch configs: forward, `dx` and the statistics kernel run one warp per row, eight rows a
+//! block, where every row has a multiple of 8 values on 16-byte boundaries and at most
+//! [`WARP_MAX_COLS`] ([`launch`]); else one block per row with `row_config` threads
+//! (64..=1024, ~4 columns each). The parameter gradients use 32 × 8 thread
 //! blocks on a `(ceil(d / 32), chunks)` grid, each block summing one 32-column tile over one
 //! chunk of rows, then one thread per column sums the chunks in order.
 
@@ -22,6 +24,27 @@ fn rows_per_chunk(rows: usize) -> usize {
     rows.div_ceil(512).max(64)
 }
 
+/// Rows a block of the one-warp-per-row kernels takes: eight warps.
+const WARP_ROWS_PER_BLOCK: usize = 8;
+
+/// The widest row a warp takes; wider rows keep a block each.
+const WARP_MAX_COLS: usize = 8192;
+
+/// The row kernels' `warp` flag and launch shape for `rows` rows of `cols` values whose buffers
+/// start `byte_offsets` into their allocations (outputs are fresh, at 0).
+fn launch(rows: usize, cols: usize, byte_offsets: &[usize]) -> Result<(i32, LaunchConfig)> {
+    if cols <= WARP_MAX_COLS && cuda::eight_wide(&[cols], byte_offsets) == 1 {
+        let blocks = cuda::dim(rows.div_ceil(WARP_ROWS_PER_BLOCK), "blocks")? as u32;
+        let config = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: ((32 * WARP_ROWS_PER_BLOCK) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        return Ok((1, config));
+    }
+    Ok((0, cuda::row_config(rows, cols)?))
+}
+
 pub(super) fn fwd<T: Elem>(
     x: &CudaSlice<T>,
     l: &Layout,
@@ -38,19 +61,28 @@ pub(super) fn fwd<T: Elem>(
     let func = cuda::kernel(dev, &cuda::LAYER_NORM, "ln_fwd", T::DTYPE)?;
     // SAFETY: the kernel launched below writes every element.
     let mut y = unsafe { cuda::output::<T>(dev, rows * cols) }?;
-    let (n_cols, eps, rms) = (cuda::dim(cols, "columns")?, eps as f32, i32::from(rms));
+    let mut offsets = vec![cuda::byte_offset::<T>(l), cuda::byte_offset::<f32>(lg)];
+    if !rms {
+        offsets.push(cuda::byte_offset::<f32>(lb));
+    }
+    let (warp, config) = launch(rows, cols, &offsets)?;
+    let (n_rows, n_cols) = (cuda::dim(rows, "rows")?, cuda::dim(cols, "columns")?);
+    let (eps, rms) = (eps as f32, i32::from(rms));
     let stream = dev.cuda_stream();
     let mut args = stream.launch_builder(&func);
     args.arg(&x)
         .arg(&gamma)
         .arg(&beta)
         .arg(&mut y)
+        .arg(&n_rows)
         .arg(&n_cols)
         .arg(&eps)
-        .arg(&rms);
+        .arg(&rms)
+        .arg(&warp);
     // SAFETY: the arguments match `ln_fwd_<T>(const T*, const float*, const float*, T*, int,
-    // float, int)`; `x`/`y` hold rows·cols elements, `gamma`/`beta` cols; one block per row.
-    unsafe { args.launch(cuda::row_config(rows, cols)?) }.w()?;
+    // int, float, int, int)`; `x`/`y` hold rows·cols elements, `gamma`/`beta` cols; a block or
+    // a warp per row as `launch` set `warp`, on the alignment it checked.
+    unsafe { args.launch(config) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
 }
 
@@ -70,19 +102,29 @@ pub(super) fn bwd_input<T: Elem>(
     let func = cuda::kernel(dev, &cuda::LAYER_NORM, "ln_bwd_input", T::DTYPE)?;
     // SAFETY: the kernel launched below writes every element.
     let mut dx = unsafe { cuda::output::<T>(dev, rows * cols) }?;
-    let (n_cols, eps, rms) = (cuda::dim(cols, "columns")?, eps as f32, i32::from(rms));
+    let offsets = [
+        cuda::byte_offset::<T>(l),
+        cuda::byte_offset::<T>(ldy),
+        cuda::byte_offset::<f32>(lg),
+    ];
+    let (warp, config) = launch(rows, cols, &offsets)?;
+    let (n_rows, n_cols) = (cuda::dim(rows, "rows")?, cuda::dim(cols, "columns")?);
+    let (eps, rms) = (eps as f32, i32::from(rms));
     let stream = dev.cuda_stream();
     let mut args = stream.launch_builder(&func);
     args.arg(&x)
         .arg(&dy)
         .arg(&gamma)
         .arg(&mut dx)
+        .arg(&n_rows)
         .arg(&n_cols)
         .arg(&eps)
-        .arg(&rms);
+        .arg(&rms)
+        .arg(&warp);
     // SAFETY: the arguments match `ln_bwd_input_<T>(const T*, const T*, const float*, T*, int,
-    // float, int)`; `x`/`dy`/`dx` hold rows·cols elements, `gamma` cols; one block per row.
-    unsafe { args.launch(cuda::row_config(rows, cols)?) }.w()?;
+    // int, float, int, int)`; `x`/`dy`/`dx` hold rows·cols elements, `gamma` cols; a block or
+    // a warp per row as `launch` set `warp`, on the alignment it checked.
+    unsafe { args.launch(config) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(dx, dev.clone()))
 }
 
@@ -111,15 +153,19 @@ pub(super) fn bwd_params<T: Elem>(
     // SAFETY: the kernel launched below writes every element.
     let mut stats = unsafe { cuda::output::<f32>(dev, 2 * rows) }?;
     let func = cuda::kernel(dev, &cuda::LAYER_NORM, "ln_stats", T::DTYPE)?;
+    let (warp, config) = launch(rows, cols, &[cuda::byte_offset::<T>(l)])?;
     let mut args = stream.launch_builder(&func);
     args.arg(&x)
         .arg(&mut stats)
+        .arg(&n_rows)
         .arg(&n_cols)
         .arg(&eps)
-        .arg(&rms);
-    // SAFETY: the arguments match `ln_stats_<T>(const T*, float*, int, float, int)`; `x` holds
-    // rows·cols elements, `stats` 2·rows; one block per row writes its two entries.
-    unsafe { args.launch(cuda::row_config(rows, cols)?) }.w()?;
+        .arg(&rms)
+        .arg(&warp);
+    // SAFETY: the arguments match `ln_stats_<T>(const T*, float*, int, int, float, int, int)`;
+    // `x` holds rows·cols elements, `stats` 2·rows; a block or a warp per row (as `launch` set
+    // `warp`) writes its two entries.
+    unsafe { args.launch(config) }.w()?;
 
     let per_chunk = rows_per_chunk(rows);
     let chunks = rows.div_ceil(per_chunk);
