@@ -111,14 +111,22 @@ pub(crate) struct Product {
     pub(crate) summed: Option<u64>,
 }
 
+/// What became of a product: queued, or refused because cuBLASLt has no kernel for it on this
+/// GPU (its shape, types or epilogue), which a caller with another way to compute it expects.
+#[derive(Debug)]
+pub(crate) enum Queued {
+    Yes,
+    NoKernel(String),
+}
+
 impl Product {
-    /// Queues the product on `dev`'s stream.
+    /// Queues the product on `dev`'s stream, or says that cuBLASLt has no kernel for it.
     ///
     /// # Safety
     ///
     /// The addresses must hold the matrices, vectors and scales `self` describes, on `dev`, and
     /// stay alive until candle's stream has run the product.
-    pub(crate) unsafe fn run(&self, dev: &CudaDevice) -> Result<()> {
+    pub(crate) unsafe fn run(&self, dev: &CudaDevice) -> Result<Queued> {
         // cuBLASLt works in the calling thread's current context: make it this device's.
         dev.cuda_stream()
             .context()
@@ -164,7 +172,7 @@ impl Product {
         dev: &CudaDevice,
         desc: sys::cublasLtMatmulDesc_t,
         [a, b, d]: [sys::cublasLtMatrixLayout_t; 3],
-    ) -> Result<()> {
+    ) -> Result<Queued> {
         // SAFETY: a live description.
         unsafe { self.describe(desc) }?;
         let pref = lt::create_matmul_pref().map_err(|e| lt_error(self.op, "a preference", e))?;
@@ -176,12 +184,10 @@ impl Product {
             });
         // SAFETY: made above, destroyed once.
         let _ = unsafe { lt::destroy_matmul_pref(pref) };
-        let heuristic = heuristic.map_err(|e| {
-            candle_core::Error::Msg(format!(
-                "{}: cuBLASLt has no product for this GPU, shape and epilogue ({e:?})",
-                self.op
-            ))
-        })?;
+        let heuristic = match heuristic {
+            Ok(h) => h,
+            Err(e) => return Ok(Queued::NoKernel(format!("{e:?}"))),
+        };
         let alpha = 1f32;
         let beta = if self.summed.is_some() { 1f32 } else { 0f32 };
         // Without a matrix to sum, C is D and β = 0 reads nothing of it.
@@ -210,7 +216,8 @@ impl Product {
                 stream.cu_stream() as *mut _,
             )
         };
-        product.map_err(|e| lt_error(self.op, "the product", e))
+        product.map_err(|e| lt_error(self.op, "the product", e))?;
+        Ok(Queued::Yes)
     }
 
     /// Sets the description's transposes ("TN"), scales and epilogue.

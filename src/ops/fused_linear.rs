@@ -49,7 +49,7 @@ impl Request {
 /// `residual + x · wᵀ + bias` for `x (m × k)` and `w (n × k)`, in one cuBLASLt product, or
 /// `None` where that does not apply: off a GPU, outside bf16 and f16, a width that is not a
 /// multiple of 8, a bias that is not `n` f32 values, a residual not of the output's dtype and
-/// shape, or nothing to add. The caller then runs the product and [`super::epilogue()`].
+/// shape, nothing to add, or no cuBLASLt kernel for it on this GPU. The caller then runs the product and [`super::epilogue()`].
 /// Every tensor is made contiguous first.
 pub fn fused_linear(
     x: &Tensor,
@@ -77,7 +77,7 @@ pub fn fused_linear(
     }
     #[cfg(feature = "cuda")]
     {
-        gpu::product(x, w, bias, residual).map(Some)
+        gpu::product(x, w, bias, residual)
     }
     #[cfg(not(feature = "cuda"))]
     {
@@ -91,18 +91,19 @@ mod gpu {
 
     use candle_core::{bail, Result, Tensor};
 
-    use crate::ops::cublaslt::{data_type, unwritten, Operand, Product};
+    use crate::ops::cublaslt::{data_type, unwritten, Operand, Product, Queued};
     use crate::ops::cuda;
 
     const NAME: &str = "fused linear";
 
-    /// The product of a request [`super::Request::fusable`] accepted.
+    /// The product of a request [`super::Request::fusable`] accepted, or `None` where
+    /// cuBLASLt has no kernel for it on this GPU (the caller's separate passes then run).
     pub(super) fn product(
         x: &Tensor,
         w: &Tensor,
         bias: Option<&Tensor>,
         residual: Option<&Tensor>,
-    ) -> Result<Tensor> {
+    ) -> Result<Option<Tensor>> {
         let candle_core::Device::Cuda(dev) = x.device() else {
             bail!("{NAME}: the input is not on a GPU");
         };
@@ -141,8 +142,17 @@ mod gpu {
         // dtypes (`Request::fusable`): `w` n·k and `x` m·k half-precision values, `out` and the
         // residual m·n, the bias n f32 values; all stay alive past the queued product, since
         // candle's pool reuses memory in the order of this same stream.
-        unsafe { call.run(dev) }?;
-        Ok(out)
+        match unsafe { call.run(dev) }? {
+            Queued::Yes => Ok(Some(out)),
+            Queued::NoKernel(why) => {
+                tracing::debug!(
+                    target: "autotune::ops",
+                    m, n, k, why,
+                    "cuBLASLt has no fused linear product here; the bias and residual run apart"
+                );
+                Ok(None)
+            }
+        }
     }
 }
 

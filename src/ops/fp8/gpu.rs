@@ -11,7 +11,7 @@ use candle_core::{bail, CudaDevice, CudaStorage, DType, Layout, Result, Tensor};
 
 use super::operand::{EncodeTarget, Fp8Operand, OperandLayout};
 use super::Fp8Format;
-use crate::ops::cublaslt::{self, Operand, Product};
+use crate::ops::cublaslt::{self, Operand, Product, Queued};
 use crate::ops::cuda::{self, Elem};
 
 const NAME: &str = "fp8";
@@ -336,6 +336,11 @@ pub(super) fn product(a: &Fp8Operand, b: &Fp8Operand, dtype: DType) -> Result<Te
     };
     // SAFETY: the addresses come from live, contiguous tensors of the checked shapes: `b`'s
     // codes hold n·k bytes, `a`'s m·k, `out` m·n elements of `out_type`, each scale one f32.
-    unsafe { call.run(dev) }?;
-    Ok(out)
+    match unsafe { call.run(dev) }? {
+        Queued::Yes => Ok(out),
+        Queued::NoKernel(why) => bail!(
+            "{NAME}: cuBLASLt has no fp8 product for this GPU and shape ({why}); fp8 needs \
+             compute capability 8.9 or newer"
+        ),
+    }
 }
