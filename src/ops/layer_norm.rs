@@ -67,7 +67,20 @@ pub fn layer_norm_backward(
     dy: &Tensor,
     eps: f64,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    let (dx, params) = norm_backward(x, gamma, dy, eps, false)?;
+    layer_norm_backward_plus(x, gamma, dy, None, eps)
+}
+
+/// [`layer_norm_backward`] with `plus` (of `x`'s shape) added to `dx` in the same pass, before
+/// `dx` is rounded to `x`'s dtype: a residual stream's gradient meeting the norm's, without a
+/// pass of its own.
+pub fn layer_norm_backward_plus(
+    x: &Tensor,
+    gamma: &Tensor,
+    dy: &Tensor,
+    plus: Option<&Tensor>,
+    eps: f64,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (dx, params) = norm_backward(x, gamma, dy, plus, eps, false)?;
     Ok((dx, params.get(0)?, params.get(1)?))
 }
 
@@ -78,22 +91,44 @@ pub fn rms_norm_backward(
     dy: &Tensor,
     eps: f64,
 ) -> Result<(Tensor, Tensor)> {
-    let (dx, params) = norm_backward(x, gamma, dy, eps, true)?;
+    rms_norm_backward_plus(x, gamma, dy, None, eps)
+}
+
+/// [`rms_norm_backward`] with `plus` added to `dx` in the same pass, as
+/// [`layer_norm_backward_plus`].
+pub fn rms_norm_backward_plus(
+    x: &Tensor,
+    gamma: &Tensor,
+    dy: &Tensor,
+    plus: Option<&Tensor>,
+    eps: f64,
+) -> Result<(Tensor, Tensor)> {
+    let (dx, params) = norm_backward(x, gamma, dy, plus, eps, true)?;
     Ok((dx, params.get(0)?))
 }
 
-/// `dx` and the `2 × d` parameter gradients `[dgamma; dbeta]`.
+/// `dx` (plus `plus`) and the `2 × d` parameter gradients `[dgamma; dbeta]`.
 fn norm_backward(
     x: &Tensor,
     gamma: &Tensor,
     dy: &Tensor,
+    plus: Option<&Tensor>,
     eps: f64,
     rms: bool,
 ) -> Result<(Tensor, Tensor)> {
     let x = x.contiguous()?;
     let dy = dy.to_dtype(x.dtype())?.contiguous()?;
     let gamma = gamma.to_dtype(DType::F32)?.contiguous()?;
-    let dx = x.apply_op3_no_bwd(&dy, &gamma, &LayerNormGradInput { eps, rms })?;
+    let plus = match plus {
+        Some(p) if p.dims() != x.dims() => bail!(
+            "{NAME}: the gradient added to dx has shape {:?}, not x's {:?}",
+            p.shape(),
+            x.shape()
+        ),
+        Some(p) => Some(p.to_dtype(x.dtype())?.contiguous()?),
+        None => None,
+    };
+    let dx = x.apply_op3_no_bwd(&dy, &gamma, &LayerNormGradInput { eps, rms, plus })?;
     let params = x.apply_op2_no_bwd(&dy, &LayerNormGradParams { eps, rms })?;
     Ok((dx, params))
 }
@@ -104,10 +139,12 @@ struct LayerNorm {
     rms: bool,
 }
 
-/// Backward for the input: `(x, dy, gamma) → dx`.
+/// Backward for the input: `(x, dy, gamma) → dx`, plus `plus` where given (contiguous, of
+/// `x`'s dtype and shape).
 struct LayerNormGradInput {
     eps: f64,
     rms: bool,
+    plus: Option<Tensor>,
 }
 
 /// Backward for the parameters: `(x, dy) → [dgamma; dbeta]` as a `2 × d` f32 tensor.
@@ -169,7 +206,8 @@ impl CustomOp3 for LayerNorm {
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let dy = dy.to_dtype(y.dtype())?.contiguous()?;
         let (eps, rms) = (self.eps, self.rms);
-        let dx = x.apply_op3_no_bwd(&dy, gamma, &LayerNormGradInput { eps, rms })?;
+        let plus = None;
+        let dx = x.apply_op3_no_bwd(&dy, gamma, &LayerNormGradInput { eps, rms, plus })?;
         let params = x.apply_op2_no_bwd(&dy, &LayerNormGradParams { eps, rms })?;
         // RMS norm's third input is a placeholder with no gradient.
         let dbeta = if rms { None } else { Some(params.get(1)?) };
@@ -193,7 +231,13 @@ impl CustomOp3 for LayerNormGradInput {
     ) -> Result<(CpuStorage, Shape)> {
         let (_, cols) = rows_cols(l1);
         let (x, dy) = (input_f32(s1, l1, NAME)?, input_f32(s2, l2, NAME)?);
-        let dx = bwd_input_cpu(&x, &dy, &input_f32(s3, l3, NAME)?, cols, self.eps, self.rms);
+        let mut dx = bwd_input_cpu(&x, &dy, &input_f32(s3, l3, NAME)?, cols, self.eps, self.rms);
+        if let Some(plus) = &self.plus {
+            let plus = plus.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            for (d, p) in dx.iter_mut().zip(plus) {
+                *d += p;
+            }
+        }
         Ok((output(dx, s1.dtype())?, l1.shape().clone()))
     }
 
@@ -207,8 +251,16 @@ impl CustomOp3 for LayerNormGradInput {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let plus = self.plus.as_ref().map(|t| t.storage_and_layout());
+        let plus = match &plus {
+            Some((storage, layout)) => match &**storage {
+                candle_core::Storage::Cuda(s) => Some((s, *layout)),
+                _ => bail!("{NAME}: the gradient added to dx is not on the GPU"),
+            },
+            None => None,
+        };
         let out = super::cuda::float_slice!(NAME, s1, v => {
-            gpu::bwd_input(v, l1, (s2, l2), (s3, l3), self.eps, self.rms, &s1.device)?
+            gpu::bwd_input(v, l1, (s2, l2), (s3, l3), plus, self.eps, self.rms, &s1.device)?
         });
         Ok((out, l1.shape().clone()))
     }

@@ -52,7 +52,10 @@ pub use epilogue::{
 };
 pub use fused_linear::fused_linear;
 pub use grad_product::{accumulate_product_nn, accumulate_product_tn};
-pub use layer_norm::{layer_norm, layer_norm_backward, rms_norm, rms_norm_backward};
+pub use layer_norm::{
+    layer_norm, layer_norm_backward, layer_norm_backward_plus, rms_norm, rms_norm_backward,
+    rms_norm_backward_plus,
+};
 pub use permute::permute_contiguous;
 pub use rotary::{rotate_in_place, rotate_packed_in_place, Rotation};
 pub use softmax::{attention_softmax, attention_softmax_backward, softmax_last_dim};

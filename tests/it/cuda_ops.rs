@@ -1059,3 +1059,34 @@ fn cuda_fused_linear_matches_the_separate_passes() {
         }
     }
 }
+
+/// The norms' backward with a residual gradient added in the same pass, on the GPU against the
+/// CPU, on rows a warp takes (768) and rows a block takes (1,001).
+#[test]
+fn cuda_norm_backward_plus_matches_the_cpu() {
+    let dev = gpu();
+    for dtype in DTYPES {
+        for (rows, d) in [(300, 768), (37, 1001)] {
+            let x = random(&[rows, d], 2.0, 0.3, 41, dtype);
+            let dy = random(&[rows, d], 1.0, 0.0, 42, dtype);
+            let plus = random(&[rows, d], 1.0, 0.0, 43, dtype);
+            let gamma = random(&[d], 0.5, 1.0, 44, DType::F32);
+            let run = |device: &Device| {
+                let on = |t: &Tensor| t.to_device(device).unwrap();
+                let (x, dy, plus, gamma) = (on(&x), on(&dy), on(&plus), on(&gamma));
+                let ln = ops::layer_norm_backward_plus(&x, &gamma, &dy, Some(&plus), 1e-5)
+                    .unwrap()
+                    .0;
+                let rms = ops::rms_norm_backward_plus(&x, &gamma, &dy, Some(&plus), 1e-5)
+                    .unwrap()
+                    .0;
+                (ln, rms)
+            };
+            let (g, c) = (run(&dev), run(&Device::Cpu));
+            let shape = format!("{rows}x{d}");
+            let t = 2.0 * tol(dtype).max(1e-4);
+            check("norm+plus", dtype, &shape, "ln dx", &g.0, &c.0, t);
+            check("norm+plus", dtype, &shape, "rms dx", &g.1, &c.1, t);
+        }
+    }
+}

@@ -459,6 +459,42 @@ fn layer_norm_accepts_non_contiguous_input_and_rejects_bad_params() {
     assert!(ops::layer_norm(&x, &short, &b, 1e-5).is_err());
 }
 
+/// The norms' backward with a gradient added in the same pass gives the separate sum: exactly
+/// in f32 (the same f32 values are added), and within one rounding in bf16, where the fused
+/// pass rounds once and the separate add twice. Both norms, and a wrong shape refused.
+#[test]
+fn norm_backward_adds_a_residual_gradient_in_the_same_pass() {
+    let (rows, d) = (12, 40);
+    for (dtype, tolerance) in [(DType::F32, 0.0), (DType::BF16, tol(DType::BF16))] {
+        let x = random(&[rows, d], 2.0, 0.3, 31, dtype);
+        let dy = random(&[rows, d], 1.0, 0.0, 32, dtype);
+        let plus = random(&[rows, d], 1.0, 0.0, 33, dtype);
+        let gamma = random(&[d], 0.5, 1.0, 34, DType::F32);
+        let to_f32 = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+        let (dx, dg, db) = ops::layer_norm_backward(&x, &gamma, &dy, 1e-5).unwrap();
+        let (fused, fdg, fdb) =
+            ops::layer_norm_backward_plus(&x, &gamma, &dy, Some(&plus), 1e-5).unwrap();
+        let separate = (to_f32(&dx) + to_f32(&plus)).unwrap();
+        assert_close(
+            "layer norm dx + plus",
+            &to_f32(&fused),
+            &separate,
+            tolerance,
+        );
+        assert_close("layer norm dgamma", &fdg, &dg, 0.0);
+        assert_close("layer norm dbeta", &fdb, &db, 0.0);
+        let (dx, dg) = ops::rms_norm_backward(&x, &gamma, &dy, 1e-5).unwrap();
+        let (fused, fdg) = ops::rms_norm_backward_plus(&x, &gamma, &dy, Some(&plus), 1e-5).unwrap();
+        let separate = (to_f32(&dx) + to_f32(&plus)).unwrap();
+        assert_close("rms norm dx + plus", &to_f32(&fused), &separate, tolerance);
+        assert_close("rms norm dgamma", &fdg, &dg, 0.0);
+    }
+    let x = random(&[rows, d], 1.0, 0.0, 35, DType::F32);
+    let gamma = random(&[d], 0.5, 1.0, 36, DType::F32);
+    let short = random(&[rows, d - 1], 1.0, 0.0, 37, DType::F32);
+    assert!(ops::rms_norm_backward_plus(&x, &gamma, &x, Some(&short), 1e-5).is_err());
+}
+
 #[test]
 fn fused_and_composite_models_give_the_same_loss_and_gradients() {
     for spec in [small_seed(0.1), small_gpt()] {

@@ -242,9 +242,10 @@ impl<'a> BlockWeights<'a> {
         };
         drop(last);
         let dff_x = self.feed_forward_backward(&dsum, hidden, &ff_x, dropout, part, grads)?;
-        // Gradient of `mid` (the attention residual sum).
+        // Gradient of `mid` (the attention residual sum): the residual's and the norm's meet in
+        // the norm's backward pass.
         let dmid = match self.placement {
-            NormPlacement::Pre => (&dsum + self.norm2.backward(&mid, &dff_x, grads)?)?,
+            NormPlacement::Pre => self.norm2.backward_plus(&mid, &dff_x, Some(&dsum), grads)?,
             NormPlacement::Post => {
                 let dff_in = (&dsum + &dff_x)?;
                 self.norm1.backward(&mid, &dff_in, grads)?
@@ -271,11 +272,11 @@ impl<'a> BlockWeights<'a> {
         let dattn_in = self.qkv.backward(&dqkv, &attn_in, grads)?;
         drop(dqkv);
         grads.layer_settled()?;
-        let dx = match self.placement {
-            NormPlacement::Pre => self.norm1.backward(&x, &dattn_in, grads)?,
-            NormPlacement::Post => dattn_in,
-        };
-        Ok((dmid + dx)?)
+        // The block input's gradient: the residual's (`dmid`) and the attention branch's.
+        match self.placement {
+            NormPlacement::Pre => self.norm1.backward_plus(&x, &dattn_in, Some(&dmid), grads),
+            NormPlacement::Post => Ok((dmid + dattn_in)?),
+        }
     }
 
     /// Gradient of the feed-forward's input `ff_x` from the gradient `dsum` of its residual

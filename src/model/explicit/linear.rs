@@ -385,16 +385,29 @@ impl<'a> Norm<'a> {
     /// Gradient of the norm's input `x` from its output gradient; hands over gamma's (and
     /// beta's).
     pub(crate) fn backward(&self, x: &Tensor, dy: &Tensor, grads: &mut Grads) -> Result<Tensor> {
+        self.backward_plus(x, dy, None, grads)
+    }
+
+    /// [`Norm::backward`] with `plus` added to the input's gradient in the same pass: where
+    /// the norm's input is also a residual stream, whose own gradient meets it there.
+    pub(crate) fn backward_plus(
+        &self,
+        x: &Tensor,
+        dy: &Tensor,
+        plus: Option<&Tensor>,
+        grads: &mut Grads,
+    ) -> Result<Tensor> {
         let gamma = self.gamma.as_tensor().detach();
         match self.beta {
             Some(beta) => {
-                let (dx, dgamma, dbeta) = ops::layer_norm_backward(x, &gamma, dy, self.eps)?;
+                let (dx, dgamma, dbeta) =
+                    ops::layer_norm_backward_plus(x, &gamma, dy, plus, self.eps)?;
                 grads.put(self.gamma, dgamma)?;
                 grads.put(beta, dbeta)?;
                 Ok(dx)
             }
             None => {
-                let (dx, dgamma) = ops::rms_norm_backward(x, &gamma, dy, self.eps)?;
+                let (dx, dgamma) = ops::rms_norm_backward_plus(x, &gamma, dy, plus, self.eps)?;
                 grads.put(self.gamma, dgamma)?;
                 Ok(dx)
             }

@@ -40,14 +40,16 @@ __device__ void ln_fwd(const T *xs, const float *gamma, const float *beta, T *ys
 }
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma (RMS norm: without the
-// mean(g) term, as its output does not subtract the mean). Statistics are recomputed
+// mean(g) term, as its output does not subtract the mean), plus the matching row of `pluses`
+// where it is not null (a residual stream's gradient, added before the one rounding). Statistics are recomputed
 // from x (the row is read from L1/L2 again) instead of being saved by the forward pass.
 template <typename T>
-__device__ void ln_bwd_input(const T *xs, const T *dys, const float *gamma, T *dxs, int cols,
-                             float eps, int rms) {
+__device__ void ln_bwd_input(const T *xs, const T *dys, const float *gamma, const T *pluses,
+                             T *dxs, int cols, float eps, int rms) {
     const size_t row = blockIdx.x;
     const T *x = xs + row * cols;
     const T *dy = dys + row * cols;
+    const T *plus = pluses ? pluses + row * cols : nullptr;
     T *dx = dxs + row * cols;
     float mean, rstd;
     row_stats(x, cols, eps, rms, mean, rstd);
@@ -63,7 +65,8 @@ __device__ void ln_bwd_input(const T *xs, const T *dys, const float *gamma, T *d
     for (int j = threadIdx.x; j < cols; j += blockDim.x) {
         const float g = to_f32(dy[j]) * gamma[j];
         const float xhat = (to_f32(x[j]) - mean) * rstd;
-        dx[j] = from_f32<T>(rstd * (g - mean_g - xhat * mean_gx));
+        const float added = plus ? to_f32(plus[j]) : 0.f;
+        dx[j] = from_f32<T>(rstd * (g - mean_g - xhat * mean_gx) + added);
     }
 }
 
@@ -151,12 +154,14 @@ __device__ void ln_fwd_warp(const T *xs, const float *gamma, const float *beta, 
 }
 
 template <typename T>
-__device__ void ln_bwd_input_warp(const T *xs, const T *dys, const float *gamma, T *dxs,
-                                  int rows, int cols, float eps, int rms) {
+__device__ void ln_bwd_input_warp(const T *xs, const T *dys, const float *gamma,
+                                  const T *pluses, T *dxs, int rows, int cols, float eps,
+                                  int rms) {
     const long long row = warp_row(rows);
     if (row < 0) return;
     const T *x = xs + row * cols;
     const T *dy = dys + row * cols;
+    const T *plus = pluses ? pluses + row * cols : nullptr;
     T *dx = dxs + row * cols;
     const int first = (threadIdx.x & 31) * 8;
     float mean, rstd;
@@ -179,14 +184,15 @@ __device__ void ln_bwd_input_warp(const T *xs, const T *dys, const float *gamma,
     const float mean_g = rms ? 0.f : sum_g / (float)cols;
     const float mean_gx = sum_gx / (float)cols;
     for (int j = first; j < cols; j += 256) {
-        float f[8], d[8], g[8];
+        float f[8], d[8], g[8], p[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         load8(x + j, f);
         load8(dy + j, d);
         load8(gamma + j, g);
+        if (plus) load8(plus + j, p);
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
             const float xhat = (f[e] - mean) * rstd;
-            f[e] = rstd * (d[e] * g[e] - mean_g - xhat * mean_gx);
+            f[e] = rstd * (d[e] * g[e] - mean_g - xhat * mean_gx) + p[e];
         }
         store8(dx + j, f);
     }
@@ -268,12 +274,12 @@ extern "C" __global__ void ln_params_final(const float *partial, float *out, int
             ln_fwd<T>(x, gamma, beta, y, cols, eps, rms);                                      \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                  \
-        ln_bwd_input_##NAME(const T *x, const T *dy, const float *gamma, T *dx, int rows,      \
-                            int cols, float eps, int rms, int warp) {                          \
+        ln_bwd_input_##NAME(const T *x, const T *dy, const float *gamma, const T *plus, T *dx, \
+                            int rows, int cols, float eps, int rms, int warp) {                \
         if (warp)                                                                              \
-            ln_bwd_input_warp<T>(x, dy, gamma, dx, rows, cols, eps, rms);                      \
+            ln_bwd_input_warp<T>(x, dy, gamma, plus, dx, rows, cols, eps, rms);                \
         else                                                                                   \
-            ln_bwd_input<T>(x, dy, gamma, dx, cols, eps, rms);                                 \
+            ln_bwd_input<T>(x, dy, gamma, plus, dx, cols, eps, rms);                           \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS)                                  \
         ln_stats_##NAME(const T *x, float *stats, int rows, int cols, float eps, int rms,      \

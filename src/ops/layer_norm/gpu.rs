@@ -86,11 +86,14 @@ pub(super) fn fwd<T: Elem>(
     Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
 }
 
+/// `dx`, plus `plus` (of `x`'s dtype and shape) where given.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn bwd_input<T: Elem>(
     x: &CudaSlice<T>,
     l: &Layout,
     (dy, ldy): (&CudaStorage, &Layout),
     (gamma, lg): (&CudaStorage, &Layout),
+    plus: Option<(&CudaStorage, &Layout)>,
     eps: f64,
     rms: bool,
     dev: &CudaDevice,
@@ -99,31 +102,41 @@ pub(super) fn bwd_input<T: Elem>(
     let x = cuda::slice_view(x, l, NAME)?;
     let dy = cuda::view::<T>(dy, ldy, NAME)?;
     let gamma = cuda::view::<f32>(gamma, lg, NAME)?;
+    let plus_view = match plus {
+        Some((p, lp)) => Some((cuda::view::<T>(p, lp, NAME)?, cuda::byte_offset::<T>(lp))),
+        None => None,
+    };
     let func = cuda::kernel(dev, &cuda::LAYER_NORM, "ln_bwd_input", T::DTYPE)?;
     // SAFETY: the kernel launched below writes every element.
     let mut dx = unsafe { cuda::output::<T>(dev, rows * cols) }?;
-    let offsets = [
+    let mut offsets = vec![
         cuda::byte_offset::<T>(l),
         cuda::byte_offset::<T>(ldy),
         cuda::byte_offset::<f32>(lg),
     ];
+    offsets.extend(plus_view.as_ref().map(|(_, offset)| *offset));
     let (warp, config) = launch(rows, cols, &offsets)?;
     let (n_rows, n_cols) = (cuda::dim(rows, "rows")?, cuda::dim(cols, "columns")?);
     let (eps, rms) = (eps as f32, i32::from(rms));
+    // A null pointer tells the kernel there is nothing to add.
+    let no_plus = 0u64;
     let stream = dev.cuda_stream();
     let mut args = stream.launch_builder(&func);
-    args.arg(&x)
-        .arg(&dy)
-        .arg(&gamma)
-        .arg(&mut dx)
+    args.arg(&x).arg(&dy).arg(&gamma);
+    match &plus_view {
+        Some((view, _)) => args.arg(view),
+        None => args.arg(&no_plus),
+    };
+    args.arg(&mut dx)
         .arg(&n_rows)
         .arg(&n_cols)
         .arg(&eps)
         .arg(&rms)
         .arg(&warp);
-    // SAFETY: the arguments match `ln_bwd_input_<T>(const T*, const T*, const float*, T*, int,
-    // int, float, int, int)`; `x`/`dy`/`dx` hold rows·cols elements, `gamma` cols; a block or
-    // a warp per row as `launch` set `warp`, on the alignment it checked.
+    // SAFETY: the arguments match `ln_bwd_input_<T>(const T*, const T*, const float*, const T*,
+    // T*, int, int, float, int, int)`; `x`/`dy`/`dx` and a given `plus` hold rows·cols
+    // elements, `gamma` cols; a block or a warp per row as `launch` set `warp`, on the
+    // alignment it checked.
     unsafe { args.launch(config) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(dx, dev.clone()))
 }
