@@ -4,8 +4,11 @@
 //! 4.45 ms of a 53.5 ms step on an H100, each at the memory's speed.
 //!
 //! The sum is the separate pass's up to rounding, and rounds once instead of twice: the product
-//! is not rounded to the compute dtype before the bias and the residual are added. Activations
-//! and dropout stay in [`super::epilogue`]: the caller fuses only what has neither.
+//! is not rounded to the compute dtype before the bias and the residual are added. The bias is
+//! in the output's dtype, as cuBLASLt's half-precision kernels read it (an f32 bias has no
+//! kernel there), so it is rounded once more than the separate pass's f32 bias; the caller
+//! casts it once per pass. Activations and dropout stay in [`super::epilogue`]: the caller
+//! fuses only what has neither.
 
 use candle_core::{DType, Result, Tensor};
 
@@ -28,16 +31,14 @@ pub(crate) struct Request {
 impl Request {
     /// Whether cuBLASLt's epilogue computes it: on a GPU, half-precision operands of one dtype,
     /// an inner and an output dimension that are multiples of 8 (the tensor-core kernels' rows
-    /// of 16 bytes), an f32 bias of the output's width, a residual of the output's dtype and
-    /// shape, and something to fuse (a bare product stays with candle's).
+    /// of 16 bytes), a bias of the output's dtype and width, a residual of the output's dtype
+    /// and shape, and something to fuse (a bare product stays with candle's).
     pub(crate) fn fusable(&self) -> bool {
         let (dx, dw) = self.dtypes;
         let half = matches!(dx, DType::BF16 | DType::F16) && dx == dw;
         let ((m, k), (n, k_w)) = (self.x, self.w);
         let shapes = k == k_w && k % 8 == 0 && n % 8 == 0 && m > 0;
-        let bias = self
-            .bias
-            .is_none_or(|(dtype, len)| dtype == DType::F32 && len == n);
+        let bias = self.bias.is_none_or(|(dtype, len)| dtype == dx && len == n);
         let residual = self
             .residual
             .is_none_or(|(dtype, shape)| dtype == dx && shape == (m, n));
@@ -46,19 +47,40 @@ impl Request {
     }
 }
 
-/// `residual + x · wᵀ + bias` for `x (m × k)` and `w (n × k)`, in one cuBLASLt product, or
-/// `None` where that does not apply: off a GPU, outside bf16 and f16, a width that is not a
-/// multiple of 8, a bias that is not `n` f32 values, a residual not of the output's dtype and
-/// shape, nothing to add, or no cuBLASLt kernel for it on this GPU. The caller then runs the product and [`super::epilogue()`].
-/// Every tensor is made contiguous first.
+/// What became of a fused product: computed, or left to the caller's separate passes (the
+/// product, then [`super::epilogue()`]) for the reason given.
+#[derive(Debug)]
+pub enum FusedLinear {
+    /// The product with its bias and residual added.
+    Computed(Tensor),
+    /// The request is outside what the epilogue computes exactly ([`Request::fusable`]).
+    NotFusable,
+    /// cuBLASLt has no kernel for it on this GPU; cuBLASLt's answer.
+    NoKernel(String),
+}
+
+impl FusedLinear {
+    /// The output, where the product was fused.
+    pub fn computed(self) -> Option<Tensor> {
+        match self {
+            Self::Computed(t) => Some(t),
+            Self::NotFusable | Self::NoKernel(_) => None,
+        }
+    }
+}
+
+/// `residual + x · wᵀ + bias` for `x (m × k)` and `w (n × k)`, in one cuBLASLt product, where
+/// that applies: on a GPU, in bf16 or f16, widths that are multiples of 8, a bias of `n`
+/// values and a residual of the output's dtype and shape, something to add, and a cuBLASLt
+/// kernel for it on this GPU. Every tensor is made contiguous first.
 pub fn fused_linear(
     x: &Tensor,
     w: &Tensor,
     bias: Option<&Tensor>,
     residual: Option<&Tensor>,
-) -> Result<Option<Tensor>> {
+) -> Result<FusedLinear> {
     let (Ok(xs), Ok(ws)) = (x.dims2(), w.dims2()) else {
-        return Ok(None);
+        return Ok(FusedLinear::NotFusable);
     };
     let on_gpu = |t: &Tensor| t.device().is_cuda() && t.device().same_device(x.device());
     let request = Request {
@@ -73,7 +95,7 @@ pub fn fused_linear(
         residual: residual.and_then(|r| Some((r.dtype(), r.dims2().ok()?))),
     };
     if !request.fusable() {
-        return Ok(None);
+        return Ok(FusedLinear::NotFusable);
     }
     #[cfg(feature = "cuda")]
     {
@@ -81,7 +103,7 @@ pub fn fused_linear(
     }
     #[cfg(not(feature = "cuda"))]
     {
-        Ok(None)
+        Ok(FusedLinear::NotFusable)
     }
 }
 
@@ -91,19 +113,20 @@ mod gpu {
 
     use candle_core::{bail, Result, Tensor};
 
+    use super::FusedLinear;
     use crate::ops::cublaslt::{data_type, unwritten, Operand, Product, Queued};
     use crate::ops::cuda;
 
     const NAME: &str = "fused linear";
 
-    /// The product of a request [`super::Request::fusable`] accepted, or `None` where
-    /// cuBLASLt has no kernel for it on this GPU (the caller's separate passes then run).
+    /// The product of a request [`super::Request::fusable`] accepted, or cuBLASLt's refusal
+    /// where it has no kernel for it on this GPU (the caller's separate passes then run).
     pub(super) fn product(
         x: &Tensor,
         w: &Tensor,
         bias: Option<&Tensor>,
         residual: Option<&Tensor>,
-    ) -> Result<Option<Tensor>> {
+    ) -> Result<FusedLinear> {
         let candle_core::Device::Cuda(dev) = x.device() else {
             bail!("{NAME}: the input is not on a GPU");
         };
@@ -123,7 +146,6 @@ mod gpu {
                 scale: None,
             })
         };
-        let f32_type = data_type(candle_core::DType::F32);
         let call = Product {
             op: NAME,
             rows: n as u64,
@@ -132,25 +154,26 @@ mod gpu {
             a: operand(&w)?,
             b: operand(&x)?,
             d: (address(&out)?, half),
-            bias: match (&bias, f32_type) {
-                (Some(b), Some(t)) => Some((address(b)?, t)),
-                _ => None,
+            // The bias is of the output's dtype (`Request::fusable`).
+            bias: match &bias {
+                Some(b) => Some((address(b)?, half)),
+                None => None,
             },
             summed: residual.as_ref().map(address).transpose()?,
         };
         // SAFETY: the addresses come from live, contiguous tensors of the checked shapes and
         // dtypes (`Request::fusable`): `w` n·k and `x` m·k half-precision values, `out` and the
-        // residual m·n, the bias n f32 values; all stay alive past the queued product, since
-        // candle's pool reuses memory in the order of this same stream.
+        // residual m·n, the bias n values of the output's dtype; all stay alive past the
+        // queued product, since candle's pool reuses memory in the order of this same stream.
         match unsafe { call.run(dev) }? {
-            Queued::Yes => Ok(Some(out)),
+            Queued::Yes => Ok(FusedLinear::Computed(out)),
             Queued::NoKernel(why) => {
                 tracing::debug!(
                     target: "autotune::ops",
                     m, n, k, why,
                     "cuBLASLt has no fused linear product here; the bias and residual run apart"
                 );
-                Ok(None)
+                Ok(FusedLinear::NoKernel(why))
             }
         }
     }
@@ -166,7 +189,7 @@ mod tests {
             dtypes: (DType::BF16, DType::BF16),
             x: (4096, 768),
             w: (2304, 768),
-            bias: Some((DType::F32, 2304)),
+            bias: Some((DType::BF16, 2304)),
             residual: None,
         }
     }
@@ -197,6 +220,7 @@ mod tests {
                 "f16",
                 Request {
                     dtypes: (DType::F16, DType::F16),
+                    bias: Some((DType::F16, 2304)),
                     ..base
                 },
                 true,
@@ -239,7 +263,7 @@ mod tests {
                 "an odd output width",
                 Request {
                     w: (2300, 768),
-                    bias: Some((DType::F32, 2300)),
+                    bias: Some((DType::BF16, 2300)),
                     ..base
                 },
                 false,
@@ -253,9 +277,17 @@ mod tests {
                 false,
             ),
             (
-                "a bf16 bias",
+                "an f32 bias (no half-precision kernel reads one)",
                 Request {
-                    bias: Some((DType::BF16, 2304)),
+                    bias: Some((DType::F32, 2304)),
+                    ..base
+                },
+                false,
+            ),
+            (
+                "an f16 bias with bf16 operands",
+                Request {
+                    bias: Some((DType::F16, 2304)),
                     ..base
                 },
                 false,
@@ -263,7 +295,7 @@ mod tests {
             (
                 "a bias of another width",
                 Request {
-                    bias: Some((DType::F32, 2296)),
+                    bias: Some((DType::BF16, 2296)),
                     ..base
                 },
                 false,
@@ -303,7 +335,8 @@ mod tests {
         let device = candle_core::Device::Cpu;
         let x = Tensor::zeros((16, 32), DType::BF16, &device).unwrap();
         let w = Tensor::zeros((8, 32), DType::BF16, &device).unwrap();
-        let b = Tensor::zeros(8, DType::F32, &device).unwrap();
-        assert!(fused_linear(&x, &w, Some(&b), None).unwrap().is_none());
+        let b = Tensor::zeros(8, DType::BF16, &device).unwrap();
+        let outcome = fused_linear(&x, &w, Some(&b), None).unwrap();
+        assert!(matches!(outcome, FusedLinear::NotFusable), "{outcome:?}");
     }
 }

@@ -50,7 +50,7 @@ pub use epilogue::{
     dropout, embed, embed_backward, embed_backward_into, embed_backward_rows_into, epilogue,
     epilogue_backward, DropoutMask,
 };
-pub use fused_linear::fused_linear;
+pub use fused_linear::{fused_linear, FusedLinear};
 pub use grad_product::{accumulate_product_nn, accumulate_product_tn};
 pub use layer_norm::{
     layer_norm, layer_norm_backward, layer_norm_backward_plus, rms_norm, rms_norm_backward,

@@ -41,6 +41,9 @@ impl Products {
 pub(crate) struct Lin<'a> {
     weight: Tensor,
     bias: Option<Tensor>,
+    /// The bias in the half-precision compute dtype, which the product's own epilogue reads
+    /// ([`ops::fused_linear`]); cast once per pass. `None` without a bias or off half precision.
+    half_bias: Option<Tensor>,
     weight_var: &'a Var,
     bias_var: Option<&'a Var>,
     /// The layer's delayed-scaling histories, read and extended by fp8 products.
@@ -76,13 +79,20 @@ impl<'a> Lin<'a> {
             Products::Compute => (ops::to_half(&master, dtype)?, None),
             Products::Fp8 => (master, Some(Fp8Weight::default())),
         };
+        let bias = match layer.bias() {
+            Some(b) => Some(b.as_tensor().detach().to_dtype(DType::F32)?),
+            None => None,
+        };
+        let half = matches!(dtype, DType::BF16 | DType::F16) && fp8_weight.is_none();
+        let half_bias = match &bias {
+            Some(b) if half && b.device().is_cuda() => Some(b.to_dtype(dtype)?),
+            _ => None,
+        };
         Ok(Self {
             outputs: weight.dim(0)?,
             weight,
-            bias: match layer.bias() {
-                Some(b) => Some(b.as_tensor().detach().to_dtype(DType::F32)?),
-                None => None,
-            },
+            bias,
+            half_bias,
             weight_var: layer.weight(),
             bias_var: layer.bias(),
             scales: layer.fp8_scales(),
@@ -100,6 +110,9 @@ impl<'a> Lin<'a> {
         self.weight = pad_rows(&self.weight, padded)?;
         if let Some(b) = &self.bias {
             self.bias = Some(pad_rows(b, padded)?);
+        }
+        if let Some(b) = &self.half_bias {
+            self.half_bias = Some(pad_rows(b, padded)?);
         }
         Ok(self)
     }
@@ -140,9 +153,11 @@ impl<'a> Lin<'a> {
     ) -> Result<Tensor> {
         let no_dropout = dropout.is_none_or(|m| m.threshold() == 0);
         // In the compute dtype, a bias and a residual alone go into the product's own epilogue
-        // on a GPU (`fused_linear` says where it applies).
-        if self.fp8_weight.is_none() && act.is_none() && no_dropout {
-            if let Some(y) = ops::fused_linear(x, &self.weight, self.bias.as_ref(), residual)? {
+        // on a GPU (`fused_linear` says where it applies), the bias as its half-precision copy.
+        let fusable_bias = self.bias.is_none() || self.half_bias.is_some();
+        if self.fp8_weight.is_none() && act.is_none() && no_dropout && fusable_bias {
+            let fused = ops::fused_linear(x, &self.weight, self.half_bias.as_ref(), residual)?;
+            if let Some(y) = fused.computed() {
                 return Ok(y);
             }
         }
