@@ -17,8 +17,9 @@
 // backward pass. Backward, as two kernels that never need atomics (so every gradient is
 // deterministic):
 //   dq:   one block per 64 query rows; also writes D = rowsum(dO ⊙ O) for the next kernel;
-//   dkdv: one block per 64 keys, streaming 64-query tiles of q and dO.
-// Each recomputes the probabilities from q, k and the saved log-sum-exp.
+//   dkdv: one block per 64 keys, streaming tiles of q and dO (`Tiles::DKDV_STREAM` rows).
+// Each recomputes the probabilities from q, k and the saved log-sum-exp. A tile whose scores
+// are all visible (`whole_tile`: most of a long causal sequence) skips the per-element mask.
 //
 // Wide heads (80, 96 and 128; `Tiles` below). A 64-row tile of a 128-wide head is 17 KB, so
 // double-buffered k and v tiles would take 70 KB: over the 48 KB of static shared memory, and
@@ -291,6 +292,21 @@ __device__ __forceinline__ int queries_seeing(const uint32_t *pos, int b, int ke
     return lo;
 }
 
+// Whether every score of a tile is visible: queries r0 ..= r1 against keys c0 ..= c1, all real
+// rows and keys, none after its query (causal), none before its example (`last_start`, the
+// start of the tile's last query: starts never decrease). Most tiles of a long sequence are
+// whole; their scores skip the per-element mask, whose integer work is the bulk of the
+// kernels' non-product instructions. Uniform across a block, so no warp diverges.
+__device__ __forceinline__ bool whole_tile(const Dims &p, int r0, int r1, int c0, int c1, int keys,
+                                           int last_start) {
+    return r1 < p.seq && c1 < keys && !(p.causal && c1 > r0) && c0 >= last_start;
+}
+
+// A compile-time flag for the two versions of a tile's score loop (masked or whole).
+template <bool B> struct Masked {
+    static constexpr bool value = B;
+};
+
 __device__ __forceinline__ bool kept(const Dims &p, int bh, int i, int j) {
     const uint64_t idx = ((uint64_t)bh * p.seq + i) * p.seq + j;
     return dropout_keep(p.key, idx, p.threshold);
@@ -315,6 +331,9 @@ struct HeadCols {
 template <int HD> struct Tiles {
     static_assert(HD % 16 == 0 && HD >= 16 && HD <= 128, "head widths are multiples of 16");
     static constexpr int STREAM = HD <= 64 ? TILE : 32;
+    // The dk/dv kernel holds k, v, dk and dv beside its two score tiles: at 64 a 64-query tile
+    // takes 255 registers and spills, a 32-query tile does not.
+    static constexpr int DKDV_STREAM = HD <= 32 ? TILE : 32;
     static constexpr bool TWO_SWEEPS = HD > 96;
     static_assert(TILE % STREAM == 0, "a block's rows span whole streamed tiles");
     // Static shared memory is capped at 48 KB per block: two double-buffered tiles.
@@ -357,6 +376,7 @@ __device__ void forward(const T *qkv, const uint32_t *lens, const uint32_t *pos,
     const int first = example_start(pos, b, tile * TILE, S) / KT;
     const int start[2] = {example_start(pos, b, row0 + acc_row(0), S),
                           example_start(pos, b, row0 + acc_row(2), S)};
+    const int last_start = example_start(pos, b, tile * TILE + TILE - 1, S);
 
     load_tile_async<T, HD, KT>(kbuf[first & 1], k, stride, first * KT, S);
     load_tile_async<T, HD, KT>(vbuf[first & 1], v, stride, first * KT, S);
@@ -371,17 +391,27 @@ __device__ void forward(const T *qkv, const uint32_t *lens, const uint32_t *pos,
         for (int kk = 0; kk < HD / 16; ++kk) mma_by_rows_t<T, HD, KT>(s, qf[kk], ks, kk * 16);
         // Scores in the log2 domain; masked keys at -inf. Then the new row maxima.
         float mnew[2] = {m[0], m[1]};
+        const auto scale_and_mask = [&](auto masked) {
 #pragma unroll
-        for (int nt = 0; nt < KT / 8; ++nt) {
+            for (int nt = 0; nt < KT / 8; ++nt) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int row = row0 + acc_row(e), col = j * KT + nt * 8 + acc_col(e);
-                float x = s[nt][e] * sl2;
-                if (col >= keys || (p.causal && col > row) || col < start[e >> 1]) x = -INFINITY;
-                s[nt][e] = x;
-                mnew[e >> 1] = fmaxf(mnew[e >> 1], x);
+                for (int e = 0; e < 4; ++e) {
+                    const int row = row0 + acc_row(e), col = j * KT + nt * 8 + acc_col(e);
+                    float x = s[nt][e] * sl2;
+                    if constexpr (decltype(masked)::value) {
+                        if (col >= keys || (p.causal && col > row) || col < start[e >> 1])
+                            x = -INFINITY;
+                    }
+                    s[nt][e] = x;
+                    mnew[e >> 1] = fmaxf(mnew[e >> 1], x);
+                }
             }
-        }
+        };
+        if (whole_tile(p, tile * TILE, tile * TILE + TILE - 1, j * KT, j * KT + KT - 1, keys,
+                       last_start))
+            scale_and_mask(Masked<false>{});
+        else
+            scale_and_mask(Masked<true>{});
         float base[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -505,6 +535,7 @@ __device__ void backward_dq(const T *qkv, const uint32_t *lens, const uint32_t *
     const int first = example_start(pos, b, tile * TILE, S) / KT;
     const int start[2] = {example_start(pos, b, row0 + acc_row(0), S),
                           example_start(pos, b, row0 + acc_row(2), S)};
+    const int last_start = example_start(pos, b, tile * TILE + TILE - 1, S);
     load_tile_async<T, HD, KT>(kbuf[first & 1], k, stride, first * KT, S);
     load_tile_async<T, HD, KT>(vbuf[first & 1], v, stride, first * KT, S);
     cp_async_commit();
@@ -519,19 +550,29 @@ __device__ void backward_dq(const T *qkv, const uint32_t *lens, const uint32_t *
             mma_by_rows_t<T, HD, KT>(s, qf[kk], ks, kk * 16);
             mma_by_rows_t<T, HD, KT>(dp, df[kk], vs, kk * 16);
         }
+        // dS = P ⊙ (dropout(dP) − D) in place of the scores.
+        const auto score_gradients = [&](auto masked) {
 #pragma unroll
-        for (int nt = 0; nt < KT / 8; ++nt) {
+            for (int nt = 0; nt < KT / 8; ++nt) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int row = row0 + acc_row(e), col = j * KT + nt * 8 + acc_col(e);
-                const bool visible = row < S && col < keys && !(p.causal && col > row) &&
-                                     col >= start[e >> 1];
-                const float pe = visible ? exp2f(s[nt][e] * sl2 - l2[e >> 1]) : 0.f;
-                float z = 1.f;
-                if (p.threshold) z = visible && kept(p, bh, row, col) ? p.keep_scale : 0.f;
-                s[nt][e] = pe * (dp[nt][e] * z - dr[e >> 1]);
+                for (int e = 0; e < 4; ++e) {
+                    const int row = row0 + acc_row(e), col = j * KT + nt * 8 + acc_col(e);
+                    bool visible = true;
+                    if constexpr (decltype(masked)::value)
+                        visible = row < S && col < keys && !(p.causal && col > row) &&
+                                  col >= start[e >> 1];
+                    const float pe = visible ? exp2f(s[nt][e] * sl2 - l2[e >> 1]) : 0.f;
+                    float z = 1.f;
+                    if (p.threshold) z = visible && kept(p, bh, row, col) ? p.keep_scale : 0.f;
+                    s[nt][e] = pe * (dp[nt][e] * z - dr[e >> 1]);
+                }
             }
-        }
+        };
+        if (whole_tile(p, tile * TILE, tile * TILE + TILE - 1, j * KT, j * KT + KT - 1, keys,
+                       last_start))
+            score_gradients(Masked<false>{});
+        else
+            score_gradients(Masked<true>{});
 #pragma unroll
         for (int kk = 0; kk < KT / 16; ++kk) {
             uint32_t sa[4];
@@ -556,7 +597,7 @@ __device__ void backward_dq(const T *qkv, const uint32_t *lens, const uint32_t *
 // What one dk/dv sweep over the query tiles reads: the block's place, its streamed tiles in
 // shared memory, and the global rows they stream from.
 template <typename T, int HD> struct DkdvSweep {
-    static constexpr int QT = Tiles<HD>::STREAM;
+    static constexpr int QT = Tiles<HD>::DKDV_STREAM;
     T (*qbuf)[QT * (HD + PAD)];
     T (*dobuf)[QT * (HD + PAD)];
     float *l2s, *ds;
@@ -567,6 +608,7 @@ template <typename T, int HD> struct DkdvSweep {
     long long stride;
     float sl2;  // scale · log2(e)
     int d, S, b, bh, keys, key0, first, tiles;
+    int key_first;  // the block's first key (key0 is the warp's)
 };
 
 // Which products a sweep accumulates.
@@ -603,18 +645,29 @@ __device__ __forceinline__ void dkdv_sweep(float (&dk)[HD / 8][4], float (&dv)[H
 #pragma unroll
         for (int kk = 0; kk < HD / 16; ++kk) mma_by_rows_t<T, HD, QT>(s, kf[kk], qs, kk * 16);
         uint32_t kept_bits = 0xffffffffu;
+        const auto probabilities = [&](auto masked) {
 #pragma unroll
-        for (int nt = 0; nt < QT / 8; ++nt) {
+            for (int nt = 0; nt < QT / 8; ++nt) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int key = w.key0 + acc_row(e), lq = nt * 8 + acc_col(e), row = i * QT + lq;
-                const bool visible = row < w.S && key < w.keys && !(p.causal && key > row) &&
-                                     key >= w.starts[lq];
-                s[nt][e] = visible ? exp2f(s[nt][e] * w.sl2 - w.l2s[lq]) : 0.f;
-                if (p.threshold && !(visible && kept(p, w.bh, row, key)))
-                    kept_bits &= ~(1u << (nt * 4 + e));
+                for (int e = 0; e < 4; ++e) {
+                    const int key = w.key0 + acc_row(e), lq = nt * 8 + acc_col(e);
+                    const int row = i * QT + lq;
+                    bool visible = true;
+                    if constexpr (decltype(masked)::value)
+                        visible = row < w.S && key < w.keys && !(p.causal && key > row) &&
+                                  key >= w.starts[lq];
+                    s[nt][e] = visible ? exp2f(s[nt][e] * w.sl2 - w.l2s[lq]) : 0.f;
+                    if (p.threshold && !(visible && kept(p, w.bh, row, key)))
+                        kept_bits &= ~(1u << (nt * 4 + e));
+                }
             }
-        }
+        };
+        // The block's keys are key_first ..= key_first + TILE - 1.
+        if (whole_tile(p, i * QT, i * QT + QT - 1, w.key_first, w.key_first + TILE - 1, w.keys,
+                       w.starts[QT - 1]))
+            probabilities(Masked<false>{});
+        else
+            probabilities(Masked<true>{});
         if (G != DK_ONLY) {
             // dv += dropout(P)ᵀ · dO (the keep scale is applied once at the end).
 #pragma unroll
@@ -686,7 +739,7 @@ __device__ void backward_dkdv(const T *qkv, const uint32_t *lens, const uint32_t
                               const T *dout, const float *lse, const float *dsum, T *dqkv,
                               Dims p) {
     constexpr int PITCH = HD + PAD;
-    constexpr int QT = Tiles<HD>::STREAM;
+    constexpr int QT = Tiles<HD>::DKDV_STREAM;
     __shared__ __align__(16) T qbuf[2][QT * PITCH];
     __shared__ __align__(16) T dobuf[2][QT * PITCH];
     __shared__ float l2s[QT];
@@ -726,6 +779,7 @@ __device__ void backward_dkdv(const T *qkv, const uint32_t *lens, const uint32_t
     w.d = d;
     w.S = S;
     w.key0 = key0;
+    w.key_first = blockIdx.y * TILE;
     const auto for_head = [&](int h) {
         w.q = base + h * HD;
         w.dog = dout + (long long)b * S * d + h * HD;
