@@ -62,18 +62,24 @@ pub(crate) fn data_type(dtype: DType) -> Option<sys::cudaDataType_t> {
     }
 }
 
-/// A `shape` tensor of `dtype` (bf16 or f32) whose elements are not yet written: the product
-/// writes every one, so zeroing it first would be a wasted pass.
+/// A `shape` tensor of `dtype` (bf16, f16 or f32) whose elements are not yet written: the
+/// product writes every one, so zeroing it first would be a wasted pass.
 pub(crate) fn unwritten(dev: &CudaDevice, shape: (usize, usize), dtype: DType) -> Result<Tensor> {
     let n = shape.0 * shape.1;
-    // SAFETY: the product launched right after on the same stream writes all n elements
-    // before anything can read them.
+    // SAFETY (each arm): the product launched right after on the same stream writes all n
+    // elements before anything can read them.
     let storage = match dtype {
         DType::BF16 => CudaStorage::wrap_cuda_slice(
             unsafe { cuda::output::<half::bf16>(dev, n) }?,
             dev.clone(),
         ),
-        _ => CudaStorage::wrap_cuda_slice(unsafe { cuda::output::<f32>(dev, n) }?, dev.clone()),
+        DType::F16 => {
+            CudaStorage::wrap_cuda_slice(unsafe { cuda::output::<half::f16>(dev, n) }?, dev.clone())
+        }
+        DType::F32 => {
+            CudaStorage::wrap_cuda_slice(unsafe { cuda::output::<f32>(dev, n) }?, dev.clone())
+        }
+        other => candle_core::bail!("cuBLASLt: no output of {other:?}"),
     };
     Ok(Tensor::from_storage(
         candle_core::Storage::Cuda(storage),
