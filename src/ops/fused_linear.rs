@@ -53,7 +53,7 @@ impl Request {
 pub enum FusedLinear {
     /// The product with its bias and residual added.
     Computed(Tensor),
-    /// The request is outside what the epilogue computes exactly ([`Request::fusable`]).
+    /// The request is outside what the epilogue computes exactly: see [`fused_linear`].
     NotFusable,
     /// cuBLASLt has no kernel for it on this GPU; cuBLASLt's answer.
     NoKernel(String),
