@@ -160,3 +160,16 @@ __device__ __forceinline__ bool dropout_keep(uint64_t key, uint64_t i, uint32_t 
 template <typename T> struct alignas(16) Pack8 {
     T v[8];
 };
+
+// Eight elements at `p` (16-byte aligned) as f32, and eight f32 stored there as `T`.
+template <typename T> __device__ __forceinline__ void load8(const T *p, float (&f)[8]) {
+    const Pack8<T> v = *reinterpret_cast<const Pack8<T> *>(p);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) f[e] = to_f32(v.v[e]);
+}
+template <typename T> __device__ __forceinline__ void store8(T *p, const float (&f)[8]) {
+    Pack8<T> v;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v.v[e] = from_f32<T>(f[e]);
+    *reinterpret_cast<Pack8<T> *>(p) = v;
+}

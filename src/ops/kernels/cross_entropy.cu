@@ -19,16 +19,12 @@ __device__ void ce_fwd(const T *logits, const uint32_t *targets, float *loss, in
         // one log-sum-exp per pack, merged into the thread's. The classes past the last whole
         // pack go one at a time below.
         const int packs = classes / 8;
-        const Pack8<T> *xp = reinterpret_cast<const Pack8<T> *>(x);
         for (int p = threadIdx.x; p < packs; p += blockDim.x) {
-            const Pack8<T> v = xp[p];
             float f[8];
+            load8(x + 8 * p, f);
             float hi = -INFINITY;
 #pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                f[e] = to_f32(v.v[e]);
-                hi = fmaxf(hi, f[e]);
-            }
+            for (int e = 0; e < 8; ++e) hi = fmaxf(hi, f[e]);
             float sum = 0.f;
             if (hi != -INFINITY) {
 #pragma unroll
@@ -67,18 +63,16 @@ __device__ void ce_bwd(const T *logits, const uint32_t *targets, const float *lo
     if (vec) {
         // Eight columns a load and a store (`vec`: `cols` a multiple of 8, both buffers on
         // 16-byte boundaries).
-        const Pack8<T> *xp = reinterpret_cast<const Pack8<T> *>(x);
-        Pack8<T> *dp = reinterpret_cast<Pack8<T> *>(dx);
         for (int p = threadIdx.x; p < cols / 8; p += blockDim.x) {
-            const Pack8<T> v = xp[p];
-            Pack8<T> out;
+            float f[8];
+            load8(x + 8 * p, f);
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
                 const int col = first + p * 8 + e;
-                const float prob = col < classes ? expf(to_f32(v.v[e]) - lse) : 0.f;
-                out.v[e] = from_f32<T>((prob - (col == (int)t ? 1.f : 0.f)) * g);
+                const float prob = col < classes ? expf(f[e] - lse) : 0.f;
+                f[e] = (prob - (col == (int)t ? 1.f : 0.f)) * g;
             }
-            dp[p] = out;
+            store8(dx + 8 * p, f);
         }
         return;
     }

@@ -41,8 +41,9 @@ __device__ void ln_fwd(const T *xs, const float *gamma, const float *beta, T *ys
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * gamma (RMS norm: without the
 // mean(g) term, as its output does not subtract the mean), plus the matching row of `pluses`
-// where it is not null (a residual stream's gradient, added before the one rounding). Statistics are recomputed
-// from x (the row is read from L1/L2 again) instead of being saved by the forward pass.
+// where it is not null (a residual stream's gradient, added before the one rounding).
+// Statistics are recomputed from x (the row is read from L1/L2 again) instead of being saved
+// by the forward pass.
 template <typename T>
 __device__ void ln_bwd_input(const T *xs, const T *dys, const float *gamma, const T *pluses,
                              T *dxs, int cols, float eps, int rms) {
@@ -86,19 +87,8 @@ __device__ void ln_stats(const T *xs, float *stats, int cols, float eps, int rms
 // each lane moving eight values a step, and the sums over the row by shuffles within the warp,
 // without the block's barriers. Taken where every row has a multiple of 8 values and every
 // buffer starts on a 16-byte boundary; faster for the rows of up to a few thousand values that
-// transformers have, where the block version spends its time at barriers.
-template <typename T> __device__ __forceinline__ void load8(const T *p, float (&f)[8]) {
-    const Pack8<T> v = *reinterpret_cast<const Pack8<T> *>(p);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) f[e] = to_f32(v.v[e]);
-}
-template <typename T> __device__ __forceinline__ void store8(T *p, const float (&f)[8]) {
-    Pack8<T> v;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) v.v[e] = from_f32<T>(f[e]);
-    *reinterpret_cast<Pack8<T> *>(p) = v;
-}
-
+// transformers have, where the block version spends its time at barriers. Loads and stores
+// go through `load8` and `store8` (common.cuh).
 // This warp's row, or -1 past the last.
 __device__ __forceinline__ long long warp_row(int rows) {
     const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
