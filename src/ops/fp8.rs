@@ -35,8 +35,8 @@ mod gpu;
 mod operand;
 
 pub use operand::{
-    fp8_product, has_fp8_tensor_cores, quantize_operand, quantize_operand_pair, Fp8Operand,
-    LayerScales, LayerScalesState, OperandLayout, ScaleHistory, HISTORY_SLOTS,
+    fp8_product, fp8_product_plus, has_fp8_tensor_cores, quantize_operand, quantize_operand_pair,
+    Fp8Operand, LayerScales, LayerScalesState, OperandLayout, ScaleHistory, HISTORY_SLOTS,
 };
 
 /// An 8-bit float format.

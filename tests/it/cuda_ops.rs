@@ -1011,6 +1011,55 @@ fn cuda_fp8_conversion_and_products_match_the_host() {
     }
 }
 
+/// The fp8 product with its bias and residual in cuBLASLt's epilogue against the host's sum of
+/// the same codes, bias and residual in f32: a bias, a bias and a residual, and a residual
+/// alone, each of which must run fused on a GPU with fp8 tensor cores (a refusal names
+/// cuBLASLt's answer).
+#[test]
+fn cuda_fp8_product_plus_matches_the_host() {
+    use autotune::ops::fp8::{self, Fp8Format, OperandLayout};
+    use autotune::ops::FusedLinear;
+    let dev = gpu();
+    if !fp8::has_fp8_tensor_cores(&dev).unwrap() {
+        eprintln!("cuda fp8 product plus: no fp8 tensor cores here");
+        return;
+    }
+    let (m, k, n) = (256, 768, 2304);
+    let x = random(&[m, k], 1.0, 0.0, 21, DType::BF16);
+    let w = random(&[n, k], 0.05, 0.0, 22, DType::BF16);
+    let b = random(&[n], 0.5, 0.1, 23, DType::BF16);
+    let r = random(&[m, n], 1.0, 0.0, 24, DType::BF16);
+    let on_gpu = |t: &Tensor| t.to_device(&dev).unwrap();
+    let operand = |t: &Tensor| fp8::quantize_operand(t, Fp8Format::E4m3, OperandLayout::Rows);
+    let (qx, qw) = (operand(&x).unwrap(), operand(&w).unwrap());
+    let (gx, gw) = (operand(&on_gpu(&x)).unwrap(), operand(&on_gpu(&w)).unwrap());
+    for (what, bias, residual) in [
+        ("bias", Some(&b), None),
+        ("bias and residual", Some(&b), Some(&r)),
+        ("residual", None, Some(&r)),
+    ] {
+        let want = fp8::fp8_product_plus(&qx, &qw, DType::F32, bias, residual)
+            .unwrap()
+            .computed()
+            .unwrap();
+        let (gb, gr) = (bias.map(on_gpu), residual.map(on_gpu));
+        let got = match fp8::fp8_product_plus(&gx, &gw, DType::BF16, gb.as_ref(), gr.as_ref()) {
+            Ok(FusedLinear::Computed(y)) => y.to_dtype(DType::F32).unwrap(),
+            other => panic!("fp8 {what}: not fused: {other:?}"),
+        };
+        let shape = format!("{m}x{k}x{n}");
+        check(
+            "fp8 product plus",
+            DType::BF16,
+            &shape,
+            what,
+            &got,
+            &want,
+            1e-2,
+        );
+    }
+}
+
 /// The product with its bias and residual in cuBLASLt's epilogue against the same sum on the
 /// CPU in f32 from the same half-precision values: with a bias (a q/k/v product), a bias and a
 /// residual (GPT's output projections), and a residual alone (Llama's). Every case must run

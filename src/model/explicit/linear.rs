@@ -5,7 +5,9 @@ use candle_core::{DType, Tensor, Var};
 use super::Grads;
 use crate::knobs::Precision;
 use crate::model::layers::{Linear, Norm as NormLayer};
-use crate::ops::fp8::{fp8_product, Fp8Operand, LayerScales, OperandLayout, ScaleHistory};
+use crate::ops::fp8::{
+    fp8_product, fp8_product_plus, Fp8Operand, LayerScales, OperandLayout, ScaleHistory,
+};
 use crate::ops::{self, DropoutMask};
 use crate::spec::model::Activation;
 use crate::Result;
@@ -83,7 +85,7 @@ impl<'a> Lin<'a> {
             Some(b) => Some(b.as_tensor().detach().to_dtype(DType::F32)?),
             None => None,
         };
-        let half = matches!(dtype, DType::BF16 | DType::F16) && fp8_weight.is_none();
+        let half = matches!(dtype, DType::BF16 | DType::F16);
         let half_bias = match &bias {
             Some(b) if half && b.device().is_cuda() => Some(b.to_dtype(dtype)?),
             _ => None,
@@ -137,6 +139,35 @@ impl<'a> Lin<'a> {
         Ok(fp8_product(&qx, w, x.dtype())?)
     }
 
+    /// `residual + x · Wᵀ + b` with the bias and the residual in the product's own epilogue,
+    /// where that applies on a GPU (see [`ops::fused_linear`] and [`fp8_product_plus`]); `None`
+    /// where the caller's separate passes run instead.
+    fn fused_product(&self, x: &Tensor, residual: Option<&Tensor>) -> Result<Option<Tensor>> {
+        let Some(w) = &self.fp8_weight else {
+            let fused = ops::fused_linear(x, &self.weight, self.half_bias.as_ref(), residual)?;
+            return Ok(fused.computed());
+        };
+        if !x.device().is_cuda() || (self.half_bias.is_none() && residual.is_none()) {
+            return Ok(None);
+        }
+        // The input is converted once: delayed scaling records each conversion's magnitude,
+        // so the fallback multiplies these same codes.
+        let qx = self.scales.input.quantize(x, OperandLayout::Rows)?;
+        let w = w.layout(&self.weight, &self.scales.weight, OperandLayout::Rows)?;
+        let fused = fp8_product_plus(&qx, w, x.dtype(), self.half_bias.as_ref(), residual)?;
+        if let Some(y) = fused.computed() {
+            return Ok(Some(y));
+        }
+        let y = fp8_product(&qx, w, x.dtype())?;
+        Ok(Some(ops::epilogue(
+            &y,
+            self.bias.as_ref(),
+            None,
+            None,
+            residual,
+        )?))
+    }
+
     /// The f32 bias, if the layer has one.
     pub(crate) fn bias(&self) -> Option<&Tensor> {
         self.bias.as_ref()
@@ -152,12 +183,11 @@ impl<'a> Lin<'a> {
         residual: Option<&Tensor>,
     ) -> Result<Tensor> {
         let no_dropout = dropout.is_none_or(|m| m.threshold() == 0);
-        // In the compute dtype, a bias and a residual alone go into the product's own epilogue
-        // on a GPU (`fused_linear` says where it applies), the bias as its half-precision copy.
+        // A bias and a residual alone go into the product's own epilogue on a GPU, the bias as
+        // its half-precision copy.
         let fusable_bias = self.bias.is_none() || self.half_bias.is_some();
-        if self.fp8_weight.is_none() && act.is_none() && no_dropout && fusable_bias {
-            let fused = ops::fused_linear(x, &self.weight, self.half_bias.as_ref(), residual)?;
-            if let Some(y) = fused.computed() {
+        if act.is_none() && no_dropout && fusable_bias {
+            if let Some(y) = self.fused_product(x, residual)? {
                 return Ok(y);
             }
         }

@@ -13,6 +13,7 @@ use super::operand::{EncodeTarget, Fp8Operand, OperandLayout};
 use super::Fp8Format;
 use crate::ops::cublaslt::{self, Operand, Product, Queued};
 use crate::ops::cuda::{self, Elem};
+use crate::ops::FusedLinear;
 
 const NAME: &str = "fp8";
 
@@ -296,6 +297,49 @@ fn lt_type(format: Fp8Format) -> sys::cudaDataType_t {
 /// `b · aᵀ` with `b` read as the column-major `k × n` matrix it already is, transposed, and `a`
 /// as the column-major `k × m` one, not transposed: "TN", the one layout fp8 products take.
 pub(super) fn product(a: &Fp8Operand, b: &Fp8Operand, dtype: DType) -> Result<Tensor> {
+    match queue(a, b, dtype, None, None)? {
+        (out, Queued::Yes) => Ok(out),
+        (_, Queued::NoKernel(why)) => bail!(
+            "{NAME}: cuBLASLt has no fp8 product for this GPU and shape ({why}); fp8 needs \
+             compute capability 8.9 or newer"
+        ),
+    }
+}
+
+/// `a · bᵀ + bias + residual` as one cuBLASLt fp8 product whose epilogue adds the bias and sums
+/// the residual (both of `dtype`, checked by the caller), or cuBLASLt's refusal where it has no
+/// such kernel on this GPU.
+pub(super) fn product_plus(
+    a: &Fp8Operand,
+    b: &Fp8Operand,
+    dtype: DType,
+    bias: Option<&Tensor>,
+    residual: Option<&Tensor>,
+) -> Result<FusedLinear> {
+    let bias = bias.map(|t| t.contiguous()).transpose()?;
+    let residual = residual.map(|t| t.contiguous()).transpose()?;
+    match queue(a, b, dtype, bias.as_ref(), residual.as_ref())? {
+        (out, Queued::Yes) => Ok(FusedLinear::Computed(out)),
+        (_, Queued::NoKernel(why)) => {
+            tracing::debug!(
+                target: "autotune::ops",
+                why,
+                "cuBLASLt has no fp8 product with this epilogue; the bias and residual run apart"
+            );
+            Ok(FusedLinear::NoKernel(why))
+        }
+    }
+}
+
+/// Queues `a · bᵀ [+ bias] [+ residual]` into a new `m × n` tensor of `dtype`; the bias and the
+/// residual, where given, are contiguous and of `dtype`.
+fn queue(
+    a: &Fp8Operand,
+    b: &Fp8Operand,
+    dtype: DType,
+    bias: Option<&Tensor>,
+    residual: Option<&Tensor>,
+) -> Result<(Tensor, Queued)> {
     let ((m, k), (n, _)) = (a.codes.dims2()?, b.codes.dims2()?);
     let candle_core::Device::Cuda(dev) = a.codes.device() else {
         bail!("{NAME}: the product's operands are not on a GPU");
@@ -312,7 +356,7 @@ pub(super) fn product(a: &Fp8Operand, b: &Fp8Operand, dtype: DType) -> Result<Te
         other => bail!("{NAME}: fp8 products write bf16 or f32, not {other:?}"),
     };
     if m == 0 || n == 0 {
-        return Tensor::zeros((m, n), dtype, a.codes.device());
+        return Ok((Tensor::zeros((m, n), dtype, a.codes.device())?, Queued::Yes));
     }
     let out = cublaslt::unwritten(dev, (m, n), dtype)?;
     let address = |t: &Tensor| cuda::address(t, NAME);
@@ -331,16 +375,15 @@ pub(super) fn product(a: &Fp8Operand, b: &Fp8Operand, dtype: DType) -> Result<Te
         a: operand(&b.codes, b.format, &b.scale_inv)?,
         b: operand(&a.codes, a.format, &a.scale_inv)?,
         d: (address(&out)?, out_type),
-        bias: None,
-        summed: None,
+        bias: bias
+            .map(|t| Ok::<_, candle_core::Error>((address(t)?, out_type)))
+            .transpose()?,
+        summed: residual.map(address).transpose()?,
     };
     // SAFETY: the addresses come from live, contiguous tensors of the checked shapes: `b`'s
-    // codes hold n·k bytes, `a`'s m·k, `out` m·n elements of `out_type`, each scale one f32.
-    match unsafe { call.run(dev) }? {
-        Queued::Yes => Ok(out),
-        Queued::NoKernel(why) => bail!(
-            "{NAME}: cuBLASLt has no fp8 product for this GPU and shape ({why}); fp8 needs \
-             compute capability 8.9 or newer"
-        ),
-    }
+    // codes hold n·k bytes, `a`'s m·k, `out` (and the residual) m·n elements of `out_type`, the
+    // bias n of them, each scale one f32; all stay alive past the queued product, since
+    // candle's pool reuses memory in the order of this same stream.
+    let queued = unsafe { call.run(dev) }?;
+    Ok((out, queued))
 }

@@ -19,6 +19,7 @@ use candle_core::{
 };
 
 use super::{Fp8Format, Scaling, TensorScaler};
+use crate::ops::FusedLinear;
 
 const NAME: &str = "fp8";
 
@@ -369,6 +370,45 @@ pub fn fp8_product(a: &Fp8Operand, b: &Fp8Operand, dtype: DType) -> Result<Tenso
     product.broadcast_mul(&scale)?.to_dtype(dtype)
 }
 
+/// `a · bᵀ + bias + residual`, summed before it is rounded to `dtype` once: the fp8 product
+/// with the separate epilogue pass's bias and residual folded in. On the GPU one cuBLASLt fp8
+/// product, whose epilogue adds the bias (`n` values) and sums the residual (`m × n`), both of
+/// the output's dtype, where cuBLASLt has a kernel for it; on the CPU the f32 product plus both,
+/// widened to f32. Anything else (another dtype or shape, nothing to add) is
+/// [`FusedLinear::NotFusable`], and the caller runs [`fp8_product`] and the separate pass on the
+/// same operands.
+pub fn fp8_product_plus(
+    a: &Fp8Operand,
+    b: &Fp8Operand,
+    dtype: DType,
+    bias: Option<&Tensor>,
+    residual: Option<&Tensor>,
+) -> Result<FusedLinear> {
+    let ((m, _), (n, _)) = (a.codes.dims2()?, b.codes.dims2()?);
+    let same_device = |t: &Tensor| t.device().same_device(a.codes.device());
+    let bias_fits = bias.is_none_or(|t| t.dims() == [n] && same_device(t));
+    let residual_fits = residual.is_none_or(|t| t.dims() == [m, n] && same_device(t));
+    if !(bias_fits && residual_fits) || (bias.is_none() && residual.is_none()) {
+        return Ok(FusedLinear::NotFusable);
+    }
+    #[cfg(feature = "cuda")]
+    if a.codes.device().is_cuda() {
+        let of_dtype = |t: Option<&Tensor>| t.is_none_or(|t| t.dtype() == dtype);
+        if dtype != DType::BF16 || !of_dtype(bias) || !of_dtype(residual) {
+            return Ok(FusedLinear::NotFusable);
+        }
+        return super::gpu::product_plus(a, b, dtype, bias, residual);
+    }
+    let mut sum = fp8_product(a, b, DType::F32)?;
+    if let Some(bias) = bias {
+        sum = sum.broadcast_add(&bias.to_dtype(DType::F32)?)?;
+    }
+    if let Some(residual) = residual {
+        sum = (sum + residual.to_dtype(DType::F32)?)?;
+    }
+    Ok(FusedLinear::Computed(sum.to_dtype(dtype)?))
+}
+
 /// Whether `device` multiplies fp8 on its tensor cores: a GPU of compute capability 8.9 (Ada)
 /// or newer. The CPU emulates the product instead.
 pub fn has_fp8_tensor_cores(device: &candle_core::Device) -> Result<bool> {
@@ -689,6 +729,86 @@ mod tests {
             assert!((g - w).abs() <= 0.15 * largest, "{g} vs {w}");
         }
         assert_eq!(product.dims(), &[6, 3]);
+    }
+
+    #[test]
+    fn an_fp8_product_adds_its_bias_and_residual_before_rounding_once() {
+        let (m, n, k) = (5, 8, 32);
+        let a = quantize_operand(&matrix(m, k, 11), Fp8Format::E4m3, OperandLayout::Rows).unwrap();
+        let b = quantize_operand(&matrix(n, k, 12), Fp8Format::E4m3, OperandLayout::Rows).unwrap();
+        let bias = matrix(1, n, 13).reshape(n).unwrap();
+        let residual = matrix(m, n, 14);
+        // The reference in f64 from the codes themselves: Σ decode(a)·decode(b) / (sa·sb).
+        let decoded = |o: &Fp8Operand| -> Vec<f64> {
+            let codes = o.codes.flatten_all().unwrap().to_vec1::<u8>().unwrap();
+            let inv = f64::from(o.scale_inv.flatten_all().unwrap().to_vec1::<f32>().unwrap()[0]);
+            codes
+                .iter()
+                .map(|&c| f64::from(o.format.decode(c)) * inv)
+                .collect()
+        };
+        let (av, bv) = (decoded(&a), decoded(&b));
+        let biases = bias.to_vec1::<f32>().unwrap();
+        let residuals = residual.to_vec2::<f32>().unwrap();
+        let want = |i: usize, j: usize, with_bias: bool, with_residual: bool| -> f64 {
+            let dot: f64 = (0..k).map(|t| av[i * k + t] * bv[j * k + t]).sum();
+            let bias = if with_bias { f64::from(biases[j]) } else { 0.0 };
+            let residual = if with_residual {
+                f64::from(residuals[i][j])
+            } else {
+                0.0
+            };
+            dot + bias + residual
+        };
+        for (with_bias, with_residual) in [(true, false), (false, true), (true, true)] {
+            let outcome = fp8_product_plus(
+                &a,
+                &b,
+                DType::F32,
+                with_bias.then_some(&bias),
+                with_residual.then_some(&residual),
+            )
+            .unwrap();
+            let got = outcome
+                .computed()
+                .expect("the CPU adds both")
+                .to_vec2::<f32>()
+                .unwrap();
+            for (i, row) in got.iter().enumerate() {
+                for (j, &g) in row.iter().enumerate() {
+                    let w = want(i, j, with_bias, with_residual);
+                    assert!(
+                        (f64::from(g) - w).abs() <= 1e-5 * w.abs().max(1.0),
+                        "{g} vs {w}"
+                    );
+                }
+            }
+            // bf16 rounds the f32 sum once: the f32 result cast, not the rounded product plus.
+            let half = fp8_product_plus(
+                &a,
+                &b,
+                DType::BF16,
+                with_bias.then_some(&bias),
+                with_residual.then_some(&residual),
+            )
+            .unwrap()
+            .computed()
+            .unwrap();
+            let once = Tensor::new(got, &Device::Cpu)
+                .unwrap()
+                .to_dtype(DType::BF16)
+                .unwrap();
+            assert_eq!(
+                half.to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap(),
+                once.to_dtype(DType::F32).unwrap().to_vec2::<f32>().unwrap()
+            );
+        }
+        // Nothing to add, or a bias of the wrong width, is left to the caller.
+        let nothing = fp8_product_plus(&a, &b, DType::F32, None, None).unwrap();
+        assert!(matches!(nothing, FusedLinear::NotFusable));
+        let narrow = bias.narrow(0, 0, n - 1).unwrap();
+        let wrong = fp8_product_plus(&a, &b, DType::F32, Some(&narrow), None).unwrap();
+        assert!(matches!(wrong, FusedLinear::NotFusable));
     }
 
     #[test]
