@@ -222,8 +222,15 @@ impl Product {
                 stream.cu_stream() as *mut _,
             )
         };
-        product.map_err(|e| lt_error(self.op, "the product", e))?;
-        Ok(Queued::Yes)
+        match product {
+            Ok(()) => Ok(Queued::Yes),
+            // The heuristic offered an algorithm that the product then refuses for these
+            // operands: as much a missing kernel as no algorithm at all.
+            Err(lt::CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED)) => Ok(
+                Queued::NoKernel("the product refused the heuristic's algorithm".into()),
+            ),
+            Err(e) => Err(lt_error(self.op, "the product", e)),
+        }
     }
 
     /// Sets the description's transposes ("TN"), scales and epilogue.
