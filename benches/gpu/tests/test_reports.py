@@ -1,4 +1,4 @@
-"""fp8_report.py and strongest_report.py without a GPU (Python 3 standard library only), on
+"""fp8_report.py, strongest_report.py and builds_report.py without a GPU (Python 3 standard library only), on
 folders written here as the bench scripts would write them:
 
     python3 -B -m unittest discover -s benches/gpu/tests
@@ -123,3 +123,47 @@ class StrongestReport(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def run_builds(folder, *builds):
+    return subprocess.run([sys.executable, "-B", os.path.join(GPU, "builds_report.py"), folder,
+                           *builds], capture_output=True, text=True, check=True).stdout
+
+
+def probe(build, row, rnd, tps, outcome="fits", peak=20 * 2**30):
+    return {"build": build, "row": row, "round": rnd, "outcome": outcome, "tokens_per_s": tps,
+            "peak_gpu_bytes": peak}
+
+
+class BuildsReport(unittest.TestCase):
+    def test_each_build_is_read_against_the_baselines_slower_round(self):
+        with tempfile.TemporaryDirectory() as d:
+            row = "gpt-1.3b:bf16:4"
+            write_lines(os.path.join(d, "probes.jsonl"), [
+                probe("main", row, 1, 40000), probe("trial", row, 1, 43000),
+                "not json", probe("main", row, 2, 41000), probe("trial", row, 2, 42000),
+            ])
+            summary = run_builds(d, "main", "trial")
+            # Slower rounds: 40,000 and 42,000, so the trial is 1.050x.
+            self.assertIn("| gpt-1.3b:bf16:4 | trial | 43,000 / 42,000 | 42,000 | 1.050× |", summary)
+            self.assertIn("| gpt-1.3b:bf16:4 | main | 40,000 / 41,000 | 40,000 | 1.000× |", summary)
+
+    def test_a_round_that_did_not_fit_leaves_no_ratio(self):
+        with tempfile.TemporaryDirectory() as d:
+            row = "llama-3.2-1b:bf16:3"
+            write_lines(os.path.join(d, "probes.jsonl"), [
+                probe("main", row, 1, 45000), probe("trial", row, 1, None, outcome="oom"),
+                probe("main", row, 2, 45500), probe("trial", row, 2, 47000),
+            ])
+            summary = run_builds(d, "main", "trial")
+            self.assertIn("| llama-3.2-1b:bf16:3 | trial | oom / 47,000 | - | - |", summary)
+
+    def test_the_tests_result_and_failures_come_first(self):
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "tests.txt"), "w") as f:
+                f.write("test cuda_attention::a ... ok\ntest cuda_ops::b ... FAILED\n"
+                        "test result: FAILED. 1 passed; 1 failed\ntests exit 101\n")
+            summary = run_builds(d, "main")
+            self.assertIn("Tests: test result: FAILED. 1 passed; 1 failed (exit 101)", summary)
+            self.assertIn("Failed: `cuda_ops::b`", summary)
+            self.assertIn("no probes", summary)
