@@ -35,7 +35,7 @@
 # bf16 mb 3, the PyTorch side 4-6 more. Where one call may take 10 minutes at most, run the
 # default stages first and then STAGES=torch into the same OUTDIR.
 # Environment: STAGES, TORCH_COMPILE (1: the GPT reference under torch.compile, still named
-# "pytorch" in the files), NCU (default: ncu on PATH, else Nsight Compute's folder), NCU_WARM,
+# "pytorch" in the files; its profiled runs leave compilation outside the profiler), NCU (default: ncu on PATH, else Nsight Compute's folder), NCU_WARM,
 # NCU_TIMEOUT (default 480 s a profiled run), RUN_TIMEOUT (default 300 s an unprofiled one),
 # GPU_DIR, PYTHON.
 set -uo pipefail
@@ -139,9 +139,10 @@ case "$MODEL" in
     [[ "$PRECISION" == bf16 ]] || REF=() ;;
   *)
     REF=(benches/gpu/torch_ref.py --model "$MODEL" --precision "$PRECISION" --micro-batch "$MB")
-    # The side is then torch.compile's (its compilation falls in both profiled runs alike, so
-    # the difference between them drops it).
-    [[ "${TORCH_COMPILE:-}" == 1 ]] && REF+=(--compile) ;;
+    # The side is then torch.compile's. Under the profiler its compilation would launch
+    # thousands of kernels, each profiled (about 90 s a step): the profiled runs compile in
+    # three unprofiled warm-up steps and profile only the steps after them.
+    [[ "${TORCH_COMPILE:-}" == 1 ]] && REF+=(--compile) && TORCH_PROFILED_AFTER=3 ;;
 esac
 
 torch_wall() {
@@ -150,11 +151,15 @@ torch_wall() {
 }
 
 torch_profiled() {
-  local steps
+  local steps warm=(--warmup 0) ncu_args=("${NCU_ARGS[@]}")
+  if [[ -n "${TORCH_PROFILED_AFTER:-}" ]]; then
+    warm=(--warmup "$TORCH_PROFILED_AFTER" --profiler-range)
+    ncu_args+=(--profile-from-start off)
+  fi
   for steps in "$SHORT" "$LONG"; do
     stage "torch: ncu, $steps steps" "$NCU_TIMEOUT" "$OUTDIR/$TAG-pytorch.ncu-$steps.csv" \
       "$OUTDIR/$TAG-pytorch.ncu-$steps.log" \
-      "${TORCH_ENV[@]}" "$NCU" "${NCU_ARGS[@]}" "$PYTHON" "${REF[@]}" --warmup 0 --steps "$steps"
+      "${TORCH_ENV[@]}" "$NCU" "${ncu_args[@]}" "$PYTHON" "${REF[@]}" "${warm[@]}" --steps "$steps"
   done
 }
 

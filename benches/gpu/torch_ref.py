@@ -186,7 +186,8 @@ def sync(device: torch.device) -> None:
 
 
 def train_steps(p: Preset, precision: str, micro_batch: int, warmup: int, steps: int,
-                device: torch.device, seed: int, compile_model: bool = False) -> dict:
+                device: torch.device, seed: int, compile_model: bool = False,
+                profiler_range: bool = False) -> dict:
     """Builds model + optimizer, runs warm-up and timed steps, returns the measurements.
 
     Everything lives in this function's frame so that returning (or raising) drops
@@ -233,6 +234,11 @@ def train_steps(p: Preset, precision: str, micro_batch: int, warmup: int, steps:
         loss = step()
     sync(device)
 
+    # A profiler started with its collection off (ncu --profile-from-start off) sees the timed
+    # steps alone: not the warm-up, and not torch.compile's compilation in it.
+    profiling = profiler_range and device.type == "cuda"
+    if profiling:
+        torch.cuda.cudart().cudaProfilerStart()
     times = []
     for _ in range(steps):
         sync(device)
@@ -240,6 +246,8 @@ def train_steps(p: Preset, precision: str, micro_batch: int, warmup: int, steps:
         loss = step()
         sync(device)
         times.append(time.perf_counter() - t0)
+    if profiling:
+        torch.cuda.cudart().cudaProfilerStop()
 
     final_loss = float(loss.detach().float().item()) if steps + warmup > 0 else float("nan")
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
@@ -260,10 +268,12 @@ def record(p: Preset, precision: str, micro_batch: int, params: int | None, **fi
 
 
 def measure(p: Preset, precision: str, micro_batch: int, warmup: int, steps: int,
-            device: torch.device, seed: int, compile_model: bool = False) -> dict:
+            device: torch.device, seed: int, compile_model: bool = False,
+            profiler_range: bool = False) -> dict:
     oom = False
     try:
-        r = train_steps(p, precision, micro_batch, warmup, steps, device, seed, compile_model)
+        r = train_steps(p, precision, micro_batch, warmup, steps, device, seed, compile_model,
+                        profiler_range)
     except Exception as exc:  # noqa: BLE001 - only OOM is an expected outcome
         if not is_oom(exc):
             raise
@@ -342,6 +352,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--compile", action="store_true",
                     help="run the model under torch.compile (inductor, default mode)")
+    ap.add_argument("--profiler-range", action="store_true",
+                    help="run only the timed steps between cudaProfilerStart and Stop, for a "
+                         "profiler started with its collection off (ncu --profile-from-start off)")
     ap.add_argument("--self-test", action="store_true",
                     help="check parameter counts and run a few CPU steps; no GPU needed")
     args = ap.parse_args()
@@ -375,7 +388,8 @@ def main() -> int:
 
     p = PRESETS[args.model]
     for b in batches:
-        r = measure(p, args.precision, b, args.warmup, args.steps, device, args.seed, args.compile)
+        r = measure(p, args.precision, b, args.warmup, args.steps, device, args.seed, args.compile,
+                    args.profiler_range)
         print(json.dumps(r), flush=True)
     return 0
 
