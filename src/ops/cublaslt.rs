@@ -1,6 +1,7 @@
 //! One cuBLASLt matrix product on candle's stream, with what its epilogue may add: a bias per
 //! output feature and a matrix summed in (β = 1). The fp8 products ([`super::fp8`]) and the
-//! fused linear layers ([`super::fused_linear`]) both go through [`Product::run`].
+//! fused linear layers ([`super::fused_linear`]) both go through [`Product::run`], which asks
+//! cuBLASLt's heuristic for an algorithm once per description of a product and keeps its answer.
 
 #![allow(unsafe_code)]
 
@@ -45,6 +46,32 @@ fn handle(dev: &CudaDevice) -> Result<&'static Handle> {
     let made: &'static Handle = Box::leak(Box::new(Handle { handle, workspace }));
     handles.insert(dev.id(), made);
     Ok(made)
+}
+
+/// Everything of a product that cuBLASLt's heuristic reads: its device, shape and types, its
+/// scales and epilogue, and the alignment of each matrix's address. The heuristic answers the
+/// same for the same description, so it is asked once per description for the process (the
+/// fp8 products of a step ask hundreds of times otherwise).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Description {
+    device: candle_core::cuda_backend::DeviceId,
+    shape: [u64; 3],
+    types: [sys::cudaDataType_t; 3],
+    scaled: [bool; 2],
+    bias: Option<sys::cudaDataType_t>,
+    summed: bool,
+    alignments: [u32; 4],
+}
+
+/// The algorithm cuBLASLt chose for each description, or why it had none.
+type Chosen = std::result::Result<sys::cublasLtMatmulAlgo_t, String>;
+
+fn chosen() -> Result<std::sync::MutexGuard<'static, HashMap<Description, Chosen>>> {
+    static CHOSEN: OnceLock<Mutex<HashMap<Description, Chosen>>> = OnceLock::new();
+    CHOSEN
+        .get_or_init(Default::default)
+        .lock()
+        .map_err(|_| candle_core::Error::Msg("cuBLASLt: a product panicked".into()))
 }
 
 /// cuBLASLt's refusal of the step `what` of `op`'s product, so that it says which it was.
@@ -181,18 +208,20 @@ impl Product {
     ) -> Result<Queued> {
         // SAFETY: a live description.
         unsafe { self.describe(desc) }?;
-        let pref = lt::create_matmul_pref().map_err(|e| lt_error(self.op, "a preference", e))?;
-        // SAFETY: a live preference.
-        let heuristic = unsafe { self.prefer(pref) }
-            // SAFETY: live descriptors and preference; C is laid out as D.
-            .and_then(|()| unsafe {
-                lt::get_matmul_algo_heuristic(lt.handle, desc, a, b, d, d, pref)
-            });
-        // SAFETY: made above, destroyed once.
-        let _ = unsafe { lt::destroy_matmul_pref(pref) };
-        let heuristic = match heuristic {
-            Ok(h) => h,
-            Err(e) => return Ok(Queued::NoKernel(format!("{e:?}"))),
+        let description = self.description(dev);
+        let known = chosen()?.get(&description).cloned();
+        let algo = match known {
+            Some(known) => known,
+            None => {
+                // SAFETY: live descriptors.
+                let asked = unsafe { self.heuristic(lt, desc, [a, b, d]) }?;
+                chosen()?.insert(description, asked.clone());
+                asked
+            }
+        };
+        let algo = match algo {
+            Ok(algo) => algo,
+            Err(why) => return Ok(Queued::NoKernel(why)),
         };
         let alpha = 1f32;
         let beta = if self.summed.is_some() { 1f32 } else { 0f32 };
@@ -216,7 +245,7 @@ impl Product {
                 d,
                 self.d.0 as *mut c_void,
                 d,
-                &raw const heuristic.algo,
+                &raw const algo,
                 workspace as *mut c_void,
                 WORKSPACE_BYTES,
                 stream.cu_stream() as *mut _,
@@ -225,12 +254,51 @@ impl Product {
         match product {
             Ok(()) => Ok(Queued::Yes),
             // The heuristic offered an algorithm that the product then refuses for these
-            // operands: as much a missing kernel as no algorithm at all.
-            Err(lt::CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED)) => Ok(
-                Queued::NoKernel("the product refused the heuristic's algorithm".into()),
-            ),
+            // operands: as much a missing kernel as no algorithm at all, and so remembered.
+            Err(lt::CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED)) => {
+                let why = "the product refused the heuristic's algorithm".to_string();
+                chosen()?.insert(description, Err(why.clone()));
+                Ok(Queued::NoKernel(why))
+            }
             Err(e) => Err(lt_error(self.op, "the product", e)),
         }
+    }
+
+    /// What of this product the heuristic reads, on `dev`.
+    fn description(&self, dev: &CudaDevice) -> Description {
+        let c = self.summed.unwrap_or(self.d.0);
+        Description {
+            device: dev.id(),
+            shape: [self.rows, self.cols, self.inner],
+            types: [self.a.data_type, self.b.data_type, self.d.1],
+            scaled: [self.a.scale.is_some(), self.b.scale.is_some()],
+            bias: self.bias.map(|(_, data_type)| data_type),
+            summed: self.summed.is_some(),
+            alignments: [self.a.address, self.b.address, c, self.d.0].map(address_alignment),
+        }
+    }
+
+    /// cuBLASLt's best algorithm for the described product, or why it has none.
+    ///
+    /// # Safety
+    ///
+    /// `desc` and `layouts` (A, B, D) are live descriptors.
+    unsafe fn heuristic(
+        &self,
+        lt: &Handle,
+        desc: sys::cublasLtMatmulDesc_t,
+        [a, b, d]: [sys::cublasLtMatrixLayout_t; 3],
+    ) -> Result<Chosen> {
+        let pref = lt::create_matmul_pref().map_err(|e| lt_error(self.op, "a preference", e))?;
+        // SAFETY: a live preference.
+        let heuristic = unsafe { self.prefer(pref) }
+            // SAFETY: live descriptors and preference; C is laid out as D.
+            .and_then(|()| unsafe {
+                lt::get_matmul_algo_heuristic(lt.handle, desc, a, b, d, d, pref)
+            });
+        // SAFETY: made above, destroyed once.
+        let _ = unsafe { lt::destroy_matmul_pref(pref) };
+        Ok(heuristic.map(|h| h.algo).map_err(|e| format!("{e:?}")))
     }
 
     /// Sets the description's transposes ("TN"), scales and epilogue.
