@@ -7,7 +7,7 @@
 #   benches/gpu/builds_bench.sh /tmp/r autotune-main autotune-trial
 #
 # BUILD: executables in $GPU_DIR (default .gpu); the first is the baseline the others are read
-# against. Stages (STAGES, default "tests probes"):
+# against. Stages (STAGES, default "tests probes losses"):
 #   tests   the CUDA tests named in TESTS (test-name filters, default: attention, the fused ops,
 #           the norms, the loss and fp8) run by TEST_BIN (default: the first it-* in $GPU_DIR,
 #           which should be built from the newest code) → OUTDIR/tests.txt
@@ -16,12 +16,16 @@
 #           ROWS (default "gpt-1.3b:bf16:4 llama-3.2-1b:bf16:3 gpt-124m:bf16:16",
 #           MODEL:PRECISION:MICRO_BATCH[:ACCUMULATION]), the builds alternating within each row
 #           → OUTDIR/probes.jsonl, each line tagged with its build, row and round
+#   losses  `autotune train` of each row of LOSS_ROWS (default "gpt-124m:bf16:16
+#           gpt-1.3b:bf16:4") for LOSS_STEPS steps (default 20) on the built-in pattern data,
+#           seed 7, by every build → OUTDIR/losses/BUILD-MODEL-PRECISION-bMB.jsonl: a change
+#           that computes the same step must give the baseline's losses up to rounding
 # then OUTDIR/summary.md (builds_report.py): the slower round of each build and row, and its
-# ratio to the baseline's.
+# ratio to the baseline's; each build's largest loss difference from the baseline's.
 #
 # Needs the CUDA builds in $GPU_DIR (cuda-build.sh --out .gpu, then renamed). Environment:
-# STAGES, TESTS, TEST_BIN, ROWS, ROUNDS, WARMUP (default 3), STEPS (default 10), CAPACITY
-# (default 24564MiB), PROBE_TIMEOUT (default 150 s), GPU_DIR, PYTHON.
+# STAGES, TESTS, TEST_BIN, ROWS, ROUNDS, WARMUP (default 3), STEPS (default 10), LOSS_ROWS,
+# LOSS_STEPS, CAPACITY (default 24564MiB), PROBE_TIMEOUT (default 150 s), GPU_DIR, PYTHON.
 set -uo pipefail
 export LC_NUMERIC=C
 # shellcheck source-path=SCRIPTDIR source=lib.sh
@@ -30,7 +34,7 @@ if [[ $# -lt 2 ]] || help_asked "$@"; then usage; fi
 open_outdir "$1"
 shift
 BUILDS=("$@")
-STAGES="${STAGES:-tests probes}"
+STAGES="${STAGES:-tests probes losses}"
 TESTS="${TESTS:-cuda_attention:: cuda_ops::cuda_fused_linear cuda_ops::cuda_norm_backward_plus cuda_ops::cuda_cross_entropy cuda_ops::cuda_layer_norm cuda_ops::cuda_decoder_ops cuda_ops::cuda_explicit cuda_ops::cuda_fp8}"
 ROWS="${ROWS:-gpt-1.3b:bf16:4 llama-3.2-1b:bf16:3 gpt-124m:bf16:16}"
 ROUNDS="${ROUNDS:-2}"
@@ -38,7 +42,10 @@ WARMUP="${WARMUP:-3}"
 STEPS="${STEPS:-10}"
 CAPACITY="${CAPACITY:-24564MiB}"
 PROBE_TIMEOUT="${PROBE_TIMEOUT:-150}"
+LOSS_ROWS="${LOSS_ROWS-gpt-124m:bf16:16 gpt-1.3b:bf16:4}"
+LOSS_STEPS="${LOSS_STEPS:-20}"
 [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { echo "$SCRIPT: ROUNDS must be a number from 1" >&2; exit 2; }
+[[ "$LOSS_STEPS" =~ ^[1-9][0-9]*$ ]] || { echo "$SCRIPT: LOSS_STEPS must be a number from 1" >&2; exit 2; }
 for build in "${BUILDS[@]}"; do
   BIN="$GPU_DIR/$build"
   need_bin "name builds in $GPU_DIR, e.g. cuda-build.sh --out $GPU_DIR, then rename autotune"
@@ -85,6 +92,22 @@ if wants probes; then
         [[ -n "$line" ]] && echo "{\"build\":\"$build\",\"row\":\"$row\",\"round\":$round,${line#\{}" \
           >> "$OUTDIR/probes.jsonl"
       done
+    done
+  done
+fi
+
+if wants losses; then
+  mkdir -p "$OUTDIR/losses"
+  for row in $LOSS_ROWS; do
+    IFS=: read -r model precision mb _ <<< "$row"
+    for build in "${BUILDS[@]}"; do
+      out="$OUTDIR/losses/$build-$model-$precision-b$mb.jsonl"
+      rm -f "$out"
+      say "losses: $build $model $precision mb $mb, $LOSS_STEPS steps"
+      timeout --kill-after=10 "$PROBE_TIMEOUT" "$GPU_DIR/$build" train --model "$model" \
+        --precision "$precision" --micro-batch "$mb" --steps "$LOSS_STEPS" --seed 7 \
+        --device cuda --data pattern -q --metrics "$out" 2>> "$OUTDIR/losses.log"
+      say "  exit $?"
     done
   done
 fi

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Summarise builds_bench.sh's folder: for each row (model, precision, micro-batch and
 accumulation), each build's slower round of tokens/s (so a lucky round flatters none) and its
-ratio to the baseline's, the first build named.
+ratio to the baseline's, the first build named; then, for each training run in losses/, each
+build's largest relative difference from the baseline's loss at the same step.
 
     python3 builds_report.py OUTDIR BASELINE [BUILD ...] > OUTDIR/summary.md
 
@@ -61,6 +62,33 @@ def tests_line(out: pathlib.Path) -> list[str]:
     return out_lines + [""]
 
 
+def losses(out: pathlib.Path, builds: list[str]) -> list[str]:
+    """The loss table: per run (model, precision, micro-batch), each build's steps, last loss and
+    largest relative difference from the baseline's loss at the same step."""
+    folder = out / "losses"
+    base = builds[0]
+    runs = sorted(p.name[len(base) + 1:-len(".jsonl")] for p in folder.glob(f"{base}-*.jsonl")) \
+        if folder.is_dir() else []
+    if not runs:
+        return []
+    text = ["", "| run | build | steps | last loss | largest difference from " + base + " |",
+            "|---|---|--:|--:|--:|"]
+    for run in runs:
+        by_step = {b: {r["step"]: r["loss"] for r in lines(folder / f"{b}-{run}.jsonl")
+                       if isinstance(r.get("step"), int) and isinstance(r.get("loss"), (int, float))}
+                   for b in builds}
+        reference = by_step[base]
+        for build in builds:
+            got = by_step[build]
+            shared = [s for s in got if s in reference and reference[s] != 0]
+            worst = max((abs(got[s] - reference[s]) / abs(reference[s]) for s in shared), default=None)
+            complete = shared and len(shared) == len(reference)
+            diff = f"{worst * 100:.3f} %" if worst is not None and complete else "not comparable"
+            last = f"{got[max(got)]:.4f}" if got else "no steps"
+            text.append(f"| {run} | {build} | {len(got)} | {last} | {diff} |")
+    return text
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 3:
         print(__doc__, file=sys.stderr)
@@ -84,6 +112,7 @@ def main(argv: list[str]) -> int:
                         f"{f'{speed:,.0f}' if speed else '-'} | {ratio} | {peak} |")
     if not order:
         text.append("| - | - | no probes | - | - | - |")
+    text += losses(out, builds)
     print("\n".join(text))
     return 0
 

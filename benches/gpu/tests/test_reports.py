@@ -167,3 +167,18 @@ class BuildsReport(unittest.TestCase):
             self.assertIn("Tests: test result: FAILED. 1 passed; 1 failed (exit 101)", summary)
             self.assertIn("Failed: `cuda_ops::b`", summary)
             self.assertIn("no probes", summary)
+
+    def test_each_builds_losses_are_read_against_the_baselines_at_the_same_step(self):
+        with tempfile.TemporaryDirectory() as d:
+            run = "gpt-124m-bf16-b16"
+            write_lines(os.path.join(d, "losses", f"main-{run}.jsonl"),
+                        [{"step": 1, "loss": 10.0}, {"step": 2, "loss": 8.0}])
+            write_lines(os.path.join(d, "losses", f"trial-{run}.jsonl"),
+                        [{"step": 1, "loss": 10.01}, {"step": 2, "loss": 8.0}])
+            write_lines(os.path.join(d, "losses", f"short-{run}.jsonl"), [{"step": 1, "loss": 10.0}])
+            summary = run_builds(d, "main", "trial", "short")
+            # Step 1 differs by 0.01 / 10 = 0.100 %.
+            self.assertIn(f"| {run} | trial | 2 | 8.0000 | 0.100 % |", summary)
+            self.assertIn(f"| {run} | main | 2 | 8.0000 | 0.000 % |", summary)
+            # A run that stopped early is not compared.
+            self.assertIn(f"| {run} | short | 1 | 10.0000 | not comparable |", summary)
