@@ -225,8 +225,7 @@ impl Product {
         };
         let alpha = 1f32;
         let beta = if self.summed.is_some() { 1f32 } else { 0f32 };
-        // Without a matrix to sum, C is D and β = 0 reads nothing of it.
-        let c = self.summed.unwrap_or(self.d.0);
+        let c = self.c_address();
         let stream = dev.cuda_stream();
         use candle_core::cuda_backend::cudarc::driver::DevicePtr;
         let (workspace, _guard) = lt.workspace.device_ptr(&stream);
@@ -264,9 +263,18 @@ impl Product {
         }
     }
 
+    /// C's address: the matrix summed in, or without one D's, which β = 0 leaves unread.
+    fn c_address(&self) -> u64 {
+        self.summed.unwrap_or(self.d.0)
+    }
+
+    /// The alignment of A's, B's, C's and D's addresses, which the heuristic is told.
+    fn alignments(&self) -> [u32; 4] {
+        [self.a.address, self.b.address, self.c_address(), self.d.0].map(address_alignment)
+    }
+
     /// What of this product the heuristic reads, on `dev`.
     fn description(&self, dev: &CudaDevice) -> Description {
-        let c = self.summed.unwrap_or(self.d.0);
         Description {
             device: dev.id(),
             shape: [self.rows, self.cols, self.inner],
@@ -274,7 +282,7 @@ impl Product {
             scaled: [self.a.scale.is_some(), self.b.scale.is_some()],
             bias: self.bias.map(|(_, data_type)| data_type),
             summed: self.summed.is_some(),
-            alignments: [self.a.address, self.b.address, c, self.d.0].map(address_alignment),
+            alignments: self.alignments(),
         }
     }
 
@@ -375,20 +383,13 @@ impl Product {
                 std::mem::size_of::<usize>(),
             )
         }?;
-        let c = self.summed.unwrap_or(self.d.0);
-        for (attr, address) in [
-            (
-                Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                self.a.address,
-            ),
-            (
-                Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                self.b.address,
-            ),
-            (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, c),
-            (Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, self.d.0),
-        ] {
-            let alignment = address_alignment(address);
+        let attributes = [
+            Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+            Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+            Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+            Pref::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+        ];
+        for (attr, alignment) in attributes.into_iter().zip(self.alignments()) {
             // SAFETY: a live preference and a u32 attribute.
             unsafe {
                 lt::set_matmul_pref_attribute(
