@@ -761,19 +761,17 @@ mod tests {
             dot + bias + residual
         };
         for (with_bias, with_residual) in [(true, false), (false, true), (true, true)] {
-            let outcome = fp8_product_plus(
-                &a,
-                &b,
-                DType::F32,
-                with_bias.then_some(&bias),
-                with_residual.then_some(&residual),
-            )
-            .unwrap();
-            let got = outcome
-                .computed()
-                .expect("the CPU adds both")
-                .to_vec2::<f32>()
-                .unwrap();
+            let plus = |dtype| {
+                let (bias, residual) = (
+                    with_bias.then_some(&bias),
+                    with_residual.then_some(&residual),
+                );
+                fp8_product_plus(&a, &b, dtype, bias, residual)
+                    .unwrap()
+                    .computed()
+                    .expect("the CPU adds both")
+            };
+            let got = plus(DType::F32).to_vec2::<f32>().unwrap();
             for (i, row) in got.iter().enumerate() {
                 for (j, &g) in row.iter().enumerate() {
                     let w = want(i, j, with_bias, with_residual);
@@ -784,16 +782,7 @@ mod tests {
                 }
             }
             // bf16 rounds the f32 sum once: the f32 result cast, not the rounded product plus.
-            let half = fp8_product_plus(
-                &a,
-                &b,
-                DType::BF16,
-                with_bias.then_some(&bias),
-                with_residual.then_some(&residual),
-            )
-            .unwrap()
-            .computed()
-            .unwrap();
+            let half = plus(DType::BF16);
             let once = Tensor::new(got, &Device::Cpu)
                 .unwrap()
                 .to_dtype(DType::BF16)
