@@ -31,11 +31,11 @@
 // thread, allow no more there either). A tile narrower than a block's rows can be all masked
 // for a warp (causal, the block's last key tile): its probabilities come out 0, and the online
 // softmax keeps the finite maximum of the first tile, whose key 0 every row sees. At 128 the
-// dk/dv kernel's k and v fragments, dk and dv accumulators (32 + 32 + 64 + 64 registers) and
-// score tiles do not fit in registers at once (a single sweep spills), so it sweeps the query
-// tiles twice: dv is accumulated and written first, then dk, each sweep recomputing the
-// probabilities (five products where a single sweep runs four). Registers and spills per
-// kernel are listed in README.md next to this file.
+// dk/dv kernel's k and v fragments and dk and dv accumulators take 32 + 32 + 64 + 64 registers
+// before any score, so it streams 16-query tiles: their score tiles are small enough for one
+// sweep that computes each probability once (two sweeps, dv then dk, each recomputing them,
+// measured 1.8 % slower on gpt-1.3b). Registers and spills per kernel are listed in README.md
+// next to this file.
 //
 // Matrix products use the warp-level `mma.sync.m16n8k16` (bf16 or f16 in, f32 accumulate),
 // available from sm_80, so the compute_80 PTX runs on Ampere, Ada (RTX 4090) and Hopper. The
@@ -326,15 +326,15 @@ struct HeadCols {
 };
 
 // How each head width tiles its work (see the header comment): `STREAM` rows per streamed tile
-// (keys and values in the forward and dq kernels, queries and output gradients in dk/dv), and
-// whether dk/dv takes two sweeps over the queries (dv, then dk) instead of one.
+// (keys and values in the forward and dq kernels), `DKDV_STREAM` rows of queries and output
+// gradients per tile in dk/dv.
 template <int HD> struct Tiles {
     static_assert(HD % 16 == 0 && HD >= 16 && HD <= 128, "head widths are multiples of 16");
     static constexpr int STREAM = HD <= 64 ? TILE : 32;
     // The dk/dv kernel holds k, v, dk and dv beside its two score tiles: at 64 a 64-query tile
-    // takes 255 registers and spills, a 32-query tile does not.
-    static constexpr int DKDV_STREAM = HD <= 32 ? TILE : 32;
-    static constexpr bool TWO_SWEEPS = HD > 96;
+    // takes 255 registers and spills, a 32-query tile does not; at 128 a 16-query tile keeps
+    // the score tiles small enough for one sweep (README.md next to this file lists the spills).
+    static constexpr int DKDV_STREAM = HD <= 32 ? TILE : HD <= 96 ? 32 : 16;
     static_assert(TILE % STREAM == 0, "a block's rows span whole streamed tiles");
     // Static shared memory is capped at 48 KB per block: two double-buffered tiles.
     static_assert(2 * 2 * STREAM * (HD + PAD) * 2 + 2 * STREAM * 4 <= 48 * 1024,
@@ -611,13 +611,10 @@ template <typename T, int HD> struct DkdvSweep {
     int key_first;  // the block's first key (key0 is the warp's)
 };
 
-// Which products a sweep accumulates.
-enum Grads { DK_AND_DV, DV_ONLY, DK_ONLY };
-
 // One sweep of the dk/dv kernel over the query tiles first .. tiles: dv += dropout(P)ᵀ · dO
-// unless DK_ONLY, dk += dSᵀ · q unless DV_ONLY (the scales are applied by the caller). kf and
-// vf are the block's k and v rows as A fragments (vf is unread by DV_ONLY).
-template <typename T, int HD, Grads G>
+// and dk += dSᵀ · q (the scales are applied by the caller). kf and vf are the block's k and v
+// rows as A fragments.
+template <typename T, int HD>
 __device__ __forceinline__ void dkdv_sweep(float (&dk)[HD / 8][4], float (&dv)[HD / 8][4],
                                            const uint32_t (&kf)[HD / 16][4],
                                            const uint32_t (&vf)[HD / 16][4],
@@ -635,7 +632,7 @@ __device__ __forceinline__ void dkdv_sweep(float (&dk)[HD / 8][4], float (&dv)[H
         for (int r = threadIdx.x; r < QT; r += THREADS) {
             const int row = i * QT + r;
             w.l2s[r] = row < w.S ? w.lse[(long long)w.bh * w.S + row] * LOG2E : 0.f;
-            if (G != DV_ONLY) w.ds[r] = row < w.S ? w.dsum[(long long)w.bh * w.S + row] : 0.f;
+            w.ds[r] = row < w.S ? w.dsum[(long long)w.bh * w.S + row] : 0.f;
             w.starts[r] = example_start(w.pos, w.b, row, w.S);
         }
         __syncthreads();
@@ -668,44 +665,39 @@ __device__ __forceinline__ void dkdv_sweep(float (&dk)[HD / 8][4], float (&dv)[H
             probabilities(Masked<false>{});
         else
             probabilities(Masked<true>{});
-        if (G != DK_ONLY) {
-            // dv += dropout(P)ᵀ · dO (the keep scale is applied once at the end).
+        // dv += dropout(P)ᵀ · dO (the keep scale is applied once at the end).
 #pragma unroll
-            for (int kk = 0; kk < QT / 16; ++kk) {
-                float z[8];
+        for (int kk = 0; kk < QT / 16; ++kk) {
+            float z[8];
 #pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    const int nt = 2 * kk + (e >> 2), c = e & 3;
-                    z[e] = (kept_bits >> (nt * 4 + c)) & 1u ? s[nt][c] : 0.f;
-                }
-                const uint32_t pa[4] = {Mma<T>::pack(z[0], z[1]), Mma<T>::pack(z[2], z[3]),
-                                        Mma<T>::pack(z[4], z[5]), Mma<T>::pack(z[6], z[7])};
-                mma_by_rows<T, HD>(dv, pa, dos, kk * 16);
+            for (int e = 0; e < 8; ++e) {
+                const int nt = 2 * kk + (e >> 2), c = e & 3;
+                z[e] = (kept_bits >> (nt * 4 + c)) & 1u ? s[nt][c] : 0.f;
+            }
+            const uint32_t pa[4] = {Mma<T>::pack(z[0], z[1]), Mma<T>::pack(z[2], z[3]),
+                                    Mma<T>::pack(z[4], z[5]), Mma<T>::pack(z[6], z[7])};
+            mma_by_rows<T, HD>(dv, pa, dos, kk * 16);
+        }
+        // dPᵀ = v · dOᵀ, then dSᵀ = Pᵀ ⊙ (dropout(dPᵀ) − D) in place of Pᵀ.
+        float dp[QT / 8][4] = {};
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk) mma_by_rows_t<T, HD, QT>(dp, vf[kk], dos, kk * 16);
+#pragma unroll
+        for (int nt = 0; nt < QT / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int lq = nt * 8 + acc_col(e);
+                float z = 1.f;
+                if (p.threshold) z = (kept_bits >> (nt * 4 + e)) & 1u ? p.keep_scale : 0.f;
+                s[nt][e] = s[nt][e] * (dp[nt][e] * z - w.ds[lq]);
             }
         }
-        if (G != DV_ONLY) {
-            // dPᵀ = v · dOᵀ, then dSᵀ = Pᵀ ⊙ (dropout(dPᵀ) − D) in place of Pᵀ.
-            float dp[QT / 8][4] = {};
+        // dk += dSᵀ · q.
 #pragma unroll
-            for (int kk = 0; kk < HD / 16; ++kk)
-                mma_by_rows_t<T, HD, QT>(dp, vf[kk], dos, kk * 16);
-#pragma unroll
-            for (int nt = 0; nt < QT / 8; ++nt) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int lq = nt * 8 + acc_col(e);
-                    float z = 1.f;
-                    if (p.threshold) z = (kept_bits >> (nt * 4 + e)) & 1u ? p.keep_scale : 0.f;
-                    s[nt][e] = s[nt][e] * (dp[nt][e] * z - w.ds[lq]);
-                }
-            }
-            // dk += dSᵀ · q.
-#pragma unroll
-            for (int kk = 0; kk < QT / 16; ++kk) {
-                uint32_t sa[4];
-                acc_to_a<T, QT>(sa, s, kk);
-                mma_by_rows<T, HD>(dk, sa, qs, kk * 16);
-            }
+        for (int kk = 0; kk < QT / 16; ++kk) {
+            uint32_t sa[4];
+            acc_to_a<T, QT>(sa, s, kk);
+            mma_by_rows<T, HD>(dk, sa, qs, kk * 16);
         }
         __syncthreads();  // everyone is done with tile i (and l2s, ds) before they are refilled
     }
@@ -788,44 +780,19 @@ __device__ void backward_dkdv(const T *qkv, const uint32_t *lens, const uint32_t
     const int h0 = g * group;
 
     uint32_t kf[HD / 16][4], vf[HD / 16][4];
-    if constexpr (!Tiles<HD>::TWO_SWEEPS) {
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; ++kk) {
-            frag_a_global(kf[kk], k, stride, key0, kk * 16, S);
-            frag_a_global(vf[kk], v, stride, key0, kk * 16, S);
-        }
-        float dk[HD / 8][4] = {}, dv[HD / 8][4] = {};
-#pragma unroll 1
-        for (int h = h0; h < h0 + group; ++h) {
-            for_head(h);
-            dkdv_sweep<T, HD, DK_AND_DV>(dk, dv, kf, vf, w, p);
-        }
-        store_key_rows<T, HD>(dqkv, dk, p.scale, b, S, key0, cols.k_col(g, HD), stride);
-        store_key_rows<T, HD>(dqkv, dv, p.keep_scale, b, S, key0, cols.v_col(g, HD), stride);
-    } else {
-        // Wide heads: dk and dv accumulators together with k, v and the score tiles would
-        // not fit in registers, so dv is swept first and written, then dk.
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; ++kk) frag_a_global(kf[kk], k, stride, key0, kk * 16, S);
-        {
-            float dv[HD / 8][4] = {};
-#pragma unroll 1
-            for (int h = h0; h < h0 + group; ++h) {
-                for_head(h);
-                dkdv_sweep<T, HD, DV_ONLY>(dv, dv, kf, kf, w, p);
-            }
-            store_key_rows<T, HD>(dqkv, dv, p.keep_scale, b, S, key0, cols.v_col(g, HD), stride);
-        }
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; ++kk) frag_a_global(vf[kk], v, stride, key0, kk * 16, S);
-        float dk[HD / 8][4] = {};
-#pragma unroll 1
-        for (int h = h0; h < h0 + group; ++h) {
-            for_head(h);
-            dkdv_sweep<T, HD, DK_ONLY>(dk, dk, kf, vf, w, p);
-        }
-        store_key_rows<T, HD>(dqkv, dk, p.scale, b, S, key0, cols.k_col(g, HD), stride);
+    for (int kk = 0; kk < HD / 16; ++kk) {
+        frag_a_global(kf[kk], k, stride, key0, kk * 16, S);
+        frag_a_global(vf[kk], v, stride, key0, kk * 16, S);
     }
+    float dk[HD / 8][4] = {}, dv[HD / 8][4] = {};
+#pragma unroll 1
+    for (int h = h0; h < h0 + group; ++h) {
+        for_head(h);
+        dkdv_sweep<T, HD>(dk, dv, kf, vf, w, p);
+    }
+    store_key_rows<T, HD>(dqkv, dk, p.scale, b, S, key0, cols.k_col(g, HD), stride);
+    store_key_rows<T, HD>(dqkv, dv, p.keep_scale, b, S, key0, cols.v_col(g, HD), stride);
 }
 
 }  // namespace flash
