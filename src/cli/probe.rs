@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use autotune::probe::{child, worker};
+use autotune::probe::{child, lifetime, worker};
 use autotune::session;
 use autotune::session::probe::Probed;
 use autotune::settings::probe::{ProbeArgs, ProbeSettings};
@@ -66,6 +66,7 @@ fn outcome_line(outcome: &Outcome) -> String {
 
 /// The child's side of isolated trials (`probe-one`): one job on stdin, one result on stdout.
 pub fn run_child() -> anyhow::Result<Status> {
+    lifetime::end_with_parent()?;
     child::serve_one(std::io::stdin().lock(), &mut std::io::stdout().lock())?;
     Ok(Status::Success)
 }
@@ -73,6 +74,7 @@ pub fn run_child() -> anyhow::Result<Status> {
 /// The worker's side of isolated trials (`probe-serve`): jobs on stdin until it ends, one
 /// reply line each on stdout.
 pub fn run_worker() -> anyhow::Result<Status> {
+    lifetime::end_with_parent()?;
     worker::serve(std::io::stdin().lock(), &mut std::io::stdout().lock())?;
     Ok(Status::Success)
 }

@@ -14,6 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::job::{TrialJob, TrialProcesses};
+use super::lifetime;
 use super::live::LiveProber;
 use crate::backend;
 use crate::collective::rank::{rank_device, RankEnv};
@@ -40,7 +41,9 @@ impl Prober for ChildProber {
         let started = Instant::now();
         let executable = &self.trials.program;
         let spawn_err = |e: std::io::Error| Error::file("cannot start probe child", executable, e);
-        let mut child = Command::new(executable)
+        let mut command = Command::new(executable);
+        lifetime::name_this_process_as_parent(&mut command);
+        let mut child = command
             .arg("probe-one")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -69,16 +72,13 @@ impl Prober for ChildProber {
                 return Ok(result);
             }
         }
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let last_line = stderr
+        let mut last_words = LastWords::default();
+        String::from_utf8_lossy(&output.stderr)
             .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("")
-            .to_string();
+            .for_each(|l| last_words.hear(l));
         Ok(TrialResult {
             request: *request,
-            outcome: classify_exit(&output.status, last_line),
+            outcome: classify_exit(&output.status, last_words.said()),
             wall_s: started.elapsed().as_secs_f64(),
         })
     }
@@ -150,6 +150,31 @@ pub(super) fn write_line<T: serde::Serialize>(output: &mut dyn Write, message: &
         .map_err(|e| Error::file("cannot write a trial reply to", "stdout", e))
 }
 
+/// What a trial process that died said last, heard line by line from its stderr: its error
+/// line if it printed one (the causes and any backtrace after it do not say what went wrong,
+/// and an out-of-memory is recognised by that line), else its last non-empty line.
+#[derive(Debug, Default)]
+pub(crate) struct LastWords {
+    line: String,
+    is_error: bool,
+}
+
+impl LastWords {
+    /// One more line of the process's stderr.
+    pub(crate) fn hear(&mut self, line: &str) {
+        if self.is_error || line.trim().is_empty() {
+            return;
+        }
+        self.is_error = line.starts_with("error:");
+        self.line = line.to_string();
+    }
+
+    /// The line that says why the process ended.
+    pub(crate) fn said(&self) -> String {
+        self.line.clone()
+    }
+}
+
 /// A child that died without a result: the OOM killer's SIGKILL and allocation aborts are host
 /// out-of-memory; anything else is a crash with the child's last words.
 pub(crate) fn classify_exit(status: &std::process::ExitStatus, last_line: String) -> Outcome {
@@ -177,6 +202,44 @@ pub(crate) fn classify_exit(status: &std::process::ExitStatus, last_line: String
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dead_childs_last_words_are_its_error_line_else_its_last_line() {
+        use std::os::unix::process::ExitStatusExt;
+        let heard = |lines: &[&str]| {
+            let mut words = LastWords::default();
+            lines.iter().for_each(|l| words.hear(l));
+            words.said()
+        };
+        let error = "error: DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")";
+        let cases: [(&[&str], &str); 5] = [
+            (&[], ""),
+            (&["loading", "step 1", "  ", ""], "step 1"),
+            (
+                &["loading", error, "   0: <unknown>", "  15: <unknown>", ""],
+                error,
+            ),
+            (&[error, "  caused by: the pool", "error: later"], error),
+            (
+                &["memory allocation of 1024 bytes failed"],
+                "memory allocation of 1024 bytes failed",
+            ),
+        ];
+        for (lines, said) in cases {
+            assert_eq!(heard(lines), said, "{lines:?}");
+        }
+        let failed = std::process::ExitStatus::from_raw(2 << 8);
+        assert!(matches!(
+            classify_exit(
+                &failed,
+                heard(&[error, "   0: <unknown>", "  15: <unknown>"])
+            ),
+            Outcome::OutOfMemory {
+                memory: MemoryKind::Gpu,
+                ..
+            }
+        ));
+    }
 
     #[test]
     fn a_dead_childs_words_mean_out_of_memory_only_when_they_name_the_status() {

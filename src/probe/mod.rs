@@ -9,7 +9,7 @@
 //! (`crate::dist::probe`), recorded ones are answered by the core's `ReplayProber`. Trials of
 //! another framework are asked of a trial runner, any program that speaks the trial protocol
 //! ([`exec`], through the runner processes of [`runner`], each killed with its whole
-//! [`tree`]).
+//! [`tree`]). A trial process ends with the autotune that started it ([`lifetime`]).
 //! [`crate::backend::host_memory`] counts the host memory a trial takes, and [`host_work`]
 //! measures the host update that bounds offloaded regimes before their first trial.
 
@@ -18,6 +18,7 @@ pub mod exec;
 pub mod floor;
 pub mod host_work;
 pub mod job;
+pub mod lifetime;
 pub mod live;
 pub mod oom;
 pub mod runner;

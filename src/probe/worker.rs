@@ -36,8 +36,9 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::child::{classify_exit, write_line};
+use super::child::{classify_exit, write_line, LastWords};
 use super::job::{TrialJob, TrialProcesses};
+use super::lifetime;
 use super::live::LiveProber;
 use crate::backend;
 use crate::trial::{Outcome, Prober, TrialRequest, TrialResult};
@@ -175,8 +176,8 @@ struct Worker {
     /// The worker's stdout lines, read by a thread so that a reply can be waited for with a
     /// time limit.
     stdout: Receiver<String>,
-    /// The last non-empty line the worker wrote on stderr: its last words if it dies.
-    last_words: Arc<Mutex<String>>,
+    /// What the worker wrote on stderr that says why, if it dies.
+    last_words: Arc<Mutex<LastWords>>,
     stderr_reader: Option<JoinHandle<()>>,
 }
 
@@ -184,6 +185,7 @@ impl Worker {
     fn start(executable: &std::path::Path) -> Result<Self> {
         let mut command = Command::new(executable);
         command.arg("probe-serve");
+        lifetime::name_this_process_as_parent(&mut command);
         // The worker's trial phases join this process's log when it logs them.
         let forward = tracing::enabled!(tracing::Level::DEBUG);
         if forward {
@@ -211,17 +213,15 @@ impl Worker {
             }
         });
         // The worker's stderr is drained all along, so that its logging never blocks it.
-        let last_words = Arc::new(Mutex::new(String::new()));
+        let last_words = Arc::new(Mutex::new(LastWords::default()));
         let sink = Arc::clone(&last_words);
         let stderr_reader = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
                 if forward {
                     tracing::debug!("worker: {line}");
                 }
-                if !line.trim().is_empty() {
-                    if let Ok(mut last) = sink.lock() {
-                        *last = line;
-                    }
+                if let Ok(mut last) = sink.lock() {
+                    last.hear(&line);
                 }
             }
         });
@@ -296,7 +296,7 @@ impl Worker {
         let last_words = self
             .last_words
             .lock()
-            .map(|s| s.clone())
+            .map(|words| words.said())
             .unwrap_or_default();
         classify_exit(&status, last_words)
     }

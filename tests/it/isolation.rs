@@ -171,3 +171,101 @@ fn a_trial_past_its_time_limit_is_timed_out_and_the_next_gets_a_fresh_worker() {
         "a timed-out worker is replaced"
     );
 }
+
+/// A worker whose autotune is killed ends with it, instead of holding its trial's memory until
+/// the trial is over. A shell stands for the autotune: it names itself the worker's parent and
+/// is killed while the worker waits for a job on a pipe that this test keeps open. The worker is
+/// killed by the kernel, not by its own check that its parent is gone (which would say so).
+#[cfg(target_os = "linux")]
+#[test]
+fn a_worker_ends_when_the_autotune_that_started_it_is_killed() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let variable = autotune::probe::lifetime::PARENT_VARIABLE;
+    let dir = tempfile::tempdir().unwrap();
+    let said = dir.path().join("worker.stderr");
+    let mut shell = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "exec 3<&0; {variable}=$$ \"$0\" probe-serve <&3 2>\"$1\" & echo $!; wait"
+        ))
+        .arg(exe())
+        .arg(&said)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(shell.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let worker: u32 = line.trim().parse().unwrap();
+    // Alive: the process exists and is not a zombie waiting to be reaped.
+    let alive = || {
+        std::fs::read_to_string(format!("/proc/{worker}/stat"))
+            .map(|stat| !stat.contains(") Z "))
+            .unwrap_or(false)
+    };
+    // The worker has tied itself to the shell once it waits for its first job: in a read of
+    // its standard input (system call 0 on x86-64, 63 on AArch64, first argument 0).
+    let read = if cfg!(target_arch = "aarch64") { 63 } else { 0 };
+    let waiting = || {
+        std::fs::read_to_string(format!("/proc/{worker}/syscall"))
+            .map(|call| call.starts_with(&format!("{read} 0x0 ")))
+            .unwrap_or(false)
+    };
+    let started = Instant::now();
+    while !waiting() && started.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(alive(), "the worker should wait for its first job");
+    // Held apart from the shell's handle: waiting for the shell would close it.
+    let job_pipe = shell.stdin.take();
+    shell.kill().unwrap();
+    shell.wait().unwrap();
+    let killed = Instant::now();
+    while alive() && killed.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let survived = alive();
+    drop(job_pipe);
+    assert!(!survived, "the worker outlived the process that started it");
+    let said = std::fs::read_to_string(&said).unwrap_or_default();
+    assert!(
+        !said.contains("has ended"),
+        "ended by its own check: {said}"
+    );
+}
+
+/// A trial process whose named parent is not its parent (that autotune has ended) stops at once
+/// with an error that says so, rather than run a trial no one will read.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_trial_process_whose_parent_has_ended_stops_at_once() {
+    use std::process::{Command, Stdio};
+    let variable = autotune::probe::lifetime::PARENT_VARIABLE;
+    for command in ["probe-serve", "probe-one"] {
+        let out = Command::new(exe())
+            .arg(command)
+            .env(variable, "1")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
+        assert!(
+            stderr.contains("(process 1) has ended"),
+            "{command}: {stderr}"
+        );
+        let out = Command::new(exe())
+            .arg(command)
+            .env(variable, "the parent")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
+        assert!(stderr.contains(variable), "{command}: {stderr}");
+    }
+}
