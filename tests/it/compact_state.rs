@@ -344,98 +344,134 @@ fn the_search_explores_compact_state_only_when_opted_in() {
         .all(|r| r.state.difference().unwrap().contains("not exact AdamW")));
 }
 
+/// Three steps of `shapes`' weights under `state` on `device`, each step updating the
+/// parameters in `parts` (lists of indices, in order): the weights' and the state's bits.
+#[cfg(feature = "cuda")]
+fn three_steps(
+    device: &Device,
+    state: StateLayout,
+    shapes: &[&[usize]],
+    parts: &[Vec<usize>],
+) -> (Vec<Vec<u32>>, Vec<(String, Vec<u32>)>) {
+    use autotune::train::optimizer::compact::CompactAdam;
+    use candle_core::Var;
+    let spec = model().optimizer;
+    let vars: Vec<Var> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let n: usize = s.iter().product();
+            let values: Vec<f32> = (0..n)
+                .map(|j| (j as f32 * 0.13 + i as f32).cos() * 0.05)
+                .collect();
+            let t = Tensor::from_vec(values, *s, &Device::Cpu).unwrap();
+            let dtype = if s.len() >= 2 && state.masters.is_half() {
+                DType::BF16
+            } else {
+                DType::F32
+            };
+            Var::from_tensor(&t.to_dtype(dtype).unwrap().to_device(device).unwrap()).unwrap()
+        })
+        .collect();
+    let mut adam = CompactAdam::new(&vars, spec, state, 5).unwrap();
+    for step in 0..3u32 {
+        let consts = adam.begin_step();
+        let grad = |i: usize| {
+            let v = &vars[i];
+            let g: Vec<f32> = (0..v.elem_count())
+                .map(|j| {
+                    ((j as f32 * 0.37 + step as f32 + i as f32).sin()) * 1e-2 * (1 + j % 7) as f32
+                })
+                .collect();
+            let g = Tensor::from_vec(g, v.shape(), &Device::Cpu).unwrap();
+            // Every other step an f32 gradient (an f32 sum, as the head's) for bf16
+            // weights: its own kernel, no rounded copy.
+            let dtype = if step % 2 == 1 { DType::F32 } else { v.dtype() };
+            (i, g.to_dtype(dtype).unwrap().to_device(device).unwrap())
+        };
+        for part in parts {
+            let grads: Vec<(usize, Tensor)> = part.iter().map(|&i| grad(i)).collect();
+            adam.update(&consts, &grads).unwrap();
+        }
+        adam.finish_step().unwrap();
+    }
+    let names: Vec<String> = (0..vars.len()).map(|i| format!("p{i}")).collect();
+    let mut state: Vec<(String, Vec<u32>)> = adam
+        .state_tensors(&names)
+        .unwrap()
+        .into_iter()
+        .map(|(k, t)| {
+            let t = t.to_device(&Device::Cpu).unwrap();
+            let b = if t.dtype() == DType::U8 {
+                t.to_vec1::<u8>()
+                    .unwrap()
+                    .into_iter()
+                    .map(u32::from)
+                    .collect()
+            } else {
+                bits(&t)
+            };
+            (k, b)
+        })
+        .collect();
+    state.sort();
+    let weights: Vec<Vec<u32>> = vars
+        .iter()
+        .map(|v| bits(&v.as_tensor().to_device(&Device::Cpu).unwrap()))
+        .collect();
+    (weights, state)
+}
+
 /// The CUDA kernel against the CPU reference: three updates of the same weights with the same
 /// gradients under every layout, with the moments on the device and in host memory, give
 /// bit-identical weights and state (needs a CUDA device).
 #[cfg(feature = "cuda")]
 #[test]
 fn the_cuda_update_is_bit_identical_to_the_cpu_reference() {
-    use autotune::train::optimizer::compact::CompactAdam;
-    use candle_core::Var;
     let gpu = Device::new_cuda(0).expect("this test needs a CUDA device");
-    let spec = model().optimizer;
     // A matrix of 3 blocks and a partial one, and a vector (exact state).
     let shapes: [&[usize]; 2] = [&[70, 100], &[100]];
+    let parts = [vec![0, 1]];
     for state in layouts().into_iter().skip(1) {
         for place in [MomentPlace::Device, MomentPlace::Host] {
             let state = StateLayout {
                 moments_on: place,
                 ..state
             };
-            let run = |device: &Device| {
-                let vars: Vec<Var> = shapes
-                    .iter()
-                    .enumerate()
-                    .map(|(i, s)| {
-                        let n: usize = s.iter().product();
-                        let values: Vec<f32> = (0..n)
-                            .map(|j| (j as f32 * 0.13 + i as f32).cos() * 0.05)
-                            .collect();
-                        let t = Tensor::from_vec(values, *s, &Device::Cpu).unwrap();
-                        let dtype = if s.len() >= 2 && state.masters.is_half() {
-                            DType::BF16
-                        } else {
-                            DType::F32
-                        };
-                        Var::from_tensor(&t.to_dtype(dtype).unwrap().to_device(device).unwrap())
-                            .unwrap()
-                    })
-                    .collect();
-                let mut adam = CompactAdam::new(&vars, spec, state, 5).unwrap();
-                for step in 0..3u32 {
-                    let consts = adam.begin_step();
-                    let grads: Vec<(usize, Tensor)> = vars
-                        .iter()
-                        .enumerate()
-                        .map(|(i, v)| {
-                            let n = v.elem_count();
-                            let g: Vec<f32> = (0..n)
-                                .map(|j| {
-                                    ((j as f32 * 0.37 + step as f32 + i as f32).sin())
-                                        * 1e-2
-                                        * (1 + j % 7) as f32
-                                })
-                                .collect();
-                            let g = Tensor::from_vec(g, v.shape(), &Device::Cpu).unwrap();
-                            // Every other step an f32 gradient (an f32 sum, as the head's)
-                            // for bf16 weights: its own kernel, no rounded copy.
-                            let dtype = if step % 2 == 1 { DType::F32 } else { v.dtype() };
-                            (i, g.to_dtype(dtype).unwrap().to_device(device).unwrap())
-                        })
-                        .collect();
-                    adam.update(&consts, &grads).unwrap();
-                }
-                let names: Vec<String> = (0..vars.len()).map(|i| format!("p{i}")).collect();
-                let mut state: Vec<(String, Vec<u32>)> = adam
-                    .state_tensors(&names)
-                    .unwrap()
-                    .into_iter()
-                    .map(|(k, t)| {
-                        let t = t.to_device(&Device::Cpu).unwrap();
-                        let b = if t.dtype() == DType::U8 {
-                            t.to_vec1::<u8>()
-                                .unwrap()
-                                .into_iter()
-                                .map(u32::from)
-                                .collect()
-                        } else {
-                            bits(&t)
-                        };
-                        (k, b)
-                    })
-                    .collect();
-                state.sort();
-                let weights: Vec<Vec<u32>> = vars
-                    .iter()
-                    .map(|v| bits(&v.as_tensor().to_device(&Device::Cpu).unwrap()))
-                    .collect();
-                (weights, state)
-            };
-            let (cpu_w, cpu_s) = run(&Device::Cpu);
-            let (gpu_w, gpu_s) = run(&gpu);
+            let (cpu_w, cpu_s) = three_steps(&Device::Cpu, state, &shapes, &parts);
+            let (gpu_w, gpu_s) = three_steps(&gpu, state, &shapes, &parts);
             assert_eq!(cpu_w, gpu_w, "{state}: weights");
             assert_eq!(cpu_s, gpu_s, "{state}: state");
         }
+    }
+}
+
+/// Moments in host memory updated in parts, as the backward pass does: from the second step on
+/// each part's moments are uploaded while the part before is updated, and parts of one size
+/// and of another alternate (the third takes the first's sizes, as blocks do). Every layout
+/// gives the CPU reference's bits (needs a CUDA device).
+#[cfg(feature = "cuda")]
+#[test]
+fn the_cuda_update_in_parts_with_host_moments_is_bit_identical_to_the_cpu_reference() {
+    let gpu = Device::new_cuda(0).expect("this test needs a CUDA device");
+    let shapes: [&[usize]; 6] = [
+        &[70, 100],
+        &[100],
+        &[70, 100],
+        &[100],
+        &[33, 64],
+        &[70, 100],
+    ];
+    let parts = [vec![0, 1], vec![4], vec![2, 3], vec![5], vec![]];
+    for state in layouts().into_iter().skip(1) {
+        let state = StateLayout {
+            moments_on: MomentPlace::Host,
+            ..state
+        };
+        let (cpu_w, cpu_s) = three_steps(&Device::Cpu, state, &shapes, &parts);
+        let (gpu_w, gpu_s) = three_steps(&gpu, state, &shapes, &parts);
+        assert_eq!(cpu_w, gpu_w, "{state}: weights");
+        assert_eq!(cpu_s, gpu_s, "{state}: state");
     }
 }
 
