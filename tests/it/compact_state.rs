@@ -344,6 +344,10 @@ fn the_search_explores_compact_state_only_when_opted_in() {
         .all(|r| r.state.difference().unwrap().contains("not exact AdamW")));
 }
 
+/// The bits of each weight, and of each named state tensor.
+#[cfg(feature = "cuda")]
+type WeightAndStateBits = (Vec<Vec<u32>>, Vec<(String, Vec<u32>)>);
+
 /// Three steps of `shapes`' weights under `state` on `device`, each step updating the
 /// parameters in `parts` (lists of indices, in order): the weights' and the state's bits.
 #[cfg(feature = "cuda")]
@@ -352,7 +356,7 @@ fn three_steps(
     state: StateLayout,
     shapes: &[&[usize]],
     parts: &[Vec<usize>],
-) -> (Vec<Vec<u32>>, Vec<(String, Vec<u32>)>) {
+) -> WeightAndStateBits {
     use autotune::train::optimizer::compact::CompactAdam;
     use candle_core::Var;
     let spec = model().optimizer;
