@@ -10,15 +10,21 @@ use std::ffi::c_void;
 use std::sync::{Mutex, OnceLock};
 
 use candle_core::cuda_backend::cudarc::cublaslt::{result as lt, sys};
-use candle_core::cuda_backend::cudarc::driver::CudaSlice;
+use candle_core::cuda_backend::cudarc::driver::result as driver_result;
+use candle_core::cuda_backend::cudarc::driver::sys::CUdeviceptr;
 use candle_core::{CudaDevice, CudaStorage, DType, Result, Tensor};
 
 use crate::ops::cuda;
 
 /// A cuBLASLt handle and its workspace for one device, made once and kept for the process.
+///
+/// The workspace is allocated outside the memory pool (`cuMemAlloc`), as cuBLAS's own is: the
+/// pool then holds only tensors, so a trial's pool peak is its own and a probe worker's pool is
+/// empty after each trial. Inside the pool, this one process-long allocation was left over
+/// after every trial, and every trial retired its worker.
 struct Handle {
     handle: sys::cublasLtHandle_t,
-    workspace: CudaSlice<u8>,
+    workspace: CUdeviceptr,
 }
 
 // SAFETY: a cuBLASLt handle may be used from any thread; calls on it are serialised by the
@@ -41,7 +47,14 @@ fn handle(dev: &CudaDevice) -> Result<&'static Handle> {
         return Ok(h);
     }
     let handle = lt::create_handle().map_err(|e| lt_error("cuBLASLt", "a handle", e))?;
-    let workspace = dev.alloc_zeros::<u8>(WORKSPACE_BYTES)?;
+    dev.cuda_stream()
+        .context()
+        .bind_to_thread()
+        .map_err(|e| candle_core::Error::Msg(format!("cuBLASLt: the workspace's context: {e}")))?;
+    // SAFETY: a plain device allocation of WORKSPACE_BYTES, never freed (kept for the process)
+    // and only handed to cuBLASLt as scratch memory on candle's stream.
+    let workspace = unsafe { driver_result::malloc_sync(WORKSPACE_BYTES) }
+        .map_err(|e| candle_core::Error::Msg(format!("cuBLASLt: the workspace: {e}")))?;
     // Kept for the process: products on this device reuse it.
     let made: &'static Handle = Box::leak(Box::new(Handle { handle, workspace }));
     handles.insert(dev.id(), made);
@@ -227,8 +240,7 @@ impl Product {
         let beta = if self.summed.is_some() { 1f32 } else { 0f32 };
         let c = self.c_address();
         let stream = dev.cuda_stream();
-        use candle_core::cuda_backend::cudarc::driver::DevicePtr;
-        let (workspace, _guard) = lt.workspace.device_ptr(&stream);
+        let workspace = lt.workspace;
         // SAFETY: forwarded from the caller.
         let product = unsafe {
             lt::matmul(

@@ -269,3 +269,29 @@ fn a_trial_process_whose_parent_has_ended_stops_at_once() {
         assert!(stderr.contains(variable), "{command}: {stderr}");
     }
 }
+
+/// On a GPU, a trial leaves the memory pool empty once trimmed, so that a worker serves trial
+/// after trial: the fused products' cuBLASLt workspace lives outside the pool (inside it, it was
+/// left over after every trial, and every trial started a new worker). Run it alone
+/// (`--test-threads=1`): another test's tensors would share the pool (needs a CUDA device).
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_a_trial_with_fused_products_leaves_the_pool_empty() {
+    use autotune::probe::live::LiveProber;
+    let device = autotune::backend::open("cuda").unwrap();
+    let memory = autotune::backend::memory_meter(&device, None).unwrap();
+    let mut prober = LiveProber::new(&small_gpt(), &device, None, memory);
+    for micro_batch in [1, 2] {
+        let request = TrialRequest {
+            knobs: Knobs::new(micro_batch, Precision::Bf16),
+            ..request(micro_batch)
+        };
+        let result = prober.probe(&request).unwrap();
+        assert!(result.outcome.measurement().is_some(), "{result:?}");
+        assert_eq!(
+            prober.leftover_device_bytes().unwrap(),
+            0,
+            "left in the pool after micro-batch {micro_batch}"
+        );
+    }
+}
