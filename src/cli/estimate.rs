@@ -112,9 +112,9 @@ pub fn run(args: EstimateArgs, printer: &Printer) -> anyhow::Result<Status> {
     printer.data_text(match found.longest_sequence {
         Some(tokens) => format!(
             "the longest single sequence that fits at these knobs is {tokens} tokens (one a \
-             micro-batch)"
+             step: micro-batch 1, no accumulation)"
         ),
-        None => "not even one token a micro-batch fits at these knobs".into(),
+        None => "not even one token fits at these knobs (micro-batch 1, no accumulation)".into(),
     });
     Ok(if found.fits {
         Status::Success
