@@ -9,8 +9,9 @@
 # BUILD: executables in $GPU_DIR (default .gpu); the first is the baseline the others are read
 # against. Stages (STAGES, default "tests probes losses"):
 #   tests   the CUDA tests named in TESTS (test-name filters, default: attention, the fused ops,
-#           the norms, the loss and fp8) run by TEST_BIN (default: the first it-* in $GPU_DIR,
-#           which should be built from the newest code) → OUTDIR/tests.txt
+#           the norms, the loss, fp8, the compact update and a trial's empty pool) run by
+#           TEST_BIN (default: the first it-* in $GPU_DIR, which should be built from the newest
+#           code), one at a time → OUTDIR/tests.txt
 #   probes  one tiny probe per build first (the driver compiles each build's PTX once; no timed
 #           probe pays it), then ROUNDS rounds (default 2) of `autotune probe` for every row of
 #           ROWS (default "gpt-1.3b:bf16:4 llama-3.2-1b:bf16:3 gpt-124m:bf16:16",
@@ -35,7 +36,7 @@ open_outdir "$1"
 shift
 BUILDS=("$@")
 STAGES="${STAGES:-tests probes losses}"
-TESTS="${TESTS:-cuda_attention:: cuda_ops::cuda_fused_linear cuda_ops::cuda_norm_backward_plus cuda_ops::cuda_cross_entropy cuda_ops::cuda_layer_norm cuda_ops::cuda_decoder_ops cuda_ops::cuda_explicit cuda_ops::cuda_fp8}"
+TESTS="${TESTS:-cuda_attention:: cuda_ops::cuda_fused_linear cuda_ops::cuda_norm_backward_plus cuda_ops::cuda_cross_entropy cuda_ops::cuda_layer_norm cuda_ops::cuda_decoder_ops cuda_ops::cuda_explicit cuda_ops::cuda_fp8 compact_state::the_cuda_ isolation::cuda_}"
 ROWS="${ROWS:-gpt-1.3b:bf16:4 llama-3.2-1b:bf16:3 gpt-124m:bf16:16}"
 ROUNDS="${ROUNDS:-2}"
 WARMUP="${WARMUP:-3}"
