@@ -168,7 +168,9 @@ fn live(settings: &LiveSettings, observer: &dyn TuneObserver) -> crate::Result<T
     if let Some(group) = trials.runner_group() {
         observer.runner_starting(group);
     }
+    let searching = std::time::Instant::now();
     let mut outcome = search(&driver, trials.prober(), observer)?;
+    let search_s = searching.elapsed().as_secs_f64();
     if let Decision::NoFeasible { hint } = &mut outcome.decision {
         *hint = with_way_out(std::mem::take(hint), settings);
     }
@@ -192,7 +194,9 @@ fn live(settings: &LiveSettings, observer: &dyn TuneObserver) -> crate::Result<T
     // The search's trial processes end first: the edge trials meet the card as training will.
     drop(trials);
     if let Some(plan) = plan.as_mut() {
-        plan.longest_sequence = Some(longest::longest_sequence(settings, plan, observer)?);
+        plan.longest_sequence = Some(longest::longest_sequence(
+            settings, plan, search_s, observer,
+        )?);
     }
     Ok(tuned(
         recorded,

@@ -26,11 +26,18 @@ const CPU_TRIAL_TOKENS: usize = 8192;
 /// known fit, the bisection needs a few more than at a plan's edge.
 const CONTEXT_TRIALS: usize = 6;
 
-/// The longest single sequence `plan` (the outcome of a search `settings` describe) can take:
-/// predicted, and measured by at most `settings.edge_trials` trials at the edge.
+/// The edge trials after a search may take as long as the search did, and at least this many
+/// seconds: at a long sequence an offloaded plan's step can take half a minute, and the edge
+/// is what the plan says beside its setting, not what the tune is for.
+const EDGE_TIME_FLOOR_S: f64 = 60.0;
+
+/// The longest single sequence `plan` (the outcome of a search `settings` describe, which took
+/// `search_s` seconds) can take: predicted, and measured by at most `settings.edge_trials`
+/// trials at the edge, which together take about as long as the search at most.
 pub fn longest_sequence(
     settings: &LiveSettings,
     plan: &Plan,
+    search_s: f64,
     observer: &dyn TuneObserver,
 ) -> Result<LongestSequence> {
     let predicted = predicted_tokens(settings, plan)?;
@@ -49,7 +56,8 @@ pub fn longest_sequence(
     if let Some(why) = no_edge_trials(settings, plan, tokens) {
         return Ok(unmeasured(why));
     }
-    let search = EdgeSearch::new(plan.model.seq_len, tokens, settings.edge_trials);
+    let search = EdgeSearch::new(plan.model.seq_len, tokens, settings.edge_trials)
+        .within(search_s.max(EDGE_TIME_FLOOR_S));
     let one_sequence = Knobs {
         micro_batch: 1,
         grad_accum: 1,
@@ -137,10 +145,12 @@ fn run_edge(
             timed_steps: 1,
             remeasure: false,
         };
+        // Timed from the prober's start: a trial's process start is part of what it costs.
+        let started = std::time::Instant::now();
         let result = prober_for(settings, &spec)?.prober().probe(&request)?;
         let fits = matches!(result.outcome, Outcome::Fits(m) if settings.budget.fits(&m));
         observer.edge_trial(tokens, &result, fits);
-        search.record(tokens, fits);
+        search.record(tokens, fits, started.elapsed().as_secs_f64());
     }
     Ok(search)
 }

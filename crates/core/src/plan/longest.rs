@@ -21,7 +21,8 @@ pub struct LongestSequence {
     pub exceeded_tokens: Option<usize>,
     /// Each trial at the edge, in order: the length and whether it fitted.
     pub trials: Vec<EdgeTrial>,
-    /// Why no trial measured the edge, when none did.
+    /// Why no trial measured the edge, when none did, or why the trials stopped before they
+    /// found it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
 }
@@ -34,13 +35,15 @@ impl LongestSequence {
             Some(tokens) => format!("{tokens} tokens predicted"),
             None => "none predicted to fit".into(),
         };
-        let measured = match (self.measured_tokens, self.exceeded_tokens) {
-            (Some(fit), Some(over)) => format!(", {fit} measured ({over} did not fit)"),
-            (Some(fit), None) => format!(", {fit} measured"),
-            (None, _) => self
-                .note
-                .as_ref()
-                .map_or(String::new(), |note| format!(" ({note})")),
+        let note = self.note.as_deref();
+        let measured = match (self.measured_tokens, self.exceeded_tokens, note) {
+            (Some(fit), Some(over), None) => format!(", {fit} measured ({over} did not fit)"),
+            (Some(fit), Some(over), Some(note)) => {
+                format!(", {fit} measured ({over} did not fit; {note})")
+            }
+            (Some(fit), None, None) => format!(", {fit} measured"),
+            (Some(fit), None, Some(note)) => format!(", {fit} measured ({note})"),
+            (None, _, _) => note.map_or(String::new(), |note| format!(" ({note})")),
         };
         format!("{predicted}{measured}")
     }
@@ -61,7 +64,8 @@ pub const EDGE_GRANULARITY: usize = 64;
 
 /// Where to look for the edge: the first trial at the predicted length, then, when that does
 /// not fit, bisections between the longest known fit and the shortest failure, until they are
-/// one granule apart or the trials are spent. A pure decision: its caller runs the trials.
+/// one granule apart, the trials are spent, or (with a time limit) the next trial would end
+/// past it. A pure decision: its caller runs the trials and says how long each took.
 #[derive(Debug, Clone)]
 pub struct EdgeSearch {
     /// A length known to fit (the plan's own sequence: it fitted a micro-batch of at least one).
@@ -69,6 +73,10 @@ pub struct EdgeSearch {
     predicted: usize,
     max_trials: usize,
     trials: Vec<EdgeTrial>,
+    /// Seconds the trials may take together; `None` for no limit.
+    time_limit_s: Option<f64>,
+    /// Seconds each trial took, in order.
+    trial_s: Vec<f64>,
 }
 
 impl EdgeSearch {
@@ -80,12 +88,35 @@ impl EdgeSearch {
             predicted,
             max_trials,
             trials: Vec::new(),
+            time_limit_s: None,
+            trial_s: Vec::new(),
         }
     }
 
-    /// Records a trial's outcome.
-    pub fn record(&mut self, tokens: usize, fits: bool) {
+    /// The same search, whose trials may take `seconds` together: a trial after the first
+    /// starts only if the time spent plus the slowest trial so far stays within it. The first
+    /// always runs, since it checks the prediction.
+    pub fn within(self, seconds: f64) -> Self {
+        Self {
+            time_limit_s: Some(seconds),
+            ..self
+        }
+    }
+
+    /// Records a trial's outcome and how many seconds it took.
+    pub fn record(&mut self, tokens: usize, fits: bool, seconds: f64) {
         self.trials.push(EdgeTrial { tokens, fits });
+        self.trial_s.push(seconds);
+    }
+
+    /// Whether the next trial would end past the time limit.
+    fn out_of_time(&self) -> bool {
+        let Some(limit) = self.time_limit_s else {
+            return false;
+        };
+        let spent: f64 = self.trial_s.iter().sum();
+        let slowest = self.trial_s.iter().copied().fold(0.0, f64::max);
+        !self.trial_s.is_empty() && spent + slowest > limit
     }
 
     /// The longest length known to fit.
@@ -103,8 +134,17 @@ impl EdgeSearch {
             .min()
     }
 
-    /// The next length to try, or `None` when the edge is found (or the trials are spent).
+    /// The next length to try, or `None` when the edge is found (or the trials or the time
+    /// are spent).
     pub fn next(&self) -> Option<usize> {
+        if self.out_of_time() {
+            return None;
+        }
+        self.next_length()
+    }
+
+    /// The next length the bisection would try, whatever the time.
+    fn next_length(&self) -> Option<usize> {
         if self.trials.len() >= self.max_trials {
             return None;
         }
@@ -123,16 +163,24 @@ impl EdgeSearch {
         (rounded > low && rounded < high && high - low > EDGE_GRANULARITY).then_some(rounded)
     }
 
-    /// What the search found, beside `predicted`.
+    /// What the search found, beside `predicted`; a note when the time limit stopped it short
+    /// of the edge.
     pub fn finish(self, predicted: Option<usize>) -> LongestSequence {
         let longest = self.longest_fit();
         let measured = (longest > 0).then_some(longest);
+        let note = (self.out_of_time() && self.next_length().is_some()).then(|| {
+            let spent: f64 = self.trial_s.iter().sum();
+            format!(
+                "the edge trials stopped after {} trials and {spent:.0} s, their time limit",
+                self.trials.len()
+            )
+        });
         LongestSequence {
             predicted_tokens: predicted,
             measured_tokens: measured,
             exceeded_tokens: self.shortest_failure(),
             trials: self.trials,
-            note: None,
+            note,
         }
     }
 }
@@ -152,7 +200,7 @@ mod tests {
         let mut tried = Vec::new();
         while let Some(tokens) = search.next() {
             tried.push(tokens);
-            search.record(tokens, tokens <= capacity);
+            search.record(tokens, tokens <= capacity, 1.0);
         }
         (tried, search.finish(Some(predicted)))
     }
@@ -197,15 +245,53 @@ mod tests {
     #[test]
     fn the_bisection_stops_one_granule_apart() {
         let mut search = EdgeSearch::new(1024, 4096, 16);
-        search.record(4096, false);
-        search.record(2560, true);
-        search.record(3328, false);
-        search.record(2944, true);
-        search.record(3136, true);
-        search.record(3200, true);
+        search.record(4096, false, 1.0);
+        search.record(2560, true, 1.0);
+        search.record(3328, false, 1.0);
+        search.record(2944, true, 1.0);
+        search.record(3136, true, 1.0);
+        search.record(3200, true, 1.0);
         assert_eq!(search.longest_fit(), 3200);
         assert_eq!(search.next(), Some(3264));
-        search.record(3264, true);
+        search.record(3264, true, 1.0);
         assert_eq!(search.next(), None, "3264 fits and 3328 does not");
+    }
+
+    /// With a time limit, a trial after the first starts only where the time spent plus the
+    /// slowest trial so far stays within it; a search stopped short of the edge says so.
+    #[test]
+    fn a_time_limit_stops_the_bisection_and_the_result_says_why() {
+        // (limit, seconds of each trial): the trials run, then whether a note is left. The
+        // prediction (24,000) fails and the edge (15,000) takes four trials to bracket.
+        let cases: [(f64, [f64; 4], usize, bool); 5] = [
+            (1000.0, [10.0; 4], 4, false),
+            (25.0, [10.0; 4], 2, true),
+            (19.0, [10.0; 4], 1, true),
+            (5.0, [10.0; 4], 1, true),
+            (60.0, [30.0, 5.0, 5.0, 5.0], 2, true),
+        ];
+        for (limit, seconds, expected, noted) in cases {
+            let mut search = EdgeSearch::new(2048, 24_000, 4).within(limit);
+            let mut tried = 0;
+            while let Some(tokens) = search.next() {
+                search.record(tokens, tokens <= 15_000, seconds[tried]);
+                tried += 1;
+            }
+            assert_eq!(tried, expected, "limit {limit}, trials {seconds:?}");
+            let found = search.finish(Some(24_000));
+            assert_eq!(found.note.is_some(), noted, "limit {limit}: {found:?}");
+            if noted {
+                assert!(found.describe().contains("their time limit"), "{found:?}");
+            }
+        }
+        // A search that found its edge within the time leaves no note, even if the limit is
+        // spent by then.
+        let mut search = EdgeSearch::new(2048, 20_000, 4).within(10.0);
+        let tokens = search.next().unwrap();
+        search.record(tokens, true, 50.0);
+        assert_eq!(search.next(), None);
+        let found = search.finish(Some(20_000));
+        assert_eq!(found.note, None);
+        assert_eq!(found.describe(), "20000 tokens predicted, 19968 measured");
     }
 }
