@@ -12,6 +12,7 @@ use std::sync::{Mutex, OnceLock};
 use candle_core::cuda_backend::cudarc::cublaslt::{result as lt, sys};
 use candle_core::cuda_backend::cudarc::driver::result as driver_result;
 use candle_core::cuda_backend::cudarc::driver::sys::CUdeviceptr;
+use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaDevice, CudaStorage, DType, Result, Tensor};
 
 use crate::ops::cuda;
@@ -46,15 +47,20 @@ fn handle(dev: &CudaDevice) -> Result<&'static Handle> {
     if let Some(h) = handles.get(&dev.id()) {
         return Ok(h);
     }
-    let handle = lt::create_handle().map_err(|e| lt_error("cuBLASLt", "a handle", e))?;
-    dev.cuda_stream()
-        .context()
-        .bind_to_thread()
-        .map_err(|e| candle_core::Error::Msg(format!("cuBLASLt: the workspace's context: {e}")))?;
-    // SAFETY: a plain device allocation of WORKSPACE_BYTES, never freed (kept for the process)
-    // and only handed to cuBLASLt as scratch memory on candle's stream.
-    let workspace = unsafe { driver_result::malloc_sync(WORKSPACE_BYTES) }
-        .map_err(|e| candle_core::Error::Msg(format!("cuBLASLt: the workspace: {e}")))?;
+    dev.cuda_stream().context().bind_to_thread().w()?;
+    // SAFETY: a plain device allocation of WORKSPACE_BYTES, freed below only if no handle can
+    // be made, else kept for the process and only handed to cuBLASLt as scratch memory on
+    // candle's stream. A failure keeps the driver's status, so that an out-of-memory here is
+    // one for the trial too.
+    let workspace = unsafe { driver_result::malloc_sync(WORKSPACE_BYTES) }.w()?;
+    let handle = match lt::create_handle() {
+        Ok(handle) => handle,
+        Err(e) => {
+            // SAFETY: allocated just above, and not handed to anything yet.
+            let _ = unsafe { driver_result::free_sync(workspace) };
+            return Err(lt_error("cuBLASLt", "a handle", e));
+        }
+    };
     // Kept for the process: products on this device reuse it.
     let made: &'static Handle = Box::leak(Box::new(Handle { handle, workspace }));
     handles.insert(dev.id(), made);
