@@ -245,28 +245,20 @@ fn a_worker_ends_when_the_autotune_that_started_it_is_killed() {
 fn a_trial_process_whose_parent_has_ended_stops_at_once() {
     use std::process::{Command, Stdio};
     let variable = autotune::probe::lifetime::PARENT_VARIABLE;
+    // (the variable's value, what the error must say)
+    let cases = [("1", "(process 1) has ended"), ("the parent", variable)];
     for command in ["probe-serve", "probe-one"] {
-        let out = Command::new(exe())
-            .arg(command)
-            .env(variable, "1")
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
-        assert!(
-            stderr.contains("(process 1) has ended"),
-            "{command}: {stderr}"
-        );
-        let out = Command::new(exe())
-            .arg(command)
-            .env(variable, "the parent")
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
-        assert!(stderr.contains(variable), "{command}: {stderr}");
+        for (value, said) in cases {
+            let out = Command::new(exe())
+                .arg(command)
+                .env(variable, value)
+                .stdin(Stdio::null())
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{command} {value}: {stderr}");
+            assert!(stderr.contains(said), "{command} {value}: {stderr}");
+        }
     }
 }
 
