@@ -109,12 +109,17 @@ impl EdgeSearch {
         self.trial_s.push(seconds);
     }
 
+    /// Seconds the trials took so far.
+    fn spent_s(&self) -> f64 {
+        self.trial_s.iter().sum()
+    }
+
     /// Whether the next trial would end past the time limit.
     fn out_of_time(&self) -> bool {
         let Some(limit) = self.time_limit_s else {
             return false;
         };
-        let spent: f64 = self.trial_s.iter().sum();
+        let spent = self.spent_s();
         let slowest = self.trial_s.iter().copied().fold(0.0, f64::max);
         !self.trial_s.is_empty() && spent + slowest > limit
     }
@@ -169,10 +174,10 @@ impl EdgeSearch {
         let longest = self.longest_fit();
         let measured = (longest > 0).then_some(longest);
         let note = (self.out_of_time() && self.next_length().is_some()).then(|| {
-            let spent: f64 = self.trial_s.iter().sum();
             format!(
-                "the edge trials stopped after {} trials and {spent:.0} s, their time limit",
-                self.trials.len()
+                "the edge trials stopped after {} trials and {:.0} s, their time limit",
+                self.trials.len(),
+                self.spent_s()
             )
         });
         LongestSequence {
