@@ -466,8 +466,9 @@ impl LiveSettings {
         // A refused flag costs no measurement: the host floor is measured only when every flag
         // is valid, and the space's errors are still the first reported.
         let measure = isolation_asked.is_ok() && trial_timeout.is_ok();
+        let own_engine = runner.is_none();
         let SearchSetup { space, facts, .. } =
-            search_setup(&spec, &target, &budget, &request, measure)?;
+            search_setup(&spec, &target, &budget, &request, measure, own_engine)?;
         let isolation = match isolation_asked? {
             Some(isolation) => isolation,
             None => isolation(args.isolation, &target, &space),
@@ -531,18 +532,20 @@ fn fp8_not_searched(target: &DeviceSpec) -> Option<String> {
 
 /// The search's space and facts, with this build's flash-attention kernels and, when
 /// `measure` and an offloaded regime is searched, this machine's host update floor; what the
-/// budget ruled out is logged.
+/// budget ruled out is logged. `own_engine`: the trials run autotune's engine, not a runner's.
 fn search_setup(
     spec: &ModelSpec,
     target: &DeviceSpec,
     budget: &Budget,
     request: &SpaceRequest,
     measure: bool,
+    own_engine: bool,
 ) -> crate::Result<SearchSetup> {
     let floor = |parameters| measure.then(|| adam_update_floor_s(parameters)).flatten();
     let runtime = Runtime {
         flash_head_dims: &FLASH_HEAD_DIMS,
         host_adam_floor_s: &floor,
+        own_engine,
     };
     let setup = SearchSetup::resolve(spec, target, budget, request, &runtime)
         .map_err(|e| as_flag(e, flags::TUNE))?;

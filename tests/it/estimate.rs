@@ -23,10 +23,11 @@ fn repo(path: &str) -> PathBuf {
 
 /// Recordings of the engine the estimate describes (a chunked head, the update in backward,
 /// the streamed offload).
-const CURRENT: [&str; 3] = [
+const CURRENT: [&str; 4] = [
     "profiles/recorded/rtx4090-32g-on-h200/gpt-1.3b.json",
     "profiles/recorded/rtx4090-32g-on-h200/gpt-2b.json",
     "profiles/recorded/rtx4090-32g-on-h100/gpt-1.3b.json",
+    "profiles/recorded/rtx4090-32g-on-h100/gpt-1.3b-global-batch-32.json",
 ];
 
 /// Recordings of the current engine on the Llama-family decoders (a 128k tied vocabulary,

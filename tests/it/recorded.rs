@@ -62,8 +62,9 @@ fn replay_answers(profile: &Profile) -> (Vec<Answer>, Option<autotune::Knobs>) {
 
 /// The recordings made by a search that asked the same trials as the search asks now: a replay
 /// of one asks exactly the trials the GPU ran, in the same order.
-const CURRENT_SEARCH: [&str; 7] = [
+const CURRENT_SEARCH: [&str; 8] = [
     "profiles/recorded/rtx4090-32g-on-h100/llama-3.1-8b.json",
+    GLOBAL_BATCH_32,
     "profiles/recorded/rtx4090-32g-on-h200/child-trials/seed.json",
     "profiles/recorded/rtx4090-32g-on-h200/seed.json",
     "profiles/recorded/rtx4090-32g-on-h200/gpt-124m.json",
@@ -71,6 +72,10 @@ const CURRENT_SEARCH: [&str; 7] = [
     "profiles/recorded/rtx4090-32g-on-h200/gpt-2b.json",
     "profiles/recorded/rtx4090-32g-on-h200/llama-3.2-1b.json",
 ];
+
+/// gpt-1.3b tuned for 32 sequences a step: every accumulated plan it verified ran out of memory
+/// (its facts did not yet say what accumulation adds).
+const GLOBAL_BATCH_32: &str = "profiles/recorded/rtx4090-32g-on-h100/gpt-1.3b-global-batch-32.json";
 
 /// Recordings of a search that refined brackets the search now leaves open once they have
 /// converged (see the driver's "Convergence"): a replay asks only trials the GPU ran, fewer of
@@ -114,6 +119,66 @@ fn replaying_a_gpu_recording_yields_the_plan_chosen_on_the_gpu() {
         );
         assert_eq!(plan["device"]["name"], "rtx4090-32g");
     }
+}
+
+/// The gpt-1.3b search for 32 sequences a step, told what accumulation adds by the estimate as
+/// a search on the GPU is now: it verifies no accumulated plan that runs out of memory, and
+/// chooses the plan the GPU search chose, in fewer trials.
+#[test]
+fn told_what_accumulation_adds_the_global_batch_search_verifies_no_plan_that_cannot_fit() {
+    use autotune::search::{Decision, SearchDriver, SearchSetup, SpaceRequest};
+    let profile = Profile::load(&repo(GLOBAL_BATCH_32)).unwrap();
+    let recorded_failures = profile
+        .trials
+        .iter()
+        .filter(|r| r.request.knobs.grad_accum > 1 && r.outcome.measurement().is_none())
+        .count();
+    assert_eq!(recorded_failures, 5);
+    // The space and facts a search on the GPU resolves today for the same request.
+    let request = SpaceRequest {
+        global_batch: Some(32),
+        ..SpaceRequest::default()
+    };
+    let runtime = autotune::search::Runtime {
+        flash_head_dims: &autotune::ops::FLASH_HEAD_DIMS,
+        host_adam_floor_s: &|_| profile.facts.offload_host_floor_s,
+        own_engine: true,
+    };
+    let target = &profile.device.target;
+    let setup =
+        SearchSetup::resolve(&profile.model, target, &profile.budget, &request, &runtime).unwrap();
+    assert_eq!(setup.space, profile.space);
+    let facts = autotune::search::MachineFacts {
+        accumulation_extra: setup.facts.accumulation_extra.clone(),
+        ..profile.facts.clone()
+    };
+    assert_eq!(facts, setup.facts);
+    let driver = SearchDriver::new(profile.space.clone(), facts, profile.budget).unwrap();
+    let mut replay = ReplayProber::new(profile.clone());
+    let outcome = run_search(
+        &driver,
+        &mut |r: &TrialRequest| Ok(replay.replay(r).result),
+        &NoReporter,
+    )
+    .unwrap();
+    let failed = outcome
+        .history
+        .iter()
+        .filter(|r| r.request.knobs.grad_accum > 1 && !driver.is_feasible(r))
+        .count();
+    assert_eq!(failed, 0);
+    assert_eq!(outcome.decision, Decision::Chosen(profile.chosen.unwrap()));
+    // 12 trials against the recording's 24.
+    assert!(outcome.history.len() <= profile.trials.len() / 2);
+    // Without checkpointing and with it, one sequence a micro-batch already peaked at 21.99
+    // GiB, and 32 of them a step add 2.0 and 0.9 GiB by the estimate (usable: 22.79 GiB): no
+    // larger micro-batch, whose plan accumulates more per sequence, was tried.
+    let ruled_out: Vec<(usize, usize)> = driver
+        .accumulation_ruled_out(&outcome.history)
+        .iter()
+        .map(|r| (r.knobs.micro_batch, r.knobs.grad_accum))
+        .collect();
+    assert_eq!(ruled_out, [(1, 32), (1, 32)]);
 }
 
 /// The committed recordings are of schema version 1, whose space held the machine's facts:

@@ -6,7 +6,7 @@ use autotune::search::report::{Event, Purpose, Reporter};
 use autotune::settings::tune::{LiveSettings, ProbeIsolation};
 use autotune::trial::TrialResult;
 
-use super::{budget, trial_outcome};
+use super::{budget, bytes, trial_outcome};
 use crate::cli::printer::Printer;
 
 /// The line that says what a search on this machine tunes for what, and where its trials run.
@@ -96,6 +96,16 @@ impl Reporter for SearchProgress {
             } => {
                 let line = format!("  {regime}: {end:?} after {trials} trials");
                 self.bar.suspend(|| self.printer.detail(line));
+            }
+            Event::RuledOut(r) => {
+                let line = format!(
+                    "  {}: not verified: its trial peaked at {}, and accumulating adds about {} \
+                     of summed gradients",
+                    r.knobs,
+                    bytes(r.measured_gpu_bytes),
+                    bytes(r.added_bytes as u64)
+                );
+                self.bar.suspend(|| self.printer.status(line));
             }
             Event::Verified { .. } | Event::Finished { .. } => {}
         }

@@ -89,6 +89,7 @@ fn a_model_whose_state_cannot_fit_is_answered_without_a_trial() {
     let runtime = Runtime {
         flash_head_dims: &[],
         host_adam_floor_s: &|_| None,
+        own_engine: true,
     };
     let setup =
         SearchSetup::resolve(&spec, &target, &budget, &SpaceRequest::default(), &runtime).unwrap();

@@ -70,7 +70,7 @@
 //!
 //! On a GPU the memory pool reserves more than it hands out (blocks freed in stream order that
 //! a later request does not fit): 4 % of the phase's bytes, and with checkpointing and offload
-//! together 0.7 GiB + 6 % more in the backward phases, which recompute blocks and stream parts
+//! together 0.55 GiB + 6 % more in the backward phases, which recompute blocks and stream parts
 //! to the host, and 0.2 GiB more in the head's (the recordings' logs show 0.24–0.78 GiB
 //! reserved beyond use otherwise, 0.36–3.2 GiB with both); the peak is the largest phase with
 //! its reserve. These constants were fitted to the committed gpt-1.3b and gpt-2b recordings,

@@ -137,3 +137,15 @@ pub struct Candidate {
     /// Position of that trial in the history.
     pub history_index: usize,
 }
+
+/// A plan the search does not verify: its search trial fitted, but the f32 sum of gradients
+/// that accumulation holds through the step would take its device peak past the usable bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct AccumulationRuledOut {
+    /// The plan's knobs (with the real accumulation).
+    pub knobs: Knobs,
+    /// The search trial's measured device peak (without accumulation), bytes.
+    pub measured_gpu_bytes: u64,
+    /// What accumulation adds, by the estimate, bytes.
+    pub added_bytes: f64,
+}

@@ -3,7 +3,8 @@
 //!
 //! The space says what to try; the facts say what the search may assume before a trial: how
 //! long the host's part of an offloaded step takes at the least, how fast the target's host
-//! link is, and where each regime's memory boundary is predicted to lie. A recorded search keeps
+//! link is, where each regime's memory boundary is predicted to lie, and what accumulation adds
+//! to the memory a search trial measures. A recorded search keeps
 //! both, so that its replay decides exactly as the live search did.
 
 use serde::{Deserialize, Serialize};
@@ -33,6 +34,24 @@ pub struct MachineFacts {
     /// [`MachineFacts::prior_start`]), saving the doublings up to it; trials decide the rest.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub memory_prior: Vec<MemoryLaw>,
+    /// Per regime of the space (same order), or none: what accumulating adds to the device
+    /// peak at each micro-batch whose plan accumulates (a space with a global batch), over
+    /// its search trial without accumulation, by the analytic estimate. Accumulation holds an
+    /// f32 sum of every gradient through the step, which a search trial does not measure; a
+    /// plan whose search trial plus this cannot fit is not verified (see the driver's
+    /// "Choice and verification").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accumulation_extra: Vec<Vec<AccumulationExtra>>,
+}
+
+/// The device bytes accumulation adds to one regime's peak at one micro-batch.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccumulationExtra {
+    /// The micro-batch.
+    pub micro_batch: usize,
+    /// The bytes added to its peak, at the plan's accumulation.
+    pub bytes: f64,
 }
 
 impl MachineFacts {
@@ -64,6 +83,26 @@ impl MachineFacts {
                 "needs finite bytes, at least 0 fixed and more than 0 per sequence".into(),
             );
         }
+        if !self.accumulation_extra.is_empty() && self.accumulation_extra.len() != regimes {
+            return bad(
+                "accumulation_extra",
+                format!(
+                    "has {} lists for {regimes} regimes; give one per regime or none",
+                    self.accumulation_extra.len(),
+                ),
+            );
+        }
+        for (i, extras) in self.accumulation_extra.iter().enumerate() {
+            if let Some(j) = extras
+                .iter()
+                .position(|e| !(e.bytes.is_finite() && e.bytes >= 0.0 && e.micro_batch >= 1))
+            {
+                return bad(
+                    &format!("accumulation_extra[{i}][{j}]"),
+                    "needs a micro-batch of at least 1 and finite bytes, at least 0".into(),
+                );
+            }
+        }
         if let Some(g) = self.target_link_gbps {
             if !(g > 0.0 && g.is_finite()) {
                 return bad(
@@ -92,5 +131,14 @@ impl MachineFacts {
         let law = self.memory_prior.get(i)?;
         let half = law.capacity(usable_bytes) / 2;
         Some(if half == 0 { 1 } else { 1 << half.ilog2() })
+    }
+
+    /// The bytes accumulation adds to regime `i`'s peak at `micro_batch`, when known.
+    pub fn accumulation_extra_bytes(&self, i: usize, micro_batch: usize) -> Option<f64> {
+        self.accumulation_extra
+            .get(i)?
+            .iter()
+            .find(|e| e.micro_batch == micro_batch)
+            .map(|e| e.bytes)
     }
 }

@@ -30,11 +30,14 @@ struct Shortage {
     crashed: bool,
     /// The first memory that fitted only inside the headroom.
     over_headroom: Option<MemoryKind>,
+    /// A trial fitted, but its plan's accumulation would not.
+    accumulation: bool,
 }
 
 /// One line per regime: why its smallest tried micro-batch is infeasible.
 fn facts(driver: &SearchDriver, sorted: &SortedHistory<'_>) -> (Vec<String>, Shortage) {
     let budget = driver.budget();
+    let ruled_out = driver.ruled_out(sorted);
     let mut shortage = Shortage::default();
     let mut facts = Vec::new();
     for (regime, trials) in driver.space().regimes.iter().zip(&sorted.search) {
@@ -80,7 +83,21 @@ fn facts(driver: &SearchDriver, sorted: &SortedHistory<'_>) -> (Vec<String>, Sho
                         kind_name(kind)
                     )
                 }
-                None => "fitted but failed its verification run".to_string(),
+                None => match ruled_out.iter().find(|r| {
+                    r.knobs.regime() == smallest.request.knobs.regime()
+                        && r.knobs.micro_batch == smallest.request.knobs.micro_batch
+                }) {
+                    Some(r) => {
+                        shortage.accumulation = true;
+                        format!(
+                            "fits alone, but accumulating {} of them adds about {} of summed \
+                             gradients",
+                            r.knobs.grad_accum,
+                            format_bytes(r.added_bytes as u64)
+                        )
+                    }
+                    None => "fitted but failed its verification run".to_string(),
+                },
             },
         };
         facts.push(format!(
@@ -111,6 +128,12 @@ fn tips(driver: &SearchDriver, shortage: &Shortage, limit_reached: bool) -> Vec<
             tips.push("optimizer offload");
         }
         tips.push("a shorter seq_len or a smaller model");
+    }
+    if shortage.accumulation {
+        tips.push("a smaller `--global-batch` (fewer micro-batches accumulated)");
+        if !any_offload && driver.budget().gpu_bytes.is_some() {
+            tips.push("optimizer offload (it sums gradients in host memory)");
+        }
     }
     if shortage.host || shortage.over_headroom == Some(MemoryKind::Host) {
         if any_offload {

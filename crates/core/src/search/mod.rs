@@ -41,9 +41,11 @@ pub mod sim;
 pub mod space;
 pub mod way_out;
 
-pub use decision::{Candidate, Decision, Next, RegimeEnd, RegimeProgress, RegimeState};
+pub use decision::{
+    AccumulationRuledOut, Candidate, Decision, Next, RegimeEnd, RegimeProgress, RegimeState,
+};
 pub use driver::SearchDriver;
-pub use facts::MachineFacts;
+pub use facts::{AccumulationExtra, MachineFacts};
 pub use report::{Event, NoReporter, Purpose, Reporter};
 pub use run::{run_search, SearchOutcome};
 pub use setup::{Runtime, SearchSetup};

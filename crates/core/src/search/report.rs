@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::decision::{Decision, RegimeEnd};
+use super::decision::{AccumulationRuledOut, Decision, RegimeEnd};
 use crate::knobs::{Knobs, Regime};
 use crate::trial::{TrialRequest, TrialResult};
 
@@ -66,6 +66,9 @@ pub enum Event {
         /// Whether they fitted within the usable bytes; if not, the search goes on without them.
         passed: bool,
     },
+    /// A plan will not be verified: accumulating its micro-batches would take its search
+    /// trial's peak past the usable bytes (see [`AccumulationRuledOut`]).
+    RuledOut(AccumulationRuledOut),
     /// The search is over.
     Finished {
         /// The final decision ([`Decision::Chosen`] or [`Decision::NoFeasible`]).

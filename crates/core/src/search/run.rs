@@ -90,6 +90,16 @@ pub fn resume_search(
                 passed: feasible,
             });
         }
+        if purpose == Purpose::Search {
+            // Only this trial's own plan can be newly ruled out.
+            let ruled_out = driver.accumulation_ruled_out(&history);
+            if let Some(r) = ruled_out.iter().find(|r| {
+                r.knobs.regime() == request.knobs.regime()
+                    && r.knobs.micro_batch == request.knobs.micro_batch
+            }) {
+                reporter.report(&Event::RuledOut(*r));
+            }
+        }
         for (i, state) in driver.regime_states(&history).into_iter().enumerate() {
             let done = matches!(state.progress, RegimeProgress::Finished(_));
             if let (true, false, RegimeProgress::Finished(end)) =

@@ -3,11 +3,13 @@
 //!
 //! Everything about them is decided here, once: the target's regimes narrowed by the request,
 //! the largest micro-batch capped at what the budget can hold, the regimes whose state alone
-//! cannot fit left out, the analytic memory prior on a GPU, the host update floor when an
-//! offloaded regime is searched, and the target's link when trials cross it. A caller passes
-//! inputs in and takes the result whole; nothing is patched afterwards.
+//! cannot fit left out, the analytic memory prior on a GPU (and what accumulation adds to a
+//! trial's peak, with a global batch), the host update floor when an offloaded regime is
+//! searched, and the target's link when trials cross it. A caller passes inputs in and takes
+//! the result whole; nothing is patched afterwards.
 
-use crate::knobs::{MomentPlace, Offload, Precision, Regime};
+use crate::estimate::{estimate, Attention};
+use crate::knobs::{Knobs, MomentPlace, Offload, Precision, Regime};
 use crate::spec::activations::{device_memory, MemoryLaw};
 use crate::spec::budget::Budget;
 use crate::spec::device::{DeviceKind, DeviceSpec};
@@ -15,7 +17,7 @@ use crate::spec::limits;
 use crate::spec::model::ModelSpec;
 use crate::Result;
 
-use super::facts::MachineFacts;
+use super::facts::{AccumulationExtra, MachineFacts};
 use super::space::{SearchSpace, SpaceRequest};
 
 /// What the runtime that runs the trials contributes to a search's facts: what its kernels
@@ -28,6 +30,10 @@ pub struct Runtime<'a> {
     /// ([`MachineFacts::offload_host_floor_s`]); called only when an offloaded regime is
     /// searched, since the measurement takes a fraction of a second.
     pub host_adam_floor_s: &'a dyn Fn(usize) -> Option<f64>,
+    /// Whether the trials run autotune's own engine, whose memory the estimate follows. A
+    /// trial runner's framework holds its gradients its own way (PyTorch sums them in place,
+    /// adding nothing), so no accumulation facts are derived for it.
+    pub own_engine: bool,
 }
 
 /// A search's inputs, resolved: what to try and what to assume.
@@ -61,10 +67,17 @@ impl SearchSetup {
         let (space, dropped) = space.without_oversized_state(model, budget);
         let on_gpu = target.kind == DeviceKind::Cuda;
         let regimes = &space.regimes;
-        let memory_prior = if on_gpu {
-            memory_prior(model, regimes, runtime.flash_head_dims)
+        let (memory_prior, accumulation_extra) = if on_gpu {
+            (
+                memory_prior(model, regimes, runtime.flash_head_dims),
+                if runtime.own_engine {
+                    accumulation_extra(model, &space, runtime.flash_head_dims)
+                } else {
+                    Vec::new()
+                },
+            )
         } else {
-            Vec::new()
+            (Vec::new(), Vec::new())
         };
         let offloads = regimes.iter().any(|r| r.offload == Offload::Optimizer);
         // Offloaded steps and moments streamed from host memory cross the host link every
@@ -79,6 +92,7 @@ impl SearchSetup {
                 .flatten(),
             target_link_gbps: target.host_to_device_gbps.filter(|_| crosses_link),
             memory_prior,
+            accumulation_extra,
         };
         Ok(Self {
             space,
@@ -115,14 +129,64 @@ fn memory_prior(
     regimes: &[Regime],
     flash_head_dims: &[usize],
 ) -> Vec<MemoryLaw> {
-    let covered = flash_head_dims.contains(&model.head_dim());
     regimes
         .iter()
         .map(|&r| {
-            let flash = covered && r.precision != Precision::Fp32;
+            let flash = attention(model, r, flash_head_dims) == Attention::Flash;
             device_memory(model, r, true, flash)
         })
         .collect()
+}
+
+/// Per regime, what accumulating adds to the device peak at each micro-batch whose plan
+/// accumulates, by the estimate: the plan's peak over its search trial's (without
+/// accumulation). None when no plan accumulates.
+fn accumulation_extra(
+    model: &ModelSpec,
+    space: &SearchSpace,
+    flash_head_dims: &[usize],
+) -> Vec<Vec<AccumulationExtra>> {
+    let candidates = space.candidates();
+    let extras: Vec<Vec<AccumulationExtra>> = space
+        .regimes
+        .iter()
+        .map(|&regime| {
+            let attention = attention(model, regime, flash_head_dims);
+            let device_peak = |knobs: &Knobs| {
+                let peak = estimate(model, knobs, DeviceKind::Cuda, attention);
+                peak.gpu.map_or(0, |g| g.total()) as f64
+            };
+            candidates
+                .iter()
+                .map(|&b| space.plan_knobs(regime, b))
+                .filter(|plan| plan.grad_accum > 1)
+                .map(|plan| {
+                    let trial = Knobs {
+                        grad_accum: 1,
+                        ..plan
+                    };
+                    AccumulationExtra {
+                        micro_batch: plan.micro_batch,
+                        bytes: (device_peak(&plan) - device_peak(&trial)).max(0.0),
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    if extras.iter().all(Vec::is_empty) {
+        Vec::new()
+    } else {
+        extras
+    }
+}
+
+/// Flash attention where the kernels cover the model's head width in half precision.
+fn attention(model: &ModelSpec, regime: Regime, flash_head_dims: &[usize]) -> Attention {
+    if flash_head_dims.contains(&model.head_dim()) && regime.precision != Precision::Fp32 {
+        Attention::Flash
+    } else {
+        Attention::Materialized
+    }
 }
 
 #[cfg(test)]

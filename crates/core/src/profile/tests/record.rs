@@ -48,16 +48,22 @@ fn from_search_records_everything() {
     profile.validate().unwrap();
 }
 
-/// Facts a GPU search knows: the host floor, the link, a memory law per regime.
+/// Facts a GPU search knows: the host floor, the link, a memory law per regime, and what
+/// accumulation adds.
 fn gpu_facts() -> MachineFacts {
     let law = crate::spec::activations::MemoryLaw {
         fixed_bytes: 3.0e9,
         per_sequence_bytes: 2.5e8,
     };
+    let extra = crate::search::AccumulationExtra {
+        micro_batch: 2,
+        bytes: 5.5e9,
+    };
     MachineFacts {
         offload_host_floor_s: Some(0.07),
         target_link_gbps: Some(25.0),
         memory_prior: vec![law; 2],
+        accumulation_extra: vec![vec![extra], Vec::new()],
     }
 }
 
@@ -80,7 +86,12 @@ fn the_facts_are_recorded_whole_and_replay_without_patching() {
 /// as the version 2 profile of the same search, and a space that keeps none has none.
 #[test]
 fn a_version_1_profile_loads_with_its_facts_moved_out_of_the_space() {
-    for facts in [gpu_facts(), MachineFacts::default()] {
+    // Version 1 knew no accumulation facts.
+    let version_1_facts = MachineFacts {
+        accumulation_extra: Vec::new(),
+        ..gpu_facts()
+    };
+    for facts in [version_1_facts, MachineFacts::default()] {
         let (_, _, _, profile) = recorded_with(spaces().remove(0), facts.clone());
         let mut v1 = serde_json::to_value(&profile).unwrap();
         let object = v1.as_object_mut().unwrap();

@@ -9,12 +9,23 @@ fn gpu() -> DeviceSpec {
     DeviceSpec::builtin("rtx4090-32g").unwrap()
 }
 
-/// Resolves with a floor of `floor_s`, and counts how often the floor was measured.
+/// Resolves for autotune's own engine; see [`resolve_for`].
 fn resolve(
     model: &ModelSpec,
     target: &DeviceSpec,
     request: &SpaceRequest,
     flash_head_dims: &[usize],
+) -> (SearchSetup, usize) {
+    resolve_for(model, target, request, flash_head_dims, true)
+}
+
+/// Resolves with a floor of 0.25 s, and counts how often the floor was measured.
+fn resolve_for(
+    model: &ModelSpec,
+    target: &DeviceSpec,
+    request: &SpaceRequest,
+    flash_head_dims: &[usize],
+    own_engine: bool,
 ) -> (SearchSetup, usize) {
     let measured = Cell::new(0);
     let floor = |parameters: usize| {
@@ -25,6 +36,7 @@ fn resolve(
     let runtime = Runtime {
         flash_head_dims,
         host_adam_floor_s: &floor,
+        own_engine,
     };
     let budget = Budget::from_device(target);
     let setup = SearchSetup::resolve(model, target, &budget, request, &runtime).unwrap();
@@ -96,6 +108,60 @@ fn a_gpu_search_has_a_memory_prior_per_regime_and_a_cpu_search_none() {
 }
 
 #[test]
+fn with_a_global_batch_the_facts_say_what_accumulation_adds_at_each_micro_batch() {
+    let model = ModelSpec::preset("gpt-1.3b").unwrap();
+    let request = SpaceRequest {
+        global_batch: Some(32),
+        offload: vec![Offload::None],
+        ..SpaceRequest::default()
+    };
+    let (setup, _) = resolve(&model, &gpu(), &request, &FLASH);
+    let extra = &setup.facts.accumulation_extra;
+    assert_eq!(extra.len(), setup.space.regimes.len());
+    setup.facts.validate(setup.space.regimes.len()).unwrap();
+    for (i, regime) in setup.space.regimes.iter().enumerate() {
+        // Every micro-batch but the global batch itself accumulates.
+        let batches: Vec<usize> = extra[i].iter().map(|e| e.micro_batch).collect();
+        assert_eq!(batches, [1, 2, 4, 8, 16], "{regime}");
+        for e in &extra[i] {
+            let plan = setup.space.plan_knobs(*regime, e.micro_batch);
+            let peak = |k: &Knobs| {
+                let at = estimate(&model, k, DeviceKind::Cuda, Attention::Flash);
+                at.gpu.unwrap().total() as f64
+            };
+            let trial = Knobs {
+                grad_accum: 1,
+                ..plan
+            };
+            assert_eq!(
+                e.bytes,
+                peak(&plan) - peak(&trial),
+                "{regime} mb {}",
+                e.micro_batch
+            );
+        }
+    }
+    // Without checkpointing, mb 4 peaks at the head with no gradient held, where the plan holds
+    // the f32 sum of all 1.4 billion: about 4 bytes a parameter more.
+    let plain = setup
+        .space
+        .regimes
+        .iter()
+        .position(|r| r.checkpointing == Checkpointing::None)
+        .unwrap();
+    let per_parameter =
+        setup.facts.accumulation_extra_bytes(plain, 4).unwrap() / model.parameter_count() as f64;
+    assert!((3.5..4.5).contains(&per_parameter), "{per_parameter}");
+
+    let (without, _) = resolve(&model, &gpu(), &offload(vec![Offload::None]), &FLASH);
+    assert!(without.facts.accumulation_extra.is_empty());
+    // A trial runner's framework holds its gradients its own way: the estimate says nothing.
+    let (runner, _) = resolve_for(&model, &gpu(), &request, &FLASH, false);
+    assert!(runner.facts.accumulation_extra.is_empty());
+    assert_eq!(runner.facts.memory_prior, setup.facts.memory_prior);
+}
+
+#[test]
 fn regimes_whose_state_cannot_fit_are_dropped_with_their_priors() {
     let model = ModelSpec::preset("gpt-2b").unwrap();
     let request = SpaceRequest {
@@ -140,6 +206,7 @@ fn errors_name_the_flag() {
     let runtime = Runtime {
         flash_head_dims: &FLASH,
         host_adam_floor_s: &|_| panic!("no measurement for a refused request"),
+        own_engine: true,
     };
     let target = gpu();
     let budget = Budget::from_device(&target);

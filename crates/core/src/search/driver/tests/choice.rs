@@ -4,6 +4,7 @@
 use std::cell::RefCell;
 
 use super::*;
+use crate::search::AccumulationExtra;
 
 #[test]
 fn picks_the_highest_measured_throughput_across_regimes() {
@@ -91,6 +92,135 @@ fn a_failed_verification_excludes_the_setting_and_the_search_goes_on() {
         .candidates(&outcome.history)
         .iter()
         .all(|c| c.knobs.micro_batch != 192));
+}
+
+/// Facts that say accumulation adds `mib` MiB at every micro-batch of `space` that accumulates.
+fn accumulation_facts(space: &SearchSpace, mib: u64) -> MachineFacts {
+    let extra = space
+        .candidates()
+        .into_iter()
+        .filter(|&b| space.plan_knobs(space.regimes[0], b).grad_accum > 1)
+        .map(|micro_batch| AccumulationExtra {
+            micro_batch,
+            bytes: (mib * MIB) as f64,
+        })
+        .collect();
+    MachineFacts {
+        accumulation_extra: vec![extra],
+        ..MachineFacts::default()
+    }
+}
+
+#[test]
+fn a_plan_that_accumulation_would_push_out_of_memory_is_not_verified() {
+    let b = budget(10 * GIB, 0.05);
+    let s = SearchSpace {
+        global_batch: Some(1536),
+        ..space(vec![bf16()], 1024)
+    };
+    let mut sim = Simulator::with_budget(
+        &b,
+        1024,
+        vec![laws(bf16(), (1024.0, 37.0, 0.0), (0.01, 0.002))],
+    );
+    // The summed gradients push 192 over the usable bytes (8128 + 2000 > 9728 MiB), not 128.
+    sim.accumulation_gpu_bytes = 2000 * MIB;
+    // (what the facts say accumulation adds, verifications run, of them failed, ruled out)
+    let cases: [(Option<u64>, usize, usize, &[usize]); 4] = [
+        (None, 2, 1, &[]),
+        // Told: 192 is ruled out by its trial, and the first verification passes.
+        (Some(2000), 1, 0, &[192]),
+        // Told too little: the verification still finds it out.
+        (Some(500), 2, 1, &[]),
+        // Told too much: 128 (5760 MiB measured) is ruled out, 192 is never tried, and 96 is
+        // chosen.
+        (Some(5000), 1, 0, &[128]),
+    ];
+    for (told, verifications_run, failed, ruled_out) in cases {
+        let facts = told.map_or_else(MachineFacts::default, |mib| accumulation_facts(&s, mib));
+        let driver = SearchDriver::new(s.clone(), facts, b).unwrap();
+        let outcome = search(&driver, &sim);
+        let chosen = outcome.chosen().unwrap();
+        let expected = if told == Some(5000) {
+            (96, 16)
+        } else {
+            (128, 12)
+        };
+        assert_eq!(
+            (chosen.micro_batch, chosen.grad_accum),
+            expected,
+            "{told:?}"
+        );
+        let verifications: Vec<_> = outcome
+            .history
+            .iter()
+            .filter(|r| r.request.knobs.grad_accum > 1)
+            .collect();
+        assert_eq!(verifications.len(), verifications_run, "{told:?}");
+        let failures = verifications.iter().filter(|r| !driver.is_feasible(r));
+        assert_eq!(failures.count(), failed, "{told:?}");
+        let mut said: Vec<usize> = driver
+            .accumulation_ruled_out(&outcome.history)
+            .iter()
+            .map(|r| r.knobs.micro_batch)
+            .collect();
+        said.sort();
+        assert_eq!(said, ruled_out, "{told:?}");
+        assert!(driver
+            .candidates(&outcome.history)
+            .iter()
+            .all(|c| !ruled_out.contains(&c.knobs.micro_batch)));
+    }
+}
+
+#[test]
+fn a_search_whose_plans_accumulation_rules_out_says_so_and_what_to_try() {
+    let b = budget(10 * GIB, 0.05);
+    let s = SearchSpace {
+        global_batch: Some(1536),
+        ..space(vec![bf16()], 1024)
+    };
+    let mut sim = Simulator::with_budget(
+        &b,
+        1024,
+        vec![laws(bf16(), (7.0 * 1024.0, 37.0, 0.0), (0.01, 0.002))],
+    );
+    sim.accumulation_gpu_bytes = 3 * GIB;
+    let driver = SearchDriver::new(s.clone(), accumulation_facts(&s, 3 * 1024), b).unwrap();
+    let events = RefCell::new(Vec::new());
+    let reporter = |e: &Event| events.borrow_mut().push(e.clone());
+    let outcome = run_search(
+        &driver,
+        &mut |r: &TrialRequest| Ok(sim.answer(r)),
+        &reporter,
+    )
+    .unwrap();
+    let Decision::NoFeasible { hint } = &outcome.decision else {
+        panic!("{:?}", outcome.decision)
+    };
+    assert!(
+        hint.contains("accumulating 1536 of them adds about 3.00 GiB")
+            && hint.contains("--global-batch")
+            && hint.contains("offload"),
+        "{hint}"
+    );
+    assert!(outcome
+        .history
+        .iter()
+        .all(|r| r.request.knobs.grad_accum == 1));
+    // Each search trial that fitted was reported as ruled out, once.
+    let fitted = outcome
+        .history
+        .iter()
+        .filter(|r| driver.is_feasible(r))
+        .count();
+    let reported = events
+        .borrow()
+        .iter()
+        .filter(|e| matches!(e, Event::RuledOut(_)))
+        .count();
+    assert!(fitted > 0);
+    assert_eq!(reported, fitted);
 }
 
 #[test]
