@@ -101,6 +101,10 @@ pub enum Command {
     /// (the probe-worker protocol; used by the search).
     #[command(hide = true)]
     ProbeServe,
+    /// Hold the trial runners named on stdin, and kill those still held when stdin ends (the
+    /// runner watchdog; started by a tune or check through a runner).
+    #[command(hide = true, name = "runner-watchdog")]
+    RunnerWatchdog,
 }
 
 impl Command {
@@ -108,7 +112,7 @@ impl Command {
         match self {
             Command::Train(a) => a.json,
             Command::Probe(a) => a.json,
-            Command::ProbeOne | Command::ProbeServe => true,
+            Command::ProbeOne | Command::ProbeServe | Command::RunnerWatchdog => true,
             Command::Tune(a) => a.tune.json,
             Command::Run(a) => a.tune.json,
             Command::Export(_) => true,

@@ -82,6 +82,10 @@ fn run(command: Command, printer: &Printer) -> anyhow::Result<Status> {
         Command::Probe(args) => probe::run(args, printer),
         Command::ProbeOne => probe::run_child(),
         Command::ProbeServe => probe::run_worker(),
+        Command::RunnerWatchdog => {
+            autotune::probe::watchdog::serve();
+            Ok(Status::Success)
+        }
         Command::Tune(args) => tune::run(*args, printer),
         Command::Run(args) => run::run(*args, printer),
         Command::Data(args) => data::run(args, printer),

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use super::job::TrialProcesses;
 use super::runner::{Ended, RunnerCommand, RunnerProcess, RunningGroup, Waited};
+use super::watchdog::Watchdog;
 use crate::knobs::Regime;
 use crate::trial::{MemoryKind, Outcome, Phase, Prober, TrialRequest, TrialResult};
 use crate::trial_protocol::{
@@ -91,6 +92,12 @@ impl ExecProber {
     /// Whether every trial starts a new runner even when the runner could serve again.
     pub fn fresh_per_trial(mut self, fresh: bool) -> Self {
         self.fresh_per_trial = fresh;
+        self
+    }
+
+    /// Each runner is also held by `watchdog`, which kills it if autotune is killed.
+    pub fn watched_by(mut self, watchdog: Watchdog) -> Self {
+        self.running = RunningGroup::watched_by(watchdog);
         self
     }
 

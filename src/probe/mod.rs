@@ -9,7 +9,8 @@
 //! (`crate::dist::probe`), recorded ones are answered by the core's `ReplayProber`. Trials of
 //! another framework are asked of a trial runner, any program that speaks the trial protocol
 //! ([`exec`], through the runner processes of [`runner`], each killed with its whole
-//! [`tree`]). A trial process ends with the autotune that started it ([`lifetime`]).
+//! [`tree`]), and by a [`watchdog`] when autotune itself is killed). A trial process ends with
+//! the autotune that started it ([`lifetime`]).
 //! [`crate::backend::host_memory`] counts the host memory a trial takes, and [`host_work`]
 //! measures the host update that bounds offloaded regimes before their first trial.
 
@@ -25,6 +26,7 @@ pub mod runner;
 pub mod timeout;
 pub mod timing;
 pub mod tree;
+pub mod watchdog;
 pub mod worker;
 
 pub use crate::trial::Prober;

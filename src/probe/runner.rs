@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::tree::ProcessTree;
+use super::watchdog::Watchdog;
 use crate::trial_protocol::{parse_reply_line, BadReply, RunnerReply, REQUEST_PROTOCOL_VERSION};
 use crate::{Error, Result};
 
@@ -96,13 +97,27 @@ impl RunnerCommand {
 /// The runner that is running now, if any, for an interrupt handler: [`RunningGroup::stop`]
 /// kills the runner and everything it started. (The runner's group is not the terminal's, so
 /// Ctrl-C reaches only autotune.)
+///
+/// With a [`Watchdog`], each runner is also held there, so that it is killed when autotune
+/// ends by a signal no handler sees (SIGKILL).
 #[derive(Debug, Clone, Default)]
-pub struct RunningGroup(Arc<Mutex<Option<(i32, ProcessTree)>>>);
+pub struct RunningGroup {
+    running: Arc<Mutex<Option<(i32, ProcessTree)>>>,
+    watchdog: Option<Arc<Watchdog>>,
+}
 
 impl RunningGroup {
+    /// A group whose runners `watchdog` also holds.
+    pub fn watched_by(watchdog: Watchdog) -> Self {
+        Self {
+            running: Arc::default(),
+            watchdog: Some(Arc::new(watchdog)),
+        }
+    }
+
     /// Kills the running runner's process group and tree, if a runner is running.
     pub fn stop(&self) {
-        let running = self.0.lock().map(|r| r.clone()).unwrap_or_default();
+        let running = self.running.lock().map(|r| r.clone()).unwrap_or_default();
         if let Some((pgid, tree)) = running {
             tree.kill(pgid);
             kill_group(pgid);
@@ -110,14 +125,20 @@ impl RunningGroup {
     }
 
     fn hold(&self, pgid: i32, tree: &ProcessTree) {
-        if let Ok(mut running) = self.0.lock() {
+        if let Some(watchdog) = &self.watchdog {
+            watchdog.holding(pgid, tree);
+        }
+        if let Ok(mut running) = self.running.lock() {
             *running = Some((pgid, tree.clone()));
         }
     }
 
     /// Forgets runner `pgid`, if it is the one held (a newer runner may hold the slot).
     fn release(&self, pgid: i32) {
-        if let Ok(mut running) = self.0.lock() {
+        if let Some(watchdog) = &self.watchdog {
+            watchdog.released(pgid);
+        }
+        if let Ok(mut running) = self.running.lock() {
             if running.as_ref().is_some_and(|(held, _)| *held == pgid) {
                 *running = None;
             }

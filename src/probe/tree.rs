@@ -45,12 +45,26 @@ impl ProcessTree {
         }
     }
 
+    /// The tree of the processes that carry the mark `value` (as [`Self::mark_value`] gives
+    /// it), for a process other than the one that made the mark (the runner watchdog).
+    pub fn with_mark_value(value: &str) -> Self {
+        Self {
+            entry: format!("{TREE_VARIABLE}={value}\0").into_bytes(),
+        }
+    }
+
+    /// The mark's value.
+    pub fn mark_value(&self) -> &str {
+        let entry = std::str::from_utf8(&self.entry).unwrap_or_default();
+        entry
+            .trim_end_matches('\0')
+            .split_once('=')
+            .map_or("", |(_, value)| value)
+    }
+
     /// Marks the process `command` starts, and so everything it starts.
     pub fn mark(&self, command: &mut Command) {
-        let entry = String::from_utf8_lossy(&self.entry);
-        if let Some((name, value)) = entry.trim_end_matches('\0').split_once('=') {
-            command.env(name, value);
-        }
+        command.env(TREE_VARIABLE, self.mark_value());
     }
 
     /// Kills every process of the tree of `root` (the runner) that is still running: those
@@ -161,5 +175,12 @@ mod tests {
         assert!(!tree.is_in(&longer), "another tree's mark with more digits");
         assert!(!tree.is_in(b"PATH=/bin\0"));
         assert_ne!(ProcessTree::new(), tree);
+    }
+
+    #[test]
+    fn a_tree_made_from_its_mark_value_is_the_same_tree() {
+        let tree = ProcessTree::new();
+        assert!(!tree.mark_value().is_empty());
+        assert_eq!(ProcessTree::with_mark_value(tree.mark_value()), tree);
     }
 }

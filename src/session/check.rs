@@ -10,6 +10,7 @@ use crate::probe::exec::ExecProber;
 use crate::probe::job::{device_name, TrialProcesses, TrialSetup};
 use crate::probe::live::LiveProber;
 use crate::probe::runner::RunningGroup;
+use crate::probe::watchdog::Watchdog;
 use crate::probe::Prober;
 use crate::profile::check::{check, recheck, recorded_answers, CheckReport};
 use crate::profile::record::Profile;
@@ -59,8 +60,11 @@ pub fn run(settings: &CheckSettings, observer: &dyn CheckObserver) -> Result<Che
                 profile.budget.gpu_bytes,
                 Some(profile.budget.host_bytes),
             );
+            let exe = std::env::current_exe()
+                .map_err(|e| Error::Usage(format!("cannot locate the autotune executable: {e}")))?;
             let mut exec = ExecProber::new(TrialProcesses::new(runner.clone(), setup))
-                .expecting_engine(profile.engine_name());
+                .expecting_engine(profile.engine_name())
+                .watched_by(Watchdog::start(&exe)?);
             observer.runner_starting(exec.running_group());
             let progress = observer.trials_progress();
             (recheck(profile, &mut exec, progress.as_ref())?, name)

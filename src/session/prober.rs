@@ -11,6 +11,7 @@ use crate::probe::exec::ExecProber;
 use crate::probe::job::{device_name, TrialProcesses, TrialSetup};
 use crate::probe::live::LiveProber;
 use crate::probe::runner::RunningGroup;
+use crate::probe::watchdog::Watchdog;
 use crate::probe::worker::WorkerProber;
 use crate::probe::Prober;
 use crate::settings::tune::{LiveSettings, ProbeIsolation};
@@ -109,15 +110,16 @@ pub fn prober_for(settings: &LiveSettings, spec: &ModelSpec) -> crate::Result<Tr
     let gpu_capacity = target.gpu_memory_bytes;
     let host_budget = Some(target.host_memory_bytes);
     let setup = TrialSetup::new(spec, device_name(target.kind), gpu_capacity, host_budget);
+    let exe = std::env::current_exe()
+        .map_err(|e| crate::Error::Usage(format!("cannot locate the autotune executable: {e}")))?;
     if let Some(runner) = &settings.runner {
         let trials =
             TrialProcesses::new(runner.clone(), setup).with_timeout(settings.trial_timeout.clone());
-        let exec =
-            ExecProber::new(trials).fresh_per_trial(settings.isolation == ProbeIsolation::Child);
+        let exec = ExecProber::new(trials)
+            .fresh_per_trial(settings.isolation == ProbeIsolation::Child)
+            .watched_by(Watchdog::start(&exe)?);
         return Ok(Trials::Runner(Box::new(exec)));
     }
-    let exe = std::env::current_exe()
-        .map_err(|e| crate::Error::Usage(format!("cannot locate the autotune executable: {e}")))?;
     if target.kind == DeviceKind::Cuda && settings.isolation != ProbeIsolation::InProcess {
         backend::require_cuda_build()?;
     }

@@ -690,50 +690,60 @@ fn exec_flags_that_cannot_work_are_refused_naming_them() {
     }
 }
 
+/// However autotune ends while a runner's trial runs, the runner and every process it started
+/// end too: on an interrupt, autotune kills them itself; killed with SIGKILL, which no handler
+/// sees, its runner watchdog does.
 #[test]
-fn an_interrupt_stops_the_runner_and_everything_it_started() {
-    let dir = tempfile::tempdir().unwrap();
-    let device = device_file(dir.path());
-    let pids = dir.path().join("pids");
-    let argv = runner_argv(&[
-        "--at",
-        "1:hang",
-        "--at",
-        "2:hang",
-        "--pid-file",
-        pids.to_str().unwrap(),
-    ]);
-    let mut args = vec![
-        "tune",
-        "--model",
-        "tiny",
-        "--target",
-        device.to_str().unwrap(),
-        "--backend",
-        "exec",
-        "--max-micro-batch",
-        "2",
-        "--",
-    ];
-    args.extend(argv.iter().map(String::as_str));
-    let (mut child, _stderr) = crate::util::spawn_in(dir.path(), &args);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut text = String::new();
-    while text.split_whitespace().count() < 2 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-        text = std::fs::read_to_string(&pids).unwrap_or_default();
-    }
-    assert_eq!(
-        text.split_whitespace().count(),
-        2,
-        "the runner started its trial"
-    );
-    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
-    let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(130));
-    for pid in text.split_whitespace() {
-        let pid: u32 = pid.parse().unwrap();
-        assert!(wait_gone(pid), "process {pid} of the runner was stopped");
+fn a_tune_that_ends_stops_the_runner_and_everything_it_started() {
+    use rustix::process::Signal;
+    // (the signal autotune gets, its exit code)
+    for (signal, code) in [(Signal::INT, Some(130)), (Signal::KILL, None)] {
+        let dir = tempfile::tempdir().unwrap();
+        let device = device_file(dir.path());
+        let pids = dir.path().join("pids");
+        let argv = runner_argv(&[
+            "--at",
+            "1:hang",
+            "--at",
+            "2:hang",
+            "--pid-file",
+            pids.to_str().unwrap(),
+        ]);
+        let mut args = vec![
+            "tune",
+            "--model",
+            "tiny",
+            "--target",
+            device.to_str().unwrap(),
+            "--backend",
+            "exec",
+            "--max-micro-batch",
+            "2",
+            "--",
+        ];
+        args.extend(argv.iter().map(String::as_str));
+        let (mut child, _stderr) = crate::util::spawn_in(dir.path(), &args);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut text = String::new();
+        while text.split_whitespace().count() < 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+            text = std::fs::read_to_string(&pids).unwrap_or_default();
+        }
+        assert_eq!(
+            text.split_whitespace().count(),
+            2,
+            "the runner started its trial"
+        );
+        let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+        rustix::process::kill_process(pid, signal).unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), code, "{signal:?}");
+        for pid in text.split_whitespace() {
+            let pid: u32 = pid.parse().unwrap();
+            assert!(
+                wait_gone(pid),
+                "{signal:?}: process {pid} of the runner lives on"
+            );
+        }
     }
 }
