@@ -149,3 +149,11 @@ pub struct AccumulationRuledOut {
     /// What accumulation adds, by the estimate, bytes.
     pub added_bytes: f64,
 }
+
+impl AccumulationRuledOut {
+    /// Whether this is the plan of the search trial that ran `trial` (its regime and
+    /// micro-batch, without accumulation).
+    pub fn is_plan_of(&self, trial: &Knobs) -> bool {
+        self.knobs.regime() == trial.regime() && self.knobs.micro_batch == trial.micro_batch
+    }
+}

@@ -1,5 +1,6 @@
 //! The explanation given when no setting is feasible: what ran out, and what to try instead.
 
+use super::decision::AccumulationRuledOut;
 use super::driver::{SearchDriver, SortedHistory};
 use crate::knobs::Checkpointing;
 use crate::knobs::Offload;
@@ -83,18 +84,13 @@ fn facts(driver: &SearchDriver, sorted: &SortedHistory<'_>) -> (Vec<String>, Sho
                         kind_name(kind)
                     )
                 }
-                None => match ruled_out.iter().find(|r| {
-                    r.knobs.regime() == smallest.request.knobs.regime()
-                        && r.knobs.micro_batch == smallest.request.knobs.micro_batch
-                }) {
+                None => match ruled_out
+                    .iter()
+                    .find(|r| r.is_plan_of(&smallest.request.knobs))
+                {
                     Some(r) => {
                         shortage.accumulation = true;
-                        format!(
-                            "fits alone, but accumulating {} of them adds about {} of summed \
-                             gradients",
-                            r.knobs.grad_accum,
-                            format_bytes(r.added_bytes as u64)
-                        )
+                        accumulation_fact(r)
                     }
                     None => "fitted but failed its verification run".to_string(),
                 },
@@ -106,6 +102,15 @@ fn facts(driver: &SearchDriver, sorted: &SortedHistory<'_>) -> (Vec<String>, Sho
         ));
     }
     (facts, shortage)
+}
+
+/// Why a trial that fitted has no plan: what accumulating its micro-batches would add.
+fn accumulation_fact(ruled_out: &AccumulationRuledOut) -> String {
+    format!(
+        "fits alone, but accumulating {} of them adds about {} of summed gradients",
+        ruled_out.knobs.grad_accum,
+        format_bytes(ruled_out.added_bytes as u64)
+    )
 }
 
 /// The settings not yet searched that relieve what ran short.

@@ -93,10 +93,7 @@ pub fn resume_search(
         if purpose == Purpose::Search {
             // Only this trial's own plan can be newly ruled out.
             let ruled_out = driver.accumulation_ruled_out(&history);
-            if let Some(r) = ruled_out.iter().find(|r| {
-                r.knobs.regime() == request.knobs.regime()
-                    && r.knobs.micro_batch == request.knobs.micro_batch
-            }) {
+            if let Some(r) = ruled_out.iter().find(|r| r.is_plan_of(&request.knobs)) {
                 reporter.report(&Event::RuledOut(*r));
             }
         }
