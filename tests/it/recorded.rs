@@ -122,8 +122,8 @@ fn replaying_a_gpu_recording_yields_the_plan_chosen_on_the_gpu() {
 }
 
 /// The gpt-1.3b search for 32 sequences a step, told what accumulation adds by the estimate as
-/// a search on the GPU is now: it verifies no accumulated plan that runs out of memory, and
-/// chooses the plan the GPU search chose, in fewer trials.
+/// a search on the GPU is now: it verifies no accumulated plan that runs out of memory, chooses
+/// the plan the GPU search chose, in fewer trials, and its plan names what it ruled out.
 #[test]
 fn told_what_accumulation_adds_the_global_batch_search_verifies_no_plan_that_cannot_fit() {
     use autotune::search::{Decision, SearchDriver, SearchSetup, SpaceRequest};
@@ -179,6 +179,42 @@ fn told_what_accumulation_adds_the_global_batch_search_verifies_no_plan_that_can
         .map(|r| (r.knobs.micro_batch, r.knobs.grad_accum))
         .collect();
     assert_eq!(ruled_out, [(1, 32), (1, 32)]);
+    plan_names_what_was_ruled_out(&driver, &outcome, &profile);
+}
+
+/// The plan of `outcome` says which settings accumulation ruled out, in the published schema,
+/// and reads back.
+fn plan_names_what_was_ruled_out(
+    driver: &autotune::search::SearchDriver,
+    outcome: &autotune::search::SearchOutcome,
+    profile: &Profile,
+) {
+    let plan = autotune::plan::Plan::from_search(
+        driver,
+        outcome,
+        &profile.model,
+        &profile.device.target,
+        0,
+    )
+    .unwrap();
+    assert_eq!(
+        plan.ruled_out,
+        driver.accumulation_ruled_out(&outcome.history)
+    );
+    let json: Value = serde_json::from_str(&plan.to_json()).unwrap();
+    let schema = crate::util::published_schema("plan.schema.json");
+    assert_eq!(
+        crate::util::schema_violations(&schema, &json),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        json["ruled_out"][0]["measured_gpu_bytes"],
+        23_611_637_760_u64
+    );
+    assert_eq!(
+        autotune::plan::Plan::from_json(&plan.to_json()).unwrap(),
+        plan
+    );
 }
 
 /// The committed recordings are of schema version 1, whose space held the machine's facts:

@@ -32,6 +32,7 @@
 //! | `provenance` | object | What measured the plan (absent in older plans, which autotune's engine measured): `engine` (`"autotune"`, or the framework a trial runner reported, e.g. `"pytorch"`), `engine_version` (a trial runner's, when it reported one), `backend` (`"live"`: autotune's engine on this machine; `"exec"`: a trial runner, `tune --backend exec`; `"replay"`: a recorded profile), `candle_version` (autotune's engine only), `git_revision` (each absent when unknown), `device` (the device the trials ran on, as detected), `allocator` (a trial runner's only: the `PYTORCH_CUDA_ALLOC_CONF` its trials ran under, `""` for PyTorch's default; the exports name it). `autotune export` refuses a plan whose engine is not the target tool's unless `--allow-engine-mismatch` is given. |
 //! | `model_folder` | string | The Hugging Face folder the model was read from, as an absolute path (absent for presets and spec files): `autotune train --plan` starts from its weights and reads the data with its tokenizer. |
 //! | `non_monotone` | array | Neighbouring trials of one regime (without accumulation) where memory did not grow with the micro-batch, absent when it always did: `{"regime": …, "smaller": B, "larger": B, "what": "…"}`, the peak falling as the batch grows, or a larger batch fitting the budget above a smaller one that did not. The search assumes growth, so these say how far its boundary can be trusted. |
+//! | `ruled_out` | array | Settings with a global batch whose search trial fitted but which were not verified, absent when none was: `{"knobs": …, "measured_gpu_bytes": B, "added_bytes": B}`, the plan's knobs (with their accumulation), the trial's measured device peak without accumulation, and what the estimate says accumulating adds (the f32 sum of every gradient, held through the step); that peak plus 90 % of the addition passed the usable bytes. |
 //! | `longest_sequence` | object | The longest single sequence the plan's setting can take, one a micro-batch (absent in replays and older plans): `predicted_tokens` (the memory estimate within the budget, scaled by the plan's measured peak over its estimate; `null` when not even one token fits), `measured_tokens` (the longest a trial fitted: at the edge, or the plan's own length when no longer one was tried), `exceeded_tokens` (the shortest that ran out of memory or above the budget, `null` when none did), `trials` (`[{"tokens": N, "fits": bool}]`, in order), `note` (why no trial ran, when none did). |
 //! | `data` | object | The dataset the plan was tuned on (absent for synthetic sequences): `fingerprint` (SHA-256 of the data files, the tokenizer and how records become examples), `files`, `batching` (`"packed"` or `"padded"`), `truncation` (`"cut"` or `"drop"`: what happens to an example longer than the sequence), `sequence_tokens` (the trials' sequence length: packed, the length examples are packed into; padded, the longest example's), `examples`, `tokens`, `trained_tokens`, `truncated`, `dropped`, `longest`, `lengths` (`[{"up_to": L, "examples": N}]`: every example's length before any cut, dropped ones included, in buckets that double), `fill` (the share of an epoch's micro-batch positions holding real tokens at the plan's micro-batch). `autotune train` refuses a plan tuned on other data unless `--allow-data-mismatch` is given. |
 
@@ -43,6 +44,7 @@ use super::data::DataProfile;
 use super::longest::LongestSequence;
 use crate::fit::NonMonotone;
 use crate::knobs::Knobs;
+use crate::search::AccumulationRuledOut;
 use crate::spec::budget::Budget;
 use crate::spec::device::DeviceSpec;
 use crate::spec::model::ModelSpec;
@@ -116,6 +118,10 @@ pub struct Plan {
     /// ([`crate::fit::non_monotone`]); absent when it always did.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub non_monotone: Vec<NonMonotone>,
+    /// Settings whose search trial fitted but which were not verified: accumulation would have
+    /// taken them past the usable bytes ([`AccumulationRuledOut`]); absent when none was.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ruled_out: Vec<AccumulationRuledOut>,
     /// The longest single sequence the plan's setting can take: predicted, and measured at the
     /// edge; absent in plans written before it was recorded, and in replays.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -93,6 +93,7 @@ impl Plan {
             provenance: None,
             model_folder: None,
             non_monotone: crate::fit::non_monotone(&outcome.history, &budget),
+            ruled_out: driver.accumulation_ruled_out(&outcome.history),
             longest_sequence: None,
             data: None,
         })

@@ -141,6 +141,7 @@ pub struct Candidate {
 /// A plan the search does not verify: its search trial fitted, but the f32 sum of gradients
 /// that accumulation holds through the step would take its device peak past the usable bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AccumulationRuledOut {
     /// The plan's knobs (with the real accumulation).
     pub knobs: Knobs,
