@@ -93,6 +93,46 @@ fn header(s: &mut String, report: &Report, regimes: &[RegimeView], title: &str) 
     );
 }
 
+/// Where memory did not grow with the batch, if anywhere.
+fn non_monotone_list(s: &mut String, choice: &Choice) {
+    if choice.non_monotone.is_empty() {
+        return;
+    }
+    s.push_str("<h3 id=\"non-monotone\">Where memory did not grow with the batch</h3>\n<ul class=\"note\">\n");
+    for n in &choice.non_monotone {
+        let _ = writeln!(
+            s,
+            "<li>{}: micro-batch {} to {}: {}</li>",
+            escape(&n.regime.to_string()),
+            n.smaller,
+            n.larger,
+            escape(&n.what)
+        );
+    }
+    s.push_str("</ul>\n");
+}
+
+/// The settings whose accumulation was predicted not to fit, if any: their trials fitted, so
+/// the evidence alone would not say why they were passed over.
+fn ruled_out_list(s: &mut String, choice: &Choice) {
+    if choice.ruled_out.is_empty() {
+        return;
+    }
+    s.push_str(
+        "<h3 id=\"ruled-out\">Not verified: accumulation would not fit</h3>\n<ul class=\"note\">\n",
+    );
+    for r in &choice.ruled_out {
+        let _ = writeln!(
+            s,
+            "<li>{}: its trial peaked at {}, and accumulating adds about {} of summed gradients</li>",
+            escape(&r.knobs.to_string()),
+            format_bytes(r.measured_gpu_bytes),
+            format_bytes(r.added_bytes as u64)
+        );
+    }
+    s.push_str("</ul>\n");
+}
+
 fn chosen_section(s: &mut String, report: &Report) {
     s.push_str("<section id=\"plan\">\n<h2>The chosen setting</h2>\n");
     let Some(knobs) = report.chosen else {
@@ -125,23 +165,9 @@ fn chosen_section(s: &mut String, report: &Report) {
             .collect::<Vec<_>>(),
         None,
     );
-    if let Some(choice) = report
-        .choice
-        .as_ref()
-        .filter(|c| !c.non_monotone.is_empty())
-    {
-        s.push_str("<h3 id=\"non-monotone\">Where memory did not grow with the batch</h3>\n<ul class=\"note\">\n");
-        for n in &choice.non_monotone {
-            let _ = writeln!(
-                s,
-                "<li>{}: micro-batch {} to {}: {}</li>",
-                escape(&n.regime.to_string()),
-                n.smaller,
-                n.larger,
-                escape(&n.what)
-            );
-        }
-        s.push_str("</ul>\n");
+    if let Some(choice) = &report.choice {
+        non_monotone_list(s, choice);
+        ruled_out_list(s, choice);
     }
     match &report.choice {
         Some(choice) if !choice.alternatives.is_empty() => {

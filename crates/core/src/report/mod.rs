@@ -58,6 +58,8 @@ pub struct Choice {
     pub longest_sequence: Option<LongestSequence>,
     /// Where memory did not grow with the micro-batch.
     pub non_monotone: Vec<crate::fit::NonMonotone>,
+    /// The settings not verified because accumulation would not have fit.
+    pub ruled_out: Vec<crate::search::AccumulationRuledOut>,
 }
 
 /// Everything the page shows.
@@ -105,6 +107,7 @@ impl Report {
                 provenance: plan.provenance.clone(),
                 longest_sequence: plan.longest_sequence.clone(),
                 non_monotone: plan.non_monotone.clone(),
+                ruled_out: plan.ruled_out.clone(),
             }),
             created_unix_s: plan.created_unix_s,
             data: plan.data.clone(),

@@ -207,6 +207,30 @@ fn a_plan_tuned_on_data_shows_where_its_sequence_and_longest_sequence_fall() {
 }
 
 #[test]
+fn a_plan_lists_the_settings_accumulation_ruled_out() {
+    let mut plan = replayed_plan(&recorded("gpt-124m.json"));
+    assert!(!Report::from_plan(&plan)
+        .to_html()
+        .contains("id=\"ruled-out\""));
+    let knobs = crate::knobs::Knobs {
+        grad_accum: 8,
+        ..plan.knobs
+    };
+    plan.ruled_out = vec![crate::search::AccumulationRuledOut {
+        knobs,
+        measured_gpu_bytes: 22 << 30,
+        added_bytes: (5u64 << 30) as f64,
+    }];
+    let html = Report::from_plan(&plan).to_html();
+    let at = html.find("id=\"ruled-out\"").expect("the section");
+    let expected = format!(
+        "{}: its trial peaked at 22.00 GiB, and accumulating adds about 5.00 GiB",
+        knobs
+    );
+    assert!(html[at..].contains(&expected), "{}", &html[at..]);
+}
+
+#[test]
 fn a_plan_lists_where_memory_did_not_grow_with_the_batch() {
     let mut plan = replayed_plan(&recorded("gpt-124m.json"));
     assert!(!Report::from_plan(&plan)
