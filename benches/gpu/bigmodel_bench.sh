@@ -57,7 +57,7 @@ fi
 if wants tune; then
   say "tune: $MODEL on rtx4090-32g"
   t0="$(date +%s.%N)"
-  timeout --kill-after=10 "$TUNE_TIMEOUT" "$BIN" tune --model "$MODEL" --target rtx4090-32g -v \
+  bounded "$TUNE_TIMEOUT" "$BIN" tune --model "$MODEL" --target rtx4090-32g -v \
     --record "$OUTDIR/$MODEL.profile.json" --out "$OUTDIR/$MODEL.plan.json" \
     > "$OUTDIR/tune.stdout" 2> "$OUTDIR/tune.log"
   rc=$?
@@ -69,7 +69,7 @@ fi
 
 if wants train && [[ -f "$OUTDIR/$MODEL.plan.json" ]]; then
   say "train: 20 steps with the plan"
-  timeout --kill-after=10 300 "$BIN" train --plan "$OUTDIR/$MODEL.plan.json" --steps 20 \
+  bounded 300 "$BIN" train --plan "$OUTDIR/$MODEL.plan.json" --steps 20 \
     --data pattern --json > "$OUTDIR/train.json" 2> "$OUTDIR/train.log"
   say "  train: exit $?: $(head -c 400 "$OUTDIR/train.json")"
 fi

@@ -76,7 +76,7 @@ GEMM="$OUTDIR/gemm-$MODEL-b$MB"
 SHORT="$NCU_WARM"
 LONG="$(( NCU_WARM + STEPS ))"
 
-# stage LABEL SECONDS OUT LOG CMD...: CMD under `timeout`, its stdout into OUT and its stderr
+# stage LABEL SECONDS OUT LOG CMD...: CMD under `bounded` (lib.sh), its stdout into OUT and its stderr
 # appended to LOG; its exit status and seconds go to OUTDIR/stages.txt. Always returns 0, so
 # that a stage that fails or runs out of time leaves the next one running.
 stage() {
@@ -85,7 +85,7 @@ stage() {
   t0="$(date +%s)"
   echo "== $(utc_now) $label: $*" >> "$log"
   say "$label"
-  timeout --kill-after=10 "$seconds" "$@" > "$out" 2>> "$log" || rc=$?
+  bounded "$seconds" "$@" > "$out" 2>> "$log" || rc=$?
   echo "$(utc_now) $label: exit $rc after $(( $(date +%s) - t0 )) s" | tee -a "$OUTDIR/stages.txt" >&2
   return 0
 }

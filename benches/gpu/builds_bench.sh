@@ -61,7 +61,7 @@ if wants tests; then
   if [[ -x "$TEST_BIN" ]]; then
     say "tests: $TEST_BIN $TESTS"
     # shellcheck disable=SC2086  # TESTS is a list of filters
-    timeout --kill-after=10 300 "$TEST_BIN" $TESTS --nocapture --test-threads=1 \
+    bounded 300 "$TEST_BIN" $TESTS --nocapture --test-threads=1 \
       > "$OUTDIR/tests.txt" 2>&1
     echo "tests exit $?" >> "$OUTDIR/tests.txt"
     say "  $(grep -E '^test result' "$OUTDIR/tests.txt" | tail -n 1)"
@@ -105,7 +105,7 @@ if wants losses; then
       out="$OUTDIR/losses/$build-$model-$precision-b$mb.jsonl"
       rm -f "$out"
       say "losses: $build $model $precision mb $mb, $LOSS_STEPS steps"
-      timeout --kill-after=10 "$PROBE_TIMEOUT" "$GPU_DIR/$build" train --model "$model" \
+      bounded "$PROBE_TIMEOUT" "$GPU_DIR/$build" train --model "$model" \
         --precision "$precision" --micro-batch "$mb" --steps "$LOSS_STEPS" --seed 7 \
         --device cuda --data pattern -q --metrics "$out" 2>> "$OUTDIR/losses.log"
       say "  exit $?"

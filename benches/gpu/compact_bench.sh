@@ -92,7 +92,7 @@ if wants tune; then
   model=llama-3.1-8b
   say "tune: $model on rtx4090-32g with compact state"
   t0="$(date +%s.%N)"
-  timeout --kill-after=10 "$TUNE_TIMEOUT" "$BIN" tune --model "$model" --target rtx4090-32g \
+  bounded "$TUNE_TIMEOUT" "$BIN" tune --model "$model" --target rtx4090-32g \
     --allow-compact-state -v --record "$OUTDIR/$model.profile.json" \
     --out "$OUTDIR/$model.plan.json" > "$OUTDIR/tune.stdout" 2> "$OUTDIR/tune.log"
   rc=$?
@@ -103,7 +103,7 @@ if wants tune; then
   if [[ -f "$OUTDIR/$model.plan.json" ]]; then
     say "train: $TRAIN_STEPS steps with the plan"
     /usr/bin/time -f '{"max_rss_kib": %M}' -o "$OUTDIR/train.rss" \
-      timeout --kill-after=10 400 "$BIN" train --plan "$OUTDIR/$model.plan.json" \
+      bounded 400 "$BIN" train --plan "$OUTDIR/$model.plan.json" \
       --steps "$TRAIN_STEPS" --data pattern --json \
       > "$OUTDIR/train.json" 2> "$OUTDIR/train.log"
     say "  train: exit $?, $(tail -c 400 "$OUTDIR/train.json") $(cat "$OUTDIR/train.rss")"

@@ -48,7 +48,7 @@ fi
 if wants run; then
   say "run: tune on the data, then one epoch"
   rm -rf "$WORK/run"
-  timeout --kill-after=10 500 "$BIN" run --model "$WORK/model" --data "$WORK/chat.jsonl" \
+  bounded 500 "$BIN" run --model "$WORK/model" --data "$WORK/chat.jsonl" \
     --target rtx4090-32g --epochs 1 --run-dir "$WORK/run" --cache-dir "$WORK/cache" \
     --checkpoint-every 1000000 --eval-every 0 --metrics "$OUTDIR/run.metrics.jsonl" --json \
     > "$OUTDIR/run.json" 2> "$OUTDIR/run.log"
@@ -59,7 +59,7 @@ fi
 
 if wants longest8b; then
   say "longest8b: llama-3.1-8b on rtx4090-32g with compact state"
-  timeout --kill-after=10 "$TUNE_TIMEOUT" "$BIN" tune --model llama-3.1-8b --target rtx4090-32g \
+  bounded "$TUNE_TIMEOUT" "$BIN" tune --model llama-3.1-8b --target rtx4090-32g \
     --allow-compact-state --out "$OUTDIR/8b.plan.json" > /dev/null 2> "$OUTDIR/8b.log"
   say "  exit $?"
   grep -E '^\[|plan:|longest' "$OUTDIR/8b.log" | tail -20 >&2

@@ -32,7 +32,7 @@ if [[ -n "$TEST_BIN" ]]; then
   source_gpu_env .gpu/gpu-env.sh "$ROOT/.gpu" "$ROOT/.gpux"
   stamp "CUDA tests: $TESTS"
   # shellcheck disable=SC2086
-  timeout --kill-after=10 "${TEST_TIMEOUT:-300}" "$TEST_BIN" $TESTS --nocapture --test-threads=1 > "$OUTDIR/cuda_tests.txt" 2>&1
+  bounded "${TEST_TIMEOUT:-300}" "$TEST_BIN" $TESTS --nocapture --test-threads=1 > "$OUTDIR/cuda_tests.txt" 2>&1
   stamp "CUDA tests: exit $?"
   grep -E "^test |test result|MISS|panicked" "$OUTDIR/cuda_tests.txt" >&2
 else
@@ -41,7 +41,7 @@ fi
 TIMINGS_BIN="$(ls .gpux/cuda_timings-* 2>/dev/null | head -n 1)"
 if [[ -n "$TIMINGS_BIN" ]]; then
   source_gpu_env .gpu/gpu-env.sh "$ROOT/.gpu" "$ROOT/.gpux"
-  timeout --kill-after=10 120 "$TIMINGS_BIN" > "$OUTDIR/cuda_timings.txt" 2>&1
+  bounded 120 "$TIMINGS_BIN" > "$OUTDIR/cuda_timings.txt" 2>&1
   stamp "kernel timings: exit $?"
   grep -E "^flash " "$OUTDIR/cuda_timings.txt" >&2
 else

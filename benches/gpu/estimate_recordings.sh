@@ -64,7 +64,7 @@ for model in "${MODELS[@]}"; do
   profile="$OUTDIR/$model.json"
   echo "$SCRIPT: tuning $model on $DEVICE" >&2
   rc=0
-  timeout --kill-after=10 "$TUNE_TIMEOUT" "$BIN" tune --model "$model" --target "$DEVICE" \
+  bounded "$TUNE_TIMEOUT" "$BIN" tune --model "$model" --target "$DEVICE" \
     --record "$profile" --out "$OUTDIR/$model.plan.json" "${EXTRA[@]}" \
     > "$OUTDIR/$model.tune.txt" 2>> "$LOG" || rc=$?
   # tune exits 1 when nothing is feasible: its recording still holds every trial.

@@ -54,7 +54,7 @@ if wants loss; then
     precision="${run%:*}"; seed="${run#*:}"
     name="$precision"; [[ "$seed" != 7 ]] && name="$precision-seed$seed"
     say "loss: gpt-124m $STEPS steps $precision seed $seed on $CORPUS"
-    timeout --kill-after=10 300 "$BIN" train --model gpt-124m --precision "$precision" \
+    bounded 300 "$BIN" train --model gpt-124m --precision "$precision" \
       --micro-batch 16 --steps "$STEPS" --seed "$seed" --device cuda \
       --data "$CORPUS" --tokenizer bytes --metrics "$OUTDIR/loss-$name.jsonl" -q \
       2> "$OUTDIR/loss-$name.log"

@@ -159,7 +159,7 @@ bench_model() {
   if (( limit == 0 )); then say "$model: no time left"; return 0; fi
   say "$model: tune (limit ${limit}s)"
   t0="$(date +%s.%N)"
-  timeout --kill-after=10 "$limit" "$BIN" tune --model "$model" --target "$DEVICE" --backend exec -v \
+  bounded "$limit" "$BIN" tune --model "$model" --target "$DEVICE" --backend exec -v \
     --record "$OUTDIR/$model.profile.json" --out "$OUTDIR/$model.plan.json" "${EXTRA[@]}" \
     -- "${TORCH_ENV[@]}" "$PYTHON" "$runner" > "$OUTDIR/$model.tune.stdout" 2> "$OUTDIR/$model.tune.log"
   rc=$?
@@ -182,7 +182,7 @@ bench_model() {
   limit="$(stage_limit $(( is_gpt ? 150 : 60 )))"
   if [[ -n "$EXACT" ]] && (( limit > 0 )); then
     say "$model: exact boundary (limit ${limit}s)"
-    timeout --kill-after=10 $(( limit + 30 )) "${TORCH_ENV[@]}" "$PYTHON" benches/gpu/harness_exact.py \
+    bounded $(( limit + 30 )) "${TORCH_ENV[@]}" "$PYTHON" benches/gpu/harness_exact.py \
       --plan "$OUTDIR/$model.plan.json" --profile "$OUTDIR/$model.profile.json" \
       --out "$OUTDIR/$model.exact.json" --total-timeout "$limit" \
       --log "$OUTDIR/$model.exact.log" --scan -- "$PYTHON" "$runner" 2>> "$OUTDIR/$model.exact.log"
@@ -192,7 +192,7 @@ bench_model() {
   limit="$(stage_limit $(( is_gpt ? 150 : 60 )))"
   if [[ -n "$EXACT_DEFAULT" ]] && (( limit > 0 )); then
     say "$model: exact boundary under PyTorch's default allocator (limit ${limit}s)"
-    timeout --kill-after=10 $(( limit + 30 )) "${TORCH_ENV[@]}" "$PYTHON" benches/gpu/harness_exact.py \
+    bounded $(( limit + 30 )) "${TORCH_ENV[@]}" "$PYTHON" benches/gpu/harness_exact.py \
       --plan "$OUTDIR/$model.plan.json" --profile "$OUTDIR/$model.profile.json" --allocator default \
       --out "$OUTDIR/$model.exact-default.json" --total-timeout "$limit" \
       --log "$OUTDIR/$model.exact-default.log" --scan -- "$PYTHON" "$runner" 2>> "$OUTDIR/$model.exact-default.log"
@@ -202,7 +202,7 @@ bench_model() {
   limit="$(stage_limit $(( is_gpt ? 100 : 80 )))"
   if [[ -n "$FINDERS" && "$DEVICE" != cpu ]] && (( limit > 0 )); then
     say "$model: finders (limit ${limit}s)"
-    timeout --kill-after=10 $(( limit + 20 )) "${TORCH_ENV[@]}" "$PYTHON" benches/gpu/finders.py \
+    bounded $(( limit + 20 )) "${TORCH_ENV[@]}" "$PYTHON" benches/gpu/finders.py \
       --model "$model" --precision bf16 --finders "$FINDERS" --cap-mib $(( 24564 - CONTEXT_MIB )) \
       --total-timeout "$limit" > "$OUTDIR/$model.finders.jsonl" 2> "$OUTDIR/$model.finders.log"
     say "  finders: exit $?"
@@ -223,7 +223,7 @@ bench_model() {
     say "$model: $STEPS steps with the $tool export (limit ${limit}s)"
     extra=()
     [[ "$tool" == trainer ]] && extra=(--deepspeed-config "$OUTDIR/$model.deepspeed.json")
-    timeout --kill-after=10 "$limit" "${TORCH_ENV[@]}" "${plan_env[@]}" "$PYTHON" benches/gpu/harness_train.py --tool "$tool" \
+    bounded "$limit" "${TORCH_ENV[@]}" "${plan_env[@]}" "$PYTHON" benches/gpu/harness_train.py --tool "$tool" \
       --plan "$OUTDIR/$model.plan.json" --config "$OUTDIR/$model.$tool.json" --steps "$STEPS" \
       --out "$OUTDIR/$model.train-$tool.json" "${extra[@]}" > /dev/null 2> "$OUTDIR/$model.train-$tool.log"
     say "  $tool: exit $?: $(head -c 400 "$OUTDIR/$model.train-$tool.json" 2>/dev/null)"
@@ -233,7 +233,7 @@ bench_model() {
         "$OUTDIR/$model.train-$tool.json" 2>/dev/null && (( $(stage_limit 90) > 0 )); then
       say "  deepspeed: the optimizer op did not build; again with torch_adam"
       mv "$OUTDIR/$model.train-$tool.json" "$OUTDIR/$model.train-$tool.first.json"
-      timeout --kill-after=10 "$(stage_limit 90)" "${TORCH_ENV[@]}" "${plan_env[@]}" "$PYTHON" benches/gpu/harness_train.py \
+      bounded "$(stage_limit 90)" "${TORCH_ENV[@]}" "${plan_env[@]}" "$PYTHON" benches/gpu/harness_train.py \
         --tool deepspeed --torch-adam --plan "$OUTDIR/$model.plan.json" --config "$OUTDIR/$model.deepspeed.json" \
         --steps "$STEPS" --out "$OUTDIR/$model.train-$tool.json" > /dev/null 2>> "$OUTDIR/$model.train-$tool.log"
       say "  deepspeed (torch_adam): exit $?: $(head -c 400 "$OUTDIR/$model.train-$tool.json" 2>/dev/null)"

@@ -44,7 +44,7 @@ OUT="$OUTDIR/detail-$MODEL-b$MB"
 } >> "$OUTDIR/env.txt"
 
 say "ncu --set full on '$REGEX' ($COUNT launches after $SKIP)"
-timeout --kill-after=10 "$NCU_TIMEOUT" "$NCU" --set full --import-source yes \
+bounded "$NCU_TIMEOUT" "$NCU" --set full --import-source yes \
   --clock-control none --kernel-name "regex:$REGEX" --launch-skip "$SKIP" \
   --launch-count "$COUNT" -f -o "$OUT" \
   "$BIN" train --model "$MODEL" --precision "$PRECISION" --micro-batch "$MB" \

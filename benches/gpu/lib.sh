@@ -162,6 +162,37 @@ gpu_line() {
 
 # ---- runs --------------------------------------------------------------------------------
 
+# bounded SECONDS CMD...: CMD under `timeout --kill-after=10 SECONDS`, its exit status returned.
+# `timeout` puts CMD in a process group of its own, which a signal to the script's group (an
+# outer `timeout`, Ctrl-C) does not reach, and bash runs a trap only once a command in the
+# foreground has ended. So CMD runs in the background and is waited for, with traps that pass a
+# TERM, INT or HUP of the script on to it (`timeout` passes it on to CMD's group) and end the
+# script; the script's own traps are restored afterwards. CMD keeps the script's standard input.
+BOUNDED_PID=""
+bounded() {
+  local seconds="$1" rc=0 traps
+  shift
+  traps="$(trap -p TERM INT HUP)"
+  timeout --kill-after=10 "$seconds" "$@" <&0 &
+  BOUNDED_PID=$!
+  trap 'stop_bounded 143' TERM
+  trap 'stop_bounded 130' INT
+  trap 'stop_bounded 129' HUP
+  wait "$BOUNDED_PID" || rc=$?
+  trap - TERM INT HUP
+  eval "$traps"
+  BOUNDED_PID=""
+  return "$rc"
+}
+
+# stop_bounded CODE: TERM to the command `bounded` waits for, then exit with CODE. TERM whatever
+# stopped the script: a command started in the background of a script ignores INT.
+stop_bounded() {
+  kill -s TERM "$BOUNDED_PID" 2> /dev/null
+  wait "$BOUNDED_PID" 2> /dev/null
+  exit "$1"
+}
+
 # warm_up SECONDS LOG DEVICE PRECISION [PROBE_ARG...]: one untimed tiny probe of $BIN, its stderr
 # appended to LOG, its status returned. The binary carries portable PTX that the driver compiles
 # at first load (~15-20 s) and caches in ~/.nv/ComputeCache; a warm-up keeps that cost out of
@@ -169,11 +200,11 @@ gpu_line() {
 warm_up() {
   local seconds="$1" log="$2" device="$3" precision="$4"
   shift 4
-  timeout --kill-after=10 "$seconds" "$BIN" probe --model tiny --precision "$precision" --micro-batch 2 \
+  bounded "$seconds" "$BIN" probe --model tiny --precision "$precision" --micro-batch 2 \
     --warmup 1 --steps 1 --device "$device" --json "$@" > /dev/null 2>> "$log"
 }
 
-# timed_json SECONDS OUT LOG CMD...: run CMD under `timeout --kill-after=10 SECONDS`, its stdout
+# timed_json SECONDS OUT LOG CMD...: run CMD under `bounded SECONDS` (see above), its stdout
 # into OUT and its stderr appended to LOG. Sets RC to its exit status and JSON_LINE to the last
 # line of OUT that starts with `{` (empty when it printed none: a crash, a timeout, a loader
 # error). Always returns 0.
@@ -181,7 +212,7 @@ timed_json() {
   local seconds="$1" out="$2" log="$3"
   shift 3
   RC=0
-  timeout --kill-after=10 "$seconds" "$@" > "$out" 2>> "$log" || RC=$?
+  bounded "$seconds" "$@" > "$out" 2>> "$log" || RC=$?
   JSON_LINE="$(grep '^{' "$out" | tail -n 1 || true)"
 }
 

@@ -63,7 +63,7 @@ if wants tune; then
   model=llama-3.2-1b
   say "tune: $model on rtx4090-32g"
   t0="$(date +%s.%N)"
-  timeout --kill-after=10 "$TUNE_TIMEOUT" "$BIN" tune --model "$model" --target rtx4090-32g -v \
+  bounded "$TUNE_TIMEOUT" "$BIN" tune --model "$model" --target rtx4090-32g -v \
     --record "$OUTDIR/$model.profile.json" --out "$OUTDIR/$model.plan.json" \
     > "$OUTDIR/tune.stdout" 2> "$OUTDIR/tune.log"
   rc=$?
@@ -73,7 +73,7 @@ if wants tune; then
   grep -E '^\[|plan:|trials' "$OUTDIR/tune.log" | tail -30 >&2
   if [[ -f "$OUTDIR/$model.plan.json" ]]; then
     say "train: 20 steps with the plan"
-    timeout --kill-after=10 300 "$BIN" train --plan "$OUTDIR/$model.plan.json" --steps 20 \
+    bounded 300 "$BIN" train --plan "$OUTDIR/$model.plan.json" --steps 20 \
       --data pattern --json > "$OUTDIR/train.json" 2> "$OUTDIR/train.log"
     say "  train: exit $?: $(head -c 400 "$OUTDIR/train.json")"
   fi

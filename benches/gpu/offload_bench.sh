@@ -72,7 +72,7 @@ if wants deepspeed; then
   : > "$OUTDIR/deepspeed.jsonl"
   for mb in $MICRO_BATCHES; do
     say "deepspeed: gpt-1.3b mb $mb"
-    PYTHONPATH="$site" timeout --kill-after=10 300 "${TORCH_ENV[@]}" "$PYTHON" \
+    PYTHONPATH="$site" bounded 300 "${TORCH_ENV[@]}" "$PYTHON" \
       benches/gpu/deepspeed_ref.py --model gpt-1.3b --micro-batch "$mb" --warmup 2 --steps 4 \
       --cap-mib "$((CAP_MIB - 512))" >> "$OUTDIR/deepspeed.jsonl" 2>> "$OUTDIR/deepspeed.log"
     say "  exit $?: $(tail -n 1 "$OUTDIR/deepspeed.jsonl" | head -c 300)"
@@ -82,7 +82,7 @@ fi
 if wants big; then
   say "big: tune gpt-2b on rtx4090-32g"
   t0="$(date +%s.%N)"
-  timeout --kill-after=10 "${TUNE_TIMEOUT:-300}" "$BIN" tune --model gpt-2b --target rtx4090-32g -v \
+  bounded "${TUNE_TIMEOUT:-300}" "$BIN" tune --model gpt-2b --target rtx4090-32g -v \
     --record "$OUTDIR/gpt-2b.profile.json" --out "$OUTDIR/gpt-2b.plan.json" \
     > "$OUTDIR/tune-2b.stdout" 2> "$OUTDIR/tune-2b.log"
   rc=$?
@@ -92,7 +92,7 @@ if wants big; then
   grep -E 'plan:|  bf16' "$OUTDIR/tune-2b.log" | tail -20 >&2
   if [[ -f "$OUTDIR/gpt-2b.plan.json" ]]; then
     say "big: 20 steps with the plan"
-    timeout --kill-after=10 300 "$BIN" train --plan "$OUTDIR/gpt-2b.plan.json" --steps 20 \
+    bounded 300 "$BIN" train --plan "$OUTDIR/gpt-2b.plan.json" --steps 20 \
       --data pattern --json > "$OUTDIR/train-2b.json" 2> "$OUTDIR/train-2b.log"
     say "  train: exit $?: $(head -c 400 "$OUTDIR/train-2b.json")"
   fi

@@ -55,7 +55,7 @@ if wants ours; then
     flag=(); [[ $mode == padded ]] && flag=(--no-pack)
     say "ours: $mode"
     rm -f "$OUTDIR/$mode.metrics.jsonl"
-    timeout --kill-after=10 400 "$BIN" train --model "$WORK/model" --data "$WORK/chat.jsonl" \
+    bounded 400 "$BIN" train --model "$WORK/model" --data "$WORK/chat.jsonl" \
       --device cuda --precision bf16 --micro-batch "$MB" --steps "$STEPS" "${flag[@]}" \
       --cache-dir "$WORK/cache" --metrics "$OUTDIR/$mode.metrics.jsonl" --json \
       > "$OUTDIR/$mode.json" 2> "$OUTDIR/$mode.log"

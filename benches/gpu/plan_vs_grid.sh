@@ -35,7 +35,7 @@ COMPACT=(--precision bf16 --checkpointing all --update in-backward --moments int
 
 if wants tune; then
   say "tune: llama-3.1-8b on rtx4090-32g with compact state"
-  timeout --kill-after=10 "$TUNE_TIMEOUT" "$BIN" tune --model llama-3.1-8b --target rtx4090-32g \
+  bounded "$TUNE_TIMEOUT" "$BIN" tune --model llama-3.1-8b --target rtx4090-32g \
     --allow-compact-state --edge-trials 0 --record "$OUTDIR/8b.profile.json" \
     --out "$OUTDIR/8b.plan.json" > /dev/null 2> "$OUTDIR/tune.log"
   say "  exit $?"

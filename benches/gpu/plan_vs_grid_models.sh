@@ -36,7 +36,7 @@ gpu_line >> "$OUTDIR/env.txt"
 if wants tune; then
   say "tune: $MODEL on rtx4090-32g"
   T0="$(date +%s.%N)"
-  timeout --kill-after=10 "$TUNE_TIMEOUT" "$BIN" tune --model "$MODEL" --target rtx4090-32g \
+  bounded "$TUNE_TIMEOUT" "$BIN" tune --model "$MODEL" --target rtx4090-32g \
     --edge-trials 0 --record "$OUTDIR/$MODEL.profile.json" \
     --out "$OUTDIR/$MODEL.plan.json" > /dev/null 2> "$OUTDIR/$MODEL.tune.log"
   say "  exit $?"

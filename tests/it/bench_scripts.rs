@@ -1,6 +1,7 @@
 //! The GPU bench scripts' Python on the CPU (`benches/gpu/tests`, standard library only): the
-//! Nsight Compute breakdown's kernel classes and per-step arithmetic on committed fixtures, and
-//! the GEMM shapes of a training step. Skipped, saying so, where there is no `python3`.
+//! Nsight Compute breakdown's kernel classes and per-step arithmetic on committed fixtures, the
+//! GEMM shapes of a training step, and lib.sh's `bounded` (a stopped script stops its run).
+//! Skipped, saying so, where there is no `python3`.
 
 use std::path::Path;
 use std::process::Command;
