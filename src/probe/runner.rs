@@ -119,8 +119,7 @@ impl RunningGroup {
     pub fn stop(&self) {
         let running = self.running.lock().map(|r| r.clone()).unwrap_or_default();
         if let Some((pgid, tree)) = running {
-            tree.kill(pgid);
-            kill_group(pgid);
+            tree.kill_with_group(pgid);
         }
     }
 
@@ -229,8 +228,7 @@ impl RunnerProcess {
         let (Some(stdin), Some(stdout), Some(stderr)) =
             (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
-            tree.kill(pid);
-            kill_group(pid);
+            tree.kill_with_group(pid);
             let _ = child.wait();
             running.release(pid);
             return Err(Error::internal(
@@ -357,8 +355,7 @@ impl RunnerProcess {
         }
         // Stopped before its input ends: a runner that exited at the end of its input would
         // leave its children to be found by their mark alone.
-        self.tree.kill(self.pid);
-        kill_group(self.pid);
+        self.tree.kill_with_group(self.pid);
         // The runner may have left its group and cleared its environment; it goes too.
         let _ = self.child.kill();
         self.requests = None;
@@ -384,8 +381,7 @@ impl RunnerProcess {
     /// How a runner that exited without a reply ended (its group is killed and it is reaped).
     fn ended(&mut self) -> Ended {
         self.requests = None;
-        self.tree.kill(self.pid);
-        kill_group(self.pid);
+        self.tree.kill_with_group(self.pid);
         let status = self.child.wait();
         self.reaped = true;
         self.running.release(self.pid);
@@ -401,14 +397,6 @@ impl RunnerProcess {
 impl Drop for RunnerProcess {
     fn drop(&mut self) {
         self.kill();
-    }
-}
-
-/// Kills process group `pgid` (0: none).
-fn kill_group(pgid: i32) {
-    if let Some(pid) = rustix::process::Pid::from_raw(pgid) {
-        // Gone already is fine: the group ended on its own.
-        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
     }
 }
 

@@ -94,6 +94,16 @@ impl ProcessTree {
             .count()
     }
 
+    /// Kills the tree of `root` ([`Self::kill`]), then `root`'s process group (0: none), which
+    /// catches a process that cleared its environment but stayed in the group. Gone already is
+    /// fine: the group ended on its own.
+    pub fn kill_with_group(&self, root: i32) {
+        self.kill(root);
+        if let Some(group) = rustix::process::Pid::from_raw(root) {
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+        }
+    }
+
     /// The processes of the tree: those that carry the mark, `root`, and their descendants.
     fn members(&self, root: i32) -> Vec<i32> {
         let Ok(entries) = std::fs::read_dir("/proc") else {

@@ -136,19 +136,11 @@ fn held_at_end(input: impl BufRead) -> Vec<(i32, String)> {
 }
 
 /// The watchdog's side: follows the notices on standard input until it ends, then kills every
-/// runner still held, with its tree and group. Returns how many processes were killed.
-pub fn serve() -> usize {
-    let held = held_at_end(std::io::stdin().lock());
-    held.iter()
-        .map(|(pgid, mark)| {
-            let killed = ProcessTree::with_mark_value(mark).kill(*pgid);
-            if let Some(group) = rustix::process::Pid::from_raw(*pgid) {
-                // Gone already is fine: the tree's kill took the group's members too.
-                let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
-            }
-            killed
-        })
-        .sum()
+/// runner still held, with its tree and group.
+pub fn serve() {
+    for (pgid, mark) in held_at_end(std::io::stdin().lock()) {
+        ProcessTree::with_mark_value(&mark).kill_with_group(pgid);
+    }
 }
 
 #[cfg(test)]
