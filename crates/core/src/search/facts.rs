@@ -63,15 +63,17 @@ impl MachineFacts {
     /// Checks the facts for a space of `regimes` regimes; errors name the field.
     pub fn validate(&self, regimes: usize) -> Result<()> {
         let bad = |field: &str, problem: String| Err(Error::invalid(WHAT, field, problem));
-        if !self.memory_prior.is_empty() && self.memory_prior.len() != regimes {
-            return bad(
-                "memory_prior",
-                format!(
-                    "has {} laws for {regimes} regimes; give one per regime or none",
-                    self.memory_prior.len(),
-                ),
-            );
-        }
+        // A list of `what` per regime, or none.
+        let one_per_regime = |field: &str, what: &str, len: usize| {
+            if len == 0 || len == regimes {
+                return Ok(());
+            }
+            bad(
+                field,
+                format!("has {len} {what} for {regimes} regimes; give one per regime or none"),
+            )
+        };
+        one_per_regime("memory_prior", "laws", self.memory_prior.len())?;
         if let Some(i) = self.memory_prior.iter().position(|law| {
             !(law.fixed_bytes.is_finite()
                 && law.fixed_bytes >= 0.0
@@ -83,15 +85,7 @@ impl MachineFacts {
                 "needs finite bytes, at least 0 fixed and more than 0 per sequence".into(),
             );
         }
-        if !self.accumulation_extra.is_empty() && self.accumulation_extra.len() != regimes {
-            return bad(
-                "accumulation_extra",
-                format!(
-                    "has {} lists for {regimes} regimes; give one per regime or none",
-                    self.accumulation_extra.len(),
-                ),
-            );
-        }
+        one_per_regime("accumulation_extra", "lists", self.accumulation_extra.len())?;
         for (i, extras) in self.accumulation_extra.iter().enumerate() {
             if let Some(j) = extras
                 .iter()
