@@ -36,14 +36,19 @@ impl LongestSequence {
             None => "none predicted to fit".into(),
         };
         let note = self.note.as_deref();
-        let measured = match (self.measured_tokens, self.exceeded_tokens, note) {
-            (Some(fit), Some(over), None) => format!(", {fit} measured ({over} did not fit)"),
-            (Some(fit), Some(over), Some(note)) => {
-                format!(", {fit} measured ({over} did not fit; {note})")
+        let measured = match self.measured_tokens {
+            Some(fit) => {
+                let over = self
+                    .exceeded_tokens
+                    .map(|over| format!("{over} did not fit"));
+                let said: Vec<String> = over.into_iter().chain(note.map(str::to_string)).collect();
+                if said.is_empty() {
+                    format!(", {fit} measured")
+                } else {
+                    format!(", {fit} measured ({})", said.join("; "))
+                }
             }
-            (Some(fit), None, None) => format!(", {fit} measured"),
-            (Some(fit), None, Some(note)) => format!(", {fit} measured ({note})"),
-            (None, _, _) => note.map_or(String::new(), |note| format!(" ({note})")),
+            None => note.map_or(String::new(), |note| format!(" ({note})")),
         };
         format!("{predicted}{measured}")
     }
