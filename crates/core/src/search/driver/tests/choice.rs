@@ -40,19 +40,27 @@ fn picks_the_highest_measured_throughput_across_regimes() {
     );
 }
 
-#[test]
-fn honours_global_batch_divisibility_and_verifies_with_accumulation() {
+/// One bf16 regime of `fixed_mib` MiB plus 37 MiB a sequence on a 10 GiB card (5 % headroom),
+/// searched for 1,536 sequences a step, where accumulating adds `accumulation_bytes`.
+fn global_batch_1536(fixed_mib: f64, accumulation_bytes: u64) -> (Budget, SearchSpace, Simulator) {
     let b = budget(10 * GIB, 0.05);
     let s = SearchSpace {
         global_batch: Some(1536),
         ..space(vec![bf16()], 1024)
     };
-    let driver = SearchDriver::new(s, MachineFacts::default(), b).unwrap();
-    let sim = Simulator::with_budget(
+    let mut sim = Simulator::with_budget(
         &b,
         1024,
-        vec![laws(bf16(), (1024.0, 37.0, 0.0), (0.01, 0.002))],
+        vec![laws(bf16(), (fixed_mib, 37.0, 0.0), (0.01, 0.002))],
     );
+    sim.accumulation_gpu_bytes = accumulation_bytes;
+    (b, s, sim)
+}
+
+#[test]
+fn honours_global_batch_divisibility_and_verifies_with_accumulation() {
+    let (b, s, sim) = global_batch_1536(1024.0, 0);
+    let driver = SearchDriver::new(s, MachineFacts::default(), b).unwrap();
     let outcome = search(&driver, &sim);
     for r in &outcome.history {
         assert_eq!(1536 % r.request.knobs.micro_batch, 0, "{}", r.request.knobs);
@@ -65,19 +73,9 @@ fn honours_global_batch_divisibility_and_verifies_with_accumulation() {
 
 #[test]
 fn a_failed_verification_excludes_the_setting_and_the_search_goes_on() {
-    let b = budget(10 * GIB, 0.05);
-    let s = SearchSpace {
-        global_batch: Some(1536),
-        ..space(vec![bf16()], 1024)
-    };
-    let driver = SearchDriver::new(s, MachineFacts::default(), b).unwrap();
-    let mut sim = Simulator::with_budget(
-        &b,
-        1024,
-        vec![laws(bf16(), (1024.0, 37.0, 0.0), (0.01, 0.002))],
-    );
     // The accumulation buffer pushes 192 over the usable bytes (8128 + 2000 > 9728 MiB).
-    sim.accumulation_gpu_bytes = 2000 * MIB;
+    let (b, s, sim) = global_batch_1536(1024.0, 2000 * MIB);
+    let driver = SearchDriver::new(s, MachineFacts::default(), b).unwrap();
     let outcome = search(&driver, &sim);
     let chosen = outcome.chosen().unwrap();
     assert_eq!((chosen.micro_batch, chosen.grad_accum), (128, 12));
@@ -113,18 +111,8 @@ fn accumulation_facts(space: &SearchSpace, mib: u64) -> MachineFacts {
 
 #[test]
 fn a_plan_that_accumulation_would_push_out_of_memory_is_not_verified() {
-    let b = budget(10 * GIB, 0.05);
-    let s = SearchSpace {
-        global_batch: Some(1536),
-        ..space(vec![bf16()], 1024)
-    };
-    let mut sim = Simulator::with_budget(
-        &b,
-        1024,
-        vec![laws(bf16(), (1024.0, 37.0, 0.0), (0.01, 0.002))],
-    );
     // The summed gradients push 192 over the usable bytes (8128 + 2000 > 9728 MiB), not 128.
-    sim.accumulation_gpu_bytes = 2000 * MIB;
+    let (b, s, sim) = global_batch_1536(1024.0, 2000 * MIB);
     // (what the facts say accumulation adds, verifications run, of them failed, ruled out)
     let cases: [(Option<u64>, usize, usize, &[usize]); 4] = [
         (None, 2, 1, &[]),
@@ -175,17 +163,7 @@ fn a_plan_that_accumulation_would_push_out_of_memory_is_not_verified() {
 
 #[test]
 fn a_search_whose_plans_accumulation_rules_out_says_so_and_what_to_try() {
-    let b = budget(10 * GIB, 0.05);
-    let s = SearchSpace {
-        global_batch: Some(1536),
-        ..space(vec![bf16()], 1024)
-    };
-    let mut sim = Simulator::with_budget(
-        &b,
-        1024,
-        vec![laws(bf16(), (7.0 * 1024.0, 37.0, 0.0), (0.01, 0.002))],
-    );
-    sim.accumulation_gpu_bytes = 3 * GIB;
+    let (b, s, sim) = global_batch_1536(7.0 * 1024.0, 3 * GIB);
     let driver = SearchDriver::new(s.clone(), accumulation_facts(&s, 3 * 1024), b).unwrap();
     let events = RefCell::new(Vec::new());
     let reporter = |e: &Event| events.borrow_mut().push(e.clone());
@@ -739,11 +717,8 @@ fn a_memory_prior_that_overshoots_still_finds_the_boundary() {
 #[test]
 fn a_failed_verification_reopens_its_regime_below_it() {
     use crate::spec::activations::MemoryLaw;
-    let b = budget(10 * GIB, 0.05);
-    let s = SearchSpace {
-        global_batch: Some(1536),
-        ..space(vec![bf16()], 1024)
-    };
+    // Accumulation adds 4000 MiB: 128 (5760 MiB) and 192 fit alone, not when accumulating.
+    let (b, s, sim) = global_batch_1536(1024.0, 4000 * MIB);
     // The prior starts the regime at 128: nothing below it was tried.
     let facts = MachineFacts {
         memory_prior: vec![MemoryLaw {
@@ -753,13 +728,6 @@ fn a_failed_verification_reopens_its_regime_below_it() {
         ..MachineFacts::default()
     };
     let driver = SearchDriver::new(s, facts, b).unwrap();
-    let mut sim = Simulator::with_budget(
-        &b,
-        1024,
-        vec![laws(bf16(), (1024.0, 37.0, 0.0), (0.01, 0.002))],
-    );
-    // Accumulation adds 4000 MiB: 128 (5760 MiB) and 192 fit alone, not when accumulating.
-    sim.accumulation_gpu_bytes = 4000 * MIB;
     let outcome = search(&driver, &sim);
     let first = outcome.history[0].request.knobs.micro_batch;
     assert_eq!(first, 128);
